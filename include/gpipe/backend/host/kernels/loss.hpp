@@ -1,0 +1,47 @@
+#pragma once
+// Loss kernels: each writes the loss summed over its rows and the gradient of
+// (grad_scale * that sum) with respect to its input, so that micro-batches accumulate to the
+// mini-batch mean when grad_scale = 1 / (mini-batch normalizer).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpipe::host {
+
+// logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
+// loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
+template <class T>
+void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
+                           const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
+  double total = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* z = logits + r * classes;
+    double max = z[0];
+    for (std::size_t c = 1; c < classes; ++c) max = z[c] > max ? z[c] : max;
+    double sum = 0;
+    for (std::size_t c = 0; c < classes; ++c) sum += std::exp(z[c] - max);
+    const double log_sum = std::log(sum) + max;
+    const auto t = static_cast<std::size_t>(targets[r]);
+    total += log_sum - z[t];
+    for (std::size_t c = 0; c < classes; ++c) {
+      const double p = std::exp(z[c] - log_sum);
+      dlogits[r * classes + c] = static_cast<T>(grad_scale * (p - (c == t ? 1.0 : 0.0)));
+    }
+  }
+  loss_sum[0] = static_cast<T>(total);
+}
+
+// y, target (n); loss_sum[0] = sum (y - t)^2;  dy = grad_scale * 2 (y - t)
+template <class T>
+void mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
+  double total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(y[i]) - target[i];
+    total += d * d;
+    dy[i] = static_cast<T>(grad_scale * 2.0 * d);
+  }
+  loss_sum[0] = static_cast<T>(total);
+}
+
+}  // namespace gpipe::host

@@ -1,0 +1,117 @@
+#pragma once
+// Per-device memory of the host backend: an allocator that counts current and peak bytes and can
+// enforce a capacity, and Buffer<T>, an owning handle to an allocation on one device.
+
+#include <cstddef>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/error.hpp"
+
+namespace gpipe::host {
+
+// Thread-safe: any worker may free memory that another device's worker allocated.
+class DeviceAllocator {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  DeviceAllocator(std::size_t device, std::size_t capacity) : device_(device) {
+    stats_.capacity = capacity;
+  }
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  // Throws OutOfMemory when the allocation would take the device past its capacity.
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (stats_.capacity != 0 && stats_.current + bytes > stats_.capacity)
+        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
+                          ": allocating " + std::to_string(bytes) + " bytes with " +
+                          std::to_string(stats_.current) + " in use exceeds the capacity of " +
+                          std::to_string(stats_.capacity) + " bytes");
+      stats_.current += bytes;
+      if (stats_.current > stats_.peak) stats_.peak = stats_.current;
+    }
+    try {
+      return ::operator new(bytes, std::align_val_t{alignment});
+    } catch (const std::bad_alloc&) {
+      release(bytes);
+      throw OutOfMemory("gpipe: the host could not allocate " + std::to_string(bytes) +
+                        " bytes for device " + std::to_string(device_));
+    }
+  }
+
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    ::operator delete(p, std::align_val_t{alignment});
+    release(bytes);
+  }
+
+  MemoryStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mu_);
+    stats_.peak = stats_.current;
+  }
+  std::size_t device() const { return device_; }
+
+ private:
+  void release(std::size_t bytes) noexcept {
+    std::lock_guard lock(mu_);
+    stats_.current -= bytes;
+  }
+
+  std::size_t device_;
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
+// Owns `size` elements of T on one device (uninitialized). Move-only; empty when size is 0.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(DeviceAllocator& allocator, std::size_t size)
+      : allocator_(&allocator),
+        data_(static_cast<T*>(allocator.allocate(size * sizeof(T)))),
+        size_(size) {}
+  Buffer(Buffer&& other) noexcept
+      : allocator_(std::exchange(other.allocator_, nullptr)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      allocator_ = std::exchange(other.allocator_, nullptr);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  ~Buffer() { reset(); }
+
+  void reset() noexcept {
+    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T));
+    allocator_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  DeviceAllocator* allocator_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace gpipe::host

@@ -1,0 +1,172 @@
+#pragma once
+// Streams and events of the host backend, mirroring CUDA's model: a Stream is a worker thread
+// that runs its queue of work in order; an Event, recorded by one stream and waited on by
+// others, orders work across streams.
+//
+// Failure: the first piece of work that throws marks the shared StreamGroup failed. From then on
+// every stream skips its remaining work and every event wait returns, so nothing hangs; the
+// owner collects the error with StreamGroup::take_error() after synchronizing.
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/backend/host/kernels.hpp"
+
+namespace gpipe::host {
+
+// State shared by the streams of one backend: event flags, and the first failure.
+class StreamGroup {
+ public:
+  struct Failure {
+    std::exception_ptr error;
+    std::string where;  // describe(label, device)
+  };
+
+  void fail(std::exception_ptr error, std::string where) {
+    {
+      std::lock_guard lock(mu_);
+      if (!failure_.error) failure_ = {std::move(error), std::move(where)};
+      failed_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool failed() const {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
+  // Returns the failure (empty if none) and clears it, so that the group can run again.
+  Failure take_error() {
+    std::lock_guard lock(mu_);
+    failed_ = false;
+    return std::exchange(failure_, {});
+  }
+
+  // Events: a flag per event, guarded by the group's mutex so that a failure can wake waiters.
+  void record(const std::shared_ptr<bool>& flag) {
+    {
+      std::lock_guard lock(mu_);
+      *flag = true;
+    }
+    cv_.notify_all();
+  }
+  // Returns once the event is recorded or the group has failed.
+  void wait(const std::shared_ptr<bool>& flag) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return *flag || failed_; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool failed_ = false;
+  Failure failure_;
+};
+
+// A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
+class Event {
+ public:
+  Event() : flag_(std::make_shared<bool>(false)) {}
+
+ private:
+  friend class Stream;
+  std::shared_ptr<bool> flag_;
+};
+
+// One device's in-order queue of work, run by its own thread.
+class Stream {
+ public:
+  using Work = std::function<void(Kernels<float>&)>;
+
+  Stream(std::size_t device, StreamGroup& group)
+      : device_(device), group_(group), kernels_(device), thread_([this] { run(); }) {}
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Drops work not yet started and joins the thread.
+  ~Stream() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      queue_.clear();
+    }
+    work_cv_.notify_all();
+    group_.fail(nullptr, {});  // wakes a worker blocked in an event wait
+    thread_.join();
+  }
+
+  void submit(WorkLabel label, Work work) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({label, std::move(work)});
+      ++pending_;
+    }
+    work_cv_.notify_one();
+  }
+  void record(const Event& event) {
+    submit({"record event"}, [this, flag = event.flag_](Kernels<float>&) { group_.record(flag); });
+  }
+  void wait(const Event& event) {
+    submit({"wait event"}, [this, flag = event.flag_](Kernels<float>&) { group_.wait(flag); });
+  }
+
+  // Blocks until every piece of work submitted so far has run (or been skipped).
+  void synchronize() {
+    std::unique_lock lock(mu_);
+    idle_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+  std::size_t device() const { return device_; }
+
+ private:
+  struct Item {
+    WorkLabel label;
+    Work work;
+  };
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock lock(mu_);
+        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!group_.failed()) {
+        try {
+          item.work(kernels_);
+        } catch (...) {
+          group_.fail(std::current_exception(), describe(item.label, device_));
+        }
+      }
+      item.work = nullptr;  // release captured resources before reporting idle
+      {
+        std::lock_guard lock(mu_);
+        --pending_;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  std::size_t device_;
+  StreamGroup& group_;
+  Kernels<float> kernels_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, idle_cv_;
+  std::deque<Item> queue_;
+  std::size_t pending_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members it uses are constructed
+};
+
+}  // namespace gpipe::host

@@ -1,0 +1,12 @@
+#pragma once
+// gpipe: GPipe-style pipeline-parallel training. The core library and the host backend; never
+// includes a CUDA header (the CUDA backend is <gpipe/cuda.cuh>).
+
+#include "gpipe/backend/host.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/io/safetensors.hpp"
+#include "gpipe/model.hpp"
+#include "gpipe/optim.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/trainer.hpp"
+#include "gpipe/schedule.hpp"

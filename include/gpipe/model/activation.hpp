@@ -1,0 +1,70 @@
+#pragma once
+// Parameter-free elementwise layers: ReLU and GELU (exact erf form, torch.nn.GELU()).
+// Both take their width from the layer before them: ReLU::with_features<N> is the layer.
+
+#include <cstddef>
+
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe {
+namespace detail {
+
+// An elementwise layer of width N whose kernels are Op::forward / Op::backward(ctx, n, ...).
+template <class Op, std::size_t N>
+struct Elementwise : ParameterFree {
+  static constexpr std::size_t in_features = N;
+  static constexpr std::size_t out_features = N;
+  static constexpr std::size_t stash_per_row = 0;
+  static constexpr std::size_t grad_stash_per_row = 0;
+
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    Op::forward(ctx, a.rows * N, a.x, a.y);
+  }
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    Op::backward(ctx, a.rows * N, a.x, a.dy, a.dx);
+  }
+};
+
+struct ReluOp {
+  template <class Ctx, class T>
+  static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
+    ctx.relu_forward(n, x, y);
+  }
+  template <class Ctx, class T>
+  static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
+    ctx.relu_backward(n, x, dy, dx);
+  }
+};
+
+struct GeluOp {
+  template <class Ctx, class T>
+  static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
+    ctx.gelu_forward(n, x, y);
+  }
+  template <class Ctx, class T>
+  static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
+    ctx.gelu_backward(n, x, dy, dx);
+  }
+};
+
+}  // namespace detail
+
+// y = max(x, 0)
+struct ReLU {
+  template <std::size_t N>
+  using with_features = detail::Elementwise<detail::ReluOp, N>;
+  using width_generic = void;
+  static constexpr std::size_t natural_in_features = 0;
+};
+
+// y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+struct GELU {
+  template <std::size_t N>
+  using with_features = detail::Elementwise<detail::GeluOp, N>;
+  using width_generic = void;
+  static constexpr std::size_t natural_in_features = 0;
+};
+
+}  // namespace gpipe

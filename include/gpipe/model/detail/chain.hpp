@@ -1,0 +1,237 @@
+#pragma once
+// A chain of layers run one after another: the body of a Stage and of a Residual.
+//
+// bind_chain_t<N, Ls...>: binds each layer spec to the width produced by the one before it
+//   (N for the first) and checks that consecutive widths agree, naming both when they do not.
+// Chain<Bs...> over bound layers is itself a layer:
+//   forward:  a_0 = x, a_{i+1} = L_i(a_i), y = a_n; a_1..a_{n-1} and every L_i's stash are kept
+//             in the chain's stash, each tensor contiguous (rows, width);
+//   B:        g_n = dy, g_i = B_i(g_{i+1}); g_1..g_{n-1} and every L_i's grad stash are kept in
+//             the chain's grad stash, dx = g_0;
+//   W:        W_i(a_i, g_{i+1}) for every i.
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe::detail {
+
+template <class... Ts>
+struct type_list {};
+
+// Shows up in the compiler's message as
+// feature_chain_check<out_features<A>, in_features<B>>: a layer or stage produces A features but
+// the next one takes B.
+template <std::size_t N>
+struct out_features {};
+template <std::size_t N>
+struct in_features {};
+template <class Out, class In>
+struct feature_chain_check;
+template <std::size_t A, std::size_t B>
+struct feature_chain_check<out_features<A>, in_features<B>> {
+  static_assert(A == B,
+                "gpipe: feature chain mismatch: the output size of a layer or stage differs from "
+                "the input size of the next one (both are named in feature_chain_check<...>)");
+  static constexpr bool value = A == B;
+};
+
+// bound_layer_t<L, N>: the concrete layer for spec L when N features come in.
+template <class L, std::size_t N>
+struct bound_layer {
+  static_assert(feature_chain_check<out_features<N>, in_features<L::in_features>>::value);
+  using type = L;
+};
+template <width_generic_layer L, std::size_t N>
+struct bound_layer<L, N> {
+  using type = typename L::template with_features<N>;
+};
+template <class L, std::size_t N>
+using bound_layer_t = typename bound_layer<L, N>::type;
+
+// natural_in_features_v<L>: the width L takes on its own (0 if only its predecessor can tell).
+template <class L>
+constexpr std::size_t natural_in_features_v = 0;
+template <layer L>
+constexpr std::size_t natural_in_features_v<L> = L::in_features;
+template <width_generic_layer L>
+constexpr std::size_t natural_in_features_v<L> = L::natural_in_features;
+
+template <class... Bs>
+struct Chain;
+
+template <std::size_t N, class... Ls>
+struct bind_chain;
+template <std::size_t N>
+struct bind_chain<N> {
+  using type = Chain<>;
+};
+template <std::size_t N, class L, class... Rest>
+struct bind_chain<N, L, Rest...> {
+  using head = bound_layer_t<L, N>;
+  template <class C>
+  struct prepend;
+  template <class... Bs>
+  struct prepend<Chain<Bs...>> {
+    using type = Chain<head, Bs...>;
+  };
+  using type = typename prepend<typename bind_chain<head::out_features, Rest...>::type>::type;
+};
+// bind_chain_t<N, L0, L1, ...> = Chain<L0 at N, L1 at L0's out, ...>
+template <std::size_t N, class... Ls>
+using bind_chain_t = typename bind_chain<N, Ls...>::type;
+
+template <class... Bs>
+struct Chain {
+  static_assert(sizeof...(Bs) > 0, "gpipe: a stage or residual needs at least one layer");
+  static_assert((layer<Bs> && ...), "gpipe: every bound layer must satisfy gpipe::layer");
+
+  static constexpr std::size_t size = sizeof...(Bs);
+  static constexpr std::array<std::size_t, size> ins{Bs::in_features...};
+  static constexpr std::array<std::size_t, size> outs{Bs::out_features...};
+  static constexpr std::size_t in_features = ins.front();
+  static constexpr std::size_t out_features = outs.back();
+
+  static constexpr std::array<std::size_t, size> param_counts{Bs::num_params...};
+  static constexpr std::size_t num_params = (std::size_t{0} + ... + Bs::num_params);
+
+  // Per-row offsets into the stash: [a_1 | ... | a_{n-1} | stash_0 | ... | stash_{n-1}].
+  // Offsets are per row; the tensor at per-row offset o of a buffer for `rows` rows starts at
+  // o * rows.
+  static constexpr std::array<std::size_t, size> layer_stash{Bs::stash_per_row...};
+  static constexpr std::array<std::size_t, size> layer_grad_stash{Bs::grad_stash_per_row...};
+
+  static constexpr auto exclusive_sum(const std::array<std::size_t, size>& v, std::size_t start) {
+    std::array<std::size_t, size> out{};
+    std::size_t acc = start;
+    for (std::size_t i = 0; i < size; ++i) out[i] = acc, acc += v[i];
+    return out;
+  }
+  static constexpr std::size_t intermediate_width() {
+    std::size_t w = 0;
+    for (std::size_t i = 0; i + 1 < size; ++i) w += outs[i];
+    return w;
+  }
+  // Per-row offset of a_{i+1} (i < size - 1) in the stash and of g_{i+1} in the grad stash.
+  static constexpr auto act_offset = exclusive_sum(outs, 0);
+  static constexpr auto param_offset = exclusive_sum(param_counts, 0);
+  static constexpr auto stash_offset = exclusive_sum(layer_stash, intermediate_width());
+  static constexpr auto grad_stash_offset = exclusive_sum(layer_grad_stash, intermediate_width());
+
+  static constexpr std::size_t stash_per_row =
+      intermediate_width() + (std::size_t{0} + ... + Bs::stash_per_row);
+  static constexpr std::size_t grad_stash_per_row =
+      intermediate_width() + (std::size_t{0} + ... + Bs::grad_stash_per_row);
+
+  static constexpr std::size_t num_param_tensors = (std::size_t{0} + ... + Bs::param_specs().size());
+
+  // Every parameter tensor of every layer, with the layer's index prepended to its path.
+  static constexpr std::array<ParamSpec, num_param_tensors> param_specs() {
+    std::array<ParamSpec, num_param_tensors> out{};
+    std::size_t k = 0, i = 0;
+    auto add = [&](const auto& specs) {
+      for (ParamSpec s : specs) {
+        for (std::size_t d = s.depth; d > 0; --d) s.path[d] = s.path[d - 1];
+        s.path[0] = i;
+        ++s.depth;
+        s.offset += param_offset[i];
+        out[k++] = s;
+      }
+      ++i;
+    };
+    (add(Bs::param_specs()), ...);
+    return out;
+  }
+
+  static void init(std::span<float> params, Rng& rng) {
+    std::size_t i = 0;
+    (Bs::init(params.subspan(param_offset[i++], Bs::num_params), rng), ...);
+  }
+
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    forward_impl(ctx, a, std::index_sequence_for<Bs...>{});
+  }
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    backward_input_impl(ctx, a, std::index_sequence_for<Bs...>{});
+  }
+  template <class Ctx>
+  static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
+    backward_weight_impl(ctx, a, std::index_sequence_for<Bs...>{});
+  }
+
+ private:
+  template <std::size_t I, class T>
+  static T* act(T* x, T* y, T* stash, std::size_t rows) {  // a_I
+    if constexpr (I == 0) return x;
+    else if constexpr (I == size) return y;
+    else return stash + act_offset[I - 1] * rows;
+  }
+
+  template <class Ctx, std::size_t... I>
+  static void forward_impl(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                           std::index_sequence<I...>) {
+    using T = typename Ctx::value_type;
+    T* x = const_cast<T*>(a.x);  // only read through the I == 0 path
+    (Bs::forward(ctx, ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
+                                     act<I + 1>(x, a.y, a.stash, a.rows),
+                                     a.params + param_offset[I],
+                                     a.stash + stash_offset[I] * a.rows}),
+     ...);
+  }
+
+  template <class Ctx, std::size_t... I>
+  static void backward_input_impl(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a,
+                                  std::index_sequence<I...>) {
+    using T = typename Ctx::value_type;
+    T* x = const_cast<T*>(a.x);
+    T* stash = const_cast<T*>(a.stash);
+    T* dy = const_cast<T*>(a.dy);
+    // Reverse order: layer size-1 first. g_I for I in (0, size) lives in the grad stash.
+    auto grad = [&](auto i_const) -> T* {
+      constexpr std::size_t i = decltype(i_const)::value;
+      if constexpr (i == 0) return a.dx;
+      else if constexpr (i == size) return dy;
+      else return a.grad_stash + act_offset[i - 1] * a.rows;
+    };
+    auto step = [&](auto j_const) {
+      constexpr std::size_t i = size - 1 - decltype(j_const)::value;
+      using L = std::tuple_element_t<i, std::tuple<Bs...>>;
+      L::backward_input(
+          ctx, BackwardInputArgs<T>{a.rows, act<i>(x, static_cast<T*>(nullptr), stash, a.rows),
+                                    grad(std::integral_constant<std::size_t, i + 1>{}),
+                                    grad(std::integral_constant<std::size_t, i>{}),
+                                    a.params + param_offset[i], stash + stash_offset[i] * a.rows,
+                                    a.grad_stash + grad_stash_offset[i] * a.rows});
+    };
+    (step(std::integral_constant<std::size_t, I>{}), ...);
+  }
+
+  template <class Ctx, std::size_t... I>
+  static void backward_weight_impl(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a,
+                                   std::index_sequence<I...>) {
+    using T = typename Ctx::value_type;
+    T* x = const_cast<T*>(a.x);
+    T* stash = const_cast<T*>(a.stash);
+    const T* gstash = a.grad_stash;
+    auto grad = [&](std::size_t i) -> const T* {
+      return i == size ? a.dy : gstash + act_offset[i - 1] * a.rows;
+    };
+    (Bs::backward_weight(ctx, BackwardWeightArgs<T>{a.rows,
+                                                    act<I>(x, static_cast<T*>(nullptr), stash,
+                                                           a.rows),
+                                                    grad(I + 1), a.params + param_offset[I],
+                                                    stash + stash_offset[I] * a.rows,
+                                                    gstash + grad_stash_offset[I] * a.rows,
+                                                    a.grads + param_offset[I]}),
+     ...);
+  }
+};
+
+}  // namespace gpipe::detail

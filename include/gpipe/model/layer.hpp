@@ -1,0 +1,158 @@
+#pragma once
+// The layer concept: what a type must provide to be a layer of a gpipe::Stage.
+//
+// A layer maps a (rows, in_features) activation to (rows, out_features). It owns a flat float
+// array of num_params parameters, split into named tensors by param_specs(). Its backward is two
+// ops, so that schedules may separate them:
+//   backward_input  (B): dy -> dx                       (needs x and the forward stash)
+//   backward_weight (W): dy -> d(params), accumulated   (needs x, the stash and the B stash)
+// Everything a backward needs beyond the layer input x is kept by forward in `stash`
+// (stash_per_row floats per row) and by backward_input in `grad_stash` (grad_stash_per_row).
+// The layer output y is not kept: a layer that needs it in backward stashes it.
+//
+// The operations are function templates over a kernel context Ctx (a backend's per-device kernel
+// set, e.g. gpipe::host::Kernels<float>); pointers are that device's memory. Ctx::value_type is
+// the scalar type (float on backends, double in the finite-difference tests).
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace gpipe {
+
+// One named parameter tensor of a layer: leaf `name` ("weight", "bias"), the child indices that
+// lead to it inside composite layers (`path[0..depth)`, so the full name is "i.path....name" for
+// layer i), row-major `shape` (first `rank` entries) and `offset` into the layer's flat parameter
+// array.
+struct ParamSpec {
+  static constexpr std::size_t max_depth = 4;
+
+  std::string_view name;
+  std::array<std::size_t, 2> shape{};
+  std::size_t rank = 0;
+  std::size_t offset = 0;
+  std::array<std::size_t, max_depth> path{};
+  std::size_t depth = 0;
+
+  constexpr std::size_t size() const {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < rank; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+template <class T>
+struct ForwardArgs {
+  std::size_t rows;
+  const T* x;       // (rows, in_features)
+  T* y;             // (rows, out_features)
+  const T* params;  // (num_params)
+  T* stash;         // (rows, stash_per_row), kept until backward
+};
+
+template <class T>
+struct BackwardInputArgs {
+  std::size_t rows;
+  const T* x;        // (rows, in_features)
+  const T* dy;       // (rows, out_features)
+  T* dx;             // (rows, in_features), overwritten
+  const T* params;   // (num_params)
+  const T* stash;    // (rows, stash_per_row) as left by forward
+  T* grad_stash;     // (rows, grad_stash_per_row), kept until backward_weight
+};
+
+template <class T>
+struct BackwardWeightArgs {
+  std::size_t rows;
+  const T* x;           // (rows, in_features)
+  const T* dy;          // (rows, out_features)
+  const T* params;      // (num_params)
+  const T* stash;       // (rows, stash_per_row)
+  const T* grad_stash;  // (rows, grad_stash_per_row) as left by backward_input
+  T* grads;             // (num_params), accumulated: grads += d(loss)/d(params)
+};
+
+// Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives
+// the same parameters on every platform, unlike std::uniform_real_distribution.
+class Rng {
+ public:
+  explicit constexpr Rng(std::uint64_t seed) : state_(seed) {}
+
+  constexpr std::uint64_t next_u64() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+
+  // Uniform in [lo, hi), 24 random bits.
+  constexpr float uniform(float lo, float hi) {
+    const float u = static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f);
+    return lo + (hi - lo) * u;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// layer<L>: the compile-time part (shapes, parameters, stash sizes, initialization).
+template <class L>
+concept has_features = requires {
+  { L::in_features } -> std::convertible_to<std::size_t>;
+  { L::out_features } -> std::convertible_to<std::size_t>;
+} && (L::in_features > 0) && (L::out_features > 0);
+
+template <class L>
+concept has_parameters = requires(std::span<float> p, Rng& rng) {
+  { L::num_params } -> std::convertible_to<std::size_t>;
+  { L::param_specs() };
+  { L::init(p, rng) };
+};
+
+template <class L>
+concept has_stash = requires {
+  { L::stash_per_row } -> std::convertible_to<std::size_t>;
+  { L::grad_stash_per_row } -> std::convertible_to<std::size_t>;
+};
+
+template <class L>
+concept layer = has_features<L> && has_parameters<L> && has_stash<L>;
+
+// layer_for<L, Ctx>: L's operations can run with the kernel context Ctx.
+template <class L, class Ctx>
+concept layer_for =
+    layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& f,
+                         const BackwardInputArgs<typename Ctx::value_type>& b,
+                         const BackwardWeightArgs<typename Ctx::value_type>& w) {
+      L::forward(ctx, f);
+      L::backward_input(ctx, b);
+      L::backward_weight(ctx, w);
+    };
+
+// width_generic_layer<L>: a layer that takes its width from the layer before it (ReLU, GELU,
+// Residual): L::with_features<N> is the layer of width N (not instantiated here: only a width
+// that fits may be). L::natural_in_features is the width it has on its own (0 when only the
+// previous layer can tell), used when it opens a pipeline. Marked by `using width_generic = void`.
+template <class L>
+concept width_generic_layer = requires {
+  typename L::width_generic;
+  { L::natural_in_features } -> std::convertible_to<std::size_t>;
+};
+
+// layer_spec<L>: what a Stage accepts: a layer, or a width-generic layer.
+template <class L>
+concept layer_spec = layer<L> || width_generic_layer<L>;
+
+// Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
+struct ParameterFree {
+  static constexpr std::size_t num_params = 0;
+  static constexpr std::array<ParamSpec, 0> param_specs() { return {}; }
+  static constexpr void init(std::span<float>, Rng&) {}
+  template <class Ctx>
+  static void backward_weight(Ctx&, const BackwardWeightArgs<typename Ctx::value_type>&) {}
+};
+
+}  // namespace gpipe

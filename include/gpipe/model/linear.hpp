@@ -1,0 +1,56 @@
+#pragma once
+// Linear<In, Out>: y = x W^T + b, as torch.nn.Linear. weight (Out, In), bias (Out).
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe {
+
+template <std::size_t In, std::size_t Out>
+struct Linear {
+  static_assert(In > 0 && Out > 0, "gpipe: Linear needs positive sizes");
+
+  static constexpr std::size_t in_features = In;
+  static constexpr std::size_t out_features = Out;
+  static constexpr std::size_t num_params = Out * In + Out;
+  static constexpr std::size_t stash_per_row = 0;
+  static constexpr std::size_t grad_stash_per_row = 0;
+
+  static constexpr std::array<ParamSpec, 2> param_specs() {
+    return {ParamSpec{.name = "weight", .shape = {Out, In}, .rank = 2, .offset = 0},
+            ParamSpec{.name = "bias", .shape = {Out, 0}, .rank = 1, .offset = Out * In}};
+  }
+
+  // PyTorch's default: kaiming_uniform_(a = sqrt 5) for the weight and U(-1/sqrt In, 1/sqrt In)
+  // for the bias, which are the same bound.
+  static void init(std::span<float> params, Rng& rng) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(In));
+    for (float& p : params) p = rng.uniform(-bound, bound);
+  }
+
+  // y (rows, Out) = x (rows, In) W^T + b
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
+    ctx.bias_add(a.rows, Out, a.params + Out * In, a.y);
+  }
+
+  // dx (rows, In) = dy (rows, Out) W
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.gemm(false, false, a.rows, In, Out, 1, a.dy, a.params, 0, a.dx);
+  }
+
+  // dW (Out, In) += dy^T x,  db (Out) += sum_rows dy
+  template <class Ctx>
+  static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
+    ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);
+    ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
+  }
+};
+
+}  // namespace gpipe

@@ -1,0 +1,55 @@
+#pragma once
+// Losses, applied by the last stage to its output. Both average over the whole mini-batch as
+// PyTorch's reduction='mean': SoftmaxCrossEntropy over rows (torch.nn.CrossEntropyLoss),
+// MSELoss over all rows * out_features elements (torch.nn.MSELoss).
+//
+// A loss L provides: target_type; targets_per_row(out_features); check(targets, out_features)
+// (throws gpipe::Error for a bad target); normalizer(rows, out_features), the divisor of the
+// summed loss; and apply(ctx, rows, out_features, y, targets, grad_scale, dy, loss_sum), which
+// writes the micro-batch's summed loss and dy = grad_scale * d(sum)/dy.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "gpipe/error.hpp"
+
+namespace gpipe {
+
+struct SoftmaxCrossEntropy {
+  using target_type = std::int32_t;
+  static constexpr std::size_t targets_per_row(std::size_t) { return 1; }
+  static constexpr double normalizer(std::size_t rows, std::size_t) {
+    return static_cast<double>(rows);
+  }
+  static void check(std::span<const std::int32_t> targets, std::size_t classes) {
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      if (targets[i] < 0 || static_cast<std::size_t>(targets[i]) >= classes)
+        throw Error("gpipe: SoftmaxCrossEntropy target " + std::to_string(i) + " is " +
+                    std::to_string(targets[i]) + ", expected a class id in [0, " +
+                    std::to_string(classes) + ")");
+    }
+  }
+  template <class Ctx, class T>
+  static void apply(Ctx& ctx, std::size_t rows, std::size_t classes, const T* logits,
+                    const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
+    ctx.softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits, loss_sum);
+  }
+};
+
+struct MSELoss {
+  using target_type = float;
+  static constexpr std::size_t targets_per_row(std::size_t out_features) { return out_features; }
+  static constexpr double normalizer(std::size_t rows, std::size_t out_features) {
+    return static_cast<double>(rows) * static_cast<double>(out_features);
+  }
+  static void check(std::span<const float>, std::size_t) {}
+  template <class Ctx, class T>
+  static void apply(Ctx& ctx, std::size_t rows, std::size_t out_features, const T* y,
+                    const float* targets, T grad_scale, T* dy, T* loss_sum) {
+    ctx.mse(rows * out_features, y, targets, grad_scale, dy, loss_sum);
+  }
+};
+
+}  // namespace gpipe

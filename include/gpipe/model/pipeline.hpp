@@ -1,0 +1,116 @@
+#pragma once
+// Pipeline<Stages...>: the model, K = sizeof...(Stages) stages, one per device.
+//
+//   Pipeline<Stage<A, B>, Stage<C>>::stage_t<1>      = the bound chain of stage 1 (a gpipe::layer)
+//   Pipeline<...>::layer_offset[s]                   = global index of stage s's first layer
+// Parameters are named as in a PyTorch nn.Sequential over all layers of all stages in order:
+// "i.weight", "i.bias", and "i.j.weight" for a child j of a composite layer i.
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpipe/model/detail/chain.hpp"
+#include "gpipe/model/layer.hpp"
+#include "gpipe/model/stage.hpp"
+
+namespace gpipe {
+namespace detail {
+
+template <std::size_t N, class... Stages>
+struct bind_stages;
+template <std::size_t N>
+struct bind_stages<N> {
+  using type = std::tuple<>;
+};
+template <std::size_t N, class S, class... Rest>
+struct bind_stages<N, S, Rest...> {
+  using head = typename S::template bound<N>;
+  using type = decltype(std::tuple_cat(
+      std::declval<std::tuple<head>>(),
+      std::declval<typename bind_stages<head::out_features, Rest...>::type>()));
+};
+
+}  // namespace detail
+
+// One parameter tensor of a model: its PyTorch name, shape, stage and offset in the stage's
+// flat parameter array.
+struct ParameterInfo {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::size_t stage = 0;
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
+template <stage... Stages>
+struct Pipeline {
+  static_assert(sizeof...(Stages) > 0, "gpipe: a Pipeline needs at least one stage");
+
+  using first_stage = std::tuple_element_t<0, std::tuple<Stages...>>;
+  static_assert(first_stage::natural_in_features > 0,
+                "gpipe: the first layer of a Pipeline must fix its input width (e.g. Linear<In, "
+                "Out> or LayerNorm<N>), since no layer comes before it");
+
+  using stages = typename detail::bind_stages<first_stage::natural_in_features, Stages...>::type;
+  template <std::size_t S>
+  using stage_t = std::tuple_element_t<S, stages>;
+
+  static constexpr std::size_t num_stages = sizeof...(Stages);
+  static constexpr std::size_t in_features = stage_t<0>::in_features;
+  static constexpr std::size_t out_features = stage_t<num_stages - 1>::out_features;
+  static constexpr std::size_t num_layers = (std::size_t{0} + ... + Stages::num_layers);
+
+ private:
+  template <std::size_t... S>
+  static constexpr std::array<std::size_t, num_stages> stage_param_counts(
+      std::index_sequence<S...>) {
+    return {stage_t<S>::num_params...};
+  }
+
+ public:
+  // Parameters per stage and in all.
+  static constexpr std::array<std::size_t, num_stages> stage_num_params =
+      stage_param_counts(std::make_index_sequence<num_stages>{});
+  static constexpr std::size_t num_params = [] {
+    std::size_t n = 0;
+    for (std::size_t p : stage_num_params) n += p;
+    return n;
+  }();
+  static constexpr std::array<std::size_t, num_stages> layer_offset = [] {
+    std::array<std::size_t, num_stages> out{};
+    const std::array<std::size_t, num_stages> counts{Stages::num_layers...};
+    for (std::size_t s = 1; s < num_stages; ++s) out[s] = out[s - 1] + counts[s - 1];
+    return out;
+  }();
+
+  // Every parameter tensor in nn.Sequential order.
+  static std::vector<ParameterInfo> parameters() {
+    std::vector<ParameterInfo> out;
+    [&]<std::size_t... S>(std::index_sequence<S...>) {
+      (append_stage<S>(out), ...);
+    }(std::make_index_sequence<num_stages>{});
+    return out;
+  }
+
+ private:
+  template <std::size_t S>
+  static void append_stage(std::vector<ParameterInfo>& out) {
+    for (const ParamSpec& spec : stage_t<S>::param_specs()) {
+      ParameterInfo info;
+      info.name = std::to_string(layer_offset[S] + spec.path[0]);
+      for (std::size_t d = 1; d < spec.depth; ++d) info.name += "." + std::to_string(spec.path[d]);
+      info.name += ".";
+      info.name += spec.name;
+      info.shape.assign(spec.shape.begin(), spec.shape.begin() + spec.rank);
+      info.stage = S;
+      info.offset = spec.offset;
+      info.size = spec.size();
+      out.push_back(std::move(info));
+    }
+  }
+};
+
+}  // namespace gpipe

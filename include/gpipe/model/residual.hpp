@@ -1,0 +1,47 @@
+#pragma once
+// Residual<Layers...>: y = x + f(x) with f the chain of Layers, whose output width must equal its
+// input width. Its children are named "i.j.weight" for the j-th inner layer of layer i.
+// The width comes from the first inner layer when it has one, else from the layer before.
+
+#include <cstddef>
+#include <span>
+
+#include "gpipe/model/detail/chain.hpp"
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe {
+namespace detail {
+
+template <class Body>
+struct ResidualOf : Body {
+  static_assert(feature_chain_check<out_features<Body::out_features>,
+                                    in_features<Body::in_features>>::value,
+                "gpipe: the body of a Residual must keep the width");
+
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    Body::forward(ctx, a);
+    ctx.add(a.rows * Body::out_features, a.y, a.x, a.y);
+  }
+  // dx = dy + B_f(dy)
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    Body::backward_input(ctx, a);
+    ctx.add(a.rows * Body::in_features, a.dx, a.dy, a.dx);
+  }
+};
+
+}  // namespace detail
+
+template <layer_spec... Layers>
+struct Residual {
+  static_assert(sizeof...(Layers) > 0, "gpipe: Residual needs at least one layer");
+
+  template <std::size_t N>
+  using with_features = detail::ResidualOf<detail::bind_chain_t<N, Layers...>>;
+  using width_generic = void;
+  static constexpr std::size_t natural_in_features =
+      detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
+};
+
+}  // namespace gpipe

@@ -1,0 +1,230 @@
+#pragma once
+// The executor: runs one forward-backward step of a Pipeline by walking a schedule and issuing
+// each op to the stream of its stage's device. Written once for every backend.
+//
+// Per (stage s, micro-batch mb) it keeps a Slot of device buffers (rows = the micro-batch's size):
+//   input       (rows, in_s)            from forward (stage 0: the user's rows) or recv_activation
+//                                       until backward_weight
+//   stash       (rows, stash_per_row)   from forward, or from the recompute before backward_input
+//                                       when the remat policy drops it, until backward_weight
+//   output      (rows, out_s)           from forward until received by stage s+1 (or, on the
+//                                       last stage, until the loss has read it)
+//   grad_output (rows, out_s)           from recv_gradient (last stage: the loss) until W
+//   grad_input  (rows, in_s)            from backward_input until received by stage s-1
+//   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
+// and two events: activation ready (after forward), gradient ready (after backward_input).
+// Each buffer is allocated and freed by work on the streams, so device memory follows the
+// schedule's order of execution.
+
+#include <cstddef>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/in_process.hpp"
+
+namespace gpipe::detail {
+
+// Calls f(std::integral_constant<std::size_t, S>{}) for the run-time stage index s < K.
+template <std::size_t K, class F>
+void visit_stage(std::size_t s, F&& f) {
+  [&]<std::size_t... S>(std::index_sequence<S...>) {
+    (void)((s == S ? (f(std::integral_constant<std::size_t, S>{}), true) : false) || ...);
+  }(std::make_index_sequence<K>{});
+}
+
+template <class Model, class Loss, class Backend, class Transport = transport::InProcess>
+class Executor {
+ public:
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using Event = typename Backend::Event;
+  using Kernels = typename Backend::Kernels;
+  using target_type = typename Loss::target_type;
+  static constexpr std::size_t K = Model::num_stages;
+
+  struct Step {
+    std::span<const float> x;            // (N, in_features), host memory
+    std::span<const target_type> y;      // (N, targets per row), host memory
+    MicroBatchSplit split;
+    Remat remat = Remat::never;
+  };
+
+  // params[s], grads[s]: stage s's flat parameter and gradient arrays on its device.
+  Executor(Backend& backend, const Schedule& schedule, std::span<Buffer<float>> params,
+           std::span<Buffer<float>> grads)
+      : backend_(backend), schedule_(schedule), params_(params), grads_(grads) {}
+
+  // Runs the step; returns the summed loss of every micro-batch. Throws (from the backend's
+  // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
+  double run(const Step& step) {
+    step_ = &step;
+    const std::size_t M = step.split.micro_batches;
+    slots_ = std::vector<Slot>(K * M);
+    std::vector<float> losses(M);
+    const std::size_t last_device = schedule_.device_of_stage(K - 1);
+    try {
+      loss_ = backend_.template allocate<float>(last_device, M);
+      for (std::size_t d = 0; d < schedule_.num_devices; ++d)
+        for (const Op& op : schedule_.ops[d]) issue(d, op);
+      backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
+        k.download(M, loss_.data(), losses.data());
+      });
+    } catch (...) {
+      // Work already issued may wait for events that will now never be recorded: cancel it
+      // before the slots it uses go away.
+      backend_.cancel();
+      clear();
+      throw;
+    }
+    try {
+      backend_.synchronize();
+    } catch (...) {
+      clear();
+      throw;
+    }
+    clear();
+    double total = 0;
+    for (float l : losses) total += l;
+    return total;
+  }
+
+ private:
+  struct Slot {
+    Buffer<float> input, stash, output, grad_output, grad_input, grad_stash;
+    bool stashed = false;  // stash holds this micro-batch's forward activations
+    Event activation_ready, gradient_ready;
+  };
+
+  Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
+
+  void clear() {
+    slots_.clear();
+    loss_ = {};
+    step_ = nullptr;
+  }
+
+  void issue(std::size_t device, const Op& op) {
+    const std::size_t s = schedule_.stage_of(device, op.chunk);
+    const std::size_t mb = op.micro_batch;
+    const WorkLabel label{to_string(op.kind), s, mb};
+    switch (op.kind) {
+      case OpKind::forward:
+        return visit_stage<K>(s, [&](auto S) { submit_forward<decltype(S)::value>(device, label, mb); });
+      case OpKind::backward_input:
+        return visit_stage<K>(s, [&](auto S) { submit_backward_input<decltype(S)::value>(device, label, mb); });
+      case OpKind::backward_weight:
+        return visit_stage<K>(s, [&](auto S) { submit_backward_weight<decltype(S)::value>(device, label, mb); });
+      case OpKind::send_activation:
+        return backend_.record(device, slot(s, mb).activation_ready);
+      case OpKind::send_gradient:
+        return backend_.record(device, slot(s, mb).gradient_ready);
+      case OpKind::recv_activation:
+        backend_.wait(device, slot(s - 1, mb).activation_ready);
+        return submit_receive(device, label, slot(s - 1, mb).output, slot(s, mb).input);
+      case OpKind::recv_gradient:
+        backend_.wait(device, slot(s + 1, mb).gradient_ready);
+        return submit_receive(device, label, slot(s + 1, mb).grad_input, slot(s, mb).grad_output);
+    }
+  }
+
+  // dst (on `device`) <- src (on the sender's device); src is released once copied.
+  void submit_receive(std::size_t device, WorkLabel label, Buffer<float>& src, Buffer<float>& dst) {
+    backend_.submit(device, label, [this, device, &src, &dst](Kernels& k) {
+      dst = backend_.template allocate<float>(device, src.size());
+      Transport::receive(k, src.data(), dst.data(), src.size());
+      src.reset();
+    });
+  }
+
+  template <std::size_t S>
+  void submit_forward(std::size_t device, WorkLabel label, std::size_t mb) {
+    using StageT = typename Model::template stage_t<S>;
+    backend_.submit(device, label, [this, device, mb](Kernels& k) {
+      const Step& step = *step_;
+      const std::size_t rows = step.split.size(mb);
+      Slot& sl = slot(S, mb);
+      if constexpr (S == 0) {
+        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features);
+        k.upload(rows * StageT::in_features,
+                 step.x.data() + step.split.begin(mb) * StageT::in_features, sl.input.data());
+      }
+      sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
+      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features);
+      StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                            params_[S].data(), sl.stash.data()});
+      if constexpr (S == K - 1) apply_loss(device, k, mb, rows, sl);
+      sl.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
+      if (!sl.stashed) sl.stash.reset();
+    });
+  }
+
+  // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
+  // grad_output. The logits are not needed after that.
+  void apply_loss(std::size_t device, Kernels& k, std::size_t mb, std::size_t rows, Slot& sl) {
+    constexpr std::size_t out = Model::out_features;
+    const Step& step = *step_;
+    const std::size_t per_row = Loss::targets_per_row(out);
+    auto targets = backend_.template allocate<target_type>(device, rows * per_row);
+    k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
+    sl.grad_output = backend_.template allocate<float>(device, rows * out);
+    const auto scale = static_cast<float>(1.0 / Loss::normalizer(step.split.rows, out));
+    Loss::apply(k, rows, out, sl.output.data(), targets.data(), scale, sl.grad_output.data(),
+                loss_.data() + mb);
+    sl.output.reset();
+  }
+
+  template <std::size_t S>
+  void submit_backward_input(std::size_t device, WorkLabel label, std::size_t mb) {
+    using StageT = typename Model::template stage_t<S>;
+    backend_.submit(device, label, [this, device, mb](Kernels& k) {
+      const std::size_t rows = step_->split.size(mb);
+      Slot& sl = slot(S, mb);
+      if (!sl.stashed && StageT::stash_per_row > 0) {
+        // Re-materialization: run the stage's forward again from its kept input.
+        sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
+        auto scratch = backend_.template allocate<float>(device, rows * StageT::out_features);
+        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
+                                              params_[S].data(), sl.stash.data()});
+      }
+      sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features);
+      sl.grad_stash = backend_.template allocate<float>(device, rows * StageT::grad_stash_per_row);
+      StageT::backward_input(
+          k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
+                                      sl.grad_input.data(), params_[S].data(), sl.stash.data(),
+                                      sl.grad_stash.data()});
+      if constexpr (S == 0) sl.grad_input.reset();  // nobody upstream wants it
+    });
+  }
+
+  template <std::size_t S>
+  void submit_backward_weight(std::size_t device, WorkLabel label, std::size_t mb) {
+    using StageT = typename Model::template stage_t<S>;
+    backend_.submit(device, label, [this, mb](Kernels& k) {
+      const std::size_t rows = step_->split.size(mb);
+      Slot& sl = slot(S, mb);
+      StageT::backward_weight(
+          k, BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
+                                       params_[S].data(), sl.stash.data(), sl.grad_stash.data(),
+                                       grads_[S].data()});
+      sl.input.reset();
+      sl.stash.reset();
+      sl.grad_output.reset();
+      sl.grad_stash.reset();
+    });
+  }
+
+  Backend& backend_;
+  const Schedule& schedule_;
+  std::span<Buffer<float>> params_, grads_;
+  const Step* step_ = nullptr;
+  std::vector<Slot> slots_;
+  Buffer<float> loss_;
+};
+
+}  // namespace gpipe::detail

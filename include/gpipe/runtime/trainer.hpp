@@ -1,0 +1,257 @@
+#pragma once
+// gpipe::Trainer<Model, Loss, Backend, Schedule>: trains a Pipeline with pipelined micro-batches.
+//
+//   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend> trainer(
+//       backend, {.micro_batches = 8, .remat = gpipe::Remat::always});
+//   float loss = trainer.forward_backward(x, y);   // mean loss; gradients accumulate
+//   trainer.step(optimizer);                       // update on every stage's device
+//   trainer.zero_grad();
+//
+// Stage s lives on device schedule.device_of_stage(s) of the backend. Parameters are initialized
+// from options.seed in nn.Sequential order with PyTorch's default distributions, so the same seed
+// gives the same model for every split into stages. Gradients after forward_backward are those
+// of the mini-batch mean loss: the same numbers for any number of stages, micro-batches, remat
+// policy and schedule. After a step that threw, gradients are unspecified: call zero_grad().
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <vector>
+
+#include "gpipe/error.hpp"
+#include "gpipe/io/safetensors.hpp"
+#include "gpipe/model/layer.hpp"
+#include "gpipe/model/pipeline.hpp"
+#include "gpipe/runtime/executor.hpp"
+#include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/validator.hpp"
+
+namespace gpipe {
+
+template <class Model, class Loss, class Backend, class ScheduleKind = GPipe>
+class Trainer {
+  static_assert(Model::num_stages % ScheduleKind::chunks_per_device == 0,
+                "gpipe: the schedule puts chunks_per_device stages on each device; the number of "
+                "stages must be a multiple of it");
+
+ public:
+  using model_type = Model;
+  using loss_type = Loss;
+  using backend_type = Backend;
+  using target_type = typename Loss::target_type;
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+
+  struct Options {
+    std::size_t micro_batches = 1;
+    Remat remat = Remat::never;
+    std::uint64_t seed = 0;
+  };
+
+  static constexpr std::size_t num_stages = Model::num_stages;
+  static constexpr std::size_t num_devices = Model::num_stages / ScheduleKind::chunks_per_device;
+
+  Trainer(Backend& backend, Options options)
+      : backend_(backend), options_(options), infos_(Model::parameters()) {
+    detail::require(options.micro_batches >= 1, "micro_batches must be at least 1");
+    detail::require(backend.num_devices() >= num_devices,
+                    "the model has " + std::to_string(num_stages) + " stages on " +
+                        std::to_string(num_devices) + " devices but the backend has only " +
+                        std::to_string(backend.num_devices()));
+    schedule_ = ScheduleKind::make(num_devices, options.micro_batches);
+    require_valid(schedule_);
+    for (std::size_t s = 0; s < num_stages; ++s) {
+      const std::size_t d = device_of_stage(s);
+      params_.push_back(backend_.template allocate<float>(d, Model::stage_num_params[s]));
+      grads_.push_back(backend_.template allocate<float>(d, Model::stage_num_params[s]));
+    }
+    initialize(options.seed);
+    zero_grad();
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const Options& options() const { return options_; }
+  const Schedule& schedule() const { return schedule_; }
+  std::size_t device_of_stage(std::size_t stage) const { return schedule_.device_of_stage(stage); }
+  Backend& backend() const { return backend_; }
+
+  // x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
+  // floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
+  float forward_backward(std::span<const float> x, std::span<const target_type> y) {
+    constexpr std::size_t in = Model::in_features, out = Model::out_features;
+    const std::size_t M = options_.micro_batches;
+    detail::require(x.size() % in == 0,
+                    "x has " + std::to_string(x.size()) + " floats, which is not a multiple of "
+                    "in_features = " + std::to_string(in) + " (expected batch x " +
+                        std::to_string(in) + ", row-major)");
+    const std::size_t rows = x.size() / in;
+    detail::require(rows >= M, "the batch has " + std::to_string(rows) +
+                                   " rows, fewer than micro_batches = " + std::to_string(M) +
+                                   " (every micro-batch needs at least one row)");
+    const std::size_t per_row = Loss::targets_per_row(out);
+    detail::require(y.size() == rows * per_row,
+                    "y has " + std::to_string(y.size()) + " targets, expected " +
+                        std::to_string(rows * per_row) + " (" + std::to_string(rows) +
+                        " rows x " + std::to_string(per_row) + ")");
+    Loss::check(y, out);
+
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
+    const double total =
+        executor.run({.x = x, .y = y, .split = {rows, M}, .remat = options_.remat});
+    return static_cast<float>(total / Loss::normalizer(rows, out));
+  }
+
+  void zero_grad() {
+    for (std::size_t s = 0; s < num_stages; ++s) {
+      backend_.submit(device_of_stage(s), {"zero_grad", s},
+                      [g = grads_[s].data(), n = grads_[s].size()](auto& k) { k.fill(n, 0.0f, g); });
+    }
+    backend_.synchronize();
+  }
+
+  // One optimizer update of every parameter from its accumulated gradient, on each stage's
+  // device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
+  // type changes.
+  template <class Optimizer>
+  void step(const Optimizer& optimizer) {
+    optimizer.check();
+    if (optimizer_type_ != &typeid(Optimizer)) {
+      optimizer_state_.clear();
+      for (std::size_t s = 0; s < num_stages; ++s) {
+        const std::size_t n = Optimizer::state_per_param * Model::stage_num_params[s];
+        optimizer_state_.push_back(backend_.template allocate<float>(device_of_stage(s), n));
+        backend_.submit(device_of_stage(s), {"optimizer state", s},
+                        [p = optimizer_state_.back().data(), n](auto& k) { k.fill(n, 0.0f, p); });
+      }
+      optimizer_type_ = &typeid(Optimizer);
+      optimizer_steps_ = 0;
+    }
+    ++optimizer_steps_;
+    for (std::size_t s = 0; s < num_stages; ++s) {
+      backend_.submit(device_of_stage(s), {"optimizer step", s},
+                      [&optimizer, p = params_[s].data(), g = grads_[s].data(),
+                       st = optimizer_state_[s].data(), n = params_[s].size(),
+                       t = optimizer_steps_](auto& k) { optimizer.update(k, n, p, g, st, t); });
+    }
+    backend_.synchronize();
+  }
+
+  // Every parameter tensor: name, shape, stage.
+  const std::vector<ParameterInfo>& parameter_info() const { return infos_; }
+
+  std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
+  std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
+  void set_parameter(std::string_view name, std::span<const float> values) {
+    const ParameterInfo& info = find(name);
+    detail::require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
+                                                    std::to_string(info.size) + " elements, got " +
+                                                    std::to_string(values.size()));
+    write(params_, info, values);
+    backend_.synchronize();
+  }
+
+  // Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
+  // load_state_dict with strict=True).
+  void load(const std::filesystem::path& path) {
+    const auto tensors = io::load_safetensors(path);
+    for (const ParameterInfo& info : infos_) {
+      const auto it = tensors.find(info.name);
+      detail::require(it != tensors.end(),
+                      path.string() + " has no tensor \"" + info.name + "\" that the model needs");
+      detail::require(it->second.shape == info.shape,
+                      path.string() + ": tensor \"" + info.name + "\" has shape " +
+                          shape_string(it->second.shape) + ", the model expects " +
+                          shape_string(info.shape));
+    }
+    for (const auto& [name, tensor] : tensors) {
+      detail::require(has(name), path.string() + " has a tensor \"" + name +
+                                     "\" that the model does not have");
+    }
+    for (const ParameterInfo& info : infos_) write(params_, info, tensors.find(info.name)->second.data);
+    backend_.synchronize();
+  }
+  void save(const std::filesystem::path& path) const { save_all(params_, path); }
+  void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
+
+ private:
+  void initialize(std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<std::vector<float>> host(num_stages);
+    [&]<std::size_t... S>(std::index_sequence<S...>) {
+      ((host[S].resize(Model::stage_num_params[S]),
+        Model::template stage_t<S>::init(std::span<float>(host[S]), rng)),
+       ...);
+    }(std::make_index_sequence<num_stages>{});
+    for (std::size_t s = 0; s < num_stages; ++s) {
+      backend_.submit(device_of_stage(s), {"initialize", s},
+                      [&h = host[s], p = params_[s].data()](auto& k) {
+                        k.upload(h.size(), h.data(), p);
+                      });
+    }
+    backend_.synchronize();
+  }
+
+  bool has(std::string_view name) const {
+    for (const ParameterInfo& info : infos_)
+      if (info.name == name) return true;
+    return false;
+  }
+  const ParameterInfo& find(std::string_view name) const {
+    for (const ParameterInfo& info : infos_)
+      if (info.name == name) return info;
+    throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
+  }
+
+  std::vector<float> read(const std::vector<Buffer<float>>& where, const ParameterInfo& info) const {
+    std::vector<float> out(info.size);
+    backend_.submit(device_of_stage(info.stage), {"read parameter", info.stage},
+                    [&out, src = where[info.stage].data() + info.offset](auto& k) {
+                      k.download(out.size(), src, out.data());
+                    });
+    backend_.synchronize();
+    return out;
+  }
+  // Issues the copy; the caller synchronizes before `values` goes away.
+  void write(std::vector<Buffer<float>>& where, const ParameterInfo& info,
+             std::span<const float> values) {
+    backend_.submit(device_of_stage(info.stage), {"write parameter", info.stage},
+                    [values, dst = where[info.stage].data() + info.offset](auto& k) {
+                      k.upload(values.size(), values.data(), dst);
+                    });
+  }
+
+  void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path) const {
+    std::vector<std::vector<float>> data;
+    data.reserve(infos_.size());
+    for (const ParameterInfo& info : infos_) data.push_back(read(where, info));
+    std::vector<io::TensorView> views;
+    for (std::size_t i = 0; i < infos_.size(); ++i)
+      views.push_back({infos_[i].name, infos_[i].shape, data[i]});
+    io::save_safetensors(path, views);
+  }
+
+  static std::string shape_string(const std::vector<std::size_t>& shape) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(shape[i]);
+    return out + "]";
+  }
+
+  Backend& backend_;
+  Options options_;
+  std::vector<ParameterInfo> infos_;
+  Schedule schedule_;
+  std::vector<Buffer<float>> params_, grads_, optimizer_state_;
+  const std::type_info* optimizer_type_ = nullptr;
+  std::size_t optimizer_steps_ = 0;
+};
+
+}  // namespace gpipe

@@ -1,0 +1,116 @@
+#pragma once
+// The schedule IR: a schedule is data, per device an ordered list of ops {kind, micro_batch,
+// chunk}. Generators produce it, the validator proves it runnable, the simulator times it and the
+// runtime walks it; all of them agree on the contract below, which is the only place it is stated.
+//
+// Stages. S = num_devices * num_chunks stages 0..S-1 form the pipeline. Virtual stages are
+// assigned round robin: stage s = chunk * num_devices + device, so device d holds stages
+// d, d + K, d + 2K, ... (K = num_devices). GPipe and 1F1B have num_chunks == 1: stage == device.
+// An op's chunk names the stage it works on *on its own device*: the stage of op (d, op) is
+// stage_of(d, op.chunk), also for sends and recvs.
+//
+// Ops of stage s for micro-batch mb (every one exactly once, no others):
+//   forward          (all s)    runs stage s; on s == S-1 it also computes the loss and the
+//                               gradient of the loss with respect to the stage's output
+//   backward_input   (all s)    B: gradient with respect to stage s's input
+//   backward_weight  (all s)    W: gradient with respect to stage s's parameters (accumulated)
+//   recv_activation  (s > 0)    receives stage s's input from stage s-1
+//   send_activation  (s < S-1)  hands stage s's output to stage s+1
+//   recv_gradient    (s < S-1)  receives the gradient of stage s's output from stage s+1
+//   send_gradient    (s > 0)    hands the gradient of stage s's input to stage s-1
+// recv_activation(s, mb) matches send_activation(s-1, mb) and recv_gradient(s, mb) matches
+// send_gradient(s+1, mb); each op carries its own stage's chunk, so the two ops of a pair carry
+// different chunks when s-1 and s lie on different rounds of the round robin.
+//
+// Execution. Each device runs its list in order. Sends never block (the data is buffered); a recv
+// blocks until its matching send has executed. Dependencies inside a device, each required to
+// appear earlier in the same list:
+//   forward(s, mb)         after recv_activation(s, mb)                      (s > 0)
+//   send_activation(s, mb) after forward(s, mb)
+//   backward_input(s, mb)  after forward(s, mb) and recv_gradient(s, mb)     (s < S-1)
+//   send_gradient(s, mb)   after backward_input(s, mb)
+//   backward_weight(s, mb) after backward_input(s, mb)
+// The activations stashed for (s, mb) are live from forward(s, mb) to backward_weight(s, mb).
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace gpipe {
+
+enum class OpKind : std::uint8_t {
+  forward,
+  backward_input,
+  backward_weight,
+  send_activation,
+  recv_activation,
+  send_gradient,
+  recv_gradient,
+};
+
+inline constexpr std::size_t num_op_kinds = 7;
+
+constexpr std::string_view to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::forward:
+      return "forward";
+    case OpKind::backward_input:
+      return "backward_input";
+    case OpKind::backward_weight:
+      return "backward_weight";
+    case OpKind::send_activation:
+      return "send_activation";
+    case OpKind::recv_activation:
+      return "recv_activation";
+    case OpKind::send_gradient:
+      return "send_gradient";
+    case OpKind::recv_gradient:
+      return "recv_gradient";
+  }
+  return "unknown";
+}
+
+// Compute ops occupy the device; sends and recvs only move data between stages.
+constexpr bool is_compute(OpKind kind) {
+  return kind == OpKind::forward || kind == OpKind::backward_input ||
+         kind == OpKind::backward_weight;
+}
+constexpr bool is_send(OpKind kind) {
+  return kind == OpKind::send_activation || kind == OpKind::send_gradient;
+}
+constexpr bool is_recv(OpKind kind) {
+  return kind == OpKind::recv_activation || kind == OpKind::recv_gradient;
+}
+
+struct Op {
+  OpKind kind = OpKind::forward;
+  std::uint32_t micro_batch = 0;
+  std::uint32_t chunk = 0;  // which of the device's stages; see stage_of
+
+  friend constexpr bool operator==(const Op&, const Op&) = default;
+};
+
+// ops[device] is that device's program, run in order. Invariant of a valid schedule (see
+// validate): ops.size() == num_devices, every op's micro_batch < num_micro_batches and
+// chunk < num_chunks, and the contract at the top of this file holds.
+struct Schedule {
+  std::size_t num_devices = 0;
+  std::size_t num_micro_batches = 0;
+  std::size_t num_chunks = 1;  // virtual stages per device
+  std::vector<std::vector<Op>> ops{};
+
+  constexpr std::size_t num_stages() const { return num_devices * num_chunks; }
+  // (device, chunk) => chunk * K + device
+  constexpr std::size_t stage_of(std::size_t device, std::size_t chunk) const {
+    return chunk * num_devices + device;
+  }
+  // stage => stage % K
+  constexpr std::size_t device_of_stage(std::size_t stage) const { return stage % num_devices; }
+  // stage => stage / K
+  constexpr std::size_t chunk_of_stage(std::size_t stage) const { return stage / num_devices; }
+
+  friend constexpr bool operator==(const Schedule&, const Schedule&) = default;
+};
+
+}  // namespace gpipe

@@ -1,0 +1,123 @@
+#pragma once
+// simulate(schedule, costs) predicts what a schedule costs before running it: makespan, bubble
+// fraction and peak live activation stashes per device, plus every op's start and finish for
+// timelines. It is constexpr, so schedules are compared in static_asserts, and it models exactly
+// the execution rules of schedule/op.hpp:
+//   - each device runs its list in order; an op starts at max(device free, its data ready);
+//   - forward, backward_input, backward_weight take their cost and keep the device busy;
+//   - sends and recvs take no device time; a recv's data is ready at its send's time + transfer
+//     (so a recv starts and finishes at max(device free, send time + transfer)).
+// bubble_fraction = 1 - sum(busy) / (num_devices * makespan), 0 when the makespan is 0.
+// A stash (stage, micro-batch) is live from its forward to its backward_weight; peaks follow
+// list order, independent of costs.
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "gpipe/error.hpp"
+#include "gpipe/schedule/op.hpp"
+#include "gpipe/schedule/validator.hpp"
+
+namespace gpipe {
+
+// Duration of each op kind, in any unit of time; all >= 0.
+struct OpCosts {
+  double forward = 1;
+  double backward_input = 1;
+  double backward_weight = 1;
+  double transfer = 0;  // from a send to its recv's data being ready
+};
+
+struct SimulationResult {
+  double makespan = 0;
+  double bubble_fraction = 0;
+  std::vector<double> busy;                        // [device] sum of compute op durations
+  std::vector<std::size_t> peak_live_activations;  // [device] max stashes alive at once
+  std::vector<std::vector<double>> start, finish;  // [device][position]
+};
+
+namespace detail {
+
+[[noreturn]] inline void throw_invalid_schedule(const ValidationResult& result) {
+  throw Error("gpipe: cannot simulate an " + describe(result));
+}
+
+constexpr double duration(OpKind kind, const OpCosts& costs) {
+  switch (kind) {
+    case OpKind::forward:
+      return costs.forward;
+    case OpKind::backward_input:
+      return costs.backward_input;
+    case OpKind::backward_weight:
+      return costs.backward_weight;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace detail
+
+// Times `schedule` under `costs`. Throws Error (and fails constant evaluation) when the schedule
+// is invalid or a cost is negative or NaN.
+constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
+  detail::OpIndex index;
+  const ValidationResult check = detail::validate_into(schedule, index);
+  if (!check) detail::throw_invalid_schedule(check);
+  if (!(costs.forward >= 0 && costs.backward_input >= 0 && costs.backward_weight >= 0 &&
+        costs.transfer >= 0)) {
+    throw Error("gpipe: op costs must be non-negative numbers");
+  }
+
+  const std::size_t num_devices = schedule.num_devices;
+  SimulationResult result;
+  result.busy.assign(num_devices, 0.0);
+  result.peak_live_activations.assign(num_devices, 0);
+  result.start.resize(num_devices);
+  result.finish.resize(num_devices);
+  std::vector<double> free_at(num_devices, 0.0);
+  for (std::size_t d = 0; d < num_devices; ++d) {
+    result.start[d].assign(schedule.ops[d].size(), 0.0);
+    result.finish[d].assign(schedule.ops[d].size(), 0.0);
+  }
+
+  // A valid schedule runs to completion, and execute() visits a recv only after its send.
+  detail::execute(schedule, index, [&](std::size_t device, std::size_t position) {
+    const Op& op = schedule.ops[device][position];
+    double start = free_at[device];
+    if (is_recv(op.kind)) {
+      const detail::Peer peer = detail::peer_of(op.kind, schedule.stage_of(device, op.chunk));
+      const std::size_t sent_at = index.at(peer.stage, op.micro_batch, peer.kind);
+      const double sent = result.finish[schedule.device_of_stage(peer.stage)][sent_at];
+      start = std::max(start, sent + costs.transfer);
+    }
+    const double cost = detail::duration(op.kind, costs);
+    result.start[device][position] = start;
+    result.finish[device][position] = start + cost;
+    result.busy[device] += cost;
+    free_at[device] = start + cost;
+  });
+
+  double total_busy = 0;
+  for (std::size_t d = 0; d < num_devices; ++d) {
+    result.makespan = std::max(result.makespan, free_at[d]);
+    total_busy += result.busy[d];
+
+    std::size_t live = 0;
+    for (const Op& op : schedule.ops[d]) {
+      if (op.kind == OpKind::forward) {
+        result.peak_live_activations[d] = std::max(result.peak_live_activations[d], ++live);
+      } else if (op.kind == OpKind::backward_weight) {
+        --live;
+      }
+    }
+  }
+  if (result.makespan > 0) {
+    result.bubble_fraction =
+        1.0 - total_busy / (static_cast<double>(num_devices) * result.makespan);
+  }
+  return result;
+}
+
+}  // namespace gpipe

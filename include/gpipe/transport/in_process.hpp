@@ -1,0 +1,22 @@
+#pragma once
+// In-process transport: hands a stage's output (or input gradient) to the neighbouring stage on
+// another device of the same process. The receiving device's stream performs the copy into its
+// own memory, after waiting for the sender's event, so that the bytes are counted on the device
+// that holds them; the sender's buffer is released as soon as the copy is done.
+//
+// On the host backend the copy is a memcpy; a GPU backend does a peer copy on its copy stream or
+// an NCCL send/recv pair (see DESIGN.md, transport/).
+
+#include <cstddef>
+
+namespace gpipe::transport {
+
+struct InProcess {
+  // dst (n) on the receiver's device <- src (n) on the sender's device
+  template <class Kernels, class T>
+  static void receive(Kernels& receiver, const T* src, T* dst, std::size_t n) {
+    receiver.copy(n, src, dst);
+  }
+};
+
+}  // namespace gpipe::transport

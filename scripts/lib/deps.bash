@@ -1,0 +1,71 @@
+# Sourced by scripts/test and scripts/demo (bash). Makes sure what a build needs is installed:
+#   gpipe_ensure_deps [benchmark]
+# Checks cmake (>= 3.25), ninja, g++, pkg-config, doctest, OpenBLAS with cblas.h and, when asked,
+# Google Benchmark. What is missing is installed with apt-get when we are root or have
+# passwordless sudo; otherwise the function names the packages and returns 1.
+
+_gpipe_links() {  # _gpipe_links <source> [link flags...]: true when g++ compiles and links it
+  local source=$1
+  shift
+  command -v g++ >/dev/null 2>&1 &&
+    printf '%s\n' "$source" | g++ -std=c++20 -x c++ - -o /dev/null "$@" >/dev/null 2>&1
+}
+
+_gpipe_missing_packages() {
+  local want_benchmark=$1
+  local missing=()
+  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+  command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  _gpipe_links $'#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN\n#include <doctest/doctest.h>' ||
+    missing+=(doctest-dev)
+  _gpipe_links $'#include <cblas.h>\nint main() { return cblas_sdot(0, nullptr, 1, nullptr, 1) != 0; }' \
+    -lopenblas || missing+=(libopenblas-dev)
+  if [[ $want_benchmark == 1 ]]; then
+    _gpipe_links $'#include <benchmark/benchmark.h>\nint main() {}' -lbenchmark -pthread ||
+      missing+=(libbenchmark-dev)
+  fi
+  if ((${#missing[@]} > 0)); then printf '%s\n' "${missing[@]}"; fi
+}
+
+gpipe_ensure_deps() {
+  local want_benchmark=0
+  [[ ${1:-} == benchmark ]] && want_benchmark=1
+  local missing
+  mapfile -t missing < <(_gpipe_missing_packages "$want_benchmark")
+
+  if ((${#missing[@]} > 0)); then
+    local sudo=()
+    if ((EUID != 0)); then
+      if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        sudo=(sudo -n)
+      else
+        echo "gpipe: missing packages: ${missing[*]}" >&2
+        echo "gpipe: install them with: sudo apt-get install ${missing[*]}" >&2
+        return 1
+      fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+      echo "gpipe: missing, and no apt-get to install them: ${missing[*]} (Debian package names)" >&2
+      return 1
+    fi
+    echo "gpipe: installing ${missing[*]}"
+    "${sudo[@]}" apt-get update
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      "${missing[@]}"
+    mapfile -t missing < <(_gpipe_missing_packages "$want_benchmark")
+    if ((${#missing[@]} > 0)); then
+      echo "gpipe: still missing after apt-get install: ${missing[*]}" >&2
+      return 1
+    fi
+  fi
+
+  local version
+  version=$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')
+  if ! printf '3.25\n%s\n' "$version" | sort -V -C; then
+    echo "gpipe: cmake $version is too old, 3.25 or newer is needed (Debian 12 has it;" \
+      "elsewhere: pip install cmake, or Kitware's apt repository)" >&2
+    return 1
+  fi
+}

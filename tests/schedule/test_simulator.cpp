@@ -1,0 +1,191 @@
+// The simulator on GPipe, against closed forms. With K devices, M micro-batches and costs F, B,
+// W, t (transfer), fill-drain takes
+//   makespan = M (F + B + W) + (K - 1)(F + B + W + 2t),
+// because the fill and the drain each cross K-1 hops and B and W run back to back before the
+// gradient is sent. Hence with t = 0 the bubble is the textbook (K-1)/(M+K-1) for any F, B, W.
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "gpipe/error.hpp"
+#include "gpipe/schedule.hpp"
+
+namespace {
+
+using gpipe::make_gpipe_schedule;
+using gpipe::Op;
+using gpipe::OpCosts;
+using gpipe::OpKind;
+using gpipe::simulate;
+using gpipe::SimulationResult;
+
+constexpr bool near(double a, double b) { return a - b <= 1e-12 && b - a <= 1e-12; }
+
+constexpr double textbook_bubble(double k, double m) { return (k - 1) / (m + k - 1); }
+
+constexpr double gpipe_makespan(double k, double m, const OpCosts& c) {
+  return m * (c.forward + c.backward_input + c.backward_weight) +
+         (k - 1) * (c.forward + c.backward_input + c.backward_weight + 2 * c.transfer);
+}
+
+constexpr double gpipe_bubble(double k, double m, const OpCosts& c) {
+  const double fbw = c.forward + c.backward_input + c.backward_weight;
+  return (k - 1) * fbw / (m * fbw + (k - 1) * fbw);
+}
+
+constexpr OpCosts fused{.forward = 1, .backward_input = 1, .backward_weight = 0};
+constexpr OpCosts equal{};  // F = B = W = 1
+
+constexpr bool bubble_is_textbook(std::size_t k, std::size_t m) {
+  return near(simulate(make_gpipe_schedule(k, m), fused).bubble_fraction,
+              textbook_bubble(static_cast<double>(k), static_cast<double>(m)));
+}
+static_assert(bubble_is_textbook(1, 1));
+static_assert(bubble_is_textbook(1, 4));
+static_assert(bubble_is_textbook(2, 1));
+static_assert(bubble_is_textbook(4, 2));
+static_assert(bubble_is_textbook(4, 4));
+static_assert(bubble_is_textbook(4, 8));
+static_assert(bubble_is_textbook(8, 3));
+
+constexpr bool bubble_matches(std::size_t k, std::size_t m, OpCosts c) {
+  return near(simulate(make_gpipe_schedule(k, m), c).bubble_fraction,
+              gpipe_bubble(static_cast<double>(k), static_cast<double>(m), c));
+}
+static_assert(bubble_matches(4, 8, equal));
+static_assert(bubble_matches(3, 2, equal));
+static_assert(bubble_matches(5, 7, {.forward = 1, .backward_input = 2, .backward_weight = 1}));
+static_assert(near(simulate(make_gpipe_schedule(4, 8), equal).bubble_fraction, 3.0 / 11.0));
+static_assert(near(simulate(make_gpipe_schedule(4, 8), equal).bubble_fraction,
+                   textbook_bubble(4, 8)));
+
+constexpr bool makespan_matches(std::size_t k, std::size_t m, OpCosts c) {
+  return near(simulate(make_gpipe_schedule(k, m), c).makespan,
+              gpipe_makespan(static_cast<double>(k), static_cast<double>(m), c));
+}
+static_assert(makespan_matches(4, 8, equal));
+static_assert(makespan_matches(4, 8, {.transfer = 0.5}));
+static_assert(makespan_matches(
+    2, 3, {.forward = 2, .backward_input = 3, .backward_weight = 1, .transfer = 0.25}));
+
+constexpr bool peak_is_m_everywhere(std::size_t k, std::size_t m) {
+  const SimulationResult r = simulate(make_gpipe_schedule(k, m));
+  for (std::size_t peak : r.peak_live_activations) {
+    if (peak != m) return false;
+  }
+  return r.peak_live_activations.size() == k;
+}
+static_assert(peak_is_m_everywhere(1, 1));
+static_assert(peak_is_m_everywhere(4, 2));
+static_assert(peak_is_m_everywhere(3, 9));
+
+}  // namespace
+
+TEST_CASE("GPipe's bubble is (K-1)/(M+K-1) also when backward_weight costs nothing") {
+  for (std::size_t k : {1, 2, 3, 4, 8, 16}) {
+    for (std::size_t m : {1, 2, 4, 7, 32}) {
+      for (const OpCosts& c :
+           {fused, OpCosts{.forward = 2, .backward_input = 3, .backward_weight = 0}}) {
+        CAPTURE(k);
+        CAPTURE(m);
+        const SimulationResult r = simulate(make_gpipe_schedule(k, m), c);
+        CHECK(r.bubble_fraction ==
+              doctest::Approx(textbook_bubble(static_cast<double>(k), static_cast<double>(m)))
+                  .epsilon(1e-12));
+      }
+    }
+  }
+}
+
+TEST_CASE("GPipe's bubble is (K-1)/(M+K-1) with equal op costs") {
+  for (std::size_t k : {1, 2, 3, 4, 8, 16}) {
+    for (std::size_t m : {1, 2, 4, 7, 32}) {
+      CAPTURE(k);
+      CAPTURE(m);
+      const SimulationResult r = simulate(make_gpipe_schedule(k, m), equal);
+      const auto kd = static_cast<double>(k);
+      const auto md = static_cast<double>(m);
+      CHECK(r.bubble_fraction == doctest::Approx(gpipe_bubble(kd, md, equal)).epsilon(1e-12));
+      CHECK(r.bubble_fraction == doctest::Approx(textbook_bubble(kd, md)).epsilon(1e-12));
+      CHECK(r.makespan == doctest::Approx(gpipe_makespan(kd, md, equal)));
+      for (double busy : r.busy) CHECK(busy == doctest::Approx(3 * md));
+    }
+  }
+}
+
+TEST_CASE("GPipe keeps all M activation stashes alive on every device") {
+  for (std::size_t k : {1, 2, 5}) {
+    for (std::size_t m : {1, 3, 8}) {
+      const SimulationResult r = simulate(make_gpipe_schedule(k, m));
+      REQUIRE(r.peak_live_activations.size() == k);
+      for (std::size_t peak : r.peak_live_activations) CHECK(peak == m);
+    }
+  }
+}
+
+TEST_CASE("a positive transfer cost makes the makespan longer") {
+  const gpipe::Schedule s = make_gpipe_schedule(4, 6);
+  const SimulationResult free = simulate(s);
+  const SimulationResult slow = simulate(s, {.transfer = 0.5});
+  CHECK(slow.makespan > free.makespan);
+  CHECK(slow.makespan == doctest::Approx(gpipe_makespan(4, 6, {.transfer = 0.5})));
+  CHECK(slow.bubble_fraction > free.bubble_fraction);
+  CHECK(simulate(make_gpipe_schedule(1, 6), {.transfer = 0.5}).makespan ==
+        doctest::Approx(simulate(make_gpipe_schedule(1, 6)).makespan));
+}
+
+TEST_CASE("op timings respect device order, op costs and transfer latency") {
+  const gpipe::Schedule s = make_gpipe_schedule(3, 4);
+  const OpCosts c{.forward = 1, .backward_input = 2, .backward_weight = 0.5, .transfer = 0.25};
+  const SimulationResult r = simulate(s, c);
+  REQUIRE(r.start.size() == 3);
+  REQUIRE(r.finish.size() == 3);
+  for (std::size_t d = 0; d < 3; ++d) {
+    REQUIRE(r.start[d].size() == s.ops[d].size());
+    REQUIRE(r.finish[d].size() == s.ops[d].size());
+    for (std::size_t p = 0; p < s.ops[d].size(); ++p) {
+      const Op& op = s.ops[d][p];
+      if (p > 0) CHECK(r.start[d][p] >= r.finish[d][p - 1]);
+      const double length = r.finish[d][p] - r.start[d][p];
+      switch (op.kind) {
+        case OpKind::forward:
+          CHECK(length == c.forward);
+          break;
+        case OpKind::backward_input:
+          CHECK(length == c.backward_input);
+          break;
+        case OpKind::backward_weight:
+          CHECK(length == c.backward_weight);
+          break;
+        default:
+          CHECK(length == 0);
+          break;
+      }
+      if (op.kind == OpKind::recv_activation || op.kind == OpKind::recv_gradient) {
+        const bool activation = op.kind == OpKind::recv_activation;
+        const std::size_t from = activation ? d - 1 : d + 1;
+        const OpKind send = activation ? OpKind::send_activation : OpKind::send_gradient;
+        std::size_t q = 0;
+        while (!(s.ops[from][q] == Op{send, op.micro_batch})) ++q;
+        CHECK(r.start[d][p] >= r.finish[from][q] + c.transfer);
+      }
+    }
+  }
+}
+
+TEST_CASE("simulating a schedule that does not validate throws gpipe::Error") {
+  gpipe::Schedule s = make_gpipe_schedule(2, 2);
+  s.ops[1].pop_back();
+  CHECK_THROWS_WITH_AS(simulate(s), doctest::Contains("missing_op"), gpipe::Error);
+  CHECK_THROWS_AS(simulate(make_gpipe_schedule(2, 2), {.forward = -1}), gpipe::Error);
+}
+
+TEST_CASE("a schedule without compute cost has no bubble") {
+  const SimulationResult r = simulate(make_gpipe_schedule(3, 2),
+                                      {.forward = 0, .backward_input = 0, .backward_weight = 0});
+  CHECK(r.makespan == 0);
+  CHECK(r.bubble_fraction == 0);
+}
