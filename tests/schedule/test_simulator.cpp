@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -178,8 +179,15 @@ TEST_CASE("op timings respect device order, op costs and transfer latency") {
 
 TEST_CASE("simulating a schedule that does not validate throws gpipe::Error") {
   gpipe::Schedule s = make_gpipe_schedule(2, 2);
-  s.ops[1].pop_back();
+  // Drop device 1's backward_weight of micro-batch 0; its send_gradient stays, so only W is
+  // missing.
+  const auto w0 = std::find(s.ops[1].begin(), s.ops[1].end(), Op{OpKind::backward_weight, 0});
+  REQUIRE(w0 != s.ops[1].end());
+  s.ops[1].erase(w0);
+  REQUIRE(gpipe::validate(s).error == gpipe::ValidationError::missing_op);
   CHECK_THROWS_WITH_AS(simulate(s), doctest::Contains("missing_op"), gpipe::Error);
+  CHECK_THROWS_WITH_AS(simulate(s), doctest::Contains("backward_weight(micro-batch 0, chunk 0)"),
+                       gpipe::Error);
   CHECK_THROWS_AS(simulate(make_gpipe_schedule(2, 2), {.forward = -1}), gpipe::Error);
 }
 

@@ -23,7 +23,8 @@ using gpipe::ValidationError;
 using gpipe::ValidationResult;
 
 // Fill-drain over K devices with V chunks each, breadth first: all micro-batches of chunk 0, then
-// of chunk 1, ...; backwards in the reverse order. Valid for any K, V, M.
+// of chunk 1, ...; backwards in the reverse order, each as [RG] B W [SG] like GPipe's. Valid for
+// any K, V, M.
 constexpr Schedule make_breadth_first(std::size_t k, std::size_t v, std::size_t m) {
   Schedule s{.num_devices = k,
              .num_micro_batches = m,
@@ -46,8 +47,8 @@ constexpr Schedule make_breadth_first(std::size_t k, std::size_t v, std::size_t 
       for (auto mb = static_cast<std::uint32_t>(m); mb-- > 0;) {
         if (stage + 1 < stages) s.ops[d].push_back({OpKind::recv_gradient, mb, chunk});
         s.ops[d].push_back({OpKind::backward_input, mb, chunk});
-        if (stage > 0) s.ops[d].push_back({OpKind::send_gradient, mb, chunk});
         s.ops[d].push_back({OpKind::backward_weight, mb, chunk});
+        if (stage > 0) s.ops[d].push_back({OpKind::send_gradient, mb, chunk});
       }
     }
   }
@@ -73,7 +74,7 @@ constexpr Schedule with(Schedule s, std::size_t device, std::size_t position, Op
 // GPipe on 2 devices, 2 micro-batches; device 0 (stage 0) then holds
 //   F0 SA0 F1 SA1 RG1 B1 W1 RG0 B0 W0
 // and device 1 (stage 1)
-//   RA0 F0 RA1 F1 B1 SG1 W1 B0 SG0 W0
+//   RA0 F0 RA1 F1 B1 W1 SG1 B0 W0 SG0
 constexpr Schedule gpipe22() { return make_gpipe_schedule(2, 2); }
 
 constexpr Schedule missing_weight_gradient() {
@@ -98,8 +99,8 @@ constexpr Schedule both_recv_first() {
                   {{OpKind::recv_activation, 0},
                    {OpKind::forward, 0},
                    {OpKind::backward_input, 0},
-                   {OpKind::send_gradient, 0},
-                   {OpKind::backward_weight, 0}}}};
+                   {OpKind::backward_weight, 0},
+                   {OpKind::send_gradient, 0}}}};
 }
 constexpr Schedule recv_without_send() {
   return without(gpipe22(), 0, {OpKind::send_activation, 1});
@@ -218,11 +219,11 @@ TEST_CASE("two devices that both receive first deadlock at the lowest device's r
   check_reported(result, ValidationError::deadlock, 0, 0, {OpKind::recv_gradient, 0});
   CHECK(result.other == Op{OpKind::send_gradient, 0});
   CHECK(result.other_device == 1);
-  CHECK(result.other_position == 3);
+  CHECK(result.other_position == 4);
   const std::string text = gpipe::describe(result);
   CHECK(contains(text, "deadlock"));
   CHECK(contains(text, "device 0, position 0, recv_gradient(micro-batch 0, chunk 0)"));
-  CHECK(contains(text, "send_gradient(micro-batch 0, chunk 0) at device 1, position 3"));
+  CHECK(contains(text, "send_gradient(micro-batch 0, chunk 0) at device 1, position 4"));
 }
 
 TEST_CASE("a recv placed before its send on the same device deadlocks") {
@@ -242,7 +243,7 @@ TEST_CASE("a recv with no matching send is reported at the recv") {
 
 TEST_CASE("a send with no matching recv is reported at the send") {
   const ValidationResult result = validate(send_without_recv());
-  check_reported(result, ValidationError::unmatched_send, 1, 8, {OpKind::send_gradient, 0});
+  check_reported(result, ValidationError::unmatched_send, 1, 9, {OpKind::send_gradient, 0});
   CHECK(result.other == Op{OpKind::recv_gradient, 0});
   CHECK(result.other_device == 0);
 }

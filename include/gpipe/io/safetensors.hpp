@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <istream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>

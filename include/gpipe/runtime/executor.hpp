@@ -94,6 +94,40 @@ class Executor {
     return total;
   }
 
+  // Forward only (inference): out (N, out_features) <- the model at x, micro-batches pipelined
+  // through the stages with the fill part of the schedule; nothing is stashed.
+  void run_forward(std::span<const float> x, MicroBatchSplit split, std::span<float> out) {
+    const std::size_t M = split.micro_batches;
+    slots_ = std::vector<Slot>(K * M);
+    try {
+      for (std::size_t mb = 0; mb < M; ++mb) {
+        for (std::size_t s = 0; s < K; ++s) {
+          const std::size_t device = schedule_.device_of_stage(s);
+          const WorkLabel label{"forward (inference)", s, mb};
+          if (s > 0) {
+            backend_.wait(device, slot(s - 1, mb, M).activation_ready);
+            submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input);
+          }
+          visit_stage<K>(s, [&](auto S) {
+            submit_inference<decltype(S)::value>(device, label, x, split, mb, out);
+          });
+          if (s + 1 < K) backend_.record(device, slot(s, mb, M).activation_ready);
+        }
+      }
+    } catch (...) {
+      backend_.cancel();
+      slots_.clear();
+      throw;
+    }
+    try {
+      backend_.synchronize();
+    } catch (...) {
+      slots_.clear();
+      throw;
+    }
+    slots_.clear();
+  }
+
  private:
   struct Slot {
     Buffer<float> input, stash, output, grad_output, grad_input, grad_stash;
@@ -101,7 +135,8 @@ class Executor {
     Event activation_ready, gradient_ready;
   };
 
-  Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
+  Slot& slot(std::size_t s, std::size_t mb) { return slot(s, mb, step_->split.micro_batches); }
+  Slot& slot(std::size_t s, std::size_t mb, std::size_t M) { return slots_[s * M + mb]; }
 
   void clear() {
     slots_.clear();
@@ -161,6 +196,31 @@ class Executor {
       if constexpr (S == K - 1) apply_loss(device, k, mb, rows, sl);
       sl.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
       if (!sl.stashed) sl.stash.reset();
+    });
+  }
+
+  template <std::size_t S>
+  void submit_inference(std::size_t device, WorkLabel label, std::span<const float> x,
+                        MicroBatchSplit split, std::size_t mb, std::span<float> out) {
+    using StageT = typename Model::template stage_t<S>;
+    backend_.submit(device, label, [this, device, x, split, mb, out](Kernels& k) {
+      const std::size_t rows = split.size(mb);
+      Slot& sl = slot(S, mb, split.micro_batches);
+      if constexpr (S == 0) {
+        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features);
+        k.upload(rows * StageT::in_features, x.data() + split.begin(mb) * StageT::in_features,
+                 sl.input.data());
+      }
+      auto stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
+      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features);
+      StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                            params_[S].data(), stash.data()});
+      sl.input.reset();
+      if constexpr (S == K - 1) {
+        k.download(rows * StageT::out_features, sl.output.data(),
+                   out.data() + split.begin(mb) * StageT::out_features);
+        sl.output.reset();
+      }
     });
   }
 

@@ -13,6 +13,7 @@
 // of the mini-batch mean loss: the same numbers for any number of stages, micro-batches, remat
 // policy and schedule. After a step that threw, gradients are unspecified: call zero_grad().
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -107,6 +108,21 @@ class Trainer {
     const double total =
         executor.run({.x = x, .y = y, .split = {rows, M}, .remat = options_.remat});
     return static_cast<float>(total / Loss::normalizer(rows, out));
+  }
+
+  // Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
+  // pipelined through the stages; gradients are untouched.
+  std::vector<float> predict(std::span<const float> x) {
+    constexpr std::size_t in = Model::in_features;
+    detail::require(x.size() % in == 0 && !x.empty(),
+                    "x has " + std::to_string(x.size()) + " floats, expected a positive multiple "
+                    "of in_features = " + std::to_string(in) + " (batch x " +
+                        std::to_string(in) + ", row-major)");
+    const std::size_t rows = x.size() / in;
+    std::vector<float> out(rows * Model::out_features);
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
+    executor.run_forward(x, {rows, std::min(rows, options_.micro_batches)}, out);
+    return out;
   }
 
   void zero_grad() {

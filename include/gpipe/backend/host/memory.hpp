@@ -3,6 +3,7 @@
 // enforce a capacity, and Buffer<T>, an owning handle to an allocation on one device.
 
 #include <cstddef>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <string>
@@ -29,7 +30,8 @@ class DeviceAllocator {
     if (bytes == 0) return nullptr;
     {
       std::lock_guard lock(mu_);
-      if (stats_.capacity != 0 && stats_.current + bytes > stats_.capacity)
+      // current <= capacity whenever there is a cap, so the subtraction cannot wrap.
+      if (stats_.capacity != 0 && bytes > stats_.capacity - stats_.current)
         throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
                           ": allocating " + std::to_string(bytes) + " bytes with " +
                           std::to_string(stats_.current) + " in use exceeds the capacity of " +
@@ -80,7 +82,7 @@ class Buffer {
   Buffer() = default;
   Buffer(DeviceAllocator& allocator, std::size_t size)
       : allocator_(&allocator),
-        data_(static_cast<T*>(allocator.allocate(size * sizeof(T)))),
+        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device())))),
         size_(size) {}
   Buffer(Buffer&& other) noexcept
       : allocator_(std::exchange(other.allocator_, nullptr)),
@@ -109,6 +111,15 @@ class Buffer {
   bool empty() const { return size_ == 0; }
 
  private:
+  // size * sizeof(T), or OutOfMemory when that does not fit a size_t.
+  static std::size_t bytes_of(std::size_t size, std::size_t device) {
+    if (size > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device) + ": " +
+                        std::to_string(size) + " elements of " + std::to_string(sizeof(T)) +
+                        " bytes overflow the size of an allocation");
+    return size * sizeof(T);
+  }
+
   DeviceAllocator* allocator_ = nullptr;
   T* data_ = nullptr;
   std::size_t size_ = 0;
