@@ -115,8 +115,8 @@ static_assert(gpipe::layer_for<StageChain, gpipe::host::Kernels<double>>);
 static_assert(gpipe::layer_for<StageChain, gpipe::host::Kernels<float>>);
 
 TEST_SUITE("model layers") {
-  TEST_CASE_TEMPLATE("a layer's backward ops match central differences of sum(c * y) in double",
-                     L, GPIPE_BUILTIN_LAYERS) {
+  TEST_CASE_TEMPLATE("a layer's backward ops match central differences of sum(c * y) in double", L,
+                     GPIPE_BUILTIN_LAYERS) {
     for (std::uint64_t seed : {1u, 2u, 3u}) {
       CAPTURE(seed);
       const Problem<L> p(seed);
@@ -197,8 +197,7 @@ TEST_SUITE("model layers") {
       const long double xi = x[i];
       const long double ref = 0.5L * xi * (1 + std::erf(xi / std::numbers::sqrt2_v<long double>));
       CAPTURE(xi);
-      CHECK(std::abs(static_cast<long double>(y[i]) - ref) <=
-            tol * std::max(1.0L, std::abs(ref)));
+      CHECK(std::abs(static_cast<long double>(y[i]) - ref) <= tol * std::max(1.0L, std::abs(ref)));
     }
   }
 
@@ -234,7 +233,8 @@ TEST_SUITE("model layers") {
     for (std::size_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       double mean_x = 0, mean_y = 0;
-      for (std::size_t k = 0; k < n; ++k) mean_x += run.x[r * n + k] / n, mean_y += run.y[r * n + k] / n;
+      for (std::size_t k = 0; k < n; ++k)
+        mean_x += run.x[r * n + k] / n, mean_y += run.y[r * n + k] / n;
       double var_x = 0, var_y = 0;
       for (std::size_t k = 0; k < n; ++k) {
         var_x += (run.x[r * n + k] - mean_x) * (run.x[r * n + k] - mean_x) / n;

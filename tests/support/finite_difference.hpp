@@ -58,8 +58,8 @@ struct LayerRun {
   void backward_input() {
     std::ranges::fill(dx, nan_v<T>);
     std::ranges::fill(grad_stash, nan_v<T>);
-    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(),
-                                                params.data(), stash.data(), grad_stash.data()});
+    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
+                                                stash.data(), grad_stash.data()});
   }
   void backward_weight() {
     L::backward_weight(ctx, BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(),
@@ -82,8 +82,7 @@ double weighted_output(std::span<const double> x, std::span<const double> params
   std::ranges::copy(params, run.params.begin());
   run.forward();
   long double sum = 0;
-  for (std::size_t i = 0; i < run.y.size(); ++i)
-    sum += static_cast<long double>(c[i]) * run.y[i];
+  for (std::size_t i = 0; i < run.y.size(); ++i) sum += static_cast<long double>(c[i]) * run.y[i];
   return static_cast<double>(sum);
 }
 
@@ -120,10 +119,10 @@ double relative_error(const std::vector<A>& a, const std::vector<B>& b, double f
 
 // The errors of L's analytic gradients against central differences of f = sum c .* y.
 struct GradientCheck {
-  double dx_error;       // relative_error(dx, numeric d f / d x)
-  double params_error;   // relative_error(grads, numeric d f / d params); 0 without params
-  double max_dx;         // max |numeric d f / d x|, to see that the check is not vacuous
-  double max_grad;       // max |numeric d f / d params|
+  double dx_error;      // relative_error(dx, numeric d f / d x)
+  double params_error;  // relative_error(grads, numeric d f / d params); 0 without params
+  double max_dx;        // max |numeric d f / d x|, to see that the check is not vacuous
+  double max_grad;      // max |numeric d f / d params|
 };
 
 template <layer L>
@@ -136,11 +135,9 @@ GradientCheck check_gradients(const std::vector<double>& x, const std::vector<do
   run.forward_backward();
 
   const auto numeric_dx = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(v, params, c, rows); }, x,
-      eps);
+      [&](const std::vector<double>& v) { return weighted_output<L>(v, params, c, rows); }, x, eps);
   const auto numeric_dp = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(x, v, c, rows); }, params,
-      eps);
+      [&](const std::vector<double>& v) { return weighted_output<L>(x, v, c, rows); }, params, eps);
   auto max_abs = [](const std::vector<double>& v) {
     double m = 0;
     for (double e : v) m = std::max(m, std::abs(e));

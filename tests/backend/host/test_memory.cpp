@@ -281,9 +281,7 @@ TEST_SUITE("backend/host/memory") {
     check_stats(backend.memory_stats(1), 0, 0);
   }
 
-  TEST_CASE("a backend needs at least one device") {
-    CHECK_THROWS_AS(Backend(0), gpipe::Error);
-  }
+  TEST_CASE("a backend needs at least one device") { CHECK_THROWS_AS(Backend(0), gpipe::Error); }
 
   TEST_CASE("buffers freed on another thread than the one that allocated them are counted") {
     Backend backend(2);

@@ -86,10 +86,24 @@ struct bind_chain<N, L, Rest...> {
 template <std::size_t N, class... Ls>
 using bind_chain_t = typename bind_chain<N, Ls...>::type;
 
+// max_param_depth<Bs...>() = the deepest path among the Bs' parameter tensors.
+template <class... Bs>
+constexpr std::size_t max_param_depth() {
+  std::size_t depth = 0;
+  auto visit = [&](const auto& specs) {
+    for (const ParamSpec& s : specs) depth = s.depth > depth ? s.depth : depth;
+  };
+  (visit(Bs::param_specs()), ...);
+  return depth;
+}
+
 template <class... Bs>
 struct Chain {
   static_assert(sizeof...(Bs) > 0, "gpipe: a stage or residual needs at least one layer");
   static_assert((layer<Bs> && ...), "gpipe: every bound layer must satisfy gpipe::layer");
+  // param_specs() prepends one index to each child's path, which holds ParamSpec::max_depth.
+  static_assert(max_param_depth<Bs...>() < ParamSpec::max_depth,
+                "gpipe: composite layers are nested deeper than ParamSpec::max_depth allows");
 
   static constexpr std::size_t size = sizeof...(Bs);
   static constexpr std::array<std::size_t, size> ins{Bs::in_features...};
