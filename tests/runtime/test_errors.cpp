@@ -164,7 +164,7 @@ struct FaultGuard {
 
 }  // namespace
 
-TEST_SUITE("runtime/errors") {
+TEST_SUITE("runtime errors") {
   TEST_CASE("inputs of the wrong size are rejected with what was expected") {
     Backend backend(2);
     Classifier trainer(backend, {.micro_batches = 2});

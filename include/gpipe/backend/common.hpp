@@ -1,18 +1,62 @@
 #pragma once
-// Vocabulary shared by every backend: memory statistics and the label a piece of stream work
-// carries so that a failure inside it can say where it happened.
+// Vocabulary shared by every backend: memory statistics by purpose, the label a piece of stream
+// work carries so that a failure inside it can say where it happened, and the trace record of a
+// piece of work.
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace gpipe {
 
-// Bytes on one device: now, the most since the last reset_peak(), and the cap (0 = none).
+// What an allocation is for. Activations are what a step keeps from one op to a later one (a
+// stage's input and its stash); workspace is what lives within an op or until the next stage has
+// received it.
+enum class MemoryKind : std::uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  workspace,
+  other,
+};
+inline constexpr std::size_t num_memory_kinds = 6;
+
+constexpr std::string_view to_string(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::parameters:
+      return "parameters";
+    case MemoryKind::gradients:
+      return "gradients";
+    case MemoryKind::optimizer_state:
+      return "optimizer_state";
+    case MemoryKind::activations:
+      return "activations";
+    case MemoryKind::workspace:
+      return "workspace";
+    case MemoryKind::other:
+      return "other";
+  }
+  return "unknown";
+}
+
+// Bytes on one device: now, the most since the last reset_peak(), and the cap (0 = none); the
+// same per purpose (each purpose's peak is its own maximum, so they need not add up to peak).
 struct MemoryStats {
   std::size_t current = 0;
   std::size_t peak = 0;
   std::size_t capacity = 0;
+  std::array<std::size_t, num_memory_kinds> current_by_kind{};
+  std::array<std::size_t, num_memory_kinds> peak_by_kind{};
+
+  std::size_t current_of(MemoryKind kind) const {
+    return current_by_kind[static_cast<std::size_t>(kind)];
+  }
+  std::size_t peak_of(MemoryKind kind) const {
+    return peak_by_kind[static_cast<std::size_t>(kind)];
+  }
 };
 
 // Where a piece of stream work belongs: an op name ("forward", "optimizer step", ...) and, where
@@ -22,6 +66,15 @@ struct WorkLabel {
   std::string_view what;
   std::size_t stage = none;
   std::size_t micro_batch = none;
+  bool internal = false;  // stream bookkeeping (event record and wait): not traced
+};
+
+// One piece of stream work as it ran: microseconds since the backend's epoch.
+struct TraceEvent {
+  std::size_t device = 0;
+  WorkLabel label;
+  double start_us = 0;
+  double end_us = 0;
 };
 
 // "stage 2 (device 1), micro-batch 5, forward"

@@ -9,12 +9,13 @@
 //                                       when the remat policy drops it, until backward_weight
 //   output      (rows, out_s)           from forward until received by stage s+1 (or, on the
 //                                       last stage, until the loss has read it)
-//   grad_output (rows, out_s)           from recv_gradient (last stage: the loss) until W
-//   grad_input  (rows, in_s)            from backward_input until received by stage s-1
+//   grad_output (rows, out_s)           from recv_gradient (last stage: the loss, at forward) until
+//   W grad_input  (rows, in_s)            from backward_input until received by stage s-1
 //   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
 // and two events: activation ready (after forward), gradient ready (after backward_input).
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
-// schedule's order of execution.
+// schedule's order of execution. Memory kinds: what is kept from a forward until a backward
+// (input, stash, the loss gradient) counts as activations; everything else as workspace.
 
 #include <cstddef>
 #include <span>
@@ -35,7 +36,8 @@ template <std::size_t K, class F>
 void visit_stage(std::size_t s, F&& f) {
   [&]<std::size_t... S>(std::index_sequence<S...>) {
     (void)((s == S ? (f(std::integral_constant<std::size_t, S>{}), true) : false) || ...);
-  }(std::make_index_sequence<K>{});
+  }
+  (std::make_index_sequence<K>{});
 }
 
 template <class Model, class Loss, class Backend, class Transport = transport::InProcess>
@@ -49,8 +51,8 @@ class Executor {
   static constexpr std::size_t K = Model::num_stages;
 
   struct Step {
-    std::span<const float> x;            // (N, in_features), host memory
-    std::span<const target_type> y;      // (N, targets per row), host memory
+    std::span<const float> x;        // (N, in_features), host memory
+    std::span<const target_type> y;  // (N, targets per row), host memory
     MicroBatchSplit split;
     Remat remat = Remat::never;
   };
@@ -69,7 +71,7 @@ class Executor {
     std::vector<float> losses(M);
     const std::size_t last_device = schedule_.device_of_stage(K - 1);
     try {
-      loss_ = backend_.template allocate<float>(last_device, M);
+      loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
       for (std::size_t d = 0; d < schedule_.num_devices; ++d)
         for (const Op& op : schedule_.ops[d]) issue(d, op);
       backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
@@ -106,7 +108,8 @@ class Executor {
           const WorkLabel label{"forward (inference)", s, mb};
           if (s > 0) {
             backend_.wait(device, slot(s - 1, mb, M).activation_ready);
-            submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input);
+            submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input,
+                           MemoryKind::activations);
           }
           visit_stage<K>(s, [&](auto S) {
             submit_inference<decltype(S)::value>(device, label, x, split, mb, out);
@@ -150,28 +153,34 @@ class Executor {
     const WorkLabel label{to_string(op.kind), s, mb};
     switch (op.kind) {
       case OpKind::forward:
-        return visit_stage<K>(s, [&](auto S) { submit_forward<decltype(S)::value>(device, label, mb); });
+        return visit_stage<K>(
+            s, [&](auto S) { submit_forward<decltype(S)::value>(device, label, mb); });
       case OpKind::backward_input:
-        return visit_stage<K>(s, [&](auto S) { submit_backward_input<decltype(S)::value>(device, label, mb); });
+        return visit_stage<K>(
+            s, [&](auto S) { submit_backward_input<decltype(S)::value>(device, label, mb); });
       case OpKind::backward_weight:
-        return visit_stage<K>(s, [&](auto S) { submit_backward_weight<decltype(S)::value>(device, label, mb); });
+        return visit_stage<K>(
+            s, [&](auto S) { submit_backward_weight<decltype(S)::value>(device, label, mb); });
       case OpKind::send_activation:
         return backend_.record(device, slot(s, mb).activation_ready);
       case OpKind::send_gradient:
         return backend_.record(device, slot(s, mb).gradient_ready);
       case OpKind::recv_activation:
         backend_.wait(device, slot(s - 1, mb).activation_ready);
-        return submit_receive(device, label, slot(s - 1, mb).output, slot(s, mb).input);
+        return submit_receive(device, label, slot(s - 1, mb).output, slot(s, mb).input,
+                              MemoryKind::activations);
       case OpKind::recv_gradient:
         backend_.wait(device, slot(s + 1, mb).gradient_ready);
-        return submit_receive(device, label, slot(s + 1, mb).grad_input, slot(s, mb).grad_output);
+        return submit_receive(device, label, slot(s + 1, mb).grad_input, slot(s, mb).grad_output,
+                              MemoryKind::workspace);
     }
   }
 
   // dst (on `device`) <- src (on the sender's device); src is released once copied.
-  void submit_receive(std::size_t device, WorkLabel label, Buffer<float>& src, Buffer<float>& dst) {
-    backend_.submit(device, label, [this, device, &src, &dst](Kernels& k) {
-      dst = backend_.template allocate<float>(device, src.size());
+  void submit_receive(std::size_t device, WorkLabel label, Buffer<float>& src, Buffer<float>& dst,
+                      MemoryKind kind) {
+    backend_.submit(device, label, [this, device, &src, &dst, kind](Kernels& k) {
+      dst = backend_.template allocate<float>(device, src.size(), kind);
       Transport::receive(k, src.data(), dst.data(), src.size());
       src.reset();
     });
@@ -185,12 +194,15 @@ class Executor {
       const std::size_t rows = step.split.size(mb);
       Slot& sl = slot(S, mb);
       if constexpr (S == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features);
+        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features,
+                                                     MemoryKind::activations);
         k.upload(rows * StageT::in_features,
                  step.x.data() + step.split.begin(mb) * StageT::in_features, sl.input.data());
       }
-      sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
-      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features);
+      sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+                                                   MemoryKind::activations);
+      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
+                                                    MemoryKind::workspace);
       StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
                                             params_[S].data(), sl.stash.data()});
       if constexpr (S == K - 1) apply_loss(device, k, mb, rows, sl);
@@ -207,12 +219,15 @@ class Executor {
       const std::size_t rows = split.size(mb);
       Slot& sl = slot(S, mb, split.micro_batches);
       if constexpr (S == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features);
+        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features,
+                                                     MemoryKind::activations);
         k.upload(rows * StageT::in_features, x.data() + split.begin(mb) * StageT::in_features,
                  sl.input.data());
       }
-      auto stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
-      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features);
+      auto stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+                                                     MemoryKind::workspace);
+      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
+                                                    MemoryKind::workspace);
       StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
                                             params_[S].data(), stash.data()});
       sl.input.reset();
@@ -230,9 +245,10 @@ class Executor {
     constexpr std::size_t out = Model::out_features;
     const Step& step = *step_;
     const std::size_t per_row = Loss::targets_per_row(out);
-    auto targets = backend_.template allocate<target_type>(device, rows * per_row);
+    auto targets =
+        backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
-    sl.grad_output = backend_.template allocate<float>(device, rows * out);
+    sl.grad_output = backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
     const auto scale = static_cast<float>(1.0 / Loss::normalizer(step.split.rows, out));
     Loss::apply(k, rows, out, sl.output.data(), targets.data(), scale, sl.grad_output.data(),
                 loss_.data() + mb);
@@ -247,13 +263,17 @@ class Executor {
       Slot& sl = slot(S, mb);
       if (!sl.stashed && StageT::stash_per_row > 0) {
         // Re-materialization: run the stage's forward again from its kept input.
-        sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row);
-        auto scratch = backend_.template allocate<float>(device, rows * StageT::out_features);
+        sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+                                                     MemoryKind::activations);
+        auto scratch = backend_.template allocate<float>(device, rows * StageT::out_features,
+                                                         MemoryKind::workspace);
         StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
                                               params_[S].data(), sl.stash.data()});
       }
-      sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features);
-      sl.grad_stash = backend_.template allocate<float>(device, rows * StageT::grad_stash_per_row);
+      sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features,
+                                                        MemoryKind::workspace);
+      sl.grad_stash = backend_.template allocate<float>(device, rows * StageT::grad_stash_per_row,
+                                                        MemoryKind::workspace);
       StageT::backward_input(
           k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
                                       sl.grad_input.data(), params_[S].data(), sl.stash.data(),
@@ -269,9 +289,9 @@ class Executor {
       const std::size_t rows = step_->split.size(mb);
       Slot& sl = slot(S, mb);
       StageT::backward_weight(
-          k, BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
-                                       params_[S].data(), sl.stash.data(), sl.grad_stash.data(),
-                                       grads_[S].data()});
+          k,
+          BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(), params_[S].data(),
+                                    sl.stash.data(), sl.grad_stash.data(), grads_[S].data()});
       sl.input.reset();
       sl.stash.reset();
       sl.grad_output.reset();

@@ -8,8 +8,8 @@
 namespace gpipe {
 
 struct MicroBatchSplit {
-  std::size_t rows = 0;          // N
-  std::size_t micro_batches = 1; // M, 1 <= M <= N
+  std::size_t rows = 0;           // N
+  std::size_t micro_batches = 1;  // M, 1 <= M <= N
 
   constexpr std::size_t size(std::size_t mb) const {
     return rows / micro_batches + (mb < rows % micro_batches ? 1 : 0);

@@ -16,9 +16,12 @@ enum class Remat { never, always, except_last };
 
 constexpr std::string_view to_string(Remat policy) {
   switch (policy) {
-    case Remat::never: return "never";
-    case Remat::always: return "always";
-    case Remat::except_last: return "except_last";
+    case Remat::never:
+      return "never";
+    case Remat::always:
+      return "always";
+    case Remat::except_last:
+      return "except_last";
   }
   return "unknown";
 }
@@ -26,9 +29,12 @@ constexpr std::string_view to_string(Remat policy) {
 // Whether micro-batch mb of M drops its activations after forward and recomputes them.
 constexpr bool recomputes(Remat policy, std::size_t micro_batch, std::size_t num_micro_batches) {
   switch (policy) {
-    case Remat::never: return false;
-    case Remat::always: return true;
-    case Remat::except_last: return micro_batch + 1 != num_micro_batches;
+    case Remat::never:
+      return false;
+    case Remat::always:
+      return true;
+    case Remat::except_last:
+      return micro_batch + 1 != num_micro_batches;
   }
   return false;
 }

@@ -70,8 +70,10 @@ class Trainer {
     require_valid(schedule_);
     for (std::size_t s = 0; s < num_stages; ++s) {
       const std::size_t d = device_of_stage(s);
-      params_.push_back(backend_.template allocate<float>(d, Model::stage_num_params[s]));
-      grads_.push_back(backend_.template allocate<float>(d, Model::stage_num_params[s]));
+      params_.push_back(
+          backend_.template allocate<float>(d, Model::stage_num_params[s], MemoryKind::parameters));
+      grads_.push_back(
+          backend_.template allocate<float>(d, Model::stage_num_params[s], MemoryKind::gradients));
     }
     initialize(options.seed);
     zero_grad();
@@ -89,10 +91,11 @@ class Trainer {
   float forward_backward(std::span<const float> x, std::span<const target_type> y) {
     constexpr std::size_t in = Model::in_features, out = Model::out_features;
     const std::size_t M = options_.micro_batches;
-    detail::require(x.size() % in == 0,
-                    "x has " + std::to_string(x.size()) + " floats, which is not a multiple of "
-                    "in_features = " + std::to_string(in) + " (expected batch x " +
-                        std::to_string(in) + ", row-major)");
+    detail::require(x.size() % in == 0, "x has " + std::to_string(x.size()) +
+                                            " floats, which is not a multiple of "
+                                            "in_features = " +
+                                            std::to_string(in) + " (expected batch x " +
+                                            std::to_string(in) + ", row-major)");
     const std::size_t rows = x.size() / in;
     detail::require(rows >= M, "the batch has " + std::to_string(rows) +
                                    " rows, fewer than micro_batches = " + std::to_string(M) +
@@ -100,8 +103,8 @@ class Trainer {
     const std::size_t per_row = Loss::targets_per_row(out);
     detail::require(y.size() == rows * per_row,
                     "y has " + std::to_string(y.size()) + " targets, expected " +
-                        std::to_string(rows * per_row) + " (" + std::to_string(rows) +
-                        " rows x " + std::to_string(per_row) + ")");
+                        std::to_string(rows * per_row) + " (" + std::to_string(rows) + " rows x " +
+                        std::to_string(per_row) + ")");
     Loss::check(y, out);
 
     detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
@@ -114,10 +117,11 @@ class Trainer {
   // pipelined through the stages; gradients are untouched.
   std::vector<float> predict(std::span<const float> x) {
     constexpr std::size_t in = Model::in_features;
-    detail::require(x.size() % in == 0 && !x.empty(),
-                    "x has " + std::to_string(x.size()) + " floats, expected a positive multiple "
-                    "of in_features = " + std::to_string(in) + " (batch x " +
-                        std::to_string(in) + ", row-major)");
+    detail::require(x.size() % in == 0 && !x.empty(), "x has " + std::to_string(x.size()) +
+                                                          " floats, expected a positive multiple "
+                                                          "of in_features = " +
+                                                          std::to_string(in) + " (batch x " +
+                                                          std::to_string(in) + ", row-major)");
     const std::size_t rows = x.size() / in;
     std::vector<float> out(rows * Model::out_features);
     detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
@@ -127,8 +131,9 @@ class Trainer {
 
   void zero_grad() {
     for (std::size_t s = 0; s < num_stages; ++s) {
-      backend_.submit(device_of_stage(s), {"zero_grad", s},
-                      [g = grads_[s].data(), n = grads_[s].size()](auto& k) { k.fill(n, 0.0f, g); });
+      backend_.submit(
+          device_of_stage(s), {"zero_grad", s},
+          [g = grads_[s].data(), n = grads_[s].size()](auto& k) { k.fill(n, 0.0f, g); });
     }
     backend_.synchronize();
   }
@@ -143,7 +148,8 @@ class Trainer {
       optimizer_state_.clear();
       for (std::size_t s = 0; s < num_stages; ++s) {
         const std::size_t n = Optimizer::state_per_param * Model::stage_num_params[s];
-        optimizer_state_.push_back(backend_.template allocate<float>(device_of_stage(s), n));
+        optimizer_state_.push_back(
+            backend_.template allocate<float>(device_of_stage(s), n, MemoryKind::optimizer_state));
         backend_.submit(device_of_stage(s), {"optimizer state", s},
                         [p = optimizer_state_.back().data(), n](auto& k) { k.fill(n, 0.0f, p); });
       }
@@ -188,10 +194,11 @@ class Trainer {
                           shape_string(info.shape));
     }
     for (const auto& [name, tensor] : tensors) {
-      detail::require(has(name), path.string() + " has a tensor \"" + name +
-                                     "\" that the model does not have");
+      detail::require(
+          has(name), path.string() + " has a tensor \"" + name + "\" that the model does not have");
     }
-    for (const ParameterInfo& info : infos_) write(params_, info, tensors.find(info.name)->second.data);
+    for (const ParameterInfo& info : infos_)
+      write(params_, info, tensors.find(info.name)->second.data);
     backend_.synchronize();
   }
   void save(const std::filesystem::path& path) const { save_all(params_, path); }
@@ -205,12 +212,12 @@ class Trainer {
       ((host[S].resize(Model::stage_num_params[S]),
         Model::template stage_t<S>::init(std::span<float>(host[S]), rng)),
        ...);
-    }(std::make_index_sequence<num_stages>{});
+    }
+    (std::make_index_sequence<num_stages>{});
     for (std::size_t s = 0; s < num_stages; ++s) {
-      backend_.submit(device_of_stage(s), {"initialize", s},
-                      [&h = host[s], p = params_[s].data()](auto& k) {
-                        k.upload(h.size(), h.data(), p);
-                      });
+      backend_.submit(
+          device_of_stage(s), {"initialize", s},
+          [&h = host[s], p = params_[s].data()](auto& k) { k.upload(h.size(), h.data(), p); });
     }
     backend_.synchronize();
   }
@@ -226,7 +233,8 @@ class Trainer {
     throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
   }
 
-  std::vector<float> read(const std::vector<Buffer<float>>& where, const ParameterInfo& info) const {
+  std::vector<float> read(const std::vector<Buffer<float>>& where,
+                          const ParameterInfo& info) const {
     std::vector<float> out(info.size);
     backend_.submit(device_of_stage(info.stage), {"read parameter", info.stage},
                     [&out, src = where[info.stage].data() + info.offset](auto& k) {

@@ -31,7 +31,7 @@ void check_stats(const MemoryStats& stats, std::size_t current, std::size_t peak
 
 }  // namespace
 
-TEST_SUITE("backend/host/memory") {
+TEST_SUITE("backend host memory") {
   TEST_CASE("a Buffer is move-only") {
     static_assert(!std::is_copy_constructible_v<Buffer<float>>);
     static_assert(!std::is_copy_assignable_v<Buffer<float>>);

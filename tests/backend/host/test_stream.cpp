@@ -58,7 +58,7 @@ void check_usable(Backend& backend) {
 
 }  // namespace
 
-TEST_SUITE("backend/host/stream") {
+TEST_SUITE("backend host stream") {
   TEST_CASE("work on one stream runs in submission order") {
     Backend backend(1);
     std::vector<int> order;

@@ -7,6 +7,7 @@
 //   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
 //   backend.synchronize();   // rethrows the first failure, naming where it happened
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -47,7 +48,7 @@ class Backend {
     streams_.reserve(num_devices);
     for (std::size_t d = 0; d < num_devices; ++d) {
       allocators_.push_back(std::make_unique<DeviceAllocator>(d, options.device_capacity));
-      streams_.push_back(std::make_unique<Stream>(d, group_));
+      streams_.push_back(std::make_unique<Stream>(d, group_, epoch_));
     }
   }
   Backend(const Backend&) = delete;
@@ -64,8 +65,8 @@ class Backend {
 
   // Uninitialized memory on `device`; throws OutOfMemory past the device's capacity.
   template <class T>
-  Buffer<T> allocate(std::size_t device, std::size_t count) {
-    return Buffer<T>(allocator(device), count);
+  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
+    return Buffer<T>(allocator(device), count, kind);
   }
 
   // Stream operations: each runs on the device's worker, in submission order.
@@ -74,6 +75,22 @@ class Backend {
   }
   void record(std::size_t device, const Event& event) { stream(device).record(event); }
   void wait(std::size_t device, const Event& event) { stream(device).wait(event); }
+
+  // Tracing of every piece of stream work (see Stream::set_tracing); take_trace() returns what
+  // ran since the last call, all devices, ordered by start time.
+  void set_tracing(bool on) {
+    for (auto& s : streams_) s->set_tracing(on);
+  }
+  std::vector<TraceEvent> take_trace() {
+    std::vector<TraceEvent> all;
+    for (auto& s : streams_) {
+      s->synchronize();
+      for (TraceEvent& e : s->take_trace()) all.push_back(e);
+    }
+    std::sort(all.begin(), all.end(),
+              [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+    return all;
+  }
 
   // Skips all work not yet run and releases every event wait; the next synchronize() returns
   // normally once the streams are idle. For a caller that cannot finish issuing a step.
@@ -118,13 +135,14 @@ class Backend {
     return *streams_[device];
   }
   void check_device(std::size_t device) const {
-    detail::require(device < streams_.size(),
-                    "device " + std::to_string(device) + " does not exist; the backend has " +
-                        std::to_string(streams_.size()) + " devices");
+    detail::require(device < streams_.size(), "device " + std::to_string(device) +
+                                                  " does not exist; the backend has " +
+                                                  std::to_string(streams_.size()) + " devices");
   }
 
   // Declaration order matters: streams (which may free buffers as they drop work) are destroyed
   // before the allocators and the group they use.
+  Stream::Clock::time_point epoch_ = Stream::Clock::now();
   std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   StreamGroup group_;
   std::vector<std::unique_ptr<Stream>> streams_;

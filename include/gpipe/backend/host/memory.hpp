@@ -26,7 +26,7 @@ class DeviceAllocator {
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
   // Throws OutOfMemory when the allocation would take the device past its capacity.
-  void* allocate(std::size_t bytes) {
+  void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
     {
       std::lock_guard lock(mu_);
@@ -38,20 +38,24 @@ class DeviceAllocator {
                           std::to_string(stats_.capacity) + " bytes");
       stats_.current += bytes;
       if (stats_.current > stats_.peak) stats_.peak = stats_.current;
+      const auto k = static_cast<std::size_t>(kind);
+      stats_.current_by_kind[k] += bytes;
+      if (stats_.current_by_kind[k] > stats_.peak_by_kind[k])
+        stats_.peak_by_kind[k] = stats_.current_by_kind[k];
     }
     try {
-      return ::operator new(bytes, std::align_val_t{alignment});
+      return ::operator new (bytes, std::align_val_t{alignment});
     } catch (const std::bad_alloc&) {
-      release(bytes);
+      release(bytes, kind);
       throw OutOfMemory("gpipe: the host could not allocate " + std::to_string(bytes) +
                         " bytes for device " + std::to_string(device_));
     }
   }
 
-  void deallocate(void* p, std::size_t bytes) noexcept {
+  void deallocate(void* p, std::size_t bytes, MemoryKind kind = MemoryKind::other) noexcept {
     if (p == nullptr) return;
-    ::operator delete(p, std::align_val_t{alignment});
-    release(bytes);
+    ::operator delete (p, std::align_val_t{alignment});
+    release(bytes, kind);
   }
 
   MemoryStats stats() const {
@@ -61,13 +65,15 @@ class DeviceAllocator {
   void reset_peak() {
     std::lock_guard lock(mu_);
     stats_.peak = stats_.current;
+    stats_.peak_by_kind = stats_.current_by_kind;
   }
   std::size_t device() const { return device_; }
 
  private:
-  void release(std::size_t bytes) noexcept {
+  void release(std::size_t bytes, MemoryKind kind) noexcept {
     std::lock_guard lock(mu_);
     stats_.current -= bytes;
+    stats_.current_by_kind[static_cast<std::size_t>(kind)] -= bytes;
   }
 
   std::size_t device_;
@@ -80,33 +86,37 @@ template <class T>
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(DeviceAllocator& allocator, std::size_t size)
+  Buffer(DeviceAllocator& allocator, std::size_t size, MemoryKind kind = MemoryKind::other)
       : allocator_(&allocator),
-        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device())))),
-        size_(size) {}
+        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device()), kind))),
+        size_(size),
+        kind_(kind) {}
   Buffer(Buffer&& other) noexcept
       : allocator_(std::exchange(other.allocator_, nullptr)),
         data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)) {}
+        size_(std::exchange(other.size_, 0)),
+        kind_(other.kind_) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       reset();
       allocator_ = std::exchange(other.allocator_, nullptr);
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      kind_ = other.kind_;
     }
     return *this;
   }
   ~Buffer() { reset(); }
 
   void reset() noexcept {
-    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T));
+    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T), kind_);
     allocator_ = nullptr;
     data_ = nullptr;
     size_ = 0;
   }
 
   T* data() const { return data_; }
+  MemoryKind kind() const { return kind_; }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
@@ -123,6 +133,7 @@ class Buffer {
   DeviceAllocator* allocator_ = nullptr;
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  MemoryKind kind_ = MemoryKind::other;
 };
 
 }  // namespace gpipe::host

@@ -7,6 +7,8 @@
 // every stream skips its remaining work and every event wait returns, so nothing hangs; the
 // owner collects the error with StreamGroup::take_error() after synchronizing.
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -17,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/kernels.hpp"
@@ -86,8 +89,12 @@ class Stream {
  public:
   using Work = std::function<void(Kernels<float>&)>;
 
-  Stream(std::size_t device, StreamGroup& group)
-      : device_(device), group_(group), kernels_(device), thread_([this] { run(); }) {}
+  using Clock = std::chrono::steady_clock;
+
+  Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now())
+      : device_(device), group_(group), epoch_(epoch), kernels_(device), thread_([this] {
+          run();
+        }) {}
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -112,10 +119,12 @@ class Stream {
     work_cv_.notify_one();
   }
   void record(const Event& event) {
-    submit({"record event"}, [this, flag = event.flag_](Kernels<float>&) { group_.record(flag); });
+    submit({.what = "record event", .internal = true},
+           [this, flag = event.flag_](Kernels<float>&) { group_.record(flag); });
   }
   void wait(const Event& event) {
-    submit({"wait event"}, [this, flag = event.flag_](Kernels<float>&) { group_.wait(flag); });
+    submit({.what = "wait event", .internal = true},
+           [this, flag = event.flag_](Kernels<float>&) { group_.wait(flag); });
   }
 
   // Blocks until every piece of work submitted so far has run (or been skipped).
@@ -125,6 +134,16 @@ class Stream {
   }
 
   std::size_t device() const { return device_; }
+
+  // Tracing: while on, every piece of work (not event records and waits) that runs is recorded
+  // with its start and end. Costs one clock read at each end of a piece of work when on, one
+  // relaxed load when off.
+  void set_tracing(bool on) { tracing_.store(on, std::memory_order_relaxed); }
+  // The records so far, oldest first; call after synchronize().
+  std::vector<TraceEvent> take_trace() {
+    std::lock_guard lock(mu_);
+    return std::exchange(trace_, {});
+  }
 
  private:
   struct Item {
@@ -142,24 +161,36 @@ class Stream {
         item = std::move(queue_.front());
         queue_.pop_front();
       }
+      const bool traced = tracing_.load(std::memory_order_relaxed) && !item.label.internal;
+      double start_us = 0, end_us = 0;
       if (!group_.failed()) {
+        if (traced) start_us = since_epoch();
         try {
           item.work(kernels_);
         } catch (...) {
           group_.fail(std::current_exception(), describe(item.label, device_));
         }
+        if (traced) end_us = since_epoch();
       }
       item.work = nullptr;  // release captured resources before reporting idle
       {
         std::lock_guard lock(mu_);
+        if (traced && end_us > 0) trace_.push_back({device_, item.label, start_us, end_us});
         --pending_;
       }
       idle_cv_.notify_all();
     }
   }
 
+  double since_epoch() const {
+    return std::chrono::duration<double, std::micro>(Clock::now() - epoch_).count();
+  }
+
   std::size_t device_;
   StreamGroup& group_;
+  Clock::time_point epoch_;
+  std::atomic<bool> tracing_{false};
+  std::vector<TraceEvent> trace_;
   Kernels<float> kernels_;
   std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_;
