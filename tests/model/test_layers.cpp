@@ -38,6 +38,10 @@ using LayerNorm7 = LayerNorm<7>;
 using ResidualMlp = Residual<Linear<4, 6>, GELU, Linear<6, 4>>::with_features<4>;
 using ResidualNorm = Residual<LayerNorm<5>, Linear<5, 5>>::with_features<5>;
 using StageChain = Stage<Linear<4, 8>, ReLU, LayerNorm<8>, Residual<Linear<8, 8>, GELU>>::bound<4>;
+using CheckpointMlp = gpipe::Checkpoint<Linear<4, 6>, GELU, Linear<6, 4>>::with_features<4>;
+using CheckpointedStage =
+    Stage<Linear<4, 8>, gpipe::Checkpoint<GELU, LayerNorm<8>, Residual<Linear<8, 8>, GELU>>,
+          Linear<8, 3>>::bound<4>;
 
 constexpr std::size_t rows = 3;
 
@@ -106,9 +110,13 @@ TYPE_TO_STRING_AS("Residual<Linear<4, 6>, GELU, Linear<6, 4>>", ResidualMlp);
 TYPE_TO_STRING_AS("Residual<LayerNorm<5>, Linear<5, 5>>", ResidualNorm);
 TYPE_TO_STRING_AS("Stage<Linear<4, 8>, ReLU, LayerNorm<8>, Residual<Linear<8, 8>, GELU>>",
                   StageChain);
+TYPE_TO_STRING_AS("Checkpoint<Linear<4, 6>, GELU, Linear<6, 4>>", CheckpointMlp);
+TYPE_TO_STRING_AS("Stage<Linear<4, 8>, Checkpoint<GELU, LayerNorm<8>, Residual<...>>, Linear<8, 3>>",
+                  CheckpointedStage);
 
 #define GPIPE_BUILTIN_LAYERS \
-  Linear5x3, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain
+  Linear5x3, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, CheckpointMlp, \
+      CheckpointedStage
 
 static_assert(gpipe::layer_for<Linear5x3, gpipe::host::Kernels<double>>);
 static_assert(gpipe::layer_for<StageChain, gpipe::host::Kernels<double>>);

@@ -37,7 +37,8 @@ struct LayerRun {
         dy(rows * L::out_features),
         dx(rows * L::in_features),
         grad_stash(rows * L::grad_stash_per_row),
-        grads(L::num_params) {}
+        grads(L::num_params),
+        workspace(rows * workspace_per_row_v<L>) {}
 
   std::size_t rows;
   host::Kernels<T> ctx{};
@@ -49,21 +50,27 @@ struct LayerRun {
   std::vector<T> dx;          // (rows, in_features)
   std::vector<T> grad_stash;  // (rows, grad_stash_per_row)
   std::vector<T> grads;       // (num_params), accumulated from zero
+  std::vector<T> workspace;   // (rows, workspace_per_row), NaN before every op: scratch only
 
   void forward() {
     std::ranges::fill(y, nan_v<T>);
     std::ranges::fill(stash, nan_v<T>);
-    L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data()});
+    std::ranges::fill(workspace, nan_v<T>);
+    L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data(),
+                                   workspace.data()});
   }
   void backward_input() {
     std::ranges::fill(dx, nan_v<T>);
     std::ranges::fill(grad_stash, nan_v<T>);
+    std::ranges::fill(workspace, nan_v<T>);
     L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
-                                                stash.data(), grad_stash.data()});
+                                                stash.data(), grad_stash.data(), workspace.data()});
   }
   void backward_weight() {
+    std::ranges::fill(workspace, nan_v<T>);
     L::backward_weight(ctx, BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(),
-                                                  stash.data(), grad_stash.data(), grads.data()});
+                                                  stash.data(), grad_stash.data(), grads.data(),
+                                                  workspace.data()});
   }
   // forward, then both backward ops with the dy set.
   void forward_backward() {

@@ -74,8 +74,9 @@ ReferenceResult reference_step(const NamedTensors& params, std::span<const float
           using St = typename Model::template stage_t<S>;
           acts[S + 1].assign(rows * St::out_features, 0.0);
           stash[S].assign(rows * St::stash_per_row, 0.0);
+          std::vector<double> ws(rows * workspace_per_row_v<St>);
           St::forward(k, ForwardArgs<double>{rows, acts[S].data(), acts[S + 1].data(),
-                                             p[S].data(), stash[S].data()});
+                                             p[S].data(), stash[S].data(), ws.data()});
         }(),
         ...);
   }(std::make_index_sequence<K>{});
@@ -99,12 +100,14 @@ ReferenceResult reference_step(const NamedTensors& params, std::span<const float
           using St = typename Model::template stage_t<s>;
           std::vector<double> dx(rows * St::in_features);
           grad_stash[s].assign(rows * St::grad_stash_per_row, 0.0);
+          std::vector<double> ws(rows * workspace_per_row_v<St>);
           St::backward_input(k, BackwardInputArgs<double>{rows, acts[s].data(), dy.data(),
                                                           dx.data(), p[s].data(), stash[s].data(),
-                                                          grad_stash[s].data()});
+                                                          grad_stash[s].data(), ws.data()});
           St::backward_weight(k, BackwardWeightArgs<double>{rows, acts[s].data(), dy.data(),
                                                             p[s].data(), stash[s].data(),
-                                                            grad_stash[s].data(), g[s].data()});
+                                                            grad_stash[s].data(), g[s].data(),
+                                                            ws.data()});
           dy = std::move(dx);
         }(),
         ...);

@@ -8,7 +8,9 @@
 //   backward_weight (W): dy -> d(params), accumulated   (needs x, the stash and the B stash)
 // Everything a backward needs beyond the layer input x is kept by forward in `stash`
 // (stash_per_row floats per row) and by backward_input in `grad_stash` (grad_stash_per_row).
-// The layer output y is not kept: a layer that needs it in backward stashes it.
+// The layer output y is not kept: a layer that needs it in backward stashes it. A layer that
+// needs scratch memory only while one of its ops runs declares workspace_per_row (optional,
+// default 0); its contents do not survive from one op to the next.
 //
 // The operations are function templates over a kernel context Ctx (a backend's per-device kernel
 // set, e.g. gpipe::host::Kernels<float>); pointers are that device's memory. Ctx::value_type is
@@ -51,6 +53,7 @@ struct ForwardArgs {
   T* y;             // (rows, out_features)
   const T* params;  // (num_params)
   T* stash;         // (rows, stash_per_row), kept until backward
+  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
@@ -62,6 +65,7 @@ struct BackwardInputArgs {
   const T* params;   // (num_params)
   const T* stash;    // (rows, stash_per_row) as left by forward
   T* grad_stash;     // (rows, grad_stash_per_row), kept until backward_weight
+  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
@@ -73,6 +77,7 @@ struct BackwardWeightArgs {
   const T* stash;       // (rows, stash_per_row)
   const T* grad_stash;  // (rows, grad_stash_per_row) as left by backward_input
   T* grads;             // (num_params), accumulated: grads += d(loss)/d(params)
+  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
 // Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives
@@ -131,6 +136,22 @@ concept layer_for =
       L::backward_input(ctx, b);
       L::backward_weight(ctx, w);
     };
+
+// workspace_per_row_v<L>: L::workspace_per_row when L declares it, else 0.
+template <class L>
+constexpr std::size_t workspace_per_row_v = 0;
+template <class L>
+  requires requires { L::workspace_per_row; }
+constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
+
+// sequential_size_v<L>: how many entries of PyTorch's nn.Sequential the layer (or layer spec)
+// stands for: 1, or L::sequential_size for a transparent wrapper such as Checkpoint<...>, whose
+// parameters keep the indices its layers would have without it.
+template <class L>
+constexpr std::size_t sequential_size_v = 1;
+template <class L>
+  requires requires { L::sequential_size; }
+constexpr std::size_t sequential_size_v<L> = L::sequential_size;
 
 // width_generic_layer<L>: a layer that takes its width from the layer before it (ReLU, GELU,
 // Residual): L::with_features<N> is the layer of width N (not instantiated here: only a width

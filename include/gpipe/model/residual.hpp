@@ -14,6 +14,8 @@ namespace detail {
 
 template <class Body>
 struct ResidualOf : Body {
+  static constexpr std::size_t sequential_size = 1;  // one entry, its children "i.j"
+
   static_assert(feature_chain_check<out_features<Body::out_features>,
                                     in_features<Body::in_features>>::value,
                 "gpipe: the body of a Residual must keep the width");

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "gpipe/model/detail/chain.hpp"
 #include "gpipe/model/layer.hpp"
@@ -16,13 +17,30 @@ template <layer_spec... Layers>
 struct Stage {
   static_assert(sizeof...(Layers) > 0, "gpipe: a Stage needs at least one layer");
 
-  static constexpr std::size_t num_layers = sizeof...(Layers);
+  // Entries of nn.Sequential (a Checkpoint counts the layers it wraps).
+  static constexpr std::size_t num_layers = (std::size_t{0} + ... + sequential_size_v<Layers>);
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
 
   template <std::size_t N>
   using bound = detail::bind_chain_t<N, Layers...>;
 };
+
+namespace detail {
+template <class Layer, class Indices>
+struct repeat_stage;
+template <class Layer, std::size_t... I>
+struct repeat_stage<Layer, std::index_sequence<I...>> {
+  template <std::size_t>
+  using same = Layer;
+  using type = Stage<same<I>...>;
+};
+}  // namespace detail
+
+// repeat_stage_t<Layer, N> = Stage<Layer, ..., Layer> (N times): deep uniform stages for tests,
+// benchmarks and models built from identical blocks.
+template <layer_spec Layer, std::size_t N>
+using repeat_stage_t = typename detail::repeat_stage<Layer, std::make_index_sequence<N>>::type;
 
 namespace detail {
 template <class T>

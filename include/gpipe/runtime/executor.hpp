@@ -203,8 +203,11 @@ class Executor {
                                                    MemoryKind::activations);
       sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
                                                     MemoryKind::workspace);
-      StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
-                                            params_[S].data(), sl.stash.data()});
+      {
+        auto ws = workspace<StageT>(device, rows);
+        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                              params_[S].data(), sl.stash.data(), ws.data()});
+      }
       if constexpr (S == K - 1) apply_loss(device, k, mb, rows, sl);
       sl.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
       if (!sl.stashed) sl.stash.reset();
@@ -228,8 +231,11 @@ class Executor {
                                                      MemoryKind::workspace);
       sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
                                                     MemoryKind::workspace);
-      StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
-                                            params_[S].data(), stash.data()});
+      {
+        auto ws = workspace<StageT>(device, rows);
+        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                              params_[S].data(), stash.data(), ws.data()});
+      }
       sl.input.reset();
       if constexpr (S == K - 1) {
         k.download(rows * StageT::out_features, sl.output.data(),
@@ -237,6 +243,13 @@ class Executor {
         sl.output.reset();
       }
     });
+  }
+
+  // The stage's scratch for one op (empty when it needs none).
+  template <class StageT>
+  Buffer<float> workspace(std::size_t device, std::size_t rows) {
+    return backend_.template allocate<float>(device, rows * workspace_per_row_v<StageT>,
+                                             MemoryKind::workspace);
   }
 
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
@@ -261,6 +274,7 @@ class Executor {
     backend_.submit(device, label, [this, device, mb](Kernels& k) {
       const std::size_t rows = step_->split.size(mb);
       Slot& sl = slot(S, mb);
+      auto ws = workspace<StageT>(device, rows);
       if (!sl.stashed && StageT::stash_per_row > 0) {
         // Re-materialization: run the stage's forward again from its kept input.
         sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
@@ -268,7 +282,7 @@ class Executor {
         auto scratch = backend_.template allocate<float>(device, rows * StageT::out_features,
                                                          MemoryKind::workspace);
         StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
-                                              params_[S].data(), sl.stash.data()});
+                                              params_[S].data(), sl.stash.data(), ws.data()});
       }
       sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features,
                                                         MemoryKind::workspace);
@@ -277,7 +291,7 @@ class Executor {
       StageT::backward_input(
           k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
                                       sl.grad_input.data(), params_[S].data(), sl.stash.data(),
-                                      sl.grad_stash.data()});
+                                      sl.grad_stash.data(), ws.data()});
       if constexpr (S == 0) sl.grad_input.reset();  // nobody upstream wants it
     });
   }
@@ -285,13 +299,14 @@ class Executor {
   template <std::size_t S>
   void submit_backward_weight(std::size_t device, WorkLabel label, std::size_t mb) {
     using StageT = typename Model::template stage_t<S>;
-    backend_.submit(device, label, [this, mb](Kernels& k) {
+    backend_.submit(device, label, [this, device, mb](Kernels& k) {
       const std::size_t rows = step_->split.size(mb);
       Slot& sl = slot(S, mb);
+      auto ws = workspace<StageT>(device, rows);
       StageT::backward_weight(
-          k,
-          BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(), params_[S].data(),
-                                    sl.stash.data(), sl.grad_stash.data(), grads_[S].data()});
+          k, BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
+                                       params_[S].data(), sl.stash.data(), sl.grad_stash.data(),
+                                       grads_[S].data(), ws.data()});
       sl.input.reset();
       sl.stash.reset();
       sl.grad_output.reset();

@@ -86,14 +86,23 @@ struct bind_chain<N, L, Rest...> {
 template <std::size_t N, class... Ls>
 using bind_chain_t = typename bind_chain<N, Ls...>::type;
 
-// max_param_depth<Bs...>() = the deepest path among the Bs' parameter tensors.
+// is_transparent_v<L>: L is a wrapper whose parameters keep the sequential indices of the layers
+// it wraps (param_specs() paths already start with those relative indices), e.g. Checkpoint.
+template <class L>
+constexpr bool is_transparent_v = requires { L::transparent; };
+
+// max_param_depth<Bs...>() = the deepest path a Chain of Bs gives its parameter tensors, before
+// the chain's own index is prepended.
 template <class... Bs>
 constexpr std::size_t max_param_depth() {
   std::size_t depth = 0;
-  auto visit = [&](const auto& specs) {
-    for (const ParamSpec& s : specs) depth = s.depth > depth ? s.depth : depth;
+  auto visit = [&](const auto& specs, bool transparent) {
+    for (const ParamSpec& s : specs) {
+      const std::size_t d = s.depth - (transparent ? 1 : 0);
+      depth = d > depth ? d : depth;
+    }
   };
-  (visit(Bs::param_specs()), ...);
+  (visit(Bs::param_specs(), is_transparent_v<Bs>), ...);
   return depth;
 }
 
@@ -142,23 +151,40 @@ struct Chain {
   static constexpr std::size_t grad_stash_per_row =
       intermediate_width() + (std::size_t{0} + ... + Bs::grad_stash_per_row);
 
+  // Scratch: layers run one at a time, so they share one workspace.
+  static constexpr std::size_t workspace_per_row = [] {
+    std::size_t w = 0;
+    for (std::size_t x : {workspace_per_row_v<Bs>...}) w = x > w ? x : w;
+    return w;
+  }();
+
+  // Entries of nn.Sequential the chain stands for, and where each layer's entries start.
+  static constexpr std::array<std::size_t, size> sequential_sizes{sequential_size_v<Bs>...};
+  static constexpr std::size_t sequential_size = (std::size_t{0} + ... + sequential_size_v<Bs>);
+  static constexpr auto sequential_offset = exclusive_sum(sequential_sizes, 0);
+
   static constexpr std::size_t num_param_tensors = (std::size_t{0} + ... + Bs::param_specs().size());
 
-  // Every parameter tensor of every layer, with the layer's index prepended to its path.
+  // Every parameter tensor of every layer, with the layer's sequential index prepended to its
+  // path (added to the path's first index for a transparent wrapper).
   static constexpr std::array<ParamSpec, num_param_tensors> param_specs() {
     std::array<ParamSpec, num_param_tensors> out{};
     std::size_t k = 0, i = 0;
-    auto add = [&](const auto& specs) {
+    auto add = [&](const auto& specs, bool transparent) {
       for (ParamSpec s : specs) {
-        for (std::size_t d = s.depth; d > 0; --d) s.path[d] = s.path[d - 1];
-        s.path[0] = i;
-        ++s.depth;
+        if (transparent) {
+          s.path[0] += sequential_offset[i];
+        } else {
+          for (std::size_t d = s.depth; d > 0; --d) s.path[d] = s.path[d - 1];
+          s.path[0] = sequential_offset[i];
+          ++s.depth;
+        }
         s.offset += param_offset[i];
         out[k++] = s;
       }
       ++i;
     };
-    (add(Bs::param_specs()), ...);
+    (add(Bs::param_specs(), is_transparent_v<Bs>), ...);
     return out;
   }
 
@@ -196,7 +222,7 @@ struct Chain {
     (Bs::forward(ctx, ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
                                      act<I + 1>(x, a.y, a.stash, a.rows),
                                      a.params + param_offset[I],
-                                     a.stash + stash_offset[I] * a.rows}),
+                                     a.stash + stash_offset[I] * a.rows, a.workspace}),
      ...);
   }
 
@@ -222,7 +248,7 @@ struct Chain {
                                     grad(std::integral_constant<std::size_t, i + 1>{}),
                                     grad(std::integral_constant<std::size_t, i>{}),
                                     a.params + param_offset[i], stash + stash_offset[i] * a.rows,
-                                    a.grad_stash + grad_stash_offset[i] * a.rows});
+                                    a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
@@ -243,7 +269,7 @@ struct Chain {
                                                     grad(I + 1), a.params + param_offset[I],
                                                     stash + stash_offset[I] * a.rows,
                                                     gstash + grad_stash_offset[I] * a.rows,
-                                                    a.grads + param_offset[I]}),
+                                                    a.grads + param_offset[I], a.workspace}),
      ...);
   }
 };

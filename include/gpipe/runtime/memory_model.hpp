@@ -1,0 +1,131 @@
+#pragma once
+// The memory model: what each device holds during a step, predicted from the model's types, the
+// batch, the schedule and the remat policy, by replaying the executor's allocations in each
+// device's op order (see executor.hpp for what each op allocates and frees).
+//
+// Activations (a stage's input and stash per micro-batch, and the loss gradient on the last
+// stage) are allocated and freed only by the device's own ops, so their peak is exact. Workspace
+// also holds outputs waiting for the next stage to receive them, which depends on timing; it is
+// given as an upper bound.
+//
+// GPipe's claim in these terms, for a stage of L layers of width d, micro-batch size n = N/M:
+//   never:  M n (d + L d) = N (L + 1) d                      O(N L)
+//   always: M n d + n L d = N d + (N/M) L d                   O(N + L N / M)
+// so `always` keeps about (M + L) / (M L) of `never` when L and M are large.
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "gpipe/model/layer.hpp"
+#include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/schedule/op.hpp"
+
+namespace gpipe {
+
+struct DeviceMemoryPrediction {
+  std::size_t parameters = 0;        // bytes
+  std::size_t gradients = 0;         // bytes
+  std::size_t optimizer_state = 0;   // bytes, for the given floats of state per parameter
+  std::size_t activations_peak = 0;  // bytes, exact
+  std::size_t workspace_bound = 0;   // bytes, an upper bound on the workspace peak
+
+  // An upper bound on the device's total peak.
+  std::size_t total_bound() const {
+    return parameters + gradients + optimizer_state + activations_peak + workspace_bound;
+  }
+};
+
+namespace detail {
+
+// Per-stage sizes in floats per row, from the stage types.
+struct StageSizes {
+  std::size_t in = 0, out = 0, stash = 0, grad_stash = 0, workspace = 0, params = 0;
+};
+
+template <class Model>
+std::vector<StageSizes> stage_sizes() {
+  std::vector<StageSizes> out;
+  [&]<std::size_t... S>(std::index_sequence<S...>) {
+    (out.push_back({Model::template stage_t<S>::in_features,
+                    Model::template stage_t<S>::out_features,
+                    Model::template stage_t<S>::stash_per_row,
+                    Model::template stage_t<S>::grad_stash_per_row,
+                    workspace_per_row_v<typename Model::template stage_t<S>>,
+                    Model::template stage_t<S>::num_params}),
+     ...);
+  }(std::make_index_sequence<Model::num_stages>{});
+  return out;
+}
+
+}  // namespace detail
+
+// Prediction for every device of `schedule` running Model on a batch of `rows` rows.
+// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
+template <class Model>
+std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
+                                                   Remat remat,
+                                                   std::size_t optimizer_state_per_param = 0,
+                                                   std::size_t target_bytes_per_row = 4) {
+  constexpr std::size_t f = sizeof(float);
+  const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
+  const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
+  const MicroBatchSplit split{rows, M};
+  std::size_t max_rows = split.size(0);
+
+  std::vector<DeviceMemoryPrediction> out(schedule.num_devices);
+  for (std::size_t s = 0; s < S; ++s) {
+    DeviceMemoryPrediction& p = out[schedule.device_of_stage(s)];
+    p.parameters += st[s].params * f;
+    p.gradients += st[s].params * f;
+    p.optimizer_state += st[s].params * optimizer_state_per_param * f;
+  }
+
+  for (std::size_t d = 0; d < schedule.num_devices; ++d) {
+    std::size_t current = 0, peak = 0;
+    auto grow = [&](std::size_t bytes) { peak = std::max(peak, current += bytes); };
+    std::vector<bool> kept(S * M, false);  // stash kept from forward (no recompute)
+    std::size_t workspace = 0;
+    for (const Op& op : schedule.ops[d]) {
+      const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
+      const std::size_t n = split.size(mb);
+      const detail::StageSizes& z = st[s];
+      const bool last = s + 1 == S;
+      switch (op.kind) {
+        case OpKind::recv_activation: grow(n * z.in * f); break;
+        case OpKind::forward:
+          if (s == 0) grow(n * z.in * f);
+          grow(n * z.stash * f);
+          if (last) grow(n * z.out * f);  // the loss gradient
+          kept[s * M + mb] = !recomputes(remat, mb, M);
+          if (!kept[s * M + mb]) current -= n * z.stash * f;
+          break;
+        case OpKind::backward_input:
+          if (!kept[s * M + mb] && z.stash > 0) grow(n * z.stash * f);
+          break;
+        case OpKind::backward_weight:
+          current -= n * (z.in + z.stash + (last ? z.out : 0)) * f;
+          break;
+        default: break;
+      }
+      // Workspace: within one op at most an output or recompute scratch, the input and output
+      // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
+      // output and input gradient not yet received by the neighbouring stage.
+      workspace = std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash +
+                                                  z.workspace) * f +
+                                          max_rows * target_bytes_per_row);
+    }
+    // Outputs and input gradients waiting for a neighbour, at most every micro-batch of every
+    // stage on the device, and the per-micro-batch losses.
+    std::size_t waiting = 0;
+    for (std::size_t s = 0; s < S; ++s)
+      if (schedule.device_of_stage(s) == d) waiting += rows * (st[s].out + st[s].in) * f;
+    out[d].activations_peak = peak;
+    out[d].workspace_bound = workspace + waiting + M * f;
+  }
+  return out;
+}
+
+}  // namespace gpipe

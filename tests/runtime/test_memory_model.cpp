@@ -1,0 +1,148 @@
+// The memory model against the host backend's byte counts: measured peak activation bytes equal
+// the prediction exactly on every device; the total peak stays within the predicted bound;
+// `always` cuts a deep stage's activations by the factor GPipe's formula gives; Checkpoint
+// recomputes only its segment and changes no gradient.
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/memory_model.hpp"
+#include "support/models.hpp"
+#include "support/reference_model.hpp"
+
+namespace {
+
+using namespace gpipe;
+using namespace gpipe::test;
+
+constexpr std::size_t width = 16;
+constexpr std::size_t depth = 6;  // layers of the deep stage
+// Stage 0: `depth` Linear layers of equal width; stage 1: the classifier.
+using DeepModel =
+    Pipeline<repeat_stage_t<Linear<width, width>, depth>, Stage<ReLU, Linear<width, 4>>>;
+// The same layers with the middle of stage 0 checkpointed.
+using CheckpointedModel = Pipeline<
+    Stage<Linear<width, width>, Checkpoint<Linear<width, width>, Linear<width, width>,
+                                           Linear<width, width>, Linear<width, width>>,
+          Linear<width, width>>,
+    Stage<ReLU, Linear<width, 4>>>;
+
+template <class Model, class Schedule = GPipe>
+void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
+  CAPTURE(rows);
+  CAPTURE(m);
+  CAPTURE(to_string(remat));
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 1);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 2);
+  host::Backend backend(Model::num_stages);
+  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
+      backend, {.micro_batches = m, .remat = remat});
+  const auto predicted = predict_memory<Model>(trainer.schedule(), rows, remat);
+  backend.reset_peak();
+  trainer.forward_backward(x, y);
+  for (std::size_t d = 0; d < backend.num_devices(); ++d) {
+    CAPTURE(d);
+    const MemoryStats stats = backend.memory_stats(d);
+    CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+    CHECK(stats.current_of(MemoryKind::parameters) == predicted[d].parameters);
+    CHECK(stats.current_of(MemoryKind::gradients) == predicted[d].gradients);
+    CHECK(stats.current_of(MemoryKind::activations) == 0);
+    CHECK(stats.current_of(MemoryKind::workspace) == 0);
+    CHECK(stats.peak <= predicted[d].total_bound());
+    CHECK(stats.peak >= predicted[d].parameters + predicted[d].gradients +
+                            predicted[d].activations_peak);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("measured peak activation bytes equal the memory model on every device") {
+  for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
+    for (std::size_t m : {1u, 3u, 8u}) {
+      check_prediction<Model2>(12, m, remat);
+      check_prediction<Model4>(12, m, remat);
+      check_prediction<DeepModel>(16, m, remat);
+      check_prediction<CheckpointedModel>(16, m, remat);
+    }
+  }
+}
+
+TEST_CASE("remat always keeps (M + L - 1) / (M L) of never's activations on a deep stage") {
+  // Stage 0 keeps per micro-batch of n rows: its input (n d) and, without recompute, the outputs
+  // of its first L - 1 layers ((L - 1) n d). With M micro-batches of N / M rows:
+  //   never  = N L d,   always = N d + (N / M)(L - 1) d   (one stash while recomputing)
+  constexpr std::size_t rows = 64;
+  for (std::size_t m : {1u, 2u, 4u, 8u, 16u}) {
+    CAPTURE(m);
+    std::size_t peak[2] = {};
+    for (Remat remat : {Remat::never, Remat::always}) {
+      host::Backend backend(2);
+      Trainer<DeepModel, SoftmaxCrossEntropy, host::Backend> trainer(
+          backend, {.micro_batches = m, .remat = remat});
+      const std::vector<float> x = random_inputs(rows, width, 1);
+      const std::vector<std::int32_t> y = random_classes(rows, 4, 2);
+      trainer.forward_backward(x, y);
+      peak[remat == Remat::always] = backend.memory_stats(0).peak_of(MemoryKind::activations);
+    }
+    const double n = rows / static_cast<double>(m), d = width * sizeof(float);
+    CHECK(peak[0] == rows * depth * d);
+    CHECK(peak[1] == rows * d + n * (depth - 1) * d);
+    CHECK(static_cast<double>(peak[1]) / static_cast<double>(peak[0]) ==
+          doctest::Approx((m + depth - 1.0) / (m * static_cast<double>(depth))));
+  }
+}
+
+TEST_CASE("Checkpoint keeps its layers' sequential names and changes no gradient") {
+  using Plain = DeepModel;
+  static_assert(CheckpointedModel::num_params == Plain::num_params);
+  CHECK(CheckpointedModel::parameters().size() == Plain::parameters().size());
+  for (std::size_t i = 0; i < Plain::parameters().size(); ++i) {
+    CHECK(CheckpointedModel::parameters()[i].name == Plain::parameters()[i].name);
+    CHECK(CheckpointedModel::parameters()[i].shape == Plain::parameters()[i].shape);
+  }
+
+  const std::vector<float> x = random_inputs(10, width, 5);
+  const std::vector<std::int32_t> y = random_classes(10, 4, 6);
+  host::Backend backend(2);
+  Trainer<Plain, SoftmaxCrossEntropy, host::Backend> plain(backend,
+                                                           {.micro_batches = 3, .seed = 4});
+  Trainer<CheckpointedModel, SoftmaxCrossEntropy, host::Backend> checkpointed(
+      backend, {.micro_batches = 3, .seed = 4});
+  REQUIRE(parameters_of(plain) == parameters_of(checkpointed));
+  CHECK(plain.forward_backward(x, y) == doctest::Approx(checkpointed.forward_backward(x, y)));
+  const ReferenceResult ref = reference_step<Plain, SoftmaxCrossEntropy>(parameters_of(plain), x, y);
+  const NamedTensors a = gradients_of(plain), b = gradients_of(checkpointed);
+  for (const auto& [name, g] : a) {
+    CAPTURE(name);
+    CHECK(relative_error(b.at(name), g) < 2e-6);
+    CHECK(relative_error(b.at(name), ref.gradients.at(name)) < 2e-6);
+  }
+}
+
+TEST_CASE("Checkpoint under remat never keeps only its segment's input") {
+  constexpr std::size_t rows = 32;
+  const std::vector<float> x = random_inputs(rows, width, 1);
+  const std::vector<std::int32_t> y = random_classes(rows, 4, 2);
+  std::size_t peak[2] = {};
+  {
+    host::Backend backend(2);
+    Trainer<DeepModel, SoftmaxCrossEntropy, host::Backend> t(backend, {.micro_batches = 4});
+    t.forward_backward(x, y);
+    peak[0] = backend.memory_stats(0).peak_of(MemoryKind::activations);
+  }
+  {
+    host::Backend backend(2);
+    Trainer<CheckpointedModel, SoftmaxCrossEntropy, host::Backend> t(backend,
+                                                                     {.micro_batches = 4});
+    t.forward_backward(x, y);
+    peak[1] = backend.memory_stats(0).peak_of(MemoryKind::activations);
+  }
+  // Plain: input + 5 intermediate outputs per row. Checkpointed: input, the first Linear's
+  // output (the segment's input) and the segment's output: 3 per row.
+  const std::size_t d = width * sizeof(float);
+  CHECK(peak[0] == rows * 6 * d);
+  CHECK(peak[1] == rows * 3 * d);
+}
