@@ -1,0 +1,24 @@
+// The main of every gpipe benchmark program: Google Benchmark's, plus context lines that say
+// what the numbers were measured with (backend, cores, BLAS threads, build).
+
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <thread>
+
+int main(int argc, char** argv) {
+  benchmark::AddCustomContext("gpipe_version", "0.1.0");
+  benchmark::AddCustomContext("gpipe_hardware_threads",
+                              std::to_string(std::thread::hardware_concurrency()));
+  benchmark::AddCustomContext("gpipe_blas", "OpenBLAS, 1 thread per device worker");
+#ifdef NDEBUG
+  benchmark::AddCustomContext("gpipe_build", "optimized");
+#else
+  benchmark::AddCustomContext("gpipe_build", "debug (numbers are not representative)");
+#endif
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
