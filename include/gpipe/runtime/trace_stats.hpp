@@ -48,7 +48,7 @@ struct TraceStats {
   double begin_us = 0;            // first compute start
   double end_us = 0;              // last compute end
   double makespan_us = 0;         // end_us - begin_us; 0 when there is no compute op
-  std::vector<double> busy_us;    // [device] total duration of compute ops
+  std::vector<double> busy_us{};  // [device] total duration of compute ops
   double bubble_fraction = 0;     // 1 - sum(busy_us) / (K * makespan_us); 0 when makespan is 0
 };
 
