@@ -82,7 +82,9 @@ void check_matches_gpipe() {
       CHECK(relative_difference(loss, ref.loss) < tolerance);
       const NamedTensors grads = gradients_of(trainer);
       REQUIRE(grads.size() == ref.gradients.size());
-      for (const auto& [name, g] : grads) {
+      for (const auto& entry : grads) {
+        const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
+        const std::vector<double>& g = entry.second;
         CAPTURE(name);
         CHECK(relative_error(g, gpipe_grads.at(name)) < tolerance);
         CHECK(relative_error(g, ref.gradients.at(name)) < tolerance);

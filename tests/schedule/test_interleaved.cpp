@@ -36,7 +36,7 @@ constexpr Schedule interleaved() {
 }
 template <std::size_t K, std::size_t V, std::size_t... M>
 consteval bool valid_for_all_m(sizes<M...>) {
-  return (gpipe::require_valid_at_compile_time<interleaved<K, V, M>>() && ...);
+  return (gpipe::valid_at_compile_time<interleaved<K, V, M>> && ...);
 }
 template <std::size_t V, std::size_t... K>
 consteval bool valid_for_all_k(sizes<K...>) {

@@ -35,7 +35,7 @@ constexpr Schedule zb_h1() {
 }
 template <std::size_t K, std::size_t... M>
 consteval bool valid_for_all_m(sizes<M...>) {
-  return (gpipe::require_valid_at_compile_time<zb_h1<K, M>>() && ...);
+  return (gpipe::valid_at_compile_time<zb_h1<K, M>> && ...);
 }
 template <std::size_t... K>
 consteval bool valid_grid(sizes<K...>) {

@@ -49,11 +49,17 @@ struct invalid_schedule {
   static constexpr bool value = false;
 };
 
+// validate(MakeSchedule()), evaluated once per schedule as a constant expression of its own, so
+// that a grid of schedules checked together does not add up against the compiler's limit on
+// the steps of one constant evaluation.
+template <auto MakeSchedule>
+inline constexpr ValidationResult compile_time_validation = validate(MakeSchedule());
+
 // MakeSchedule: () -> Schedule, usable in constant expressions. True when validate() accepts the
 // schedule; a compile error naming the first offending op otherwise.
 template <auto MakeSchedule>
 consteval bool require_valid_at_compile_time() {
-  constexpr ValidationResult result = validate(MakeSchedule());
+  constexpr const ValidationResult& result = compile_time_validation<MakeSchedule>;
   if constexpr (!result.ok) {
     return invalid_schedule<result.error, on_device<result.device>, at_position<result.position>,
                             result.op.kind, for_micro_batch<result.op.micro_batch>,
