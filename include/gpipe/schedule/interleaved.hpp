@@ -24,7 +24,7 @@
 //   - Groups of >= K micro-batches: chunk c+1 of a micro-batch starts on device 0 only after
 //     its chunk c crossed all K devices, K forward slots later; a group of K keeps device 0 busy
 //     meanwhile. Megatron's last group holds the M mod K leftovers and stalls every device at
-//     each chunk switch (K=4, V=2, M=5: bubble 0.35, not 0.23); spreading the leftovers over
+//     each chunk switch (K=4, V=2, M=5: bubble 0.375, not 0.231); spreading the leftovers over
 //     the groups keeps the bubble at the formula above for every M >= K.
 //   - Larger groups first: B(T'[j]) needs F of the same (chunk, mb) on its device, which sits at
 //     most (V-1)*G_g entries later in T than j sits in T'; warm-up covers (V-1)*G_0 >= that.
