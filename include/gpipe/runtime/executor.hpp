@@ -27,7 +27,7 @@
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/op.hpp"
-#include "gpipe/transport/in_process.hpp"
+#include "gpipe/transport/select.hpp"
 
 namespace gpipe::detail {
 
@@ -40,7 +40,8 @@ void visit_stage(std::size_t s, F&& f) {
   (std::make_index_sequence<K>{});
 }
 
-template <class Model, class Loss, class Backend, class Transport = transport::InProcess>
+template <class Model, class Loss, class Backend,
+          class Transport = transport::transport_for<Backend>>
 class Executor {
  public:
   template <class T>

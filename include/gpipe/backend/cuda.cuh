@@ -1,0 +1,11 @@
+#pragma once
+// The CUDA backend: virtual devices on NVIDIA GPUs, cuBLAS GEMMs, custom kernels. Needs nvcc.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda.cuh is CUDA code: compile it with nvcc (a .cu file)"
+#endif
+
+#include "gpipe/backend/cuda/backend.cuh"
+#include "gpipe/backend/cuda/kernels.cuh"
+#include "gpipe/backend/cuda/memory.cuh"
+#include "gpipe/transport/cuda.cuh"

@@ -1,0 +1,139 @@
+#pragma once
+// What the CUDA backend keeps per physical GPU and per virtual device. A virtual device is what
+// the runtime calls a device: its own compute stream, copy stream, cuBLAS handle, counted memory
+// and staging buffers, on one physical GPU that other virtual devices may share.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/device.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gpipe/backend/cuda/error.cuh"
+
+namespace gpipe::cuda::detail {
+
+// Makes `gpu` current for the scope and restores the caller's device after, so that the backend
+// does not change the current device of the caller's thread.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int gpu) {
+    GPIPE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (gpu != previous_) GPIPE_CUDA_CHECK(cudaSetDevice(gpu));
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+// One physical GPU of the backend.
+struct GpuState {
+  int id = 0;                       // CUDA device ordinal
+  cudaMemPool_t pool = nullptr;     // every virtual device on this GPU allocates from it
+  cudaEvent_t epoch = nullptr;      // trace times: timing event recorded at set_tracing(true)
+  double epoch_us = 0;              // host time of `epoch`, microseconds since the backend's epoch
+  std::vector<cudaEvent_t> timing;  // idle timing events for traces
+  cudaStream_t send = nullptr;      // NCCL sends from this GPU
+  cudaEvent_t send_done = nullptr;  // recorded on `send` after each send
+  int rank = -1;                    // NCCL rank (index among the backend's GPUs)
+  void* comm = nullptr;             // ncclComm_t when the backend uses NCCL
+};
+
+// Pinned host memory through which upload and download pass, so that a copy from pageable
+// memory never blocks the caller until the stream drains: the caller copies into a pinned block,
+// the stream copies the block to the device. Blocks are reused once their last copy finished (an
+// event per block), at most max_blocks per virtual device; with all of them in flight the caller
+// waits for the oldest.
+class HostStaging {
+ public:
+  static constexpr std::size_t block_bytes = std::size_t{4} << 20;
+  static constexpr std::size_t max_blocks = 8;
+
+  struct Block {
+    void* data = nullptr;
+    cudaEvent_t done = nullptr;  // recorded after the block's last copy
+    std::uint64_t last_use = 0;
+  };
+
+  HostStaging() = default;
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  ~HostStaging() { release_all(); }
+
+  // A block free for the next chunk; the caller's current device is the stream's.
+  Block& acquire() {
+    Block* oldest = nullptr;
+    for (Block& b : blocks_) {
+      const cudaError_t state = cudaEventQuery(b.done);
+      if (state == cudaSuccess) return b;
+      if (state != cudaErrorNotReady) GPIPE_CUDA_CHECK(state);
+      if (oldest == nullptr || b.last_use < oldest->last_use) oldest = &b;
+    }
+    if (blocks_.size() < max_blocks) {
+      Block b;
+      GPIPE_CUDA_CHECK(cudaHostAlloc(&b.data, block_bytes, cudaHostAllocPortable));
+      const cudaError_t made = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
+      if (made != cudaSuccess) {
+        (void)cudaFreeHost(b.data);
+        GPIPE_CUDA_CHECK(made);
+      }
+      blocks_.push_back(b);
+      return blocks_.back();
+    }
+    GPIPE_CUDA_CHECK(cudaEventSynchronize(oldest->done));
+    return *oldest;
+  }
+  // The block is in use until everything enqueued on `stream` so far has run.
+  void release(Block& b, cudaStream_t stream) {
+    b.last_use = ++clock_;
+    GPIPE_CUDA_CHECK(cudaEventRecord(b.done, stream));
+  }
+
+  // Frees every block; the streams that used them must be idle.
+  void release_all() noexcept {
+    for (Block& b : blocks_) {
+      (void)cudaEventDestroy(b.done);
+      (void)cudaFreeHost(b.data);
+    }
+    blocks_.clear();
+  }
+
+ private:
+  std::vector<Block> blocks_;
+  std::uint64_t clock_ = 0;
+};
+
+// One virtual device.
+struct DeviceState {
+  std::size_t index = 0;  // virtual device number
+  GpuState* gpu = nullptr;
+  bool multi_gpu = false;  // the backend spans several GPUs: copies check where pointers live
+  bool nccl = false;       // cross-GPU receives go through NCCL
+  cudaStream_t compute = nullptr;
+  cudaStream_t copy = nullptr;
+  cublasHandle_t blas = nullptr;
+  cudaEvent_t ready = nullptr;  // transfer bookkeeping: compute -> copy stream
+  cudaEvent_t done = nullptr;   // copy stream -> compute
+  float* scratch = nullptr;     // kernel scratch (column-sum partials, per-row losses), uncounted
+  std::size_t scratch_floats = 0;
+  HostStaging staging;
+  std::vector<GpuState>* gpus = nullptr;  // all of the backend's GPUs (for cross-GPU receives)
+};
+
+// The physical GPU that holds device memory `p`.
+inline int gpu_of(const void* p) {
+  cudaPointerAttributes attributes{};
+  GPIPE_CUDA_CHECK(cudaPointerGetAttributes(&attributes, p));
+  return attributes.device;
+}
+
+}  // namespace gpipe::cuda::detail

@@ -1,0 +1,254 @@
+#pragma once
+// gpipe::cuda::Kernels: the CUDA backend's kernel context, the same members with the same
+// meaning as gpipe::host::Kernels<float> (see gpipe/backend/host/kernels.hpp). Every operation is
+// enqueued on the virtual device's compute stream and returns at once; pointers are device
+// memory of that device (copy also accepts memory of other GPUs). The backend hands each piece
+// of work the context of the work's device, with that device's GPU current.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/kernels.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "gpipe/backend/cuda/device.cuh"
+#include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels/bias.cuh"
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
+#include "gpipe/backend/cuda/kernels/gemm.cuh"
+#include "gpipe/backend/cuda/kernels/layer_norm.cuh"
+#include "gpipe/backend/cuda/kernels/loss.cuh"
+#include "gpipe/backend/cuda/kernels/optimizer.cuh"
+
+#if GPIPE_CUDA_NCCL
+#include <nccl.h>
+#endif
+
+namespace gpipe::cuda {
+
+class Backend;
+
+class Kernels {
+ public:
+  using value_type = float;
+
+  std::size_t device() const { return s_->index; }  // the virtual device
+  int gpu() const { return s_->gpu->id; }           // its physical GPU
+  cudaStream_t stream() const { return s_->compute; }
+  cudaStream_t copy_stream() const { return s_->copy; }
+  cublasHandle_t blas() const { return s_->blas; }
+
+  // C(m, n) = alpha op(A) op(B) + beta C, row-major
+  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+            const float* a, const float* b, float beta, float* c) {
+    cuda::gemm(s_->blas, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, s_->compute);
+  }
+  void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
+    bias_add_forward(rows, cols, bias, y, s_->compute);
+  }
+  void bias_grad(std::size_t rows, std::size_t cols, const float* dy, float* db) {
+    bias_grad_backward(rows, cols, dy, db, scratch(bias_grad_scratch(rows, cols)), s_->compute);
+  }
+  void relu_forward(std::size_t n, const float* x, float* y) {
+    cuda::relu_forward(n, x, y, s_->compute);
+  }
+  void relu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
+    cuda::relu_backward(n, x, dy, dx, s_->compute);
+  }
+  void gelu_forward(std::size_t n, const float* x, float* y) {
+    cuda::gelu_forward(n, x, y, s_->compute);
+  }
+  void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
+    cuda::gelu_backward(n, x, dy, dx, s_->compute);
+  }
+  void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
+                          const float* gamma, const float* beta, float* y, float* stats) {
+    cuda::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, s_->compute);
+  }
+  void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
+                                 const float* dy, const float* gamma, const float* stats,
+                                 float* dx) {
+    cuda::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, s_->compute);
+  }
+  void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
+                                  const float* dy, const float* stats, float* dgamma,
+                                  float* dbeta) {
+    cuda::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta,
+                                     scratch(layer_norm_backward_weight_scratch(rows, cols)),
+                                     s_->compute);
+  }
+  void add(std::size_t n, const float* a, const float* b, float* y) {
+    cuda::add(n, a, b, y, s_->compute);
+  }
+  void accumulate(std::size_t n, const float* x, float* y) {
+    cuda::accumulate(n, x, y, s_->compute);
+  }
+  // dst <- src, device to device; src may be on another GPU (a peer copy).
+  void copy(std::size_t n, const float* src, float* dst) {
+    copy_bytes(n * sizeof(float), src, dst);
+  }
+  void fill(std::size_t n, float value, float* dst) { cuda::fill(n, value, dst, s_->compute); }
+
+  // Copies between host memory (pageable or not) and this device's memory, in stream order:
+  // host_src may be reused as soon as upload returns; host_dst holds the data once the backend
+  // has synchronized.
+  template <class U>
+  void upload(std::size_t n, const U* host_src, U* dst) {
+    const auto* src = reinterpret_cast<const unsigned char*>(host_src);
+    auto* out = reinterpret_cast<unsigned char*>(dst);
+    for (std::size_t done = 0, bytes = n * sizeof(U); done < bytes;) {
+      const std::size_t chunk = std::min(bytes - done, detail::HostStaging::block_bytes);
+      detail::HostStaging::Block& block = s_->staging.acquire();
+      std::memcpy(block.data, src + done, chunk);
+      GPIPE_CUDA_CHECK(
+          cudaMemcpyAsync(out + done, block.data, chunk, cudaMemcpyHostToDevice, s_->compute));
+      s_->staging.release(block, s_->compute);
+      done += chunk;
+    }
+  }
+  template <class U>
+  void download(std::size_t n, const U* src, U* host_dst) {
+    const auto* in = reinterpret_cast<const unsigned char*>(src);
+    auto* out = reinterpret_cast<unsigned char*>(host_dst);
+    for (std::size_t done = 0, bytes = n * sizeof(U); done < bytes;) {
+      const std::size_t chunk = std::min(bytes - done, detail::HostStaging::block_bytes);
+      detail::HostStaging::Block& block = s_->staging.acquire();
+      GPIPE_CUDA_CHECK(
+          cudaMemcpyAsync(block.data, in + done, chunk, cudaMemcpyDeviceToHost, s_->compute));
+      // The stream copies the block on to host_dst when it gets there.
+      auto* job = new HostCopy{block.data, out + done, chunk};
+      const cudaError_t error = cudaLaunchHostFunc(s_->compute, &HostCopy::run, job);
+      if (error != cudaSuccess) delete job;
+      GPIPE_CUDA_CHECK(error);
+      s_->staging.release(block, s_->compute);
+      done += chunk;
+    }
+  }
+
+  void softmax_cross_entropy(std::size_t rows, std::size_t classes, const float* logits,
+                             const std::int32_t* targets, float grad_scale, float* dlogits,
+                             float* loss_sum) {
+    softmax_cross_entropy_forward(rows, classes, logits, targets, grad_scale, dlogits, loss_sum,
+                                  scratch(softmax_cross_entropy_scratch(rows)), s_->compute);
+  }
+  void mse(std::size_t n, const float* y, const float* target, float grad_scale, float* dy,
+           float* loss_sum) {
+    mse_forward(n, y, target, grad_scale, dy, loss_sum, scratch(mse_scratch()), s_->compute);
+  }
+  void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov,
+                  bool first_step) {
+    cuda::sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
+                     first_step, s_->compute);
+  }
+  void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
+                    double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
+    cuda::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, s_->compute);
+  }
+
+  // The transport's half of a stage-to-stage hand-over (gpipe::transport::Cuda): dst (n) on this
+  // device <- src (n) on the sender's, after everything enqueued on this device's compute stream
+  // so far (which includes the wait for the sender's event), and before everything enqueued
+  // after. On one GPU: a device-to-device copy on the compute stream. Across GPUs: a peer copy,
+  // or an NCCL send/recv pair when the backend uses NCCL, on the copy stream.
+  template <class U>
+  void receive(std::size_t n, const U* src, U* dst) {
+    const std::size_t bytes = n * sizeof(U);
+    if (bytes == 0) return;
+    const int src_gpu = s_->multi_gpu ? detail::gpu_of(src) : gpu();
+    if (src_gpu == gpu()) {
+      GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_->compute));
+      return;
+    }
+    GPIPE_CUDA_CHECK(cudaEventRecord(s_->ready, s_->compute));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(s_->copy, s_->ready, 0));
+    if (s_->nccl) {
+      nccl_receive(bytes, src, src_gpu, dst);
+    } else {
+      GPIPE_CUDA_CHECK(cudaMemcpyPeerAsync(dst, gpu(), src, src_gpu, bytes, s_->copy));
+    }
+    GPIPE_CUDA_CHECK(cudaEventRecord(s_->done, s_->copy));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(s_->compute, s_->done, 0));
+  }
+
+ private:
+  friend class Backend;
+  explicit Kernels(detail::DeviceState& state) : s_(&state) {}
+
+  struct HostCopy {
+    const void* src;
+    void* dst;
+    std::size_t bytes;
+    static void CUDART_CB run(void* job) {
+      auto* self = static_cast<HostCopy*>(job);
+      std::memcpy(self->dst, self->src, self->bytes);
+      delete self;
+    }
+  };
+
+  void copy_bytes(std::size_t bytes, const void* src, void* dst) {
+    if (bytes == 0) return;
+    if (s_->multi_gpu) {
+      const int src_gpu = detail::gpu_of(src), dst_gpu = detail::gpu_of(dst);
+      if (src_gpu != dst_gpu) {
+        GPIPE_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_gpu, src, src_gpu, bytes, s_->compute));
+        return;
+      }
+    }
+    GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_->compute));
+  }
+
+  // `floats` of kernel scratch, valid for work enqueued on the compute stream until the next
+  // call (growing it frees the old block in stream order). Not counted in memory_stats.
+  float* scratch(std::size_t floats) {
+    if (floats == 0) return nullptr;
+    if (floats > s_->scratch_floats) {
+      const std::size_t grown = std::max(floats, s_->scratch_floats + s_->scratch_floats / 2);
+      if (s_->scratch != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(s_->scratch, s_->compute));
+      s_->scratch = nullptr;
+      s_->scratch_floats = 0;
+      void* p = nullptr;
+      GPIPE_CUDA_CHECK(
+          cudaMallocFromPoolAsync(&p, grown * sizeof(float), s_->gpu->pool, s_->compute));
+      s_->scratch = static_cast<float*>(p);
+      s_->scratch_floats = grown;
+    }
+    return s_->scratch;
+  }
+
+  // NCCL send on the sender GPU's send stream, receive on this device's copy stream, as one
+  // group; the sender's buffer is free once both have finished.
+  void nccl_receive(std::size_t bytes, const void* src, int src_gpu, void* dst) {
+#if GPIPE_CUDA_NCCL
+    detail::GpuState* sender = nullptr;
+    for (detail::GpuState& g : *s_->gpus)
+      if (g.id == src_gpu) sender = &g;
+    if (sender == nullptr || sender->comm == nullptr)
+      throw Error("gpipe: receive from GPU " + std::to_string(src_gpu) +
+                  ", which has no NCCL communicator in this backend");
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(sender->send, s_->ready, 0));
+    GPIPE_NCCL_CHECK(ncclGroupStart());
+    const ncclResult_t sent = ncclSend(src, bytes, ncclUint8, s_->gpu->rank,
+                                       static_cast<ncclComm_t>(sender->comm), sender->send);
+    const ncclResult_t received = ncclRecv(dst, bytes, ncclUint8, sender->rank,
+                                           static_cast<ncclComm_t>(s_->gpu->comm), s_->copy);
+    GPIPE_NCCL_CHECK(ncclGroupEnd());
+    GPIPE_NCCL_CHECK(sent);
+    GPIPE_NCCL_CHECK(received);
+    GPIPE_CUDA_CHECK(cudaEventRecord(sender->send_done, sender->send));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(s_->compute, sender->send_done, 0));
+#else
+    (void)bytes, (void)src, (void)src_gpu, (void)dst;
+    throw Error("gpipe: this build of the CUDA backend has no NCCL (GPIPE_CUDA_NCCL is 0)");
+#endif
+  }
+
+  detail::DeviceState* s_;
+};
+
+}  // namespace gpipe::cuda

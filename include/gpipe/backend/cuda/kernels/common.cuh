@@ -1,0 +1,117 @@
+#pragma once
+// What the CUDA kernels share: packed (16-byte) loads, grid-stride loops, warp and block sums,
+// launch checks. Kernels are templates (on the pack width V), so that a header-only library may
+// define them in every translation unit that includes it.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/kernels/common.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "gpipe/backend/cuda/error.cuh"
+
+namespace gpipe::cuda::detail {
+
+inline constexpr int block_size = 256;
+
+// Pack<T, V>: V consecutive elements, aligned so that one instruction moves them (V = 4 floats:
+// a 16-byte load).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+// Whether every pointer may be read in V-wide packs.
+template <int V, class... T>
+bool aligned(const T*... p) {
+  return ((reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0) && ...);
+}
+
+// Blocks for a grid-stride loop over `items`: one item per thread, capped (the loop covers the
+// rest).
+inline unsigned grid_for(std::size_t items, int block = block_size) {
+  const std::size_t blocks = (items + static_cast<std::size_t>(block) - 1) / block;
+  return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, std::size_t{1} << 20));
+}
+
+__device__ __forceinline__ std::size_t global_thread() {
+  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::size_t grid_threads() {
+  return static_cast<std::size_t>(gridDim.x) * blockDim.x;
+}
+
+// y[i] = f(in_0[i], in_1[i], ...) for i < n, V elements per load. y may alias an input: each
+// pack is read whole before it is written.
+template <int V, class F, class... In>
+__device__ __forceinline__ void map(std::size_t n, F f, float* y, const In*... in) {
+  const std::size_t packs = n / V;
+  for (std::size_t p = global_thread(); p < packs; p += grid_threads()) {
+    Pack<float, V> out;
+    [&](const auto&... args) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = f(args.v[j]...);
+    }(load_pack<V>(in + p * V)...);
+    store_pack<V>(y + p * V, out);
+  }
+  for (std::size_t i = packs * V + global_thread(); i < n; i += grid_threads()) y[i] = f(in[i]...);
+}
+
+// Sum over a warp; every lane gets it.
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. `buf` is
+// 32 elements of shared memory; the fixed tree makes the result independent of timing.
+template <class T>
+__device__ T block_sum(T v, T* buf) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // buf may still be read by a previous call
+  if (lane == 0) buf[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < warps ? buf[lane] : T(0));
+}
+template <class T>
+__device__ T block_max(T v, T* buf) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) buf[warp] = v;
+  __syncthreads();
+  return warp_max(lane < warps ? buf[lane] : buf[0]);
+}
+
+// A power of two in [32, max_threads] threads, about one per element of a row of `n`.
+inline int threads_for_row(std::size_t n, int max_threads = 512) {
+  int threads = 32;
+  while (threads < max_threads && static_cast<std::size_t>(threads) < n) threads *= 2;
+  return threads;
+}
+
+}  // namespace gpipe::cuda::detail

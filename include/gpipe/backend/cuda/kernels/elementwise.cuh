@@ -1,0 +1,136 @@
+#pragma once
+// Elementwise kernels: activations, sums, fill, scale. Kernels are <op>_<dir>_kernel (plain
+// <op>_kernel where an op has no direction), launchers <op>_<dir>(..., stream). Each reads and
+// writes every element once (16-byte packs where the pointers are aligned), so each is bound by
+// memory bandwidth. The host reference of each op is in gpipe/backend/host/kernels/elementwise.hpp.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/kernels/elementwise.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "gpipe/backend/cuda/kernels/common.cuh"
+
+namespace gpipe::cuda {
+
+namespace detail {
+
+inline constexpr float inv_sqrt2 = 0.70710678118654752440f;
+inline constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+
+// Launches kernel<4> when every pointer allows 16-byte packs, else kernel<1>; one thread per pack.
+template <auto Kernel4, auto Kernel1, class... Args>
+void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t stream,
+                Args... args) {
+  if (n == 0) return;
+  if (vectorized) {
+    Kernel4<<<grid_for(n / 4 + 1), block_size, 0, stream>>>(n, args...);
+  } else {
+    Kernel1<<<grid_for(n), block_size, 0, stream>>>(n, args...);
+  }
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) throw_cuda_error(error, name, __FILE__, __LINE__);
+}
+
+}  // namespace detail
+
+// y(n) = max(x, 0)
+template <int V>
+__global__ void relu_forward_kernel(std::size_t n, const float* x, float* y) {
+  detail::map<V>(
+      n, [](float v) { return v > 0.0f ? v : 0.0f; }, y, x);
+}
+inline void relu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
+  detail::launch_map<relu_forward_kernel<4>, relu_forward_kernel<1>>(
+      "relu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+}
+
+// dx(n) = dy * [x > 0]
+template <int V>
+__global__ void relu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
+  detail::map<V>(
+      n, [](float xv, float g) { return xv > 0.0f ? g : 0.0f; }, dx, x, dy);
+}
+inline void relu_backward(std::size_t n, const float* x, const float* dy, float* dx,
+                          cudaStream_t stream) {
+  detail::launch_map<relu_backward_kernel<4>, relu_backward_kernel<1>>(
+      "relu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
+}
+
+// y(n) = 0.5 x (1 + erf(x / sqrt 2))   (exact GELU)
+template <int V>
+__global__ void gelu_forward_kernel(std::size_t n, const float* x, float* y) {
+  detail::map<V>(
+      n, [](float v) { return 0.5f * v * (1.0f + erff(v * detail::inv_sqrt2)); }, y, x);
+}
+inline void gelu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
+  detail::launch_map<gelu_forward_kernel<4>, gelu_forward_kernel<1>>(
+      "gelu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+}
+
+// dx(n) = dy (Phi(x) + x phi(x))
+template <int V>
+__global__ void gelu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
+  detail::map<V>(
+      n,
+      [](float v, float g) {
+        const float cdf = 0.5f * (1.0f + erff(v * detail::inv_sqrt2));
+        const float pdf = detail::inv_sqrt_2pi * expf(-0.5f * v * v);
+        return g * (cdf + v * pdf);
+      },
+      dx, x, dy);
+}
+inline void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx,
+                          cudaStream_t stream) {
+  detail::launch_map<gelu_backward_kernel<4>, gelu_backward_kernel<1>>(
+      "gelu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
+}
+
+// y(n) = a + b   (y may alias a or b)
+template <int V>
+__global__ void add_kernel(std::size_t n, const float* a, const float* b, float* y) {
+  detail::map<V>(
+      n, [](float u, float v) { return u + v; }, y, a, b);
+}
+inline void add(std::size_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
+  detail::launch_map<add_kernel<4>, add_kernel<1>>("add_kernel", n, detail::aligned<4>(a, b, y),
+                                                   stream, a, b, y);
+}
+
+// y(n) += x
+template <int V>
+__global__ void accumulate_kernel(std::size_t n, const float* x, float* y) {
+  detail::map<V>(
+      n, [](float u, float v) { return u + v; }, y, y, x);
+}
+inline void accumulate(std::size_t n, const float* x, float* y, cudaStream_t stream) {
+  detail::launch_map<accumulate_kernel<4>, accumulate_kernel<1>>(
+      "accumulate_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+}
+
+// y(n) = value
+template <int V>
+__global__ void fill_kernel(std::size_t n, float value, float* y) {
+  detail::map<V>(
+      n, [value] { return value; }, y);
+}
+inline void fill(std::size_t n, float value, float* y, cudaStream_t stream) {
+  detail::launch_map<fill_kernel<4>, fill_kernel<1>>("fill_kernel", n, detail::aligned<4>(y),
+                                                     stream, value, y);
+}
+
+// y(n) *= alpha
+template <int V>
+__global__ void scale_kernel(std::size_t n, float alpha, float* y) {
+  detail::map<V>(
+      n, [alpha](float v) { return alpha * v; }, y, y);
+}
+inline void scale(std::size_t n, float alpha, float* y, cudaStream_t stream) {
+  detail::launch_map<scale_kernel<4>, scale_kernel<1>>("scale_kernel", n, detail::aligned<4>(y),
+                                                       stream, alpha, y);
+}
+
+}  // namespace gpipe::cuda

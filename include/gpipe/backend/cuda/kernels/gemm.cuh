@@ -1,0 +1,51 @@
+#pragma once
+// Row-major GEMM through cuBLAS (column-major): C(m, n) = alpha op(A) op(B) + beta C.
+//
+// A row-major (r, c) matrix is the column-major (c, r) matrix of its transpose, so
+//   C^T(n, m) = op(B)^T(n, k) op(A)^T(k, m)
+// is one column-major cublasSgemm with the operands swapped and the same transposition flags,
+// leading dimensions as the host reference (gpipe/backend/host/kernels/gemm.hpp). The handle
+// carries the stream and the math mode (TF32 or not; see BackendOptions::tf32).
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/kernels/gemm.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstddef>
+#include <string>
+
+#include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
+
+namespace gpipe::cuda {
+
+// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
+// when trans_b. All dense row-major, device memory of the handle's device.
+inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                 std::size_t k, float alpha, const float* a, const float* b, float beta, float* c,
+                 cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta C, without reading C when beta == 0 (as the host reference)
+    if (beta == 0.0f) {
+      fill(m * n, 0.0f, c, stream);
+    } else if (beta != 1.0f) {
+      scale(m * n, beta, c, stream);
+    }
+    return;
+  }
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+    throw Error("gpipe: gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                std::to_string(k) + ") exceeds cuBLAS's 32-bit dimensions");
+  const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int lda = trans_a ? mi : ki;
+  const int ldb = trans_b ? ki : ni;
+  GPIPE_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ni, mi, ki, &alpha, b, ldb, a,
+                                 lda, &beta, c, ni));
+}
+
+}  // namespace gpipe::cuda

@@ -1,0 +1,147 @@
+#pragma once
+// Loss kernels: each writes the loss summed over its rows to loss_sum[0] (device memory, one
+// float, overwritten) and the gradient of grad_scale * that sum with respect to its input. Host
+// reference: gpipe/backend/host/kernels/loss.hpp (which computes in double; these in float).
+// Sums run in fixed trees and a final single-block pass, so results do not depend on timing.
+
+#ifndef __CUDACC__
+#error "gpipe/backend/cuda/kernels/loss.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "gpipe/backend/cuda/kernels/common.cuh"
+
+namespace gpipe::cuda {
+
+// out[0] = sum of partial(n), one block of 1024 threads, in a fixed order
+template <class T>
+__global__ void sum_kernel(std::size_t n, const T* partial, T* out) {
+  __shared__ T buf[32];
+  T sum = 0;
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i];
+  sum = detail::block_sum(sum, buf);
+  if (threadIdx.x == 0) out[0] = sum;
+}
+inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
+  sum_kernel<float><<<1, 1024, 0, stream>>>(n, partial, out);
+  GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
+}
+
+// One block per row r of logits (rows, classes), target t = targets[r]:
+//   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
+//   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
+// The row's max and sum of exponentials come from one online pass; the second pass, which
+// finds the row in cache, writes the gradient. A target outside [0, classes) (the Trainer
+// rejects those before) gives a NaN loss rather than a wild read.
+template <int V>
+__global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
+                                                     const float* logits,
+                                                     const std::int32_t* targets, float grad_scale,
+                                                     float* dlogits, float* partial) {
+  __shared__ float buf[32];
+  const std::size_t row = blockIdx.x;
+  const float* z = logits + row * classes;
+  float m = -INFINITY, s = 0;  // running max and sum of exp(z - m) of this thread's entries
+  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) {
+    const float v = z[c];
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  const float row_max = detail::block_max(m, buf);
+  const float row_sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), buf);
+  const float log_sum = row_max + logf(row_sum);
+
+  const std::int32_t t = targets[row];
+  const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
+  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) {
+    const float p = expf(z[c] - log_sum);
+    dlogits[row * classes + c] =
+        grad_scale * (p - (valid && c == static_cast<std::size_t>(t) ? 1.0f : 0.0f));
+  }
+  if (threadIdx.x == 0) partial[row] = valid ? log_sum - z[t] : NAN;
+}
+// Floats of scratch that softmax_cross_entropy_forward needs.
+inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }
+inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
+                                          const float* logits, const std::int32_t* targets,
+                                          float grad_scale, float* dlogits, float* loss_sum,
+                                          float* scratch, cudaStream_t stream) {
+  if (rows == 0 || classes == 0) {
+    GPIPE_CUDA_CHECK(cudaMemsetAsync(loss_sum, 0, sizeof(float), stream));
+    return;
+  }
+  // One block per row; launches of at most 2^26 rows keep grid.x far inside its limit.
+  constexpr std::size_t max_rows = std::size_t{1} << 26;
+  for (std::size_t first = 0; first < rows; first += max_rows) {
+    const std::size_t count = std::min(rows - first, max_rows);
+    softmax_cross_entropy_forward_kernel<1>
+        <<<static_cast<unsigned>(count), detail::threads_for_row(classes), 0, stream>>>(
+            count, classes, logits + first * classes, targets + first, grad_scale,
+            dlogits + first * classes, scratch + first);
+    GPIPE_CUDA_CHECK_LAUNCH("softmax_cross_entropy_forward_kernel");
+  }
+  sum(rows, scratch, loss_sum, stream);
+}
+
+// d = y - target over n elements: dy = grad_scale * 2 d; each block's sum of d^2 into
+// partial(gridDim.x)
+template <int V>
+__global__ void mse_forward_kernel(std::size_t n, const float* y, const float* target,
+                                   float grad_scale, float* dy, float* partial) {
+  __shared__ float buf[32];
+  const float scale2 = 2.0f * grad_scale;
+  float acc = 0;
+  const std::size_t packs = n / V;
+  for (std::size_t p = detail::global_thread(); p < packs; p += detail::grid_threads()) {
+    const detail::Pack<float, V> yv = detail::load_pack<V>(y + p * V);
+    const detail::Pack<float, V> tv = detail::load_pack<V>(target + p * V);
+    detail::Pack<float, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = yv.v[j] - tv.v[j];
+      acc += d * d;
+      out.v[j] = scale2 * d;
+    }
+    detail::store_pack<V>(dy + p * V, out);
+  }
+  for (std::size_t i = packs * V + detail::global_thread(); i < n; i += detail::grid_threads()) {
+    const float d = y[i] - target[i];
+    acc += d * d;
+    dy[i] = scale2 * d;
+  }
+  acc = detail::block_sum(acc, buf);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+inline constexpr unsigned mse_max_blocks = 1024;
+// Floats of scratch that mse_forward needs.
+inline std::size_t mse_scratch() { return mse_max_blocks; }
+inline void mse_forward(std::size_t n, const float* y, const float* target, float grad_scale,
+                        float* dy, float* loss_sum, float* scratch, cudaStream_t stream) {
+  if (n == 0) {
+    GPIPE_CUDA_CHECK(cudaMemsetAsync(loss_sum, 0, sizeof(float), stream));
+    return;
+  }
+  const bool vectorized = detail::aligned<4>(y, target, dy);
+  const unsigned blocks = std::min(detail::grid_for(vectorized ? n / 4 + 1 : n), mse_max_blocks);
+  if (vectorized) {
+    mse_forward_kernel<4>
+        <<<blocks, detail::block_size, 0, stream>>>(n, y, target, grad_scale, dy, scratch);
+  } else {
+    mse_forward_kernel<1>
+        <<<blocks, detail::block_size, 0, stream>>>(n, y, target, grad_scale, dy, scratch);
+  }
+  GPIPE_CUDA_CHECK_LAUNCH("mse_forward_kernel");
+  sum(blocks, scratch, loss_sum, stream);
+}
+
+}  // namespace gpipe::cuda

@@ -1,0 +1,16 @@
+#pragma once
+// gpipe with the CUDA backend: everything <gpipe/gpipe.hpp> has, plus gpipe::cuda::Backend.
+// Compile with nvcc (a .cu file) and link the CMake target gpipe::cuda (CUDA runtime, cuBLAS, and
+// NCCL where it was found).
+//
+//   gpipe::cuda::Backend backend(4);   // 4 virtual devices, spread over the GPUs there are
+//   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend> trainer(
+//       backend, {.micro_batches = 8});
+
+#ifndef __CUDACC__
+#error \
+    "gpipe/cuda.cuh is CUDA code: compile it with nvcc (a .cu file); <gpipe/gpipe.hpp> is the host-only library"
+#endif
+
+#include "gpipe/backend/cuda.cuh"
+#include "gpipe/gpipe.hpp"

@@ -1,0 +1,30 @@
+#pragma once
+// CUDA transport: hands a stage's output (or input gradient) to the neighbouring stage's virtual
+// device of a gpipe::cuda::Backend. The receiving device's work enqueues the hand-over after its
+// wait for the sender's event, into memory it allocated itself (so the bytes are counted where
+// they live); the executor frees the sender's buffer right after, in the receiver's stream order.
+//   same GPU:       a device-to-device copy on the receiver's compute stream
+//   different GPUs: a peer copy on the receiver's copy stream, or an NCCL send/recv pair when
+//                   the backend was built with a NCCL communicator (BackendOptions::nccl); the
+//                   compute stream waits for it by an event
+// See gpipe::cuda::Kernels::receive.
+
+#ifndef __CUDACC__
+#error "gpipe/transport/cuda.cuh is CUDA code: compile it with nvcc (see gpipe/cuda.cuh)"
+#endif
+
+#include <cstddef>
+
+#include "gpipe/backend/cuda/kernels.cuh"
+
+namespace gpipe::transport {
+
+struct Cuda {
+  // dst (n) on the receiver's device <- src (n) on the sender's device
+  template <class T>
+  static void receive(cuda::Kernels& receiver, const T* src, T* dst, std::size_t n) {
+    receiver.receive(n, src, dst);
+  }
+};
+
+}  // namespace gpipe::transport

@@ -1,0 +1,23 @@
+#pragma once
+// transport_for<Backend>: how the runtime hands activations and gradients between the stages of
+// a Backend. Backend::transport when the backend names one (gpipe::cuda::Backend: peer copies on
+// copy streams, or NCCL), else transport::InProcess (a copy by the receiving device's kernels).
+
+#include "gpipe/transport/in_process.hpp"
+
+namespace gpipe::transport {
+
+template <class Backend>
+struct default_transport {
+  using type = InProcess;
+};
+template <class Backend>
+requires requires { typename Backend::transport; }
+struct default_transport<Backend> {
+  using type = typename Backend::transport;
+};
+
+template <class Backend>
+using transport_for = typename default_transport<Backend>::type;
+
+}  // namespace gpipe::transport
