@@ -6,7 +6,12 @@
 #include <string>
 #include <thread>
 
+// A program may define this to take its own flags out of argv before Google Benchmark parses
+// them (weak: most programs do not).
+extern "C" int gpipe_bench_preparse(int* argc, char** argv) __attribute__((weak));
+
 int main(int argc, char** argv) {
+  if (gpipe_bench_preparse != nullptr && gpipe_bench_preparse(&argc, argv) != 0) return 1;
   benchmark::AddCustomContext("gpipe_version", "0.1.0");
   benchmark::AddCustomContext("gpipe_hardware_threads",
                               std::to_string(std::thread::hardware_concurrency()));

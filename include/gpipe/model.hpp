@@ -2,6 +2,7 @@
 // The model layer: layer concept, built-in layers, Stage, Pipeline, losses (compile time).
 
 #include "gpipe/model/activation.hpp"
+#include "gpipe/model/checkpoint.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/layer_norm.hpp"
 #include "gpipe/model/linear.hpp"

@@ -67,6 +67,17 @@ struct WorkLabel {
   std::size_t stage = none;
   std::size_t micro_batch = none;
   bool internal = false;  // stream bookkeeping (event record and wait): not traced
+  bool compute = false;   // a forward, backward_input or backward_weight: counts as busy time
+};
+
+// Compute time of one device since the last take: the sum of its compute work's durations and
+// the span from the first compute start to the last compute end (microseconds since the
+// backend's epoch; both 0 when no compute ran).
+struct ComputeTiming {
+  double busy_us = 0;
+  double first_start_us = 0;
+  double last_end_us = 0;
+  std::size_t ops = 0;
 };
 
 // One piece of stream work as it ran: microseconds since the backend's epoch.

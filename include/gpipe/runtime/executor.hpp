@@ -27,6 +27,7 @@
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/op.hpp"
+#include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/select.hpp"
 
 namespace gpipe::detail {
@@ -59,9 +60,10 @@ class Executor {
   };
 
   // params[s], grads[s]: stage s's flat parameter and gradient arrays on its device.
-  Executor(Backend& backend, const Schedule& schedule, std::span<Buffer<float>> params,
-           std::span<Buffer<float>> grads)
-      : backend_(backend), schedule_(schedule), params_(params), grads_(grads) {}
+  // order: issue_order(schedule), computed once by the owner.
+  Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
+           std::span<Buffer<float>> params, std::span<Buffer<float>> grads)
+      : backend_(backend), schedule_(schedule), order_(order), params_(params), grads_(grads) {}
 
   // Runs the step; returns the summed loss of every micro-batch. Throws (from the backend's
   // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
@@ -73,8 +75,10 @@ class Executor {
     const std::size_t last_device = schedule_.device_of_stage(K - 1);
     try {
       loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
-      for (std::size_t d = 0; d < schedule_.num_devices; ++d)
-        for (const Op& op : schedule_.ops[d]) issue(d, op);
+      // Every record is issued before the waits for it: a CUDA stream that waits on an event
+      // not yet recorded does not wait at all.
+      for (const OpPlace& place : order_)
+        issue(place.device, schedule_.ops[place.device][place.position]);
       backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
         k.download(M, loss_.data(), losses.data());
       });
@@ -106,7 +110,8 @@ class Executor {
       for (std::size_t mb = 0; mb < M; ++mb) {
         for (std::size_t s = 0; s < K; ++s) {
           const std::size_t device = schedule_.device_of_stage(s);
-          const WorkLabel label{"forward (inference)", s, mb};
+          const WorkLabel label{
+              .what = "forward (inference)", .stage = s, .micro_batch = mb, .compute = true};
           if (s > 0) {
             backend_.wait(device, slot(s - 1, mb, M).activation_ready);
             submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input,
@@ -151,7 +156,8 @@ class Executor {
   void issue(std::size_t device, const Op& op) {
     const std::size_t s = schedule_.stage_of(device, op.chunk);
     const std::size_t mb = op.micro_batch;
-    const WorkLabel label{to_string(op.kind), s, mb};
+    const WorkLabel label{
+        .what = to_string(op.kind), .stage = s, .micro_batch = mb, .compute = is_compute(op.kind)};
     switch (op.kind) {
       case OpKind::forward:
         return visit_stage<K>(
@@ -317,6 +323,7 @@ class Executor {
 
   Backend& backend_;
   const Schedule& schedule_;
+  std::span<const OpPlace> order_;
   std::span<Buffer<float>> params_, grads_;
   const Step* step_ = nullptr;
   std::vector<Slot> slots_;

@@ -49,14 +49,14 @@ template <class Model>
 std::vector<StageSizes> stage_sizes() {
   std::vector<StageSizes> out;
   [&]<std::size_t... S>(std::index_sequence<S...>) {
-    (out.push_back({Model::template stage_t<S>::in_features,
-                    Model::template stage_t<S>::out_features,
-                    Model::template stage_t<S>::stash_per_row,
-                    Model::template stage_t<S>::grad_stash_per_row,
-                    workspace_per_row_v<typename Model::template stage_t<S>>,
-                    Model::template stage_t<S>::num_params}),
+    (out.push_back(
+         {Model::template stage_t<S>::in_features, Model::template stage_t<S>::out_features,
+          Model::template stage_t<S>::stash_per_row, Model::template stage_t<S>::grad_stash_per_row,
+          workspace_per_row_v<typename Model::template stage_t<S>>,
+          Model::template stage_t<S>::num_params}),
      ...);
-  }(std::make_index_sequence<Model::num_stages>{});
+  }
+  (std::make_index_sequence<Model::num_stages>{});
   return out;
 }
 
@@ -94,7 +94,9 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
       const detail::StageSizes& z = st[s];
       const bool last = s + 1 == S;
       switch (op.kind) {
-        case OpKind::recv_activation: grow(n * z.in * f); break;
+        case OpKind::recv_activation:
+          grow(n * z.in * f);
+          break;
         case OpKind::forward:
           if (s == 0) grow(n * z.in * f);
           grow(n * z.stash * f);
@@ -108,14 +110,15 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
         case OpKind::backward_weight:
           current -= n * (z.in + z.stash + (last ? z.out : 0)) * f;
           break;
-        default: break;
+        default:
+          break;
       }
       // Workspace: within one op at most an output or recompute scratch, the input and output
       // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
       // output and input gradient not yet received by the neighbouring stage.
-      workspace = std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash +
-                                                  z.workspace) * f +
-                                          max_rows * target_bytes_per_row);
+      workspace =
+          std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash + z.workspace) * f +
+                                  max_rows * target_bytes_per_row);
     }
     // Outputs and input gradients waiting for a neighbour, at most every micro-batch of every
     // stage on the device, and the per-micro-batch losses.

@@ -50,6 +50,16 @@ class Trainer {
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
 
+  // What the last forward_backward measured: busy time per device (compute ops only) and the
+  // makespan from the first compute start to the last compute end, over all devices. The
+  // bubble is the idle fraction of the devices' time in between, 1 - busy / (K makespan).
+  struct StepStats {
+    double makespan_us = 0;
+    double busy_us = 0;  // summed over devices
+    double bubble_fraction = 0;
+    std::vector<ComputeTiming> devices;
+  };
+
   struct Options {
     std::size_t micro_batches = 1;
     Remat remat = Remat::never;
@@ -68,6 +78,7 @@ class Trainer {
                         std::to_string(backend.num_devices()));
     schedule_ = ScheduleKind::make(num_devices, options.micro_batches);
     require_valid(schedule_);
+    issue_order_ = issue_order(schedule_);
     for (std::size_t s = 0; s < num_stages; ++s) {
       const std::size_t d = device_of_stage(s);
       params_.push_back(
@@ -107,9 +118,12 @@ class Trainer {
                         std::to_string(per_row) + ")");
     Loss::check(y, out);
 
-    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
+                                                    grads_);
+    take_timing();  // start this step's count afresh
     const double total =
         executor.run({.x = x, .y = y, .split = {rows, M}, .remat = options_.remat});
+    last_step_ = measure_step(take_timing());
     return static_cast<float>(total / Loss::normalizer(rows, out));
   }
 
@@ -124,10 +138,14 @@ class Trainer {
                                                           std::to_string(in) + ", row-major)");
     const std::size_t rows = x.size() / in;
     std::vector<float> out(rows * Model::out_features);
-    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, params_, grads_);
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
+                                                    grads_);
     executor.run_forward(x, {rows, std::min(rows, options_.micro_batches)}, out);
     return out;
   }
+
+  // Timing of the last successful forward_backward (empty if the backend does not time work).
+  const StepStats& last_step() const { return last_step_; }
 
   void zero_grad() {
     for (std::size_t s = 0; s < num_stages; ++s) {
@@ -205,6 +223,35 @@ class Trainer {
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
 
  private:
+  std::vector<ComputeTiming> take_timing() {
+    if constexpr (requires { backend_.take_timing(); }) {
+      return backend_.take_timing();
+    } else {
+      return {};
+    }
+  }
+  StepStats measure_step(std::vector<ComputeTiming> devices) const {
+    StepStats stats;
+    double first = 0, last = 0;
+    bool any = false;
+    for (std::size_t d = 0; d < devices.size() && d < num_devices; ++d) {
+      const ComputeTiming& t = devices[d];
+      if (t.ops == 0) continue;
+      first = any ? std::min(first, t.first_start_us) : t.first_start_us;
+      last = any ? std::max(last, t.last_end_us) : t.last_end_us;
+      any = true;
+      stats.busy_us += t.busy_us;
+    }
+    devices.resize(std::min(devices.size(), num_devices));
+    stats.devices = std::move(devices);
+    if (!any) return stats;
+    stats.makespan_us = last - first;
+    if (stats.makespan_us > 0)
+      stats.bubble_fraction =
+          1 - stats.busy_us / (static_cast<double>(num_devices) * stats.makespan_us);
+    return stats;
+  }
+
   void initialize(std::uint64_t seed) {
     Rng rng(seed);
     std::vector<std::vector<float>> host(num_stages);
@@ -273,8 +320,10 @@ class Trainer {
   Options options_;
   std::vector<ParameterInfo> infos_;
   Schedule schedule_;
+  std::vector<OpPlace> issue_order_;
   std::vector<Buffer<float>> params_, grads_, optimizer_state_;
   const std::type_info* optimizer_type_ = nullptr;
+  StepStats last_step_;
   std::size_t optimizer_steps_ = 0;
 };
 

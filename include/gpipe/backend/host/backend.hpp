@@ -92,6 +92,16 @@ class Backend {
     return all;
   }
 
+  // Compute time per device since the last call (see ComputeTiming).
+  std::vector<ComputeTiming> take_timing() {
+    std::vector<ComputeTiming> out;
+    for (auto& s : streams_) {
+      s->synchronize();
+      out.push_back(s->take_timing());
+    }
+    return out;
+  }
+
   // Skips all work not yet run and releases every event wait; the next synchronize() returns
   // normally once the streams are idle. For a caller that cannot finish issuing a step.
   void cancel() {

@@ -26,7 +26,15 @@
 
 namespace gpipe::host {
 
-// State shared by the streams of one backend: event flags, and the first failure.
+// An event's state: recorded yet, and the condition variables of the streams blocked on it.
+struct EventState {
+  bool recorded = false;
+  std::vector<std::condition_variable*> waiters;
+};
+
+// State shared by the streams of one backend: event states, and the first failure. One mutex
+// guards both, so that a failure can release every blocked wait; a record wakes only the
+// streams that wait for that event.
 class StreamGroup {
  public:
   struct Failure {
@@ -35,12 +43,10 @@ class StreamGroup {
   };
 
   void fail(std::exception_ptr error, std::string where) {
-    {
-      std::lock_guard lock(mu_);
-      if (!failure_.error) failure_ = {std::move(error), std::move(where)};
-      failed_ = true;
-    }
-    cv_.notify_all();
+    std::lock_guard lock(mu_);
+    if (!failure_.error) failure_ = {std::move(error), std::move(where)};
+    failed_ = true;
+    for (std::condition_variable* cv : streams_) cv->notify_all();
   }
   bool failed() const {
     std::lock_guard lock(mu_);
@@ -53,35 +59,45 @@ class StreamGroup {
     return std::exchange(failure_, {});
   }
 
-  // Events: a flag per event, guarded by the group's mutex so that a failure can wake waiters.
-  void record(const std::shared_ptr<bool>& flag) {
-    {
-      std::lock_guard lock(mu_);
-      *flag = true;
-    }
-    cv_.notify_all();
+  // A stream's condition variable for event waits, woken on failure.
+  void attach(std::condition_variable* cv) {
+    std::lock_guard lock(mu_);
+    streams_.push_back(cv);
   }
-  // Returns once the event is recorded or the group has failed.
-  void wait(const std::shared_ptr<bool>& flag) {
+  void detach(std::condition_variable* cv) {
+    std::lock_guard lock(mu_);
+    std::erase(streams_, cv);
+  }
+
+  void record(EventState& event) {
+    std::lock_guard lock(mu_);
+    event.recorded = true;
+    for (std::condition_variable* cv : event.waiters) cv->notify_one();
+  }
+  // Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
+  void wait(EventState& event, std::condition_variable& cv) {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return *flag || failed_; });
+    if (event.recorded || failed_) return;
+    event.waiters.push_back(&cv);
+    cv.wait(lock, [&] { return event.recorded || failed_; });
+    std::erase(event.waiters, &cv);
   }
 
  private:
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   bool failed_ = false;
   Failure failure_;
+  std::vector<std::condition_variable*> streams_;
 };
 
 // A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
 class Event {
  public:
-  Event() : flag_(std::make_shared<bool>(false)) {}
+  Event() : state_(std::make_shared<EventState>()) {}
 
  private:
   friend class Stream;
-  std::shared_ptr<bool> flag_;
+  std::shared_ptr<EventState> state_;
 };
 
 // One device's in-order queue of work, run by its own thread.
@@ -92,9 +108,10 @@ class Stream {
   using Clock = std::chrono::steady_clock;
 
   Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now())
-      : device_(device), group_(group), epoch_(epoch), kernels_(device), thread_([this] {
-          run();
-        }) {}
+      : device_(device), group_(group), epoch_(epoch), kernels_(device) {
+    group_.attach(&event_cv_);
+    thread_ = std::thread([this] { run(); });
+  }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -108,6 +125,7 @@ class Stream {
     work_cv_.notify_all();
     group_.fail(nullptr, {});  // wakes a worker blocked in an event wait
     thread_.join();
+    group_.detach(&event_cv_);
   }
 
   void submit(WorkLabel label, Work work) {
@@ -120,11 +138,11 @@ class Stream {
   }
   void record(const Event& event) {
     submit({.what = "record event", .internal = true},
-           [this, flag = event.flag_](Kernels<float>&) { group_.record(flag); });
+           [this, state = event.state_](Kernels<float>&) { group_.record(*state); });
   }
   void wait(const Event& event) {
     submit({.what = "wait event", .internal = true},
-           [this, flag = event.flag_](Kernels<float>&) { group_.wait(flag); });
+           [this, state = event.state_](Kernels<float>&) { group_.wait(*state, event_cv_); });
   }
 
   // Blocks until every piece of work submitted so far has run (or been skipped).
@@ -144,6 +162,11 @@ class Stream {
     std::lock_guard lock(mu_);
     return std::exchange(trace_, {});
   }
+  // Compute time since the last call (always measured: two clock reads per compute item).
+  ComputeTiming take_timing() {
+    std::lock_guard lock(mu_);
+    return std::exchange(timing_, {});
+  }
 
  private:
   struct Item {
@@ -162,21 +185,27 @@ class Stream {
         queue_.pop_front();
       }
       const bool traced = tracing_.load(std::memory_order_relaxed) && !item.label.internal;
+      const bool timed = traced || item.label.compute;
       double start_us = 0, end_us = 0;
       if (!group_.failed()) {
-        if (traced) start_us = since_epoch();
+        if (timed) start_us = since_epoch();
         try {
           item.work(kernels_);
         } catch (...) {
           group_.fail(std::current_exception(), describe(item.label, device_));
         }
-        if (traced) end_us = since_epoch();
+        if (timed) end_us = since_epoch();
       }
       item.work = nullptr;  // release captured resources before reporting idle
       {
         std::lock_guard lock(mu_);
         if (traced && end_us > 0) trace_.push_back({device_, item.label, start_us, end_us});
-        --pending_;
+        if (item.label.compute && end_us > 0) {
+          if (timing_.ops++ == 0) timing_.first_start_us = start_us;
+          timing_.busy_us += end_us - start_us;
+          timing_.last_end_us = end_us;
+        }
+        if (--pending_ != 0) continue;
       }
       idle_cv_.notify_all();
     }
@@ -191,9 +220,10 @@ class Stream {
   Clock::time_point epoch_;
   std::atomic<bool> tracing_{false};
   std::vector<TraceEvent> trace_;
+  ComputeTiming timing_;
   Kernels<float> kernels_;
   std::mutex mu_;
-  std::condition_variable work_cv_, idle_cv_;
+  std::condition_variable work_cv_, idle_cv_, event_cv_;
   std::deque<Item> queue_;
   std::size_t pending_ = 0;
   bool stopping_ = false;
