@@ -1,0 +1,337 @@
+// The CUDA backend's kernels on large tensors (far past the L2 cache), each next to the ceilings
+// measured in the same run (bench/support/cuda.cuh):
+//   memory-bound kernels   GB/s moved (each input read once, each output written once) and its
+//                          share of the device-to-device copy bandwidth (%copy); target >= 70%
+//   Linear forward+backward TFLOP/s and x_cublas = its time over the time of the same three
+//                          cuBLAS SGEMMs alone (bias add and bias gradient are the difference);
+//                          target <= 1.10
+//
+//   build/<preset>/bench/bench_cuda_kernels --benchmark_min_time=0.05
+
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "gpipe/cuda.cuh"
+#include "support/cuda.cuh"
+
+namespace {
+
+using gpipe::bench::report_bandwidth;
+using gpipe::bench::report_flops;
+using gpipe::bench::time_launches;
+using gpipe::cuda::Kernels;
+
+constexpr int reps = 10;                             // launches per timed iteration
+constexpr double f32 = 4.0;                          // bytes per element
+constexpr std::int64_t big = std::int64_t{1} << 26;  // 256 MiB per float tensor
+
+gpipe::cuda::Backend& backend() {
+  static gpipe::cuda::Backend b(1);
+  return b;
+}
+
+// Runs f(k) as work on device 0: k enqueues on its compute stream, and f may wait for events.
+template <class F>
+void on_device(F&& f) {
+  backend().submit(0, {"benchmark"}, [&](Kernels& k) { f(k); });
+  backend().synchronize();
+}
+
+// Device tensors of one benchmark, random in [lo, hi), freed when it ends.
+class Tensors {
+ public:
+  float* make(std::size_t n, float lo = -1, float hi = 1) {
+    buffers_.push_back(backend().allocate<float>(0, n));
+    float* p = buffers_.back().data();
+    on_device([&](Kernels& k) { gpipe::bench::random_fill(n, seed_++, lo, hi, p, k.stream()); });
+    return p;
+  }
+  std::int32_t* classes(std::size_t rows, std::size_t classes) {
+    std::vector<std::int32_t> host(rows);
+    for (std::size_t r = 0; r < rows; ++r)
+      host[r] = static_cast<std::int32_t>((r * 2654435761u) % classes);
+    ints_.push_back(backend().allocate<std::int32_t>(0, rows));
+    std::int32_t* p = ints_.back().data();
+    on_device([&](Kernels& k) { k.upload(rows, host.data(), p); });
+    return p;
+  }
+
+ private:
+  std::vector<gpipe::cuda::Buffer<float>> buffers_;
+  std::vector<gpipe::cuda::Buffer<std::int32_t>> ints_;
+  std::uint32_t seed_ = 1;
+};
+
+// An elementwise op over n elements that reads `reads` tensors and writes `writes`.
+template <class Launch>
+void elementwise(benchmark::State& state, int reads, int writes, Launch launch) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  Tensors t;
+  std::vector<float*> p;
+  for (int i = 0; i < 3; ++i) p.push_back(t.make(n));
+  on_device([&](Kernels& k) {
+    const double s =
+        time_launches(state, k.stream(), reps, [&] { launch(k, n, p[0], p[1], p[2]); });
+    report_bandwidth(state, (reads + writes) * f32 * static_cast<double>(n), s);
+  });
+}
+
+void BM_copy(benchmark::State& state) {
+  elementwise(state, 1, 1,
+              [](Kernels& k, std::size_t n, float* a, float*, float* y) { k.copy(n, a, y); });
+}
+void BM_fill(benchmark::State& state) {
+  elementwise(state, 0, 1,
+              [](Kernels& k, std::size_t n, float*, float*, float* y) { k.fill(n, 0.5f, y); });
+}
+void BM_relu_forward(benchmark::State& state) {
+  elementwise(state, 1, 1, [](Kernels& k, std::size_t n, float* x, float*, float* y) {
+    k.relu_forward(n, x, y);
+  });
+}
+void BM_relu_backward(benchmark::State& state) {
+  elementwise(state, 2, 1, [](Kernels& k, std::size_t n, float* x, float* dy, float* dx) {
+    k.relu_backward(n, x, dy, dx);
+  });
+}
+void BM_gelu_forward(benchmark::State& state) {
+  elementwise(state, 1, 1, [](Kernels& k, std::size_t n, float* x, float*, float* y) {
+    k.gelu_forward(n, x, y);
+  });
+}
+void BM_gelu_backward(benchmark::State& state) {
+  elementwise(state, 2, 1, [](Kernels& k, std::size_t n, float* x, float* dy, float* dx) {
+    k.gelu_backward(n, x, dy, dx);
+  });
+}
+void BM_add(benchmark::State& state) {
+  elementwise(state, 2, 1,
+              [](Kernels& k, std::size_t n, float* a, float* b, float* y) { k.add(n, a, b, y); });
+}
+void BM_accumulate(benchmark::State& state) {
+  elementwise(state, 2, 1,
+              [](Kernels& k, std::size_t n, float* x, float*, float* y) { k.accumulate(n, x, y); });
+}
+void BM_mse(benchmark::State& state) {
+  // y, target read; dy written (the loss is one float)
+  elementwise(state, 2, 1, [](Kernels& k, std::size_t n, float* y, float* t, float* dy) {
+    k.mse(n, y, t, 1e-6f, dy, t);  // loss into t[0]: harmless, t is only read elsewhere
+  });
+}
+BENCHMARK(BM_copy)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_fill)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_relu_forward)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_relu_backward)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gelu_forward)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gelu_backward)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_add)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_accumulate)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_mse)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// (rows, cols) matrices: bias, LayerNorm, softmax cross-entropy.
+void BM_bias_add(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* y = t.make(rows * cols);
+  float* b = t.make(cols);
+  on_device([&](Kernels& k) {
+    const double s = time_launches(state, k.stream(), reps, [&] { k.bias_add(rows, cols, b, y); });
+    report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_bias_grad(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* dy = t.make(rows * cols);
+  float* db = t.make(cols);
+  on_device([&](Kernels& k) {
+    const double s =
+        time_launches(state, k.stream(), reps, [&] { k.bias_grad(rows, cols, dy, db); });
+    report_bandwidth(state, f32 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_layer_norm_forward(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* x = t.make(rows * cols, 2, 4);
+  float* y = t.make(rows * cols);
+  float* gamma = t.make(cols, 0.5, 1.5);
+  float* beta = t.make(cols);
+  float* stats = t.make(2 * rows);
+  on_device([&](Kernels& k) {
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+    });
+    report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_layer_norm_backward_input(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* x = t.make(rows * cols, 2, 4);
+  float* dy = t.make(rows * cols);
+  float* dx = t.make(rows * cols);
+  float* gamma = t.make(cols, 0.5, 1.5);
+  float* beta = t.make(cols);
+  float* stats = t.make(2 * rows);
+  on_device([&](Kernels& k) {
+    k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, dx, stats);  // real statistics
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+    });
+    report_bandwidth(state, 3 * f32 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_layer_norm_backward_weight(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* x = t.make(rows * cols, 2, 4);
+  float* dy = t.make(rows * cols);
+  float* y = t.make(rows * cols);
+  float* gamma = t.make(cols, 0.5, 1.5);
+  float* beta = t.make(cols);
+  float* stats = t.make(2 * rows);
+  on_device([&](Kernels& k) {
+    k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.layer_norm_backward_weight(rows, cols, x, dy, stats, gamma, beta);
+    });
+    report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_softmax_cross_entropy(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto classes = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  float* logits = t.make(rows * classes, -8, 8);
+  float* dlogits = t.make(rows * classes);
+  float* loss = t.make(1);
+  std::int32_t* targets = t.classes(rows, classes);
+  on_device([&](Kernels& k) {
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.softmax_cross_entropy(rows, classes, logits, targets, 1e-4f, dlogits, loss);
+    });
+    report_bandwidth(state, 2 * f32 * static_cast<double>(rows * classes), s);
+  });
+}
+BENCHMARK(BM_bias_add)->Args({65536, 1024})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_bias_grad)
+    ->Args({65536, 1024})
+    ->Args({8192, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layer_norm_forward)
+    ->Args({65536, 1024})
+    ->Args({16384, 4096})
+    ->Args({262144, 256})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layer_norm_backward_input)
+    ->Args({65536, 1024})
+    ->Args({16384, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layer_norm_backward_weight)
+    ->Args({65536, 1024})
+    ->Args({16384, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_softmax_cross_entropy)
+    ->Args({65536, 1024})
+    ->Args({2048, 32768})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Optimizer updates over n parameters: SGD with momentum reads p, g, buf and writes p, buf;
+// AdamW reads p, g, m, v and writes p, m, v.
+void BM_sgd_update(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  Tensors t;
+  float* p = t.make(n);
+  float* g = t.make(n);
+  float* buf = t.make(n);
+  on_device([&](Kernels& k) {
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.sgd_update(n, p, g, buf, 1e-6, 0.9, 0.0, 0.0, false, false);
+    });
+    report_bandwidth(state, 5 * f32 * static_cast<double>(n), s);
+  });
+}
+void BM_adamw_update(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  Tensors t;
+  float* p = t.make(n);
+  float* g = t.make(n);
+  float* m = t.make(n);
+  float* v = t.make(n, 0, 1);
+  on_device([&](Kernels& k) {
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.adamw_update(n, p, g, m, v, 1e-6, 0.9, 0.999, 1e-8, 0.0, 10);
+    });
+    report_bandwidth(state, 7 * f32 * static_cast<double>(n), s);
+  });
+}
+BENCHMARK(BM_sgd_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_adamw_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Linear<In, Out> forward + backward_input + backward_weight on `rows` rows, against the same
+// three GEMMs through cuBLAS alone (x_cublas = Linear time / GEMM time).
+template <std::size_t In, std::size_t Out>
+void BM_linear_forward_backward(benchmark::State& state) {
+  using L = gpipe::Linear<In, Out>;
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  Tensors t;
+  float* x = t.make(rows * In);
+  float* y = t.make(rows * Out);
+  float* dy = t.make(rows * Out);
+  float* dx = t.make(rows * In);
+  float* params = t.make(L::num_params, -0.03f, 0.03f);
+  float* grads = t.make(L::num_params);
+  on_device([&](Kernels& k) {
+    const float one = 1, zero = 0;
+    const int r = static_cast<int>(rows), in = static_cast<int>(In), out = static_cast<int>(Out);
+    // The executor's three GEMMs, in cuBLAS's column-major terms (see kernels/gemm.cuh).
+    const double gemms = gpipe::bench::median_seconds(k.stream(), 10, [&] {
+      GPIPE_CUBLAS_CHECK(cublasSgemm(k.blas(), CUBLAS_OP_T, CUBLAS_OP_N, out, r, in, &one, params,
+                                     in, x, in, &zero, y, out));
+      GPIPE_CUBLAS_CHECK(cublasSgemm(k.blas(), CUBLAS_OP_N, CUBLAS_OP_N, in, r, out, &one, params,
+                                     in, dy, out, &zero, dx, in));
+      GPIPE_CUBLAS_CHECK(cublasSgemm(k.blas(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, r, &one, x, in,
+                                     dy, out, &one, grads, in));
+    });
+    const double s = time_launches(state, k.stream(), 3, [&] {
+      L::forward(k, gpipe::ForwardArgs<float>{rows, x, y, params, nullptr});
+      L::backward_input(k,
+                        gpipe::BackwardInputArgs<float>{rows, x, dy, dx, params, nullptr, nullptr});
+      L::backward_weight(
+          k, gpipe::BackwardWeightArgs<float>{rows, x, dy, params, nullptr, nullptr, grads});
+    });
+    report_flops(state, 3 * 2.0 * static_cast<double>(rows) * In * Out, s);
+    state.counters["x_cublas"] = s / gemms;
+  });
+}
+BENCHMARK(BM_linear_forward_backward<4096, 4096>)
+    ->Arg(8192)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_linear_forward_backward<1024, 4096>)
+    ->Arg(4096)
+    ->Arg(512)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_linear_forward_backward<4096, 1024>)
+    ->Arg(4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) { return gpipe::bench::cuda_benchmark_main(argc, argv); }
