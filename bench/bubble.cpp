@@ -1,14 +1,21 @@
-// Bubble overhead versus micro-batch count, measured the way the GPipe paper reasons about it.
+// Bubble overhead versus micro-batch count, per schedule, measured the way the GPipe paper
+// reasons about it.
 //
 // Each stage is one user-defined layer whose forward, backward_input and backward_weight take a
 // fixed wall-clock duration (they sleep, so that K = 8 devices run on a 2-core machine), which
-// isolates the schedule and the executor from the arithmetic. For K stages and M micro-batches:
+// isolates the schedule and the executor from the arithmetic. Every device does 3 op_us of work
+// per micro-batch under every schedule (an interleaved chunk's ops take op_us / V). For K
+// devices and M micro-batches:
 //   bubble_measured      1 - busy / (K makespan) from the trainer's per-step timing
-//   bubble_theory        (K - 1) / (M + K - 1), the fill-drain bubble for equal op costs
-//   overhead_us_per_op   (wall time of the step - the ideal makespan (M + K - 1)(F + B + W) with
-//                        the op durations measured in the same step) / (3 (M + K - 1)): what
-//                        the executor adds to each op slot of the critical path
-// Usage: bench_bubble [--op_us=1000] [Google Benchmark flags]
+//   bubble_simulated     the schedule simulator's bubble for equal op costs
+//   bubble_theory        the published closed form: (K-1)/(M+K-1) for GPipe and 1F1B,
+//                        ((K-1)/V)/(M+(K-1)/V) for interleaved (M >= K); 0 where none applies
+//   overhead_us_per_op   (wall time of the step - the simulated makespan with the op durations
+//                        measured in the same step) / (ops per device): what the executor adds
+//   peak_activations_KiB the most activation bytes any device held (each micro-batch keeps
+//                        4 KiB per stage from its forward to its backward_weight)
+// Usage: bench_bubble [--op_us=1000] [--trace_dir=DIR] [Google Benchmark flags]
+//   --trace_dir writes DIR/timeline_<schedule>_k4_m8.svg and .json: one traced K = 4, M = 8 step.
 
 #include <benchmark/benchmark.h>
 
@@ -16,6 +23,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <thread>
@@ -26,118 +34,153 @@
 #endif
 
 #include <gpipe/gpipe.hpp>
+#include <gpipe/io/chrome_trace.hpp>
+#include <gpipe/io/svg_timeline.hpp>
 
 namespace {
 
-std::atomic<long> op_us{1000};  // duration of every F, B and W
+std::atomic<long> op_us{1000};  // duration of every F, B and W of a whole stage
+std::string trace_dir;          // where to write K = 4, M = 8 timelines ("" = nowhere)
 
-// Sleeps until now + op_us. The first call on a thread asks Linux for a 1 ns timer slack, so a
-// sleep overshoots by microseconds instead of the default 50.
-void hold() {
+// Sleeps for `us` microseconds. The first call on a thread asks Linux for a 1 ns timer slack, so
+// a sleep overshoots by microseconds instead of the default 50.
+void hold(long us) {
 #if defined(__linux__)
   thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) == 0;
   (void)slack_set;
 #endif
-  std::this_thread::sleep_until(std::chrono::steady_clock::now() +
-                                std::chrono::microseconds(op_us.load()));
+  std::this_thread::sleep_until(std::chrono::steady_clock::now() + std::chrono::microseconds(us));
 }
 
-// A layer of width N that passes its input through and takes op_us in each of its three ops.
-template <std::size_t N>
+// A layer of width N that passes its input through, stashes 1024 floats per row (so that live
+// activations show in the memory counters) and takes op_us / Split in each of its three ops.
+template <std::size_t N, std::size_t Split>
 struct FixedDuration {
   static constexpr std::size_t in_features = N, out_features = N;
-  static constexpr std::size_t num_params = 0, stash_per_row = 0, grad_stash_per_row = 0;
+  static constexpr std::size_t num_params = 0, stash_per_row = 1024, grad_stash_per_row = 0;
   static constexpr std::array<gpipe::ParamSpec, 0> param_specs() { return {}; }
   static void init(std::span<float>, gpipe::Rng&) {}
 
   template <class Ctx>
   static void forward(Ctx& k, const gpipe::ForwardArgs<typename Ctx::value_type>& a) {
     k.copy(a.rows * N, a.x, a.y);
-    hold();
+    hold(op_us / static_cast<long>(Split));
   }
   template <class Ctx>
   static void backward_input(Ctx& k, const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
     k.copy(a.rows * N, a.dy, a.dx);
-    hold();
+    hold(op_us / static_cast<long>(Split));
   }
   template <class Ctx>
   static void backward_weight(Ctx&, const gpipe::BackwardWeightArgs<typename Ctx::value_type>&) {
-    hold();
+    hold(op_us / static_cast<long>(Split));
   }
 };
-static_assert(gpipe::layer<FixedDuration<4>>);
+static_assert(gpipe::layer<FixedDuration<4, 1>>);
 
-template <std::size_t K, class Seq = std::make_index_sequence<K>>
+// S stages of one FixedDuration layer each.
+template <std::size_t S, std::size_t Split, class Seq = std::make_index_sequence<S>>
 struct Fixed;
-template <std::size_t K, std::size_t... S>
-struct Fixed<K, std::index_sequence<S...>> {
+template <std::size_t S, std::size_t Split, std::size_t... I>
+struct Fixed<S, Split, std::index_sequence<I...>> {
   template <std::size_t>
-  using stage = gpipe::Stage<FixedDuration<4>>;
-  using type = gpipe::Pipeline<stage<S>...>;
+  using stage = gpipe::Stage<FixedDuration<4, Split>>;
+  using type = gpipe::Pipeline<stage<I>...>;
 };
 
-template <std::size_t K, class Schedule>
+double theory(std::string_view schedule, double k, double m, double v) {
+  if (schedule == "gpipe" || schedule == "1f1b") return (k - 1) / (m + k - 1);
+  if (schedule.starts_with("interleaved") && m >= k) return ((k - 1) / v) / (m + (k - 1) / v);
+  return 0;
+}
+
+template <class Schedule, std::size_t K>
 void BM_Bubble(benchmark::State& state) {
-  using Model = typename Fixed<K>::type;
+  constexpr std::size_t V = Schedule::chunks_per_device;
+  using Model = typename Fixed<K * V, V>::type;
+  using Trainer = gpipe::Trainer<Model, gpipe::MSELoss, gpipe::host::Backend, Schedule>;
   const auto m = static_cast<std::size_t>(state.range(1));
-  gpipe::host::Backend backend(K / Schedule::chunks_per_device);
-  gpipe::Trainer<Model, gpipe::MSELoss, gpipe::host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m});
+  gpipe::host::Backend backend(K);
+  Trainer trainer(backend, {.micro_batches = m});
   const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
+  const double ops_per_device = 3.0 * static_cast<double>(m * V);
 
   double bubble = 0, overhead = 0;
+  backend.reset_peak();
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(trainer.forward_backward(x, y));
     const double wall =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     const auto& step = trainer.last_step();
-    const double slots = static_cast<double>(m) + static_cast<double>(K) - 1;
-    const double mean_op = step.busy_us / (3.0 * static_cast<double>(m) * static_cast<double>(K));
+    const double mean_op = step.busy_us / (ops_per_device * static_cast<double>(K));
+    const double ideal = gpipe::simulate(trainer.schedule(), {mean_op, mean_op, mean_op}).makespan;
     bubble += step.bubble_fraction;
-    overhead += (wall - slots * 3 * mean_op) / (3 * slots);
+    overhead += (wall - ideal) / ops_per_device;
   }
+  std::size_t peak = 0;
+  for (std::size_t d = 0; d < K; ++d)
+    peak = std::max(peak, backend.memory_stats(d).peak_of(gpipe::MemoryKind::activations));
+
   const auto n = static_cast<double>(state.iterations());
   state.counters["bubble_measured"] = bubble / n;
-  state.counters["bubble_theory"] =
-      (static_cast<double>(K) - 1) / (static_cast<double>(m) + static_cast<double>(K) - 1);
   state.counters["bubble_simulated"] = gpipe::simulate(trainer.schedule()).bubble_fraction;
+  state.counters["bubble_theory"] =
+      theory(Schedule::name, static_cast<double>(K), static_cast<double>(m), V);
   state.counters["overhead_us_per_op"] = overhead / n;
+  state.counters["peak_activations_KiB"] = static_cast<double>(peak) / 1024;
   state.SetLabel(std::string(Schedule::name));
+
+  if (!trace_dir.empty() && K == 4 && m == 8) {
+    backend.set_tracing(true);
+    trainer.forward_backward(x, y);
+    backend.set_tracing(false);
+    const auto events = backend.take_trace();
+    const std::string base = trace_dir + "/timeline_" + std::string(Schedule::name) + "_k4_m8";
+    gpipe::io::write_svg_timeline(
+        base + ".svg", events,
+        {.title = std::string(Schedule::name) + ", K = 4, M = 8, measured on the host backend",
+         .num_devices = K});
+    gpipe::io::write_chrome_trace(base + ".json", events,
+                                  {.title = std::string(Schedule::name) + " K=4 M=8"});
+  }
 }
 
-void register_all() {
-  auto add = [](const char* name, auto fn, int k) {
-    benchmark::RegisterBenchmark(name, fn)
-        ->ArgNames({"K", "M"})
-        ->ArgsProduct({{k}, {1, 2, 4, 8, 16, 32, 64}})
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime()
-        ->MinTime(0.3);
-  };
-  add("BM_Bubble<gpipe>", BM_Bubble<1, gpipe::GPipe>, 1);
-  add("BM_Bubble<gpipe>", BM_Bubble<2, gpipe::GPipe>, 2);
-  add("BM_Bubble<gpipe>", BM_Bubble<4, gpipe::GPipe>, 4);
-  add("BM_Bubble<gpipe>", BM_Bubble<8, gpipe::GPipe>, 8);
+template <class Schedule, std::size_t... K>
+void register_schedule(const std::string& name) {
+  (benchmark::RegisterBenchmark(name.c_str(), BM_Bubble<Schedule, K>)
+       ->ArgNames({"K", "M"})
+       ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
+       ->Unit(benchmark::kMillisecond)
+       ->UseRealTime()
+       ->MinTime(0.3),
+   ...);
 }
 
-// Registered before main runs.
-[[maybe_unused]] const bool registered = (register_all(), true);
+[[maybe_unused]] const bool registered = [] {
+  register_schedule<gpipe::GPipe, 1, 2, 4, 8>("BM_Bubble<GPipe>");
+  register_schedule<gpipe::OneFOneB, 1, 2, 4, 8>("BM_Bubble<OneFOneB>");
+  register_schedule<gpipe::Interleaved<2>, 1, 2, 4, 8>("BM_Bubble<Interleaved<2>>");
+  register_schedule<gpipe::ZeroBubbleH1, 1, 2, 4, 8>("BM_Bubble<ZeroBubbleH1>");
+  return true;
+}();
 
 }  // namespace
 
 // Called by the shared benchmark main before Google Benchmark sees the flags (it rejects flags
-// it does not know): takes --op_us=N, the op duration in microseconds, out of the command line.
+// it does not know): takes --op_us=N and --trace_dir=DIR out of the command line.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   int out = 1;
   for (int i = 1; i < *argc; ++i) {
     if (std::strncmp(argv[i], "--op_us=", 8) == 0) {
       op_us = std::atol(argv[i] + 8);
+    } else if (std::strncmp(argv[i], "--trace_dir=", 12) == 0) {
+      trace_dir = argv[i] + 12;
+      std::filesystem::create_directories(trace_dir);
     } else {
       argv[out++] = argv[i];
     }
   }
   *argc = out;
-  return 0;
+  return op_us > 0 ? 0 : 1;
 }

@@ -65,7 +65,7 @@ std::vector<const JsonValue*> complete_events(const JsonValue& document) {
 
 TEST_CASE("a Chrome trace parses back as JSON with one complete event per record") {
   const std::vector<TraceEvent> events = sample_events();
-  const JsonValue document = gpipe::detail::parse_json(gpipe::chrome_trace_json(events));
+  const JsonValue document = gpipe::detail::parse_json(gpipe::io::chrome_trace_json(events));
   REQUIRE(document.is<JsonObject>());
 
   const std::vector<const JsonValue*> complete = complete_events(document);
@@ -86,7 +86,7 @@ TEST_CASE(
     "Chrome trace events are named like the GPipe paper's figures and carry stage and "
     "micro-batch") {
   const std::vector<TraceEvent> events = sample_events();
-  const JsonValue document = gpipe::detail::parse_json(gpipe::chrome_trace_json(events));
+  const JsonValue document = gpipe::detail::parse_json(gpipe::io::chrome_trace_json(events));
   const std::vector<const JsonValue*> complete = complete_events(document);
   REQUIRE(complete.size() == events.size());
 
@@ -107,7 +107,7 @@ TEST_CASE(
 TEST_CASE("a Chrome trace names one thread row per device and its process after the title") {
   const std::vector<TraceEvent> events = sample_events();  // devices 0, 1, 2
   const JsonValue document =
-      gpipe::detail::parse_json(gpipe::chrome_trace_json(events, {.title = "K = 3, M = 1"}));
+      gpipe::detail::parse_json(gpipe::io::chrome_trace_json(events, {.title = "K = 3, M = 1"}));
 
   std::vector<std::string> thread_names(3);
   std::size_t sort_indices = 0;
@@ -133,10 +133,10 @@ TEST_CASE("a Chrome trace names one thread row per device and its process after 
 }
 
 TEST_CASE("Chrome trace metadata holds the title and every given key, escaped") {
-  gpipe::TraceInfo info{.title = "run \"A\"\n",
-                        .metadata = {{"K", "4"}, {"M", "8"}, {std::string(odd_name), "x\\y"}}};
+  gpipe::io::TraceInfo info{.title = "run \"A\"\n",
+                            .metadata = {{"K", "4"}, {"M", "8"}, {std::string(odd_name), "x\\y"}}};
   info.metadata["title"] = "ignored";
-  const JsonValue document = gpipe::detail::parse_json(gpipe::chrome_trace_json({}, info));
+  const JsonValue document = gpipe::detail::parse_json(gpipe::io::chrome_trace_json({}, info));
   const JsonValue& metadata = member(document, "metadata");
   CHECK(member(metadata, "title").as<std::string>() == "run \"A\"\n");
   CHECK(member(metadata, "K").as<std::string>() == "4");
@@ -158,7 +158,7 @@ TEST_CASE("Chrome trace times keep nanoseconds and never use an exponent") {
 
   const std::vector<TraceEvent> events = {
       {.device = 0, .label = {"forward", 0, 0}, .start_us = 12.5, .end_us = 13.75}};
-  const std::string json = gpipe::chrome_trace_json(events);
+  const std::string json = gpipe::io::chrome_trace_json(events);
   CHECK(json.find("\"ts\": 12.5,") != std::string::npos);
   CHECK(json.find("\"dur\": 1.25,") != std::string::npos);
 
@@ -166,16 +166,16 @@ TEST_CASE("Chrome trace times keep nanoseconds and never use an exponent") {
                                         .label = {"forward", 0, 0},
                                         .start_us = 0,
                                         .end_us = std::numeric_limits<double>::infinity()}};
-  CHECK_THROWS_AS(gpipe::chrome_trace_json(bad), gpipe::Error);
+  CHECK_THROWS_AS(gpipe::io::chrome_trace_json(bad), gpipe::Error);
 }
 
 TEST_CASE("write_chrome_trace writes the document and reports a path it cannot write") {
   const std::vector<TraceEvent> events = sample_events();
-  gpipe::write_chrome_trace("trace.json", events, {.title = "file"});
+  gpipe::io::write_chrome_trace("trace.json", events, {.title = "file"});
   std::ifstream file("trace.json", std::ios::binary);
   const std::string text{std::istreambuf_iterator<char>(file), {}};
-  CHECK(text == gpipe::chrome_trace_json(events, {.title = "file"}));
+  CHECK(text == gpipe::io::chrome_trace_json(events, {.title = "file"}));
 
-  CHECK_THROWS_WITH_AS(gpipe::write_chrome_trace("no-such-dir/trace.json", events),
+  CHECK_THROWS_WITH_AS(gpipe::io::write_chrome_trace("no-such-dir/trace.json", events),
                        doctest::Contains("no-such-dir/trace.json"), gpipe::Error);
 }

@@ -188,7 +188,7 @@ TEST_CASE(
     "the SVG timeline of GPipe K = 4, M = 8 is well-formed, with a box and a number per "
     "compute op and the bubble in its title") {
   const std::vector<TraceEvent> events = simulated_gpipe(4, 8);
-  const std::string svg = gpipe::svg_timeline(events, {.title = "GPipe, K = 4, M = 8"});
+  const std::string svg = gpipe::io::svg_timeline(events, {.title = "GPipe, K = 4, M = 8"});
   std::string why;
   CHECK_MESSAGE(well_formed(svg, why), why);
   CHECK(svg.starts_with("<?xml"));
@@ -233,7 +233,7 @@ TEST_CASE(
       {.device = 1, .label = {"forward", 1, 0}, .start_us = 530, .end_us = 531},
       {.device = 1, .label = {"a<b & \"c\""}, .start_us = 600, .end_us = 900},
   };
-  const std::string svg = gpipe::svg_timeline(events, {.title = "<&>", .num_devices = 3});
+  const std::string svg = gpipe::io::svg_timeline(events, {.title = "<&>", .num_devices = 3});
   std::string why;
   CHECK_MESSAGE(well_formed(svg, why), why);
   CHECK(svg.find("&lt;&amp;&gt; \u2014 bubble") != std::string::npos);
@@ -246,7 +246,7 @@ TEST_CASE(
   CHECK(box_labels(svg) == std::vector<std::string>{"0", "a&lt;b &amp; &quot;c&quot;"});
   CHECK(svg.find(">time (\u00b5s)</text>") != std::string::npos);
 
-  const std::string bare = gpipe::svg_timeline(
+  const std::string bare = gpipe::io::svg_timeline(
       events, {.title = "bare", .num_devices = 0, .show_transfers = false, .show_other = false});
   CHECK(well_formed(bare, why));
   CHECK(count(bare, "class=\"transfer\"") == 0);
@@ -254,18 +254,18 @@ TEST_CASE(
   CHECK(count(bare, "<rect class=\"op ") == 2);
   CHECK(count(bare, "<rect class=\"row\"") == 2);
 
-  CHECK_THROWS_AS(gpipe::svg_timeline(events, {.title = "", .num_devices = 1}), gpipe::Error);
-  const std::string empty = gpipe::svg_timeline({});
+  CHECK_THROWS_AS(gpipe::io::svg_timeline(events, {.title = "", .num_devices = 1}), gpipe::Error);
+  const std::string empty = gpipe::io::svg_timeline({});
   CHECK(well_formed(empty, why));
   CHECK(empty.find("bubble 0%") != std::string::npos);
 }
 
 TEST_CASE("write_svg_timeline writes the picture and reports a path it cannot write") {
   const std::vector<TraceEvent> events = simulated_gpipe(2, 4);
-  gpipe::write_svg_timeline("timeline.svg", events);
+  gpipe::io::write_svg_timeline("timeline.svg", events);
   std::ifstream file("timeline.svg", std::ios::binary);
   const std::string text{std::istreambuf_iterator<char>(file), {}};
-  CHECK(text == gpipe::svg_timeline(events));
-  CHECK_THROWS_WITH_AS(gpipe::write_svg_timeline("no-such-dir/timeline.svg", events),
+  CHECK(text == gpipe::io::svg_timeline(events));
+  CHECK_THROWS_WITH_AS(gpipe::io::write_svg_timeline("no-such-dir/timeline.svg", events),
                        doctest::Contains("no-such-dir/timeline.svg"), gpipe::Error);
 }

@@ -33,6 +33,7 @@
 
 namespace gpipe {
 
+namespace io {
 // What a trace file says about its run besides the records.
 struct TraceInfo {
   std::string title = "gpipe";  // the process row's name, and metadata "title"
@@ -40,6 +41,7 @@ struct TraceInfo {
   // ignored in favour of the field above.
   std::map<std::string, std::string> metadata{};
 };
+}  // namespace io
 
 namespace detail {
 
@@ -70,6 +72,8 @@ inline std::string trace_event_name(const WorkLabel& label) {
 }
 
 }  // namespace detail
+
+namespace io {
 
 // The trace as a Chrome Trace Event Format document (see the top of this file).
 inline std::string chrome_trace_json(std::span<const TraceEvent> events,
@@ -129,4 +133,5 @@ inline void write_chrome_trace(const std::filesystem::path& path,
   if (!file) throw Error("gpipe: cannot write the Chrome trace to " + path.string());
 }
 
+}  // namespace io
 }  // namespace gpipe

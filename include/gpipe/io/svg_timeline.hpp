@@ -32,6 +32,7 @@
 
 namespace gpipe {
 
+namespace io {
 struct SvgTimelineOptions {
   std::string title = "gpipe timeline";  // the bubble fraction is appended
   std::size_t num_devices = 0;           // rows (K of the bubble); 0: 1 + the largest device seen
@@ -40,6 +41,7 @@ struct SvgTimelineOptions {
   double width = 1200;                   // of the whole picture, in px
   double row_height = 28;                // of one device's row, in px
 };
+}  // namespace io
 
 namespace detail {
 
@@ -152,6 +154,8 @@ inline constexpr std::array<TimelineStyle, 5> timeline_styles{{
 }};
 
 }  // namespace detail
+
+namespace io {
 
 // The timeline of `events` as an SVG document (see the top of this file). Throws Error when an
 // event lies on a device >= options.num_devices (where that is given) or has an invalid time.
@@ -313,4 +317,5 @@ inline void write_svg_timeline(const std::filesystem::path& path,
   if (!file) throw Error("gpipe: cannot write the SVG timeline to " + path.string());
 }
 
+}  // namespace io
 }  // namespace gpipe

@@ -48,10 +48,8 @@ class StreamGroup {
     failed_ = true;
     for (std::condition_variable* cv : streams_) cv->notify_all();
   }
-  bool failed() const {
-    std::lock_guard lock(mu_);
-    return failed_;
-  }
+  // Lock-free: every stream asks before every piece of work.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Returns the failure (empty if none) and clears it, so that the group can run again.
   Failure take_error() {
     std::lock_guard lock(mu_);
@@ -85,7 +83,7 @@ class StreamGroup {
 
  private:
   mutable std::mutex mu_;
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};  // written under mu_
   Failure failure_;
   std::vector<std::condition_variable*> streams_;
 };
