@@ -13,11 +13,12 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <gpipe/gpipe.hpp>
+#include <gpipe/runtime/memory_model.hpp>
 #include <string>
 #include <vector>
 
-#include <gpipe/gpipe.hpp>
-#include <gpipe/runtime/memory_model.hpp>
+#include "support/uniform.hpp"
 
 namespace {
 
@@ -28,19 +29,7 @@ constexpr std::size_t width = 128;
 using Block = gpipe::Residual<gpipe::Linear<width, width>, gpipe::ReLU>;
 
 template <std::size_t K, std::size_t BlocksPerStage>
-struct Uniform {
-  template <std::size_t>
-  using stage = gpipe::repeat_stage_t<Block, BlocksPerStage>;
-  template <class Seq>
-  struct make;
-  template <std::size_t... S>
-  struct make<std::index_sequence<S...>> {
-    using type = gpipe::Pipeline<stage<S>...>;
-  };
-  using type = typename make<std::make_index_sequence<K>>::type;
-};
-template <std::size_t K, std::size_t BlocksPerStage>
-using uniform_t = typename Uniform<K, BlocksPerStage>::type;
+using uniform_t = gpipe::bench::uniform_pipeline_t<K, BlocksPerStage, Block>;
 
 std::vector<float> inputs(std::size_t rows) {
   gpipe::Rng rng(1);
@@ -125,8 +114,12 @@ void BM_LargestModel(benchmark::State& state) {
   std::size_t blocks = 0;
   for (auto _ : state) {
     switch (config) {
-      case 0: blocks = largest<1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32>(Remat::never); break;
-      case 1: blocks = largest<4, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32>(Remat::never); break;
+      case 0:
+        blocks = largest<1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32>(Remat::never);
+        break;
+      case 1:
+        blocks = largest<4, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32>(Remat::never);
+        break;
       default:
         blocks = largest<4, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48>(Remat::always);
         break;
@@ -136,10 +129,14 @@ void BM_LargestModel(benchmark::State& state) {
   state.counters["largest_blocks"] = static_cast<double>(blocks);
   state.counters["parameters_M"] = params / 1e6;
   state.counters["capacity_MiB_per_device"] = static_cast<double>(capacity_bytes) / (1 << 20);
-  state.SetLabel(config == 0 ? "K=1 (no pipeline)"
-                             : config == 1 ? "K=4, remat never" : "K=4, remat always");
+  state.SetLabel(config == 0   ? "K=1 (no pipeline)"
+                 : config == 1 ? "K=4, remat never"
+                               : "K=4, remat always");
 }
-BENCHMARK(BM_LargestModel)->ArgName("config")->DenseRange(0, 2)->Iterations(1)->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_LargestModel)
+    ->ArgName("config")
+    ->DenseRange(0, 2)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -1,17 +1,19 @@
 // Trains a 4-stage pipeline on the host backend to tell apart the arms of a noisy three-armed
 // spiral: a classic problem that no linear model solves, so the accuracy shows that the network
-// really learned. Usage: example_spiral [steps] [micro_batches]
+// really learned. At the end it traces one step and draws its timeline (one row per device, the
+// GPipe fill-drain staircase) into spiral_timeline.svg in the current directory.
+// Usage: example_spiral [steps] [micro_batches]
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <gpipe/gpipe.hpp>
+#include <gpipe/io/svg_timeline.hpp>
 #include <numbers>
 #include <string>
 #include <vector>
-
-#include <gpipe/gpipe.hpp>
 
 namespace {
 
@@ -25,8 +27,8 @@ using Model = gpipe::Pipeline<
     gpipe::Stage<gpipe::Linear<64, 32>, gpipe::ReLU, gpipe::Linear<32, classes>>>;
 
 struct Dataset {
-  std::vector<float> x;          // (n, 2)
-  std::vector<std::int32_t> y;   // (n)
+  std::vector<float> x;         // (n, 2)
+  std::vector<std::int32_t> y;  // (n)
 };
 
 // n points per arm; arm c winds from the centre outwards, rotated by 2 pi c / 3, with noise.
@@ -36,7 +38,8 @@ Dataset spiral(std::size_t per_class, std::uint64_t seed) {
   for (std::size_t i = 0; i < per_class; ++i) {
     for (std::size_t c = 0; c < classes; ++c) {
       const float r = static_cast<float>(i + 1) / static_cast<float>(per_class);
-      const float angle = 10.0f * r + 2.0f * std::numbers::pi_v<float> * static_cast<float>(c) / classes +
+      const float angle = 10.0f * r +
+                          2.0f * std::numbers::pi_v<float> * static_cast<float>(c) / classes +
                           rng.uniform(-0.3f, 0.3f);
       d.x.push_back(r * std::cos(angle));
       d.x.push_back(r * std::sin(angle));
@@ -80,14 +83,17 @@ int main(int argc, char** argv) {
     gpipe::optim::AdamW optimizer({.lr = 3e-3, .weight_decay = 1e-4});
 
     const auto sim = gpipe::simulate(trainer.schedule());
-    std::printf("gpipe spiral: %zu stages on %zu host devices, %zu parameters, batch %zu in %zu "
-                "micro-batches\n",
-                Model::num_stages, backend.num_devices(), Model::num_params, batch, micro_batches);
-    std::printf("schedule: GPipe fill-drain, simulated bubble %.1f%% (theory (K-1)/(M+K-1) = "
-                "%.1f%%)\n",
-                100 * sim.bubble_fraction,
-                100.0 * (Model::num_stages - 1) / (micro_batches + Model::num_stages - 1));
-    std::printf("accuracy before training: %.1f%% (chance: 33.3%%)\n", 100 * accuracy(trainer, test));
+    std::printf(
+        "gpipe spiral: %zu stages on %zu host devices, %zu parameters, batch %zu in %zu "
+        "micro-batches\n",
+        Model::num_stages, backend.num_devices(), Model::num_params, batch, micro_batches);
+    std::printf(
+        "schedule: GPipe fill-drain, simulated bubble %.1f%% (theory (K-1)/(M+K-1) = "
+        "%.1f%%)\n",
+        100 * sim.bubble_fraction,
+        100.0 * (Model::num_stages - 1) / (micro_batches + Model::num_stages - 1));
+    std::printf("accuracy before training: %.1f%% (chance: 33.3%%)\n",
+                100 * accuracy(trainer, test));
 
     const auto start = std::chrono::steady_clock::now();
     std::vector<float> xb(batch * 2);
@@ -107,7 +113,8 @@ int main(int argc, char** argv) {
       trainer.step(optimizer);
       running = step == 1 ? loss : 0.9 * running + 0.1 * loss;
       if (step % 50 == 0 || step == 1)
-        std::printf("step %4d  loss %.4f  (smoothed %.4f)\n", step, loss, running);
+        std::printf("step %4d  loss %.4f  (smoothed %.4f)  measured bubble %.1f%%\n", step, loss,
+                    running, 100 * trainer.last_step().bubble_fraction);
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -115,6 +122,19 @@ int main(int argc, char** argv) {
     std::printf("trained %d steps in %.1f s (%.0f samples/s)\n", steps, seconds,
                 steps * static_cast<double>(batch) / seconds);
     std::printf("test accuracy: %.1f%% on %zu held-out points\n", 100 * acc, test.y.size());
+    // One more step, traced, drawn as a timeline.
+    backend.set_tracing(true);
+    trainer.zero_grad();
+    trainer.forward_backward(xb, yb);
+    backend.set_tracing(false);
+    const auto events = backend.take_trace();
+    gpipe::io::write_svg_timeline(
+        "spiral_timeline.svg", events,
+        {.title = "example_spiral: one training step", .num_devices = backend.num_devices()});
+    std::printf(
+        "timeline of one step (%zu ops, measured bubble %.1f%%) written to "
+        "spiral_timeline.svg\n",
+        events.size(), 100 * trainer.last_step().bubble_fraction);
     std::printf("peak memory per device (bytes):");
     for (std::size_t d = 0; d < backend.num_devices(); ++d)
       std::printf(" %zu", backend.memory_stats(d).peak);
