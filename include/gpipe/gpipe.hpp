@@ -4,9 +4,13 @@
 
 #include "gpipe/backend/host.hpp"
 #include "gpipe/error.hpp"
+#include "gpipe/io/chrome_trace.hpp"
 #include "gpipe/io/safetensors.hpp"
+#include "gpipe/io/svg_timeline.hpp"
 #include "gpipe/model.hpp"
 #include "gpipe/optim.hpp"
+#include "gpipe/runtime/memory_model.hpp"
 #include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/trace_stats.hpp"
 #include "gpipe/runtime/trainer.hpp"
 #include "gpipe/schedule.hpp"
