@@ -11,7 +11,9 @@
 //   bubble_theory        the published closed form: (K-1)/(M+K-1) for GPipe and 1F1B,
 //                        ((K-1)/V)/(M+(K-1)/V) for interleaved (M >= K); 0 where none applies
 //   overhead_us_per_op   (wall time of the step - the simulated makespan with the op durations
-//                        measured in the same step) / (ops per device): what the executor adds
+//                        measured in the same step) / (op slots on the critical path, that
+//                        makespan / the mean op duration): what the executor adds to each op
+//                        of the critical path, hand-overs between devices included
 //   peak_activations_KiB the most activation bytes any device held (each micro-batch keeps
 //                        4 KiB per stage from its forward to its backward_weight)
 // Usage: bench_bubble [--op_us=1000] [--trace_dir=DIR] [Google Benchmark flags]
@@ -116,7 +118,7 @@ void BM_Bubble(benchmark::State& state) {
     const double mean_op = step.busy_us / (ops_per_device * static_cast<double>(K));
     const double ideal = gpipe::simulate(trainer.schedule(), {mean_op, mean_op, mean_op}).makespan;
     bubble += step.bubble_fraction;
-    overhead += (wall - ideal) / ops_per_device;
+    overhead += (wall - ideal) / (ideal / mean_op);
   }
   std::size_t peak = 0;
   for (std::size_t d = 0; d < K; ++d)

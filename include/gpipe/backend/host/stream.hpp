@@ -28,7 +28,7 @@ namespace gpipe::host {
 
 // An event's state: recorded yet, and the condition variables of the streams blocked on it.
 struct EventState {
-  bool recorded = false;
+  std::atomic<bool> recorded{false};  // written under the group's mutex
   std::vector<std::condition_variable*> waiters;
 };
 
@@ -69,17 +69,26 @@ class StreamGroup {
 
   void record(EventState& event) {
     std::lock_guard lock(mu_);
-    event.recorded = true;
+    event.recorded.store(true, std::memory_order_release);
     for (std::condition_variable* cv : event.waiters) cv->notify_one();
   }
   // Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
+  // Polls (yielding the core) for up to spin_time first: a hand-over between pipeline stages is
+  // usually that close, and waking a blocked thread costs tens of microseconds.
   void wait(EventState& event, std::condition_variable& cv) {
+    const auto give_up = std::chrono::steady_clock::now() + spin_time;
+    do {
+      if (event.recorded.load(std::memory_order_acquire) || failed()) return;
+      std::this_thread::yield();
+    } while (std::chrono::steady_clock::now() < give_up);
     std::unique_lock lock(mu_);
     if (event.recorded || failed_) return;
     event.waiters.push_back(&cv);
     cv.wait(lock, [&] { return event.recorded || failed_; });
     std::erase(event.waiters, &cv);
   }
+
+  static constexpr std::chrono::microseconds spin_time{50};
 
  private:
   mutable std::mutex mu_;
