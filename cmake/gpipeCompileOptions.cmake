@@ -1,11 +1,20 @@
 # Flags for the project's own targets (tests, benchmarks, examples). The INTERFACE target
 # gpipe::gpipe that consumers link carries none of these.
 
-# gpipe_add_warnings(<target>): warnings are errors in the project's own builds.
+option(GPIPE_WARNINGS_AS_ERRORS "Warnings are errors in the project's own targets" ON)
+
+# gpipe_add_warnings(<target>): warnings are errors in the project's own builds (unless
+# GPIPE_WARNINGS_AS_ERRORS is OFF: scripts/gpu-check, which meets compilers CI has not seen).
 function(gpipe_add_warnings target)
-  target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
-    $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
+  if(GPIPE_WARNINGS_AS_ERRORS)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
+      $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
+  else()
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
+      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  endif()
 endfunction()
 
 # gpipe_add_sanitizers(<target>): applies GPIPE_SANITIZE (thread | address) to one target.

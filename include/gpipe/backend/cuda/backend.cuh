@@ -202,23 +202,29 @@ class Backend {
   }
 
   // Tracing of every piece of work (not event records and waits): a pair of timing events around
-  // it on its compute stream. Turning it on synchronizes the streams once, to tie each GPU's
-  // clock to the backend's epoch.
-  void set_tracing(bool on) {
-    if (on && !tracing_) {
-      resolve_traces();
-      for (detail::GpuState& g : gpus_) anchor(g);
-    }
-    tracing_ = on;
-  }
+  // it on its compute stream.
+  void set_tracing(bool on) { tracing_ = on; }
   // What ran since the last call, all devices, ordered by start time; microseconds since the
-  // backend's epoch (as the host backend's).
+  // backend's epoch (as the host backend's). Waits for the work.
   std::vector<TraceEvent> take_trace() {
-    resolve_traces();
+    resolve_timed();
     std::vector<TraceEvent> all = std::exchange(traces_, {});
     std::sort(all.begin(), all.end(),
               [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
     return all;
+  }
+
+  // Compute time per device since the last call (see ComputeTiming): compute work (label.compute)
+  // is always timed by a pair of events on its stream. Waits for the work, then re-ties each
+  // GPU's clock to the backend's epoch, so that times keep microsecond precision however long
+  // the backend lives (the Trainer calls this around every step).
+  std::vector<ComputeTiming> take_timing() {
+    resolve_timed();
+    std::vector<ComputeTiming> out = std::exchange(timing_, {});
+    out.resize(devices_.size());
+    timing_.resize(devices_.size());
+    for (detail::GpuState& g : gpus_) anchor(g);
+    return out;
   }
 
   // Skips all work not yet issued and waits for the streams; the next synchronize() returns
@@ -279,10 +285,12 @@ class Backend {
     std::exception_ptr error;
     std::string where;
   };
-  struct PendingTrace {
+  // Work timed by a pair of events, for the trace, the compute timing or both.
+  struct Timed {
     std::size_t device;
     WorkLabel label;
     cudaEvent_t start, end;
+    bool traced, compute;
   };
 
   // Construction --------------------------------------------------------------------------------
@@ -362,6 +370,8 @@ class Backend {
       kernels_.push_back(Kernels(s));
     }
     queues_.resize(devices_.size());
+    timing_.resize(devices_.size());
+    for (detail::GpuState& g : gpus_) anchor(g);
   }
 
   // Releases whatever create() made (also after a partial create()). Never throws.
@@ -369,7 +379,7 @@ class Backend {
     failed_ = true;
     for (auto& q : queues_) q.clear();  // drops work not yet run, and the buffers it holds
     (void)wait_for_streams();
-    for (const PendingTrace& t : pending_) {
+    for (const Timed& t : pending_) {
       (void)cudaEventDestroy(t.start);
       (void)cudaEventDestroy(t.end);
     }
@@ -473,11 +483,12 @@ class Backend {
   void run_work(std::size_t d, Item& item) {
     detail::DeviceState& s = *devices_[d];
     const bool traced = tracing_ && !item.label.internal;
+    const bool timed = traced || item.label.compute;
     cudaEvent_t start = nullptr, end = nullptr;
-    if (traced) {
+    if (timed) {
       start = timing_event(*s.gpu);
       end = timing_event(*s.gpu);
-      pending_.push_back({d, item.label, start, end});
+      pending_.push_back({d, item.label, start, end, traced, item.label.compute});
       GPIPE_CUDA_CHECK(cudaEventRecord(start, s.compute));
     }
     // Allocations and frees inside the work are ordered on this device's compute stream.
@@ -487,12 +498,12 @@ class Backend {
     } catch (...) {
       order_.set_current(detail::StreamOrder::none);
       item.work = nullptr;
-      if (traced) (void)cudaEventRecord(end, s.compute);
+      if (timed) (void)cudaEventRecord(end, s.compute);
       throw;
     }
     item.work = nullptr;  // buffers the work captured are freed in this stream's order too
     order_.set_current(detail::StreamOrder::none);
-    if (traced) GPIPE_CUDA_CHECK(cudaEventRecord(end, s.compute));
+    if (timed) GPIPE_CUDA_CHECK(cudaEventRecord(end, s.compute));
   }
 
   void fail(std::exception_ptr error, std::string where) {
@@ -547,17 +558,23 @@ class Backend {
     }
   }
 
-  // Turns the pending timing events into TraceEvents (waits for them).
-  void resolve_traces() {
-    for (const PendingTrace& t : pending_) {
+  // Turns the pending timing events into TraceEvents and ComputeTimings (waits for them).
+  void resolve_timed() {
+    timing_.resize(devices_.size());
+    for (const Timed& t : pending_) {
       detail::GpuState& g = *devices_[t.device]->gpu;
       float start_ms = 0, end_ms = 0;
       const bool ok = cudaEventSynchronize(t.end) == cudaSuccess &&
                       cudaEventElapsedTime(&start_ms, g.epoch, t.start) == cudaSuccess &&
                       cudaEventElapsedTime(&end_ms, g.epoch, t.end) == cudaSuccess;
-      if (ok)
-        traces_.push_back(
-            {t.device, t.label, g.epoch_us + 1e3 * start_ms, g.epoch_us + 1e3 * end_ms});
+      const double start_us = g.epoch_us + 1e3 * start_ms, end_us = g.epoch_us + 1e3 * end_ms;
+      if (ok && t.traced) traces_.push_back({t.device, t.label, start_us, end_us});
+      if (ok && t.compute) {
+        ComputeTiming& c = timing_[t.device];
+        if (c.ops++ == 0) c.first_start_us = start_us;
+        c.busy_us += end_us - start_us;
+        c.last_end_us = end_us;
+      }
       g.timing.push_back(t.start);
       g.timing.push_back(t.end);
     }
@@ -600,8 +617,9 @@ class Backend {
   bool failed_ = false;
   bool pumping_ = false;
   bool tracing_ = false;
-  std::vector<PendingTrace> pending_;
+  std::vector<Timed> pending_;
   std::vector<TraceEvent> traces_;
+  std::vector<ComputeTiming> timing_;
 };
 
 }  // namespace gpipe::cuda
