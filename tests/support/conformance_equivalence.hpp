@@ -101,7 +101,9 @@ void check_against_reference() {
           std::max(worst_loss, std::abs(loss - ref.loss) / std::max(std::abs(ref.loss), 1e-12));
       const NamedTensors grads = gradients_of(trainer);
       REQUIRE(grads.size() == ref.gradients.size());
-      for (const auto& [name, g] : grads) {
+      for (const auto& entry : grads) {
+        const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
+        const std::vector<double>& g = entry.second;
         CAPTURE(name);
         const double to_reference = relative_error(g, ref.gradients.at(name));
         CHECK(to_reference < Factory::gradient_tolerance);

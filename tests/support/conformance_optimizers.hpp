@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpipe/model.hpp"
@@ -96,7 +97,9 @@ void check_steps(const Optimizer& optimizer, Reference reference) {
     single.step(optimizer);
 
     const NamedTensors got = parameters_of(trainer), got_single = parameters_of(single);
-    for (const auto& [name, p] : expected) {
+    for (const auto& entry : expected) {
+      const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
+      const std::vector<double>& p = entry.second;
       CAPTURE(name);
       // Parameters move by lr-sized steps; compare against the parameter scale.
       CHECK(relative_error(got.at(name), p) < Factory::parameter_tolerance);

@@ -496,8 +496,8 @@ class Backend {
     try {
       item.work(kernels_[d]);
     } catch (...) {
-      order_.set_current(detail::StreamOrder::none);
       item.work = nullptr;
+      order_.set_current(detail::StreamOrder::none);
       if (timed) (void)cudaEventRecord(end, s.compute);
       throw;
     }
