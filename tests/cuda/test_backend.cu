@@ -72,6 +72,15 @@ std::vector<T> download(Backend& backend, std::size_t device, const T* p, std::s
 
 }  // namespace
 
+TEST_SUITE("without a GPU") {
+  TEST_CASE("a backend on a machine without a GPU is a gpipe::Error that says so") {
+    const std::string message = error_of([] { Backend backend(1); });
+    CHECK(contains(message, "gpipe: cuda::Backend needs a CUDA GPU"));
+    CHECK(contains(message, "gpipe::host::Backend"));
+    CHECK(gpipe::cuda::device_count() == 0);
+  }
+}
+
 TEST_SUITE("cuda backend") {
   TEST_CASE("a GPU that does not exist is a gpipe::Error that names it") {
     const int count = gpipe::cuda::device_count();
