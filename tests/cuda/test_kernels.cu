@@ -241,7 +241,8 @@ TEST_SUITE("cuda kernels") {
       float* dlogits = dev.make(rows * classes);
       float* loss = dev.make(1);
 
-      // gradient within 1e-6 of its largest entry; the summed loss within 1e-5
+      // gradient within 5e-6 of its largest entry (p = exp(z - logsumexp) in float: the
+      // exponent carries the rounding of values up to 16, 2 ulp = 4e-6); the summed loss 1e-5
       dev.run([&](Kernels& k) {
         k.softmax_cross_entropy(rows, classes, dlogits_in, dtargets, scale, dlogits, loss);
       });
@@ -249,7 +250,7 @@ TEST_SUITE("cuda kernels") {
       double ref_loss = 0;
       reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(), scale,
                                       ref_d.data(), &ref_loss);
-      CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 1e-6);
+      CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
       CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
 
       // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5

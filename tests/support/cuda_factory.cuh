@@ -17,11 +17,12 @@ namespace gpipe::test {
 // largest reference entry of each tensor. Both backends compute in float; on the GPU the sums
 // run in other orders (cuBLAS's blocking, tree reductions in LayerNorm, bias and loss kernels),
 // LayerNorm and the losses keep float statistics where the host keeps double, and expf, erff
-// and logf differ from glibc's by up to 2 ulp: five times the host's bounds.
+// and logf differ from glibc's by up to 2 ulp: five times the host's bounds (twice for the
+// accumulation check, where cuBLAS rounds alpha AB and beta C apart).
 struct CudaTolerances {
   static constexpr double gradient_tolerance = 1e-5;
   static constexpr double loss_tolerance = 5e-6;
-  static constexpr double accumulate_tolerance = 1e-6;
+  static constexpr double accumulate_tolerance = 2e-6;
   static constexpr double parameter_tolerance = 1e-5;
   static constexpr bool report_errors = true;
 };
