@@ -111,10 +111,11 @@ TYPE_TO_STRING_AS("Residual<LayerNorm<5>, Linear<5, 5>>", ResidualNorm);
 TYPE_TO_STRING_AS("Stage<Linear<4, 8>, ReLU, LayerNorm<8>, Residual<Linear<8, 8>, GELU>>",
                   StageChain);
 TYPE_TO_STRING_AS("Checkpoint<Linear<4, 6>, GELU, Linear<6, 4>>", CheckpointMlp);
-TYPE_TO_STRING_AS("Stage<Linear<4, 8>, Checkpoint<GELU, LayerNorm<8>, Residual<...>>, Linear<8, 3>>",
-                  CheckpointedStage);
+TYPE_TO_STRING_AS(
+    "Stage<Linear<4, 8>, Checkpoint<GELU, LayerNorm<8>, Residual<...>>, Linear<8, 3>>",
+    CheckpointedStage);
 
-#define GPIPE_BUILTIN_LAYERS \
+#define GPIPE_BUILTIN_LAYERS                                                                 \
   Linear5x3, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, CheckpointMlp, \
       CheckpointedStage
 

@@ -47,9 +47,9 @@ TEST_CASE("a saved file holds every parameter with PyTorch's name, shape and row
   const auto tensors = io::load_safetensors(file.path);
 
   const std::vector<std::pair<std::string, std::vector<std::size_t>>> expected{
-      {"0.weight", {16, 6}},  {"0.bias", {16}},       {"2.weight", {16, 16}}, {"2.bias", {16}},
-      {"4.weight", {16}},     {"4.bias", {16}},       {"5.0.weight", {8, 16}}, {"5.0.bias", {8}},
-      {"5.2.weight", {16, 8}}, {"5.2.bias", {16}},    {"6.weight", {5, 16}},  {"6.bias", {5}}};
+      {"0.weight", {16, 6}},   {"0.bias", {16}},   {"2.weight", {16, 16}},  {"2.bias", {16}},
+      {"4.weight", {16}},      {"4.bias", {16}},   {"5.0.weight", {8, 16}}, {"5.0.bias", {8}},
+      {"5.2.weight", {16, 8}}, {"5.2.bias", {16}}, {"6.weight", {5, 16}},   {"6.bias", {5}}};
   CHECK(tensors.size() == expected.size());
   for (const auto& [name, shape] : expected) {
     CAPTURE(name);

@@ -24,11 +24,11 @@ constexpr std::size_t depth = 6;  // layers of the deep stage
 using DeepModel =
     Pipeline<repeat_stage_t<Linear<width, width>, depth>, Stage<ReLU, Linear<width, 4>>>;
 // The same layers with the middle of stage 0 checkpointed.
-using CheckpointedModel = Pipeline<
-    Stage<Linear<width, width>, Checkpoint<Linear<width, width>, Linear<width, width>,
-                                           Linear<width, width>, Linear<width, width>>,
-          Linear<width, width>>,
-    Stage<ReLU, Linear<width, 4>>>;
+using CheckpointedModel = Pipeline<Stage<Linear<width, width>,
+                                         Checkpoint<Linear<width, width>, Linear<width, width>,
+                                                    Linear<width, width>, Linear<width, width>>,
+                                         Linear<width, width>>,
+                                   Stage<ReLU, Linear<width, 4>>>;
 
 template <class Model, class Schedule = GPipe>
 void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
@@ -52,8 +52,8 @@ void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
     CHECK(stats.current_of(MemoryKind::activations) == 0);
     CHECK(stats.current_of(MemoryKind::workspace) == 0);
     CHECK(stats.peak <= predicted[d].total_bound());
-    CHECK(stats.peak >= predicted[d].parameters + predicted[d].gradients +
-                            predicted[d].activations_peak);
+    CHECK(stats.peak >=
+          predicted[d].parameters + predicted[d].gradients + predicted[d].activations_peak);
   }
 }
 
@@ -113,7 +113,8 @@ TEST_CASE("Checkpoint keeps its layers' sequential names and changes no gradient
       backend, {.micro_batches = 3, .seed = 4});
   REQUIRE(parameters_of(plain) == parameters_of(checkpointed));
   CHECK(plain.forward_backward(x, y) == doctest::Approx(checkpointed.forward_backward(x, y)));
-  const ReferenceResult ref = reference_step<Plain, SoftmaxCrossEntropy>(parameters_of(plain), x, y);
+  const ReferenceResult ref =
+      reference_step<Plain, SoftmaxCrossEntropy>(parameters_of(plain), x, y);
   const NamedTensors a = gradients_of(plain), b = gradients_of(checkpointed);
   for (const auto& [name, g] : a) {
     CAPTURE(name);
@@ -135,8 +136,7 @@ TEST_CASE("Checkpoint under remat never keeps only its segment's input") {
   }
   {
     host::Backend backend(2);
-    Trainer<CheckpointedModel, SoftmaxCrossEntropy, host::Backend> t(backend,
-                                                                     {.micro_batches = 4});
+    Trainer<CheckpointedModel, SoftmaxCrossEntropy, host::Backend> t(backend, {.micro_batches = 4});
     t.forward_backward(x, y);
     peak[1] = backend.memory_stats(0).peak_of(MemoryKind::activations);
   }

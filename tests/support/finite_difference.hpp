@@ -68,9 +68,9 @@ struct LayerRun {
   }
   void backward_weight() {
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_weight(ctx, BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(),
-                                                  stash.data(), grad_stash.data(), grads.data(),
-                                                  workspace.data()});
+    L::backward_weight(ctx,
+                       BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(), stash.data(),
+                                             grad_stash.data(), grads.data(), workspace.data()});
   }
   // forward, then both backward ops with the dy set.
   void forward_backward() {

@@ -75,11 +75,12 @@ ReferenceResult reference_step(const NamedTensors& params, std::span<const float
           acts[S + 1].assign(rows * St::out_features, 0.0);
           stash[S].assign(rows * St::stash_per_row, 0.0);
           std::vector<double> ws(rows * workspace_per_row_v<St>);
-          St::forward(k, ForwardArgs<double>{rows, acts[S].data(), acts[S + 1].data(),
-                                             p[S].data(), stash[S].data(), ws.data()});
+          St::forward(k, ForwardArgs<double>{rows, acts[S].data(), acts[S + 1].data(), p[S].data(),
+                                             stash[S].data(), ws.data()});
         }(),
         ...);
-  }(std::make_index_sequence<K>{});
+  }
+  (std::make_index_sequence<K>{});
 
   constexpr std::size_t out = Model::out_features;
   const double normalizer = Loss::normalizer(rows, out);
@@ -101,23 +102,24 @@ ReferenceResult reference_step(const NamedTensors& params, std::span<const float
           std::vector<double> dx(rows * St::in_features);
           grad_stash[s].assign(rows * St::grad_stash_per_row, 0.0);
           std::vector<double> ws(rows * workspace_per_row_v<St>);
-          St::backward_input(k, BackwardInputArgs<double>{rows, acts[s].data(), dy.data(),
-                                                          dx.data(), p[s].data(), stash[s].data(),
-                                                          grad_stash[s].data(), ws.data()});
-          St::backward_weight(k, BackwardWeightArgs<double>{rows, acts[s].data(), dy.data(),
-                                                            p[s].data(), stash[s].data(),
-                                                            grad_stash[s].data(), g[s].data(),
-                                                            ws.data()});
+          St::backward_input(
+              k, BackwardInputArgs<double>{rows, acts[s].data(), dy.data(), dx.data(), p[s].data(),
+                                           stash[s].data(), grad_stash[s].data(), ws.data()});
+          St::backward_weight(k, BackwardWeightArgs<double>{
+                                     rows, acts[s].data(), dy.data(), p[s].data(), stash[s].data(),
+                                     grad_stash[s].data(), g[s].data(), ws.data()});
           dy = std::move(dx);
         }(),
         ...);
-  }(std::make_index_sequence<K>{});
+  }
+  (std::make_index_sequence<K>{});
 
   ReferenceResult result;
   result.loss = loss_sum / normalizer;
   for (const ParameterInfo& info : infos) {
     const auto begin = g[info.stage].begin() + static_cast<std::ptrdiff_t>(info.offset);
-    result.gradients[info.name] = std::vector<double>(begin, begin + static_cast<std::ptrdiff_t>(info.size));
+    result.gradients[info.name] =
+        std::vector<double>(begin, begin + static_cast<std::ptrdiff_t>(info.size));
   }
   return result;
 }

@@ -6,8 +6,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
+
+#include "gpipe/error.hpp"
 
 namespace gpipe {
 
@@ -101,4 +104,30 @@ inline std::string describe(const WorkLabel& label, std::size_t device) {
   return out;
 }
 
+namespace detail {
+
+// Rethrows a failure from stream work on the caller's thread with where it happened in front of
+// its message ("gpipe: stage 1 (device 1), micro-batch 2, forward: ..."). OutOfMemory stays
+// OutOfMemory; every other exception becomes a gpipe::Error.
+[[noreturn]] inline void rethrow_from(std::exception_ptr error, const std::string& where) {
+  auto strip = [](std::string message) {
+    constexpr std::string_view prefix = "gpipe: ";
+    if (message.starts_with(prefix)) message.erase(0, prefix.size());
+    return message;
+  };
+  const std::string head = "gpipe: " + where + ": ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(head + strip(e.what()));
+  } catch (const Error& e) {
+    throw Error(head + strip(e.what()));
+  } catch (const std::exception& e) {
+    throw Error(head + e.what());
+  } catch (...) {
+    throw Error(head + "unknown exception");
+  }
+}
+
+}  // namespace detail
 }  // namespace gpipe

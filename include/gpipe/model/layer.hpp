@@ -49,34 +49,34 @@ struct ParamSpec {
 template <class T>
 struct ForwardArgs {
   std::size_t rows;
-  const T* x;       // (rows, in_features)
-  T* y;             // (rows, out_features)
-  const T* params;  // (num_params)
-  T* stash;         // (rows, stash_per_row), kept until backward
+  const T* x;              // (rows, in_features)
+  T* y;                    // (rows, out_features)
+  const T* params;         // (num_params)
+  T* stash;                // (rows, stash_per_row), kept until backward
   T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
 struct BackwardInputArgs {
   std::size_t rows;
-  const T* x;        // (rows, in_features)
-  const T* dy;       // (rows, out_features)
-  T* dx;             // (rows, in_features), overwritten
-  const T* params;   // (num_params)
-  const T* stash;    // (rows, stash_per_row) as left by forward
-  T* grad_stash;     // (rows, grad_stash_per_row), kept until backward_weight
+  const T* x;              // (rows, in_features)
+  const T* dy;             // (rows, out_features)
+  T* dx;                   // (rows, in_features), overwritten
+  const T* params;         // (num_params)
+  const T* stash;          // (rows, stash_per_row) as left by forward
+  T* grad_stash;           // (rows, grad_stash_per_row), kept until backward_weight
   T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
 struct BackwardWeightArgs {
   std::size_t rows;
-  const T* x;           // (rows, in_features)
-  const T* dy;          // (rows, out_features)
-  const T* params;      // (num_params)
-  const T* stash;       // (rows, stash_per_row)
-  const T* grad_stash;  // (rows, grad_stash_per_row) as left by backward_input
-  T* grads;             // (num_params), accumulated: grads += d(loss)/d(params)
+  const T* x;              // (rows, in_features)
+  const T* dy;             // (rows, out_features)
+  const T* params;         // (num_params)
+  const T* stash;          // (rows, stash_per_row)
+  const T* grad_stash;     // (rows, grad_stash_per_row) as left by backward_input
+  T* grads;                // (num_params), accumulated: grads += d(loss)/d(params)
   T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
 };
 
@@ -108,13 +108,14 @@ template <class L>
 concept has_features = requires {
   { L::in_features } -> std::convertible_to<std::size_t>;
   { L::out_features } -> std::convertible_to<std::size_t>;
-} && (L::in_features > 0) && (L::out_features > 0);
+}
+&&(L::in_features > 0) && (L::out_features > 0);
 
 template <class L>
 concept has_parameters = requires(std::span<float> p, Rng& rng) {
   { L::num_params } -> std::convertible_to<std::size_t>;
-  { L::param_specs() };
-  { L::init(p, rng) };
+  {L::param_specs()};
+  {L::init(p, rng)};
 };
 
 template <class L>
@@ -128,20 +129,19 @@ concept layer = has_features<L> && has_parameters<L> && has_stash<L>;
 
 // layer_for<L, Ctx>: L's operations can run with the kernel context Ctx.
 template <class L, class Ctx>
-concept layer_for =
-    layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& f,
-                         const BackwardInputArgs<typename Ctx::value_type>& b,
-                         const BackwardWeightArgs<typename Ctx::value_type>& w) {
-      L::forward(ctx, f);
-      L::backward_input(ctx, b);
-      L::backward_weight(ctx, w);
-    };
+concept layer_for = layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& f,
+                                         const BackwardInputArgs<typename Ctx::value_type>& b,
+                                         const BackwardWeightArgs<typename Ctx::value_type>& w) {
+  L::forward(ctx, f);
+  L::backward_input(ctx, b);
+  L::backward_weight(ctx, w);
+};
 
 // workspace_per_row_v<L>: L::workspace_per_row when L declares it, else 0.
 template <class L>
 constexpr std::size_t workspace_per_row_v = 0;
 template <class L>
-  requires requires { L::workspace_per_row; }
+requires requires { L::workspace_per_row; }
 constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
 
 // sequential_size_v<L>: how many entries of PyTorch's nn.Sequential the layer (or layer spec)
@@ -150,7 +150,7 @@ constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
 template <class L>
 constexpr std::size_t sequential_size_v = 1;
 template <class L>
-  requires requires { L::sequential_size; }
+requires requires { L::sequential_size; }
 constexpr std::size_t sequential_size_v<L> = L::sequential_size;
 
 // width_generic_layer<L>: a layer that takes its width from the layer before it (ReLU, GELU,

@@ -89,9 +89,8 @@ struct Pipeline {
   // Every parameter tensor in nn.Sequential order.
   static std::vector<ParameterInfo> parameters() {
     std::vector<ParameterInfo> out;
-    [&]<std::size_t... S>(std::index_sequence<S...>) {
-      (append_stage<S>(out), ...);
-    }(std::make_index_sequence<num_stages>{});
+    [&]<std::size_t... S>(std::index_sequence<S...>) { (append_stage<S>(out), ...); }
+    (std::make_index_sequence<num_stages>{});
     return out;
   }
 

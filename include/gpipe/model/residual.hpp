@@ -16,9 +16,9 @@ template <class Body>
 struct ResidualOf : Body {
   static constexpr std::size_t sequential_size = 1;  // one entry, its children "i.j"
 
-  static_assert(feature_chain_check<out_features<Body::out_features>,
-                                    in_features<Body::in_features>>::value,
-                "gpipe: the body of a Residual must keep the width");
+  static_assert(
+      feature_chain_check<out_features<Body::out_features>, in_features<Body::in_features>>::value,
+      "gpipe: the body of a Residual must keep the width");
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {

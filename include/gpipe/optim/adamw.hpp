@@ -32,8 +32,8 @@ class AdamW {
     detail::require(options.beta2 >= 0 && options.beta2 < 1,
                     "AdamW beta2 must be in [0, 1), got " + std::to_string(options.beta2));
     detail::require(options.eps >= 0, "AdamW eps must be >= 0, got " + std::to_string(options.eps));
-    detail::require(options.weight_decay >= 0, "AdamW weight_decay must be >= 0, got " +
-                                                   std::to_string(options.weight_decay));
+    detail::require(options.weight_decay >= 0,
+                    "AdamW weight_decay must be >= 0, got " + std::to_string(options.weight_decay));
   }
 
   template <class Kernels, class T>

@@ -31,8 +31,8 @@ class SGD {
     detail::require(options.lr >= 0, "SGD lr must be >= 0, got " + std::to_string(options.lr));
     detail::require(options.momentum >= 0,
                     "SGD momentum must be >= 0, got " + std::to_string(options.momentum));
-    detail::require(options.weight_decay >= 0, "SGD weight_decay must be >= 0, got " +
-                                                   std::to_string(options.weight_decay));
+    detail::require(options.weight_decay >= 0,
+                    "SGD weight_decay must be >= 0, got " + std::to_string(options.weight_decay));
     detail::require(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
                     "SGD nesterov needs momentum > 0 and dampening == 0");
   }

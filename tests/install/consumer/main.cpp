@@ -5,9 +5,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <vector>
-
 #include <gpipe/gpipe.hpp>
+#include <vector>
 
 using Model = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<4, 16>, gpipe::ReLU>,
                               gpipe::Stage<gpipe::Linear<16, 2>>>;

@@ -257,18 +257,7 @@ class Backend {
     failed_ = false;
     Failure failure = std::exchange(failure_, {});
     if (!failure.error) return;
-    const std::string where = "gpipe: " + failure.where + ": ";
-    try {
-      std::rethrow_exception(failure.error);
-    } catch (const OutOfMemory& e) {
-      throw OutOfMemory(where + strip_prefix(e.what()));
-    } catch (const Error& e) {
-      throw Error(where + strip_prefix(e.what()));
-    } catch (const std::exception& e) {
-      throw Error(where + e.what());
-    } catch (...) {
-      throw Error(where + "unknown exception");
-    }
+    gpipe::detail::rethrow_from(failure.error, failure.where);
   }
 
  private:
@@ -584,11 +573,6 @@ class Backend {
 
   // Helpers -------------------------------------------------------------------------------------
 
-  static std::string strip_prefix(std::string message) {
-    constexpr std::string_view prefix = "gpipe: ";
-    if (message.starts_with(prefix)) message.erase(0, prefix.size());
-    return message;
-  }
   void check_device(std::size_t device) const {
     gpipe::detail::require(device < devices_.size(), "device " + std::to_string(device) +
                                                          " does not exist; the backend has " +

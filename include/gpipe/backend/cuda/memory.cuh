@@ -20,14 +20,12 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <limits>
-#include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/memory.hpp"
 #include "gpipe/error.hpp"
 
 namespace gpipe::cuda {
@@ -61,9 +59,7 @@ class DeviceAllocator {
  public:
   DeviceAllocator(std::size_t device, int gpu, cudaMemPool_t pool, std::size_t capacity,
                   const detail::StreamOrder& order)
-      : device_(device), gpu_(gpu), pool_(pool), order_(order) {
-    stats_.capacity = capacity;
-  }
+      : counter_(device, capacity), gpu_(gpu), pool_(pool), order_(order) {}
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
@@ -71,34 +67,21 @@ class DeviceAllocator {
   // GPU has no memory left.
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
-    {
-      std::lock_guard lock(mu_);
-      // current <= capacity whenever there is a cap, so the subtraction cannot wrap.
-      if (stats_.capacity != 0 && bytes > stats_.capacity - stats_.current)
-        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
-                          ": allocating " + std::to_string(bytes) + " bytes with " +
-                          std::to_string(stats_.current) + " in use exceeds the capacity of " +
-                          std::to_string(stats_.capacity) + " bytes");
-      stats_.current += bytes;
-      if (stats_.current > stats_.peak) stats_.peak = stats_.current;
-      const auto k = static_cast<std::size_t>(kind);
-      stats_.current_by_kind[k] += bytes;
-      if (stats_.current_by_kind[k] > stats_.peak_by_kind[k])
-        stats_.peak_by_kind[k] = stats_.current_by_kind[k];
-    }
+    counter_.reserve(bytes, kind);
     void* p = nullptr;
-    const cudaError_t error = cudaMallocFromPoolAsync(&p, bytes, pool_, order_.stream_for(device_));
+    const cudaError_t error =
+        cudaMallocFromPoolAsync(&p, bytes, pool_, order_.stream_for(device()));
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
-      release(bytes, kind);
+      counter_.release(bytes, kind);
       const std::string what =
           std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
       if (error == cudaErrorMemoryAllocation)
-        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) + " (GPU " +
+        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device()) + " (GPU " +
                           std::to_string(gpu_) + "): allocating " + std::to_string(bytes) +
                           " bytes failed (" + what + ")");
       throw Error("gpipe: allocating " + std::to_string(bytes) + " bytes on device " +
-                  std::to_string(device_) + " (GPU " + std::to_string(gpu_) + ") failed: " + what);
+                  std::to_string(device()) + " (GPU " + std::to_string(gpu_) + ") failed: " + what);
     }
     return p;
   }
@@ -107,91 +90,25 @@ class DeviceAllocator {
   void deallocate(void* p, std::size_t bytes, MemoryKind kind = MemoryKind::other) noexcept {
     if (p == nullptr) return;
     // A failure here can only come from a broken context, which the next synchronize reports.
-    if (cudaFreeAsync(p, order_.stream_for(device_)) != cudaSuccess) (void)cudaGetLastError();
-    release(bytes, kind);
+    if (cudaFreeAsync(p, order_.stream_for(device())) != cudaSuccess) (void)cudaGetLastError();
+    counter_.release(bytes, kind);
   }
 
-  MemoryStats stats() const {
-    std::lock_guard lock(mu_);
-    return stats_;
-  }
-  void reset_peak() {
-    std::lock_guard lock(mu_);
-    stats_.peak = stats_.current;
-    stats_.peak_by_kind = stats_.current_by_kind;
-  }
-  std::size_t device() const { return device_; }
+  MemoryStats stats() const { return counter_.stats(); }
+  void reset_peak() { counter_.reset_peak(); }
+  std::size_t device() const { return counter_.device(); }
   int gpu() const { return gpu_; }
 
  private:
-  void release(std::size_t bytes, MemoryKind kind) noexcept {
-    std::lock_guard lock(mu_);
-    stats_.current -= bytes;
-    stats_.current_by_kind[static_cast<std::size_t>(kind)] -= bytes;
-  }
-
-  std::size_t device_;
+  gpipe::detail::MemoryCounter counter_;
   int gpu_;
   cudaMemPool_t pool_;
   const detail::StreamOrder& order_;
-  mutable std::mutex mu_;
-  MemoryStats stats_;
 };
 
 // Owns `size` elements of T in one virtual device's memory (uninitialized). Move-only; empty when
 // size is 0. Freeing is stream-ordered (see the top of this file).
 template <class T>
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(DeviceAllocator& allocator, std::size_t size, MemoryKind kind = MemoryKind::other)
-      : allocator_(&allocator),
-        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device()), kind))),
-        size_(size),
-        kind_(kind) {}
-  Buffer(Buffer&& other) noexcept
-      : allocator_(std::exchange(other.allocator_, nullptr)),
-        data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)),
-        kind_(other.kind_) {}
-  Buffer& operator=(Buffer&& other) noexcept {
-    if (this != &other) {
-      reset();
-      allocator_ = std::exchange(other.allocator_, nullptr);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      kind_ = other.kind_;
-    }
-    return *this;
-  }
-  ~Buffer() { reset(); }
-
-  void reset() noexcept {
-    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T), kind_);
-    allocator_ = nullptr;
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  T* data() const { return data_; }
-  MemoryKind kind() const { return kind_; }
-  std::size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  // size * sizeof(T), or OutOfMemory when that does not fit a size_t.
-  static std::size_t bytes_of(std::size_t size, std::size_t device) {
-    if (size > std::numeric_limits<std::size_t>::max() / sizeof(T))
-      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device) + ": " +
-                        std::to_string(size) + " elements of " + std::to_string(sizeof(T)) +
-                        " bytes overflow the size of an allocation");
-    return size * sizeof(T);
-  }
-
-  DeviceAllocator* allocator_ = nullptr;
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-  MemoryKind kind_ = MemoryKind::other;
-};
+using Buffer = gpipe::detail::Buffer<T, DeviceAllocator>;
 
 }  // namespace gpipe::cuda

@@ -116,26 +116,10 @@ class Backend {
     for (auto& s : streams_) s->synchronize();
     StreamGroup::Failure failure = group_.take_error();
     if (!failure.error) return;
-    const std::string where = "gpipe: " + failure.where + ": ";
-    try {
-      std::rethrow_exception(failure.error);
-    } catch (const OutOfMemory& e) {
-      throw OutOfMemory(where + strip_prefix(e.what()));
-    } catch (const Error& e) {
-      throw Error(where + strip_prefix(e.what()));
-    } catch (const std::exception& e) {
-      throw Error(where + e.what());
-    } catch (...) {
-      throw Error(where + "unknown exception");
-    }
+    gpipe::detail::rethrow_from(failure.error, failure.where);
   }
 
  private:
-  static std::string strip_prefix(std::string message) {
-    constexpr std::string_view prefix = "gpipe: ";
-    if (message.starts_with(prefix)) message.erase(0, prefix.size());
-    return message;
-  }
   DeviceAllocator& allocator(std::size_t device) const {
     check_device(device);
     return *allocators_[device];

@@ -1,15 +1,14 @@
 #pragma once
-// Per-device memory of the host backend: an allocator that counts current and peak bytes and can
-// enforce a capacity, and Buffer<T>, an owning handle to an allocation on one device.
+// Per-device memory of the host backend: an allocator with the backends' byte accounting (see
+// backend/memory.hpp) over aligned operator new, and Buffer<T>, an owning handle to an
+// allocation on one device.
 
 #include <cstddef>
-#include <limits>
-#include <mutex>
 #include <new>
 #include <string>
-#include <utility>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/backend/memory.hpp"
 #include "gpipe/error.hpp"
 
 namespace gpipe::host {
@@ -19,121 +18,38 @@ class DeviceAllocator {
  public:
   static constexpr std::size_t alignment = 64;
 
-  DeviceAllocator(std::size_t device, std::size_t capacity) : device_(device) {
-    stats_.capacity = capacity;
-  }
+  DeviceAllocator(std::size_t device, std::size_t capacity) : counter_(device, capacity) {}
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
   // Throws OutOfMemory when the allocation would take the device past its capacity.
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
-    {
-      std::lock_guard lock(mu_);
-      // current <= capacity whenever there is a cap, so the subtraction cannot wrap.
-      if (stats_.capacity != 0 && bytes > stats_.capacity - stats_.current)
-        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
-                          ": allocating " + std::to_string(bytes) + " bytes with " +
-                          std::to_string(stats_.current) + " in use exceeds the capacity of " +
-                          std::to_string(stats_.capacity) + " bytes");
-      stats_.current += bytes;
-      if (stats_.current > stats_.peak) stats_.peak = stats_.current;
-      const auto k = static_cast<std::size_t>(kind);
-      stats_.current_by_kind[k] += bytes;
-      if (stats_.current_by_kind[k] > stats_.peak_by_kind[k])
-        stats_.peak_by_kind[k] = stats_.current_by_kind[k];
-    }
+    counter_.reserve(bytes, kind);
     try {
       return ::operator new (bytes, std::align_val_t{alignment});
     } catch (const std::bad_alloc&) {
-      release(bytes, kind);
+      counter_.release(bytes, kind);
       throw OutOfMemory("gpipe: the host could not allocate " + std::to_string(bytes) +
-                        " bytes for device " + std::to_string(device_));
+                        " bytes for device " + std::to_string(device()));
     }
   }
 
   void deallocate(void* p, std::size_t bytes, MemoryKind kind = MemoryKind::other) noexcept {
     if (p == nullptr) return;
     ::operator delete (p, std::align_val_t{alignment});
-    release(bytes, kind);
+    counter_.release(bytes, kind);
   }
 
-  MemoryStats stats() const {
-    std::lock_guard lock(mu_);
-    return stats_;
-  }
-  void reset_peak() {
-    std::lock_guard lock(mu_);
-    stats_.peak = stats_.current;
-    stats_.peak_by_kind = stats_.current_by_kind;
-  }
-  std::size_t device() const { return device_; }
+  MemoryStats stats() const { return counter_.stats(); }
+  void reset_peak() { counter_.reset_peak(); }
+  std::size_t device() const { return counter_.device(); }
 
  private:
-  void release(std::size_t bytes, MemoryKind kind) noexcept {
-    std::lock_guard lock(mu_);
-    stats_.current -= bytes;
-    stats_.current_by_kind[static_cast<std::size_t>(kind)] -= bytes;
-  }
-
-  std::size_t device_;
-  mutable std::mutex mu_;
-  MemoryStats stats_;
+  detail::MemoryCounter counter_;
 };
 
-// Owns `size` elements of T on one device (uninitialized). Move-only; empty when size is 0.
 template <class T>
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(DeviceAllocator& allocator, std::size_t size, MemoryKind kind = MemoryKind::other)
-      : allocator_(&allocator),
-        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device()), kind))),
-        size_(size),
-        kind_(kind) {}
-  Buffer(Buffer&& other) noexcept
-      : allocator_(std::exchange(other.allocator_, nullptr)),
-        data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)),
-        kind_(other.kind_) {}
-  Buffer& operator=(Buffer&& other) noexcept {
-    if (this != &other) {
-      reset();
-      allocator_ = std::exchange(other.allocator_, nullptr);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      kind_ = other.kind_;
-    }
-    return *this;
-  }
-  ~Buffer() { reset(); }
-
-  void reset() noexcept {
-    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T), kind_);
-    allocator_ = nullptr;
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  T* data() const { return data_; }
-  MemoryKind kind() const { return kind_; }
-  std::size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-
- private:
-  // size * sizeof(T), or OutOfMemory when that does not fit a size_t.
-  static std::size_t bytes_of(std::size_t size, std::size_t device) {
-    if (size > std::numeric_limits<std::size_t>::max() / sizeof(T))
-      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device) + ": " +
-                        std::to_string(size) + " elements of " + std::to_string(sizeof(T)) +
-                        " bytes overflow the size of an allocation");
-    return size * sizeof(T);
-  }
-
-  DeviceAllocator* allocator_ = nullptr;
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-  MemoryKind kind_ = MemoryKind::other;
-};
+using Buffer = detail::Buffer<T, DeviceAllocator>;
 
 }  // namespace gpipe::host

@@ -89,7 +89,9 @@ using bind_chain_t = typename bind_chain<N, Ls...>::type;
 // is_transparent_v<L>: L is a wrapper whose parameters keep the sequential indices of the layers
 // it wraps (param_specs() paths already start with those relative indices), e.g. Checkpoint.
 template <class L>
-constexpr bool is_transparent_v = requires { L::transparent; };
+constexpr bool is_transparent_v = requires {
+  L::transparent;
+};
 
 // max_param_depth<Bs...>() = the deepest path a Chain of Bs gives its parameter tensors, before
 // the chain's own index is prepended.
@@ -163,7 +165,8 @@ struct Chain {
   static constexpr std::size_t sequential_size = (std::size_t{0} + ... + sequential_size_v<Bs>);
   static constexpr auto sequential_offset = exclusive_sum(sequential_sizes, 0);
 
-  static constexpr std::size_t num_param_tensors = (std::size_t{0} + ... + Bs::param_specs().size());
+  static constexpr std::size_t num_param_tensors =
+      (std::size_t{0} + ... + Bs::param_specs().size());
 
   // Every parameter tensor of every layer, with the layer's sequential index prepended to its
   // path (added to the path's first index for a transparent wrapper).
@@ -209,9 +212,12 @@ struct Chain {
  private:
   template <std::size_t I, class T>
   static T* act(T* x, T* y, T* stash, std::size_t rows) {  // a_I
-    if constexpr (I == 0) return x;
-    else if constexpr (I == size) return y;
-    else return stash + act_offset[I - 1] * rows;
+    if constexpr (I == 0)
+      return x;
+    else if constexpr (I == size)
+      return y;
+    else
+      return stash + act_offset[I - 1] * rows;
   }
 
   template <class Ctx, std::size_t... I>
@@ -219,10 +225,10 @@ struct Chain {
                            std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);  // only read through the I == 0 path
-    (Bs::forward(ctx, ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
-                                     act<I + 1>(x, a.y, a.stash, a.rows),
-                                     a.params + param_offset[I],
-                                     a.stash + stash_offset[I] * a.rows, a.workspace}),
+    (Bs::forward(ctx,
+                 ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
+                                act<I + 1>(x, a.y, a.stash, a.rows), a.params + param_offset[I],
+                                a.stash + stash_offset[I] * a.rows, a.workspace}),
      ...);
   }
 
@@ -236,9 +242,12 @@ struct Chain {
     // Reverse order: layer size-1 first. g_I for I in (0, size) lives in the grad stash.
     auto grad = [&](auto i_const) -> T* {
       constexpr std::size_t i = decltype(i_const)::value;
-      if constexpr (i == 0) return a.dx;
-      else if constexpr (i == size) return dy;
-      else return a.grad_stash + act_offset[i - 1] * a.rows;
+      if constexpr (i == 0)
+        return a.dx;
+      else if constexpr (i == size)
+        return dy;
+      else
+        return a.grad_stash + act_offset[i - 1] * a.rows;
     };
     auto step = [&](auto j_const) {
       constexpr std::size_t i = size - 1 - decltype(j_const)::value;
@@ -263,13 +272,12 @@ struct Chain {
     auto grad = [&](std::size_t i) -> const T* {
       return i == size ? a.dy : gstash + act_offset[i - 1] * a.rows;
     };
-    (Bs::backward_weight(ctx, BackwardWeightArgs<T>{a.rows,
-                                                    act<I>(x, static_cast<T*>(nullptr), stash,
-                                                           a.rows),
-                                                    grad(I + 1), a.params + param_offset[I],
-                                                    stash + stash_offset[I] * a.rows,
-                                                    gstash + grad_stash_offset[I] * a.rows,
-                                                    a.grads + param_offset[I], a.workspace}),
+    (Bs::backward_weight(
+         ctx, BackwardWeightArgs<T>{a.rows, act<I>(x, static_cast<T*>(nullptr), stash, a.rows),
+                                    grad(I + 1), a.params + param_offset[I],
+                                    stash + stash_offset[I] * a.rows,
+                                    gstash + grad_stash_offset[I] * a.rows,
+                                    a.grads + param_offset[I], a.workspace}),
      ...);
   }
 };

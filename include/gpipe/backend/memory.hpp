@@ -1,0 +1,121 @@
+#pragma once
+// Backend-neutral memory pieces: the byte accounting every backend's allocator keeps (current,
+// peak and an optional capacity, in all and per MemoryKind), and Buffer<T, Allocator>, an owning
+// handle to one allocation. An Allocator provides
+//   void* allocate(std::size_t bytes, MemoryKind)       (nullptr for 0 bytes; may throw)
+//   void deallocate(void*, std::size_t bytes, MemoryKind) noexcept
+//   std::size_t device() const
+
+#include <cstddef>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/error.hpp"
+
+namespace gpipe::detail {
+
+// Thread-safe: a device's memory may be freed by work running for another device.
+class MemoryCounter {
+ public:
+  MemoryCounter(std::size_t device, std::size_t capacity) : device_(device) {
+    stats_.capacity = capacity;
+  }
+
+  // Counts `bytes` as in use; throws OutOfMemory (and counts nothing) past the capacity.
+  void reserve(std::size_t bytes, MemoryKind kind) {
+    std::lock_guard lock(mu_);
+    // current <= capacity whenever there is a cap, so the subtraction cannot wrap.
+    if (stats_.capacity != 0 && bytes > stats_.capacity - stats_.current)
+      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
+                        ": allocating " + std::to_string(bytes) + " bytes with " +
+                        std::to_string(stats_.current) + " in use exceeds the capacity of " +
+                        std::to_string(stats_.capacity) + " bytes");
+    stats_.current += bytes;
+    if (stats_.current > stats_.peak) stats_.peak = stats_.current;
+    const auto k = static_cast<std::size_t>(kind);
+    stats_.current_by_kind[k] += bytes;
+    if (stats_.current_by_kind[k] > stats_.peak_by_kind[k])
+      stats_.peak_by_kind[k] = stats_.current_by_kind[k];
+  }
+  void release(std::size_t bytes, MemoryKind kind) noexcept {
+    std::lock_guard lock(mu_);
+    stats_.current -= bytes;
+    stats_.current_by_kind[static_cast<std::size_t>(kind)] -= bytes;
+  }
+
+  MemoryStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mu_);
+    stats_.peak = stats_.current;
+    stats_.peak_by_kind = stats_.current_by_kind;
+  }
+  std::size_t device() const { return device_; }
+
+ private:
+  std::size_t device_;
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
+// Owns `size` elements of T on one device (uninitialized). Move-only; empty when size is 0.
+template <class T, class Allocator>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Allocator& allocator, std::size_t size, MemoryKind kind = MemoryKind::other)
+      : allocator_(&allocator),
+        data_(static_cast<T*>(allocator.allocate(bytes_of(size, allocator.device()), kind))),
+        size_(size),
+        kind_(kind) {}
+  Buffer(Buffer&& other) noexcept
+      : allocator_(std::exchange(other.allocator_, nullptr)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        kind_(other.kind_) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      allocator_ = std::exchange(other.allocator_, nullptr);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      kind_ = other.kind_;
+    }
+    return *this;
+  }
+  ~Buffer() { reset(); }
+
+  void reset() noexcept {
+    if (allocator_ != nullptr) allocator_->deallocate(data_, size_ * sizeof(T), kind_);
+    allocator_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data() const { return data_; }
+  MemoryKind kind() const { return kind_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  // size * sizeof(T), or OutOfMemory when that does not fit a size_t.
+  static std::size_t bytes_of(std::size_t size, std::size_t device) {
+    if (size > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device) + ": " +
+                        std::to_string(size) + " elements of " + std::to_string(sizeof(T)) +
+                        " bytes overflow the size of an allocation");
+    return size * sizeof(T);
+  }
+
+  Allocator* allocator_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  MemoryKind kind_ = MemoryKind::other;
+};
+
+}  // namespace gpipe::detail
