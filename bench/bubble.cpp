@@ -44,14 +44,19 @@ namespace {
 std::atomic<long> op_us{1000};  // duration of every F, B and W of a whole stage
 std::string trace_dir;          // where to write K = 4, M = 8 timelines ("" = nowhere)
 
-// Sleeps for `us` microseconds. The first call on a thread asks Linux for a 1 ns timer slack, so
-// a sleep overshoots by microseconds instead of the default 50.
+// Holds the thread for `us` microseconds: sleeps until 50 us before the deadline (after asking
+// Linux once per thread for a 1 ns timer slack), then polls the clock. The sleep lets 8 devices
+// share 2 cores; the short poll makes every op last the same, so that the measurement shows the
+// schedule and the executor rather than the scheduler's wake-up jitter.
 void hold(long us) {
 #if defined(__linux__)
   thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) == 0;
   (void)slack_set;
 #endif
-  std::this_thread::sleep_until(std::chrono::steady_clock::now() + std::chrono::microseconds(us));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  std::this_thread::sleep_until(deadline - std::chrono::microseconds(50));
+  while (std::chrono::steady_clock::now() < deadline) {
+  }
 }
 
 // A layer of width N that passes its input through, stashes 1024 floats per row (so that live
