@@ -1,9 +1,11 @@
 // Writes what an outside check needs to compare one pipelined gpipe step with PyTorch:
 // <dir>/params_<name>.safetensors (the model before the step), <dir>/batch_<name>.safetensors
 // (x, and y as floats), <dir>/grads_<name>.safetensors (the gradients after forward_backward) and
-// <dir>/loss_<name>.txt, for a cross-entropy model with Residual and LayerNorm on 3 stages and an
-// MSE model on 2 stages, both with micro-batches that do not divide the batch and remat always.
-// Usage: pytorch_dump_step <dir>
+// <dir>/loss_<name>.txt, and the parameters after two optimizer steps in
+// <dir>/stepped_<name>.safetensors (AdamW for the first model, SGD with Nesterov momentum and
+// weight decay for the second), for a cross-entropy model with Residual and LayerNorm on 3 stages
+// and an MSE model on 2 stages, both with micro-batches that do not divide the batch and remat
+// always. Usage: pytorch_dump_step <dir>
 
 #include <cstdint>
 #include <cstdio>
@@ -24,8 +26,9 @@ using CrossEntropyModel = gpipe::Pipeline<
 using MseModel = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<12, 24>, gpipe::GELU>,
                                  gpipe::Stage<gpipe::LayerNorm<24>, gpipe::Linear<24, 5>>>;
 
-template <class Model, class Loss>
-void dump(const std::filesystem::path& dir, const std::string& name, std::size_t rows) {
+template <class Model, class Loss, class Optimizer>
+void dump(const std::filesystem::path& dir, const std::string& name, std::size_t rows,
+          const Optimizer& optimizer) {
   gpipe::host::Backend backend(Model::num_stages);
   gpipe::Trainer<Model, Loss, gpipe::host::Backend> trainer(
       backend, {.micro_batches = 3, .remat = gpipe::Remat::always, .seed = 11});
@@ -51,6 +54,12 @@ void dump(const std::filesystem::path& dir, const std::string& name, std::size_t
   char text[32];
   std::snprintf(text, sizeof text, "%.9g", static_cast<double>(loss));
   std::ofstream(dir / ("loss_" + name + ".txt")) << text;
+  // Two optimizer steps from here: the first on these gradients, the second on fresh ones.
+  trainer.step(optimizer);
+  trainer.zero_grad();
+  trainer.forward_backward(x, y);
+  trainer.step(optimizer);
+  trainer.save(dir / ("stepped_" + name + ".safetensors"));
 }
 
 }  // namespace
@@ -62,8 +71,11 @@ int main(int argc, char** argv) try {
   }
   const std::filesystem::path dir = argv[1];
   std::filesystem::create_directories(dir);
-  dump<CrossEntropyModel, gpipe::SoftmaxCrossEntropy>(dir, "cross_entropy", 10);
-  dump<MseModel, gpipe::MSELoss>(dir, "mse", 11);
+  dump<CrossEntropyModel, gpipe::SoftmaxCrossEntropy>(
+      dir, "cross_entropy", 10, gpipe::optim::AdamW({.lr = 1e-2, .weight_decay = 0.1}));
+  dump<MseModel, gpipe::MSELoss>(
+      dir, "mse", 11,
+      gpipe::optim::SGD({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
