@@ -171,9 +171,15 @@ inline Ceilings measure_ceilings() {
   return c;
 }
 
+struct MainOptions {
+  // Measure the copy and SGEMM ceilings first (a second or two) and add them to the context; a
+  // program whose numbers do not compare against them (bench_cuda_bubble) skips this.
+  bool ceilings = true;
+};
+
 // main of a CUDA benchmark program: without a GPU it says so and exits 0; otherwise it measures
 // the ceilings, adds them and the GPU to the context, and runs the registered benchmarks.
-inline int cuda_benchmark_main(int argc, char** argv) {
+inline int cuda_benchmark_main(int argc, char** argv, MainOptions options = {}) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
@@ -186,16 +192,18 @@ inline int cuda_benchmark_main(int argc, char** argv) {
   int driver = 0, runtime = 0;
   (void)cudaDriverGetVersion(&driver);
   (void)cudaRuntimeGetVersion(&runtime);
-  ceilings() = measure_ceilings();
   benchmark::AddCustomContext("gpu", std::string(prop.name) + ", " +
                                          std::to_string(prop.multiProcessorCount) + " SMs, " +
                                          std::to_string(prop.totalGlobalMem >> 20) + " MiB");
   benchmark::AddCustomContext(
       "cuda", "driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime));
-  benchmark::AddCustomContext("ceiling_copy_GBps", std::to_string(ceilings().copy_gbps));
-  benchmark::AddCustomContext("ceiling_sgemm_TFLOPs", std::to_string(ceilings().sgemm_tflops));
-  std::printf("ceilings: device-to-device copy %.0f GB/s, FP32 SGEMM 8192^3 %.1f TFLOP/s\n",
-              ceilings().copy_gbps, ceilings().sgemm_tflops);
+  if (options.ceilings) {
+    ceilings() = measure_ceilings();
+    benchmark::AddCustomContext("ceiling_copy_GBps", std::to_string(ceilings().copy_gbps));
+    benchmark::AddCustomContext("ceiling_sgemm_TFLOPs", std::to_string(ceilings().sgemm_tflops));
+    std::printf("ceilings: device-to-device copy %.0f GB/s, FP32 SGEMM 8192^3 %.1f TFLOP/s\n",
+                ceilings().copy_gbps, ceilings().sgemm_tflops);
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
