@@ -88,7 +88,7 @@ class StreamGroup {
     std::erase(event.waiters, &cv);
   }
 
-  static constexpr std::chrono::microseconds spin_time{50};
+  static constexpr std::chrono::microseconds spin_time{100};
 
  private:
   mutable std::mutex mu_;
