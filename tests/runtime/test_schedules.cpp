@@ -26,6 +26,12 @@ using namespace gpipe::test;
 using Model8 = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>, Stage<L5>, Stage<L6>,
                         Stage<Linear<5, 5>>>;
 
+// Sixteen stages, for V = 2 on eight devices.
+using Model16 = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>, Stage<L5>,
+                         Stage<L6>, Stage<Linear<5, 5>>, Stage<GELU>, Stage<Linear<5, 5>>,
+                         Stage<LayerNorm<5>>, Stage<Linear<5, 5>>, Stage<ReLU>, Stage<Linear<5, 5>>,
+                         Stage<GELU>, Stage<Linear<5, 5>>>;
+
 template <class ModelT, class ScheduleT>
 struct Config {
   using Model = ModelT;
@@ -103,7 +109,8 @@ TEST_CASE_TEMPLATE("every schedule gives GPipe's loss and gradients", C, Config<
                    Config<Model4, OneFOneB>, Config<Model8, OneFOneB>, Config<Model2, ZeroBubbleH1>,
                    Config<Model4, ZeroBubbleH1>, Config<Model8, ZeroBubbleH1>,
                    Config<Model2, Interleaved<2>>, Config<Model4, Interleaved<2>>,
-                   Config<Model8, Interleaved<2>>, Config<Model4, Interleaved<4>>) {
+                   Config<Model8, Interleaved<2>>, Config<Model16, Interleaved<2>>,
+                   Config<Model4, Interleaved<4>>) {
   check_matches_gpipe<C>();
 }
 
