@@ -6,14 +6,13 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <gpipe/gpipe.hpp>
 #include <vector>
 
-#include <gpipe/gpipe.hpp>
-
-using Model = gpipe::Pipeline<
-    gpipe::Stage<gpipe::Linear<64, 256>, gpipe::ReLU>,
-    gpipe::Stage<gpipe::Linear<256, 256>, gpipe::GELU, gpipe::LayerNorm<256>>,
-    gpipe::Stage<gpipe::Linear<256, 10>>>;
+using Model =
+    gpipe::Pipeline<gpipe::Stage<gpipe::Linear<64, 256>, gpipe::ReLU>,
+                    gpipe::Stage<gpipe::Linear<256, 256>, gpipe::GELU, gpipe::LayerNorm<256>>,
+                    gpipe::Stage<gpipe::Linear<256, 10>>>;
 static_assert(Model::num_stages == 3);
 static_assert(Model::in_features == 64 && Model::out_features == 10);
 
