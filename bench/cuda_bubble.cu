@@ -47,6 +47,7 @@
 #include "gpipe/cuda.cuh"
 #include "gpipe/io/chrome_trace.hpp"
 #include "gpipe/io/svg_timeline.hpp"
+#include "support/bubble.hpp"
 #include "support/cuda.cuh"
 
 namespace {
@@ -97,74 +98,21 @@ struct FixedDuration {
 };
 static_assert(gpipe::layer_for<FixedDuration<4, 1>, gpipe::cuda::Kernels>);
 
-// S stages of one FixedDuration layer each.
-template <std::size_t S, std::size_t Split, class Seq = std::make_index_sequence<S>>
-struct Fixed;
-template <std::size_t S, std::size_t Split, std::size_t... I>
-struct Fixed<S, Split, std::index_sequence<I...>> {
-  template <std::size_t>
-  using stage = gpipe::Stage<FixedDuration<4, Split>>;
-  using type = gpipe::Pipeline<stage<I>...>;
-};
-
-double theory(std::string_view schedule, double k, double m, double v) {
-  if (schedule == "gpipe" || schedule == "1f1b") return (k - 1) / (m + k - 1);
-  if (schedule.starts_with("interleaved") && m >= k) return ((k - 1) / v) / (m + (k - 1) / v);
-  return 0;
-}
-
 template <class Schedule, std::size_t K>
 void BM_Bubble(benchmark::State& state) {
   constexpr std::size_t V = Schedule::chunks_per_device;
-  using Model = typename Fixed<K * V, V>::type;
-  using Trainer = gpipe::Trainer<Model, gpipe::MSELoss, gpipe::cuda::Backend, Schedule>;
+  using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
   const auto m = static_cast<std::size_t>(state.range(1));
   gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
-  Trainer trainer(backend, {.micro_batches = m});
+  gpipe::Trainer<Model, gpipe::MSELoss, gpipe::cuda::Backend, Schedule> trainer(
+      backend, {.micro_batches = m});
   const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
-  const double ops_per_device = 3.0 * static_cast<double>(m * V);
-
   trainer.forward_backward(x, y);  // warm-up: module loading, the memory pools, staging buffers
-  double bubble = 0, overhead = 0;
-  backend.reset_peak();
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
-    const double wall =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    const auto& step = trainer.last_step();
-    const double mean_op = step.busy_us / (ops_per_device * static_cast<double>(K));
-    const double ideal = gpipe::simulate(trainer.schedule(), {mean_op, mean_op, mean_op}).makespan;
-    bubble += step.bubble_fraction;
-    overhead += (wall - ideal) / (ideal / mean_op);
-  }
-  std::size_t peak = 0;
-  for (std::size_t d = 0; d < K; ++d)
-    peak = std::max(peak, backend.memory_stats(d).peak_of(gpipe::MemoryKind::activations));
-
-  const auto n = static_cast<double>(state.iterations());
-  state.counters["bubble_measured"] = bubble / n;
-  state.counters["bubble_simulated"] = gpipe::simulate(trainer.schedule()).bubble_fraction;
-  state.counters["bubble_theory"] =
-      theory(Schedule::name, static_cast<double>(K), static_cast<double>(m), V);
-  state.counters["overhead_us_per_op"] = overhead / n;
-  state.counters["peak_activations_KiB"] = static_cast<double>(peak) / 1024;
-  state.SetLabel(std::string(Schedule::name));
-
-  if (!trace_dir.empty() && K == 4 && m == 8) {
-    backend.set_tracing(true);
-    trainer.forward_backward(x, y);
-    backend.set_tracing(false);
-    const auto events = backend.take_trace();
-    const std::string base = trace_dir + "/timeline_cuda_" + std::string(Schedule::name) + "_k4_m8";
-    gpipe::io::write_svg_timeline(
-        base + ".svg", events,
-        {.title = std::string(Schedule::name) +
-                  ", K = 4, M = 8, measured on the CUDA backend (4 streams of one GPU)",
-         .num_devices = K});
-    gpipe::io::write_chrome_trace(base + ".json", events,
-                                  {.title = std::string(Schedule::name) + " K=4 M=8 CUDA"});
-  }
+  const std::string name(Schedule::name);
+  gpipe::bench::measure_bubble(
+      state, trainer, backend, K, m,
+      trace_dir.empty() ? "" : trace_dir + "/timeline_cuda_" + name + "_k4_m8",
+      name + ", K = 4, M = 8, measured on the CUDA backend (4 streams of one GPU)");
 }
 
 // No MinTime here: --benchmark_min_time decides (scripts/gpu-check passes a short one).

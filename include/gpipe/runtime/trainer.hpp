@@ -44,6 +44,7 @@ class Trainer {
 
  public:
   using model_type = Model;
+  using schedule_type = ScheduleKind;
   using loss_type = Loss;
   using backend_type = Backend;
   using target_type = typename Loss::target_type;
