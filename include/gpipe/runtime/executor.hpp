@@ -9,10 +9,11 @@
 //                                       when the remat policy drops it, until backward_weight
 //   output      (rows, out_s)           from forward until received by stage s+1 (or, on the
 //                                       last stage, until the loss has read it)
-//   grad_output (rows, out_s)           from recv_gradient (last stage: the loss, at forward) until
-//   W grad_input  (rows, in_s)            from backward_input until received by stage s-1
+//   grad_output (rows, out_s)           from recv_gradient (last stage: from the loss, at
+//                                       forward) until backward_weight
+//   grad_input  (rows, in_s)            from backward_input until received by stage s-1
 //   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
-// and two events: activation ready (after forward), gradient ready (after backward_input).
+// and two events, recorded by send_activation and send_gradient.
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
 // schedule's order of execution. Memory kinds: what is kept from a forward until a backward
 // (input, stash, the loss gradient) counts as activations; everything else as workspace.
