@@ -15,30 +15,19 @@
 
 #include "gpipe/cuda.cuh"
 #include "support/cuda_factory.cuh"
+#include "support/errors.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
 namespace {
 
+using gpipe::test::contains;
+using gpipe::test::error_of;
+
 using gpipe::MemoryKind;
 using gpipe::WorkLabel;
 using gpipe::cuda::Backend;
 using gpipe::cuda::Kernels;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class E = gpipe::Error, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected an exception");
-  return {};
-}
 
 // y = x; backward_input throws on the micro-batch of one row while throwing_enabled.
 bool throwing_enabled = false;

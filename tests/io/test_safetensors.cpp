@@ -22,8 +22,11 @@
 #include "gpipe/error.hpp"
 #include "gpipe/io/json.hpp"
 #include "gpipe/io/safetensors.hpp"
+#include "support/errors.hpp"
 
 namespace {
+
+using gpipe::test::contains;
 
 namespace fs = std::filesystem;
 using gpipe::io::load_safetensors;
@@ -98,10 +101,6 @@ std::string load_error(std::string_view bytes) {
 // Same, for a file with header text `header` (unpadded) and `data_bytes` zero bytes of data.
 std::string header_error(std::string_view header, std::size_t data_bytes = 0) {
   return load_error(safetensors_bytes(header, std::string(data_bytes, '\0')));
-}
-
-bool contains(const std::string& text, std::string_view part) {
-  return text.find(part) != std::string::npos;
 }
 
 bool same_bits(float a, float b) {

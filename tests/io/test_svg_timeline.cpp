@@ -114,15 +114,15 @@ TEST_CASE("measured_bubble counts compute ops as busy and spans the first to the
   // Two devices; transfers and work outside the schedule are not busy and do not stretch the
   // makespan. busy = (10 + 20) + (10 + 20) = 60, makespan = 50 - 0, bubble = 1 - 60 / (2 * 50).
   const std::vector<TraceEvent> events = {
-      {.device = 0, .label = {"forward", 0, 0}, .start_us = 0, .end_us = 10},
+      {.device = 0, .label = {"forward", 0, 0, false, true}, .start_us = 0, .end_us = 10},
       {.device = 0, .label = {"send_activation", 0, 0}, .start_us = 10, .end_us = 12},
       {.device = 1, .label = {"recv_activation", 1, 0}, .start_us = 8, .end_us = 12},
-      {.device = 1, .label = {"forward", 1, 0}, .start_us = 12, .end_us = 22},
-      {.device = 1, .label = {"backward_input", 1, 0}, .start_us = 22, .end_us = 37},
-      {.device = 1, .label = {"backward_weight", 1, 0}, .start_us = 37, .end_us = 42},
+      {.device = 1, .label = {"forward", 1, 0, false, true}, .start_us = 12, .end_us = 22},
+      {.device = 1, .label = {"backward_input", 1, 0, false, true}, .start_us = 22, .end_us = 37},
+      {.device = 1, .label = {"backward_weight", 1, 0, false, true}, .start_us = 37, .end_us = 42},
       {.device = 0, .label = {"recv_gradient", 0, 0}, .start_us = 42, .end_us = 44},
-      {.device = 0, .label = {"backward_input", 0, 0}, .start_us = 44, .end_us = 60},
-      {.device = 0, .label = {"backward_weight", 0, 0}, .start_us = 60, .end_us = 64},
+      {.device = 0, .label = {"backward_input", 0, 0, false, true}, .start_us = 44, .end_us = 60},
+      {.device = 0, .label = {"backward_weight", 0, 0, false, true}, .start_us = 60, .end_us = 64},
       {.device = 0, .label = {"optimizer step"}, .start_us = 64, .end_us = 90},
   };
   const gpipe::TraceStats stats = gpipe::trace_stats(events, 2);
@@ -138,7 +138,7 @@ TEST_CASE("measured_bubble counts compute ops as busy and spans the first to the
   CHECK_THROWS_WITH_AS(gpipe::measured_bubble(events, 1), doctest::Contains("device 1"),
                        gpipe::Error);
   const std::vector<TraceEvent> backwards = {
-      {.device = 0, .label = {"forward", 0, 0}, .start_us = 5, .end_us = 4}};
+      {.device = 0, .label = {"forward", 0, 0, false, true}, .start_us = 5, .end_us = 4}};
   CHECK_THROWS_AS(gpipe::measured_bubble(backwards, 1), gpipe::Error);
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("op_kind_of reads the labels the executor writes") {
     CHECK(gpipe::op_kind_of(gpipe::to_string(kind)) == kind);
   }
   CHECK_FALSE(gpipe::op_kind_of("optimizer step").has_value());
-  CHECK(gpipe::is_compute(gpipe::WorkLabel{"backward_weight", 0, 0}));
+  CHECK(gpipe::is_compute(gpipe::WorkLabel{"backward_weight", 0, 0, false, true}));
   CHECK_FALSE(gpipe::is_compute(gpipe::WorkLabel{"send_gradient", 0, 0}));
   static_assert(gpipe::op_kind_of("forward") == gpipe::OpKind::forward);
 }
@@ -227,10 +227,10 @@ TEST_CASE(
     "the SVG timeline escapes text, draws timed transfers and other work, and leaves out "
     "numbers that do not fit") {
   const std::vector<TraceEvent> events = {
-      {.device = 0, .label = {"forward", 0, 0}, .start_us = 0, .end_us = 500},
+      {.device = 0, .label = {"forward", 0, 0, false, true}, .start_us = 0, .end_us = 500},
       {.device = 0, .label = {"send_activation", 0, 0}, .start_us = 500, .end_us = 520},
       {.device = 1, .label = {"recv_activation", 1, 0}, .start_us = 500, .end_us = 530},
-      {.device = 1, .label = {"forward", 1, 0}, .start_us = 530, .end_us = 531},
+      {.device = 1, .label = {"forward", 1, 0, false, true}, .start_us = 530, .end_us = 531},
       {.device = 1, .label = {"a<b & \"c\""}, .start_us = 600, .end_us = 900},
   };
   const std::string svg = gpipe::io::svg_timeline(events, {.title = "<&>", .num_devices = 3});

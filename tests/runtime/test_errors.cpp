@@ -28,8 +28,12 @@
 #include "gpipe/model/stage.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trainer.hpp"
+#include "support/errors.hpp"
 
 namespace {
+
+using gpipe::test::contains;
+using gpipe::test::error_of;
 
 namespace fs = std::filesystem;
 using gpipe::host::Backend;
@@ -38,23 +42,6 @@ using Model = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<4, 8>, gpipe::ReLU>,
                               gpipe::Stage<gpipe::Linear<8, 3>>>;
 using Classifier = gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, Backend>;
 using Regressor = gpipe::Trainer<Model, gpipe::MSELoss, Backend>;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// The message of the gpipe::Error (or refinement E) that f() throws; "" and a failed check when
-// it throws nothing.
-template <class E = gpipe::Error, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected an exception");
-  return {};
-}
 
 std::vector<float> random_floats(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);

@@ -11,8 +11,11 @@
 
 #include "gpipe/error.hpp"
 #include "gpipe/schedule.hpp"
+#include "support/errors.hpp"
 
 namespace {
+
+using gpipe::test::contains;
 
 using gpipe::make_gpipe_schedule;
 using gpipe::Op;
@@ -161,10 +164,6 @@ void check_reported(const ValidationResult& result, ValidationError error, std::
   CHECK(result.device == device);
   CHECK(result.position == position);
   CHECK(result.op == op);
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace

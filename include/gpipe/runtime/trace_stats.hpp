@@ -37,11 +37,10 @@ constexpr std::optional<OpKind> op_kind_of(std::string_view what) {
   return std::nullopt;
 }
 
-// A forward, backward_input or backward_weight: work that keeps a device busy.
-constexpr bool is_compute(const WorkLabel& label) {
-  const std::optional<OpKind> kind = op_kind_of(label.what);
-  return kind && is_compute(*kind);
-}
+// Work that keeps a device busy: what the executor labels compute (forward, backward_input,
+// backward_weight, and the forwards of predict()). The same flag feeds the trainer's per-step
+// timing, so a trace and last_step() agree on what is busy.
+constexpr bool is_compute(const WorkLabel& label) { return label.compute; }
 
 // What a trace measures; all times in microseconds.
 struct TraceStats {
@@ -110,7 +109,8 @@ inline std::vector<TraceEvent> trace_of(const Schedule& schedule, const Simulati
       events.push_back({.device = d,
                         .label = {.what = to_string(op.kind),
                                   .stage = schedule.stage_of(d, op.chunk),
-                                  .micro_batch = op.micro_batch},
+                                  .micro_batch = op.micro_batch,
+                                  .compute = is_compute(op.kind)},
                         .start_us = result.start[d][i] * unit_us,
                         .end_us = result.finish[d][i] * unit_us});
     }

@@ -23,17 +23,16 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/error.hpp"
+#include "support/errors.hpp"
 
 namespace {
+
+using gpipe::test::contains;
 
 using gpipe::WorkLabel;
 using gpipe::host::Backend;
 using Kernels = Backend::Kernels;
 using Event = Backend::Event;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // The message of the gpipe::Error that backend.synchronize() throws, or "" (and a failed check)
 // when it throws nothing.
