@@ -1,9 +1,7 @@
 // Every kernel of gpipe::cuda::Kernels against the host backend's kernel on the same random
-// inputs: host::Kernels<double> on the inputs widened to double is the reference, and each op
-// states its bound on
-//   max |gpu - reference| / max |reference|     (relative_error, tests/support/reference_model.hpp)
-// Shapes cover the 16-byte packed paths and the scalar ones (odd sizes, pointers one float off
-// alignment), one- and two-pass column sums, and sizes past one block of staging memory.
+// inputs: the kernel conformance suite (tests/support/conformance_cuda_kernels.hpp, which
+// tests/backend/cuda/test_kernels_emulated.cpp also runs on the CPU emulator), then what only a
+// GPU has: cuBLAS GEMMs, TF32, the staged host copies.
 
 #include <doctest/doctest.h>
 
@@ -15,6 +13,7 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/cuda.cuh"
+#include "support/conformance_cuda_kernels.hpp"
 #include "support/reference_model.hpp"
 
 namespace {
@@ -33,9 +32,11 @@ std::vector<double> wide(const std::vector<float>& v) { return {v.begin(), v.end
 
 // One virtual device and helpers to move vectors to and from it. `offset` floats of padding in
 // front of each buffer make its data pointer misaligned for 16-byte packs when odd.
-class Device {
+class GpuDevice {
  public:
-  explicit Device(gpipe::cuda::BackendOptions options = {}) : backend_(1, std::move(options)) {}
+  static constexpr bool large = true;  // the conformance suite's largest shapes too
+
+  explicit GpuDevice(gpipe::cuda::BackendOptions options = {}) : backend_(1, std::move(options)) {}
 
   // A device copy of v, starting `offset` floats into its allocation.
   template <class T>
@@ -76,249 +77,16 @@ bool all_finite(const std::vector<float>& v) {
 
 }  // namespace
 
+TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_bias, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_loss, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, GpuDevice);
+
 TEST_SUITE("cuda kernels") {
-  TEST_CASE("elementwise kernels match the host's") {
-    Device dev;
-    for (std::size_t n : {1u, 3u, 4u, 1000u, 65537u, 3000001u}) {
-      for (std::size_t offset : {0u, 1u}) {
-        CAPTURE(n);
-        CAPTURE(offset);
-        const auto x = random(n, n + 1, -3, 3), g = random(n, n + 2);
-        float* dx = dev.put(x, offset);
-        float* dg = dev.put(g, offset);
-        float* out = dev.make(n, offset);
-        std::vector<double> ref(n);
-
-        // relu forward and backward: exact
-        dev.run([&](Kernels& k) { k.relu_forward(n, dx, out); });
-        reference.relu_forward(n, wide(x).data(), ref.data());
-        CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
-        dev.run([&](Kernels& k) { k.relu_backward(n, dx, dg, out); });
-        reference.relu_backward(n, wide(x).data(), wide(g).data(), ref.data());
-        CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
-
-        // GELU forward and backward: erff and expf are within 2 ulp
-        dev.run([&](Kernels& k) { k.gelu_forward(n, dx, out); });
-        reference.gelu_forward(n, wide(x).data(), ref.data());
-        CHECK(relative_error(wide(dev.get(out, n)), ref) < 1e-6);
-        dev.run([&](Kernels& k) { k.gelu_backward(n, dx, dg, out); });
-        reference.gelu_backward(n, wide(x).data(), wide(g).data(), ref.data());
-        CHECK(relative_error(wide(dev.get(out, n)), ref) < 2e-6);
-
-        // add, accumulate (one rounding each, as on the host: exact against host float)
-        std::vector<float> host(n);
-        dev.run([&](Kernels& k) { k.add(n, dx, dg, out); });
-        gpipe::host::add(n, x.data(), g.data(), host.data());
-        CHECK(dev.get(out, n) == host);
-        dev.run([&](Kernels& k) { k.add(n, out, dg, out); });  // y aliases a
-        gpipe::host::add(n, host.data(), g.data(), host.data());
-        CHECK(dev.get(out, n) == host);
-        dev.run([&](Kernels& k) { k.accumulate(n, dx, out); });
-        gpipe::host::accumulate(n, x.data(), host.data());
-        CHECK(dev.get(out, n) == host);
-
-        // copy, fill: exact
-        dev.run([&](Kernels& k) { k.copy(n, dg, out); });
-        CHECK(dev.get(out, n) == g);
-        dev.run([&](Kernels& k) { k.fill(n, 0.25f, out); });
-        CHECK(dev.get(out, n) == std::vector<float>(n, 0.25f));
-      }
-    }
-  }
-
-  TEST_CASE("bias add and bias gradient match the host's") {
-    Device dev;
-    // (rows, cols): packed and scalar rows, one chunk and several (two-pass) column sums.
-    const std::size_t shapes[][2] = {{1, 1},     {7, 5},       {64, 256},  {10, 4096},
-                                     {5000, 37}, {4096, 1024}, {333, 4097}};
-    for (const auto& [rows, cols] : shapes) {
-      for (std::size_t offset : {0u, 1u}) {
-        CAPTURE(rows);
-        CAPTURE(cols);
-        CAPTURE(offset);
-        const auto y = random(rows * cols, rows + cols), bias = random(cols, cols);
-        float* dy = dev.put(y, offset);
-        float* dbias = dev.put(bias, offset);
-
-        // bias add: one rounding per element, exact against host float
-        dev.run([&](Kernels& k) { k.bias_add(rows, cols, dbias, dy); });
-        std::vector<float> host = y;
-        gpipe::host::bias_add(rows, cols, bias.data(), host.data());
-        CHECK(dev.get(dy, rows * cols) == host);
-
-        // bias gradient, accumulated onto existing values: float sums of up to 5000 terms in
-        // another order, < 1e-5 of the largest column sum
-        const auto db0 = random(cols, 99);
-        float* db = dev.put(db0, offset);
-        dev.run([&](Kernels& k) { k.bias_grad(rows, cols, dy, db); });
-        std::vector<double> ref = wide(db0);
-        reference.bias_grad(rows, cols, wide(host).data(), ref.data());
-        CHECK(relative_error(wide(dev.get(db, cols)), ref) < 1e-5);
-      }
-    }
-  }
-
-  TEST_CASE("LayerNorm forward and backward match the host's") {
-    Device dev;
-    const std::size_t shapes[][2] = {{1, 1},     {3, 5},     {16, 16},   {1000, 1024},
-                                     {64, 4096}, {5000, 33}, {17, 12288}};
-    for (const auto& [rows, cols] : shapes) {
-      for (std::size_t offset : {0u, 1u}) {
-        CAPTURE(rows);
-        CAPTURE(cols);
-        CAPTURE(offset);
-        // An offset mean (|mean| >> std) exercises the variance's cancellation.
-        const auto x = random(rows * cols, rows * 31 + cols, 2, 4);
-        const auto dy = random(rows * cols, rows * 37 + cols);
-        const auto gamma = random(cols, cols + 5, 0.5, 1.5), beta = random(cols, cols + 6);
-        float* dx_in = dev.put(x, offset);
-        float* ddy = dev.put(dy, offset);
-        float* dgamma_in = dev.put(gamma, offset);
-        float* dbeta_in = dev.put(beta, offset);
-        float* y = dev.make(rows * cols, offset);
-        float* stats = dev.make(2 * rows);
-        float* dx = dev.make(rows * cols, offset);
-
-        // forward: float statistics from shifted sums; y and (mean, rstd) within 1e-5
-        dev.run([&](Kernels& k) {
-          k.layer_norm_forward(rows, cols, 1e-5, dx_in, dgamma_in, dbeta_in, y, stats);
-        });
-        std::vector<double> ref_y(rows * cols), ref_stats(2 * rows);
-        reference.layer_norm_forward(rows, cols, 1e-5, wide(x).data(), wide(gamma).data(),
-                                     wide(beta).data(), ref_y.data(), ref_stats.data());
-        CHECK(relative_error(wide(dev.get(y, rows * cols)), ref_y) < 1e-5);
-        const std::vector<float> got_stats = dev.get(stats, 2 * rows);
-        std::vector<double> means, rstds, ref_means, ref_rstds;
-        for (std::size_t r = 0; r < rows; ++r) {
-          means.push_back(got_stats[2 * r]);
-          rstds.push_back(got_stats[2 * r + 1]);
-          ref_means.push_back(ref_stats[2 * r]);
-          ref_rstds.push_back(ref_stats[2 * r + 1]);
-        }
-        CHECK(relative_error(means, ref_means) < 1e-6);
-        CHECK(relative_error(rstds, ref_rstds) < 1e-5);
-
-        // backward input (from the reference statistics, so that only this op is measured):
-        // two row sums in float, < 1e-5
-        float* ref_stats_dev = dev.put(std::vector<float>(ref_stats.begin(), ref_stats.end()));
-        dev.run([&](Kernels& k) {
-          k.layer_norm_backward_input(rows, cols, dx_in, ddy, dgamma_in, ref_stats_dev, dx);
-        });
-        std::vector<double> ref_dx(rows * cols);
-        reference.layer_norm_backward_input(rows, cols, wide(x).data(), wide(dy).data(),
-                                            wide(gamma).data(), ref_stats.data(), ref_dx.data());
-        CHECK(relative_error(wide(dev.get(dx, rows * cols)), ref_dx) < 1e-5);
-
-        // backward weight, accumulated: column sums of up to 5000 terms, < 1e-5
-        const auto g0 = random(cols, 5), b0 = random(cols, 6);
-        float* dgamma = dev.put(g0, offset);
-        float* dbeta = dev.put(b0, offset);
-        dev.run([&](Kernels& k) {
-          k.layer_norm_backward_weight(rows, cols, dx_in, ddy, ref_stats_dev, dgamma, dbeta);
-        });
-        std::vector<double> ref_dgamma = wide(g0), ref_dbeta = wide(b0);
-        reference.layer_norm_backward_weight(rows, cols, wide(x).data(), wide(dy).data(),
-                                             ref_stats.data(), ref_dgamma.data(), ref_dbeta.data());
-        CHECK(relative_error(wide(dev.get(dgamma, cols)), ref_dgamma) < 1e-5);
-        CHECK(relative_error(wide(dev.get(dbeta, cols)), ref_dbeta) < 1e-5);
-      }
-    }
-  }
-
-  TEST_CASE("softmax cross-entropy and MSE match the host's") {
-    Device dev;
-    const std::size_t shapes[][2] = {{1, 1}, {10, 5}, {3, 1000}, {4096, 10}, {64, 50257}};
-    for (const auto& [rows, classes] : shapes) {
-      CAPTURE(rows);
-      CAPTURE(classes);
-      const auto logits = random(rows * classes, rows + classes, -8, 8);
-      std::vector<std::int32_t> targets(rows);
-      Rng rng(rows);
-      for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
-      const float scale = 1.0f / static_cast<float>(rows);
-      float* dlogits_in = dev.put(logits);
-      std::int32_t* dtargets = dev.put(targets);
-      float* dlogits = dev.make(rows * classes);
-      float* loss = dev.make(1);
-
-      // gradient within 5e-6 of its largest entry (p = exp(z - logsumexp) in float: the
-      // exponent carries the rounding of values up to 16, 2 ulp = 4e-6); the summed loss 1e-5
-      dev.run([&](Kernels& k) {
-        k.softmax_cross_entropy(rows, classes, dlogits_in, dtargets, scale, dlogits, loss);
-      });
-      std::vector<double> ref_d(rows * classes);
-      double ref_loss = 0;
-      reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(), scale,
-                                      ref_d.data(), &ref_loss);
-      CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
-      CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
-
-      // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5
-      const std::size_t n = rows * classes;
-      const auto target = random(n, n + 3);
-      float* dtarget = dev.put(target);
-      dev.run([&](Kernels& k) { k.mse(n, dlogits_in, dtarget, scale, dlogits, loss); });
-      double ref_mse = 0;
-      reference.mse(n, wide(logits).data(), wide(target).data(), scale, ref_d.data(), &ref_mse);
-      CHECK(relative_error(wide(dev.get(dlogits, n)), ref_d) < 1e-6);
-      CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_mse).epsilon(1e-5));
-    }
-  }
-
-  TEST_CASE("an empty loss is zero") {
-    Device dev;
-    float* loss = dev.put(std::vector<float>{7.0f});
-    dev.run([&](Kernels& k) { k.mse(0, nullptr, nullptr, 1.0f, nullptr, loss); });
-    CHECK(dev.get(loss, 1)[0] == 0.0f);
-  }
-
-  TEST_CASE("SGD and AdamW updates match the host's") {
-    Device dev;
-    for (std::size_t n : {1u, 5u, 1024u, 100003u}) {
-      for (std::size_t offset : {0u, 1u}) {
-        CAPTURE(n);
-        CAPTURE(offset);
-        const auto p0 = random(n, 1), g = random(n, 2), s0 = random(n, 3, 0, 1);
-        // The same float operations as the host: within 1e-6 of the parameters' scale (the GPU
-        // may contract a multiply-add into one rounding).
-        for (int variant = 0; variant < 4; ++variant) {
-          CAPTURE(variant);
-          const double momentum = variant == 0 ? 0.0 : 0.9, dampening = variant == 2 ? 0.1 : 0.0;
-          const bool nesterov = variant == 3, first = variant == 1;
-          float* p = dev.put(p0, offset);
-          float* buf = dev.put(s0, offset);
-          float* dg = dev.put(g, offset);
-          dev.run([&](Kernels& k) {
-            k.sgd_update(n, p, dg, buf, 0.1, momentum, dampening, 0.01, nesterov, first);
-          });
-          std::vector<float> hp = p0, hb = s0;
-          gpipe::host::sgd_update(n, hp.data(), g.data(), hb.data(), 0.1, momentum, dampening, 0.01,
-                                  nesterov, first);
-          CHECK(relative_error(wide(dev.get(p, n)), wide(hp)) < 1e-6);
-          if (momentum != 0) CHECK(relative_error(wide(dev.get(buf, n)), wide(hb)) < 1e-6);
-        }
-        for (std::size_t step : {1u, 2u, 100u}) {
-          CAPTURE(step);
-          float* p = dev.put(p0, offset);
-          float* m = dev.put(g, offset);
-          float* v = dev.put(s0, offset);
-          float* dg = dev.put(g, offset);
-          dev.run([&](Kernels& k) {
-            k.adamw_update(n, p, dg, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, step);
-          });
-          std::vector<float> hp = p0, hm = g, hv = s0;
-          gpipe::host::adamw_update(n, hp.data(), g.data(), hm.data(), hv.data(), 1e-3, 0.9, 0.999,
-                                    1e-8, 0.01, step);
-          CHECK(relative_error(wide(dev.get(p, n)), wide(hp)) < 1e-6);
-          CHECK(relative_error(wide(dev.get(m, n)), wide(hm)) < 1e-6);
-          CHECK(relative_error(wide(dev.get(v, n)), wide(hv)) < 1e-6);
-        }
-      }
-    }
-  }
-
   TEST_CASE("GEMM matches the host's in every transposition") {
-    Device dev;
+    GpuDevice dev;
     // (m, n, k), with k = 0 (C = beta C) and shapes of the test models' Linear layers.
     const std::size_t shapes[][3] = {{1, 1, 1}, {10, 16, 6},     {16, 6, 10},     {5, 16, 16},
                                      {3, 7, 0}, {256, 384, 512}, {1000, 10, 1024}};
@@ -352,7 +120,7 @@ TEST_SUITE("cuda kernels") {
   }
 
   TEST_CASE("TF32 GEMMs are opt-in and within TF32's precision") {
-    Device dev({.tf32 = true});
+    GpuDevice dev({.tf32 = true});
     const std::size_t m = 512, n = 512, k = 1024;
     const auto a = random(m * k, 1), b = random(k * n, 2);
     float* da = dev.put(a);
@@ -366,7 +134,7 @@ TEST_SUITE("cuda kernels") {
   }
 
   TEST_CASE("upload and download round-trip any size, through several staging blocks") {
-    Device dev;
+    GpuDevice dev;
     // 40 MB: ten 4 MiB staging blocks, more than the eight a device keeps, so some are reused
     // once their copy has finished.
     const std::size_t n = 10'000'000;

@@ -4,10 +4,10 @@
 // call, and the file and line of the call.
 //
 //   GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-//   relu_forward_kernel<<<grid, block, 0, stream>>>(n, x, y);
+//   GPIPE_CUDA_LAUNCH(relu_forward_kernel<4>, grid, block, stream)(n, x, y);
 //   GPIPE_CUDA_CHECK_LAUNCH("relu_forward_kernel");
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/error.cuh is CUDA code: compile it with nvcc (see gpipe/cuda.cuh)"
 #endif
 

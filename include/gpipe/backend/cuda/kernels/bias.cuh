@@ -7,7 +7,7 @@
 // adds the chunks in order. With a single chunk the first pass accumulates into the result
 // directly. No atomics, so the same inputs give the same bits on every run.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/bias.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -85,8 +85,8 @@ __global__ void column_sum_kernel(std::size_t chunks, std::size_t cols, const T*
 }
 inline void column_sum(std::size_t chunks, std::size_t cols, const float* partial, float* dst,
                        cudaStream_t stream) {
-  column_sum_kernel<float>
-      <<<detail::grid_for(cols), detail::block_size, 0, stream>>>(chunks, cols, partial, dst);
+  GPIPE_CUDA_LAUNCH(column_sum_kernel<float>, detail::grid_for(cols), detail::block_size, stream)
+  (chunks, cols, partial, dst);
   GPIPE_CUDA_CHECK_LAUNCH("column_sum_kernel");
 }
 
@@ -119,9 +119,9 @@ inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bi
   const dim3 grid(static_cast<unsigned>((packs + bx - 1) / bx),
                   static_cast<unsigned>(std::min<std::size_t>(row_blocks, 65535)));
   if (vectorized) {
-    bias_add_forward_kernel<4><<<grid, block, 0, stream>>>(rows, cols, bias, y);
+    GPIPE_CUDA_LAUNCH(bias_add_forward_kernel<4>, grid, block, stream)(rows, cols, bias, y);
   } else {
-    bias_add_forward_kernel<1><<<grid, block, 0, stream>>>(rows, cols, bias, y);
+    GPIPE_CUDA_LAUNCH(bias_add_forward_kernel<1>, grid, block, stream)(rows, cols, bias, y);
   }
   GPIPE_CUDA_CHECK_LAUNCH("bias_add_forward_kernel");
 }
@@ -159,8 +159,8 @@ inline void bias_grad_backward(std::size_t rows, std::size_t cols, const float* 
                                float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
-  bias_grad_backward_kernel<4><<<split.grid(cols), split.block(), 0, stream>>>(
-      rows, cols, split.rows_per_chunk, dy, db, scratch);
+  GPIPE_CUDA_LAUNCH(bias_grad_backward_kernel<4>, split.grid(cols), split.block(), stream)
+  (rows, cols, split.rows_per_chunk, dy, db, scratch);
   GPIPE_CUDA_CHECK_LAUNCH("bias_grad_backward_kernel");
   if (split.chunks > 1) column_sum(split.chunks, cols, scratch, db, stream);
 }

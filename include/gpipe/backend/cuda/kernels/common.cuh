@@ -1,9 +1,14 @@
 #pragma once
 // What the CUDA kernels share: packed (16-byte) loads, grid-stride loops, warp and block sums,
-// launch checks. Kernels are templates (on the pack width V), so that a header-only library may
-// define them in every translation unit that includes it.
+// the launch macro. Kernels are templates (on the pack width V), so that a header-only library
+// may define them in every translation unit that includes it.
+//
+// The kernel headers (not gemm.cuh, which is cuBLAS) also compile with a host compiler under
+// GPIPE_CUDA_EMULATION, which tests/support/cuda_emulator.hpp defines: it supplies threadIdx,
+// __syncthreads, __shfl_xor_sync and GPIPE_CUDA_LAUNCH and runs each launch on the CPU, thread by
+// thread, so that the kernels' indexing and synchronization are tested where no GPU is present.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/common.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -14,6 +19,12 @@
 #include <cstdint>
 
 #include "gpipe/backend/cuda/error.cuh"
+
+// GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...): kernel<<<grid, block, 0,
+// stream>>>(args...)
+#ifndef GPIPE_CUDA_LAUNCH
+#define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
+#endif
 
 namespace gpipe::cuda::detail {
 

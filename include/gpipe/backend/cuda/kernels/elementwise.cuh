@@ -4,7 +4,7 @@
 // writes every element once (16-byte packs where the pointers are aligned), so each is bound by
 // memory bandwidth. The host reference of each op is in gpipe/backend/host/kernels/elementwise.hpp.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/elementwise.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -27,9 +27,9 @@ void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t s
                 Args... args) {
   if (n == 0) return;
   if (vectorized) {
-    Kernel4<<<grid_for(n / 4 + 1), block_size, 0, stream>>>(n, args...);
+    GPIPE_CUDA_LAUNCH(Kernel4, grid_for(n / 4 + 1), block_size, stream)(n, args...);
   } else {
-    Kernel1<<<grid_for(n), block_size, 0, stream>>>(n, args...);
+    GPIPE_CUDA_LAUNCH(Kernel1, grid_for(n), block_size, stream)(n, args...);
   }
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) throw_cuda_error(error, name, __FILE__, __LINE__);

@@ -8,7 +8,7 @@
 // packs where rows are aligned), a second pass, which finds the row in L1/L2, writes it. The
 // weight gradients are column sums (see bias.cuh).
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/layer_norm.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -84,11 +84,11 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
   const auto e = static_cast<float>(eps);
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
-    layer_norm_forward_kernel<4>
-        <<<grid, block, 0, stream>>>(rows, cols, e, x, gamma, beta, y, stats);
+    GPIPE_CUDA_LAUNCH(layer_norm_forward_kernel<4>, grid, block, stream)
+    (rows, cols, e, x, gamma, beta, y, stats);
   } else {
-    layer_norm_forward_kernel<1>
-        <<<grid, block, 0, stream>>>(rows, cols, e, x, gamma, beta, y, stats);
+    GPIPE_CUDA_LAUNCH(layer_norm_forward_kernel<1>, grid, block, stream)
+    (rows, cols, e, x, gamma, beta, y, stats);
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
@@ -142,11 +142,11 @@ inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const 
   if (rows == 0 || cols == 0) return;
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
-    layer_norm_backward_input_kernel<4>
-        <<<grid, block, 0, stream>>>(rows, cols, x, dy, gamma, stats, dx);
+    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_kernel<4>, grid, block, stream)
+    (rows, cols, x, dy, gamma, stats, dx);
   } else {
-    layer_norm_backward_input_kernel<1>
-        <<<grid, block, 0, stream>>>(rows, cols, x, dy, gamma, stats, dx);
+    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_kernel<1>, grid, block, stream)
+    (rows, cols, x, dy, gamma, stats, dx);
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_kernel");
 }
@@ -204,8 +204,8 @@ inline void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const
                                        float* dbeta, float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
-  layer_norm_backward_weight_kernel<4><<<split.grid(cols), split.block(), 0, stream>>>(
-      rows, cols, split.rows_per_chunk, x, dy, stats, dgamma, dbeta, scratch);
+  GPIPE_CUDA_LAUNCH(layer_norm_backward_weight_kernel<4>, split.grid(cols), split.block(), stream)
+  (rows, cols, split.rows_per_chunk, x, dy, stats, dgamma, dbeta, scratch);
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_kernel");
   if (split.chunks > 1) {
     column_sum(split.chunks, cols, scratch, dgamma, stream);

@@ -4,7 +4,7 @@
 // reference: gpipe/backend/host/kernels/loss.hpp (which computes in double; these in float).
 // Sums run in fixed trees and a final single-block pass, so results do not depend on timing.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/loss.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -29,7 +29,7 @@ __global__ void sum_kernel(std::size_t n, const T* partial, T* out) {
   if (threadIdx.x == 0) out[0] = sum;
 }
 inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
-  sum_kernel<float><<<1, 1024, 0, stream>>>(n, partial, out);
+  GPIPE_CUDA_LAUNCH(sum_kernel<float>, 1, 1024, stream)(n, partial, out);
   GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
 }
 
@@ -46,6 +46,7 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
                                                      float* dlogits, float* partial) {
   __shared__ float buf[32];
   const std::size_t row = blockIdx.x;
+  if (row >= rows) return;  // the whole block leaves together
   const float* z = logits + row * classes;
   float m = -INFINITY, s = 0;  // running max and sum of exp(z - m) of this thread's entries
   for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) {
@@ -84,10 +85,10 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
   constexpr std::size_t max_rows = std::size_t{1} << 26;
   for (std::size_t first = 0; first < rows; first += max_rows) {
     const std::size_t count = std::min(rows - first, max_rows);
-    softmax_cross_entropy_forward_kernel<1>
-        <<<static_cast<unsigned>(count), detail::threads_for_row(classes), 0, stream>>>(
-            count, classes, logits + first * classes, targets + first, grad_scale,
-            dlogits + first * classes, scratch + first);
+    GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<1>, static_cast<unsigned>(count),
+                      detail::threads_for_row(classes), stream)
+    (count, classes, logits + first * classes, targets + first, grad_scale,
+     dlogits + first * classes, scratch + first);
     GPIPE_CUDA_CHECK_LAUNCH("softmax_cross_entropy_forward_kernel");
   }
   sum(rows, scratch, loss_sum, stream);
@@ -134,11 +135,11 @@ inline void mse_forward(std::size_t n, const float* y, const float* target, floa
   const bool vectorized = detail::aligned<4>(y, target, dy);
   const unsigned blocks = std::min(detail::grid_for(vectorized ? n / 4 + 1 : n), mse_max_blocks);
   if (vectorized) {
-    mse_forward_kernel<4>
-        <<<blocks, detail::block_size, 0, stream>>>(n, y, target, grad_scale, dy, scratch);
+    GPIPE_CUDA_LAUNCH(mse_forward_kernel<4>, blocks, detail::block_size, stream)
+    (n, y, target, grad_scale, dy, scratch);
   } else {
-    mse_forward_kernel<1>
-        <<<blocks, detail::block_size, 0, stream>>>(n, y, target, grad_scale, dy, scratch);
+    GPIPE_CUDA_LAUNCH(mse_forward_kernel<1>, blocks, detail::block_size, stream)
+    (n, y, target, grad_scale, dy, scratch);
   }
   GPIPE_CUDA_CHECK_LAUNCH("mse_forward_kernel");
   sum(blocks, scratch, loss_sum, stream);

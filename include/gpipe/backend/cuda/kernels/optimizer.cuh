@@ -4,7 +4,7 @@
 // gpipe/backend/host/kernels/optimizer.hpp; hyperparameters arrive in double and are rounded to
 // float as there.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/optimizer.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -65,11 +65,11 @@ inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_
                    nesterov,
                    first_step};
   if (detail::aligned<4>(p, g, momentum_buf)) {
-    sgd_update_kernel<4>
-        <<<detail::grid_for(n / 4 + 1), detail::block_size, 0, stream>>>(n, p, g, momentum_buf, h);
+    GPIPE_CUDA_LAUNCH(sgd_update_kernel<4>, detail::grid_for(n / 4 + 1), detail::block_size, stream)
+    (n, p, g, momentum_buf, h);
   } else {
-    sgd_update_kernel<1>
-        <<<detail::grid_for(n), detail::block_size, 0, stream>>>(n, p, g, momentum_buf, h);
+    GPIPE_CUDA_LAUNCH(sgd_update_kernel<1>, detail::grid_for(n), detail::block_size, stream)
+    (n, p, g, momentum_buf, h);
   }
   GPIPE_CUDA_CHECK_LAUNCH("sgd_update_kernel");
 }
@@ -123,11 +123,12 @@ inline void adamw_update(std::size_t n, float* p, const float* g, float* m, floa
                      static_cast<float>(std::sqrt(1 - std::pow(beta2, t))),
                      static_cast<float>(eps)};
   if (detail::aligned<4>(p, g, m, v)) {
-    adamw_update_kernel<4>
-        <<<detail::grid_for(n / 4 + 1), detail::block_size, 0, stream>>>(n, p, g, m, v, h);
+    GPIPE_CUDA_LAUNCH(adamw_update_kernel<4>, detail::grid_for(n / 4 + 1), detail::block_size,
+                      stream)
+    (n, p, g, m, v, h);
   } else {
-    adamw_update_kernel<1>
-        <<<detail::grid_for(n), detail::block_size, 0, stream>>>(n, p, g, m, v, h);
+    GPIPE_CUDA_LAUNCH(adamw_update_kernel<1>, detail::grid_for(n), detail::block_size, stream)
+    (n, p, g, m, v, h);
   }
   GPIPE_CUDA_CHECK_LAUNCH("adamw_update_kernel");
 }

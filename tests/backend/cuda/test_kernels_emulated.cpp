@@ -1,0 +1,253 @@
+// The CUDA backend's kernels (gpipe/backend/cuda/kernels/, all but the cuBLAS GEMM), compiled by
+// the host compiler and run on the CPU emulator of tests/support/cuda_emulator.hpp, against the
+// host kernels: the kernel conformance suite that tests/cuda/test_kernels.cu runs on a GPU, minus
+// its largest shapes. So their indexing, packed and scalar paths, tails, reductions and
+// synchronization are checked on every machine, GPU or not.
+//
+// Device memory here is host memory that ends at an inaccessible page, so a kernel that reads
+// or writes past a buffer's end faults; the bytes between a buffer's end and that page hold NaN
+// and must be unchanged after each kernel.
+
+#include "support/cuda_emulator.hpp"
+// The emulator goes first: it defines what the kernels' device code needs.
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpipe/backend/cuda/kernels/bias.cuh"
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
+#include "gpipe/backend/cuda/kernels/layer_norm.cuh"
+#include "gpipe/backend/cuda/kernels/loss.cuh"
+#include "gpipe/backend/cuda/kernels/optimizer.cuh"
+#include "support/conformance_cuda_kernels.hpp"
+#include "support/errors.hpp"
+
+namespace {
+
+namespace cu = gpipe::cuda;
+
+// The members of gpipe::cuda::Kernels that the conformance suite calls, forwarding to the same
+// launchers with the same scratch sizes; scratch is host memory here.
+class EmulatedKernels {
+ public:
+  void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
+    cu::bias_add_forward(rows, cols, bias, y, nullptr);
+  }
+  void bias_grad(std::size_t rows, std::size_t cols, const float* dy, float* db) {
+    cu::bias_grad_backward(rows, cols, dy, db, scratch(cu::bias_grad_scratch(rows, cols)), nullptr);
+  }
+  void relu_forward(std::size_t n, const float* x, float* y) { cu::relu_forward(n, x, y, nullptr); }
+  void relu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
+    cu::relu_backward(n, x, dy, dx, nullptr);
+  }
+  void gelu_forward(std::size_t n, const float* x, float* y) { cu::gelu_forward(n, x, y, nullptr); }
+  void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
+    cu::gelu_backward(n, x, dy, dx, nullptr);
+  }
+  void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
+                          const float* gamma, const float* beta, float* y, float* stats) {
+    cu::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, nullptr);
+  }
+  void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
+                                 const float* dy, const float* gamma, const float* stats,
+                                 float* dx) {
+    cu::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, nullptr);
+  }
+  void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
+                                  const float* dy, const float* stats, float* dgamma,
+                                  float* dbeta) {
+    cu::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta,
+                                   scratch(cu::layer_norm_backward_weight_scratch(rows, cols)),
+                                   nullptr);
+  }
+  void add(std::size_t n, const float* a, const float* b, float* y) {
+    cu::add(n, a, b, y, nullptr);
+  }
+  void accumulate(std::size_t n, const float* x, float* y) { cu::accumulate(n, x, y, nullptr); }
+  void copy(std::size_t n, const float* src, float* dst) {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+  void fill(std::size_t n, float value, float* dst) { cu::fill(n, value, dst, nullptr); }
+  void softmax_cross_entropy(std::size_t rows, std::size_t classes, const float* logits,
+                             const std::int32_t* targets, float grad_scale, float* dlogits,
+                             float* loss_sum) {
+    cu::softmax_cross_entropy_forward(rows, classes, logits, targets, grad_scale, dlogits, loss_sum,
+                                      scratch(cu::softmax_cross_entropy_scratch(rows)), nullptr);
+  }
+  void mse(std::size_t n, const float* y, const float* target, float grad_scale, float* dy,
+           float* loss_sum) {
+    cu::mse_forward(n, y, target, grad_scale, dy, loss_sum, scratch(cu::mse_scratch()), nullptr);
+  }
+  void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov,
+                  bool first_step) {
+    cu::sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
+                   first_step, nullptr);
+  }
+  void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
+                    double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
+    cu::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, nullptr);
+  }
+
+ private:
+  // Fresh NaN-filled scratch per call: a kernel that reads scratch it did not write sees NaN.
+  float* scratch(std::size_t floats) {
+    scratch_.assign(floats, std::nanf(""));
+    return floats == 0 ? nullptr : scratch_.data();
+  }
+  std::vector<float> scratch_;
+};
+
+// Host memory that ends at a PROT_NONE page.
+class GuardedBuffer {
+ public:
+  // `bytes` of data whose first byte is `offset` bytes past a 16-byte boundary.
+  GuardedBuffer(std::size_t bytes, std::size_t offset) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t pages = (bytes + offset + 16 + page - 1) / page + 1;
+    size_ = pages * page;
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw gpipe::Error("test: mmap failed");
+    base_ = static_cast<unsigned char*>(p);
+    unsigned char* guard = base_ + size_ - page;
+    if (mprotect(guard, page, PROT_NONE) != 0) throw gpipe::Error("test: mprotect failed");
+    // As close to the guard page as the alignment allows.
+    const auto end = reinterpret_cast<std::uintptr_t>(guard);
+    data_ = reinterpret_cast<unsigned char*>((end - bytes - offset) / 16 * 16 + offset);
+    tail_ = data_ + bytes;
+    tail_bytes_ = static_cast<std::size_t>(guard - tail_);
+    const float nan = std::nanf("");
+    for (std::size_t i = 0; i < tail_bytes_; ++i)
+      tail_[i] = reinterpret_cast<const unsigned char*>(&nan)[i % sizeof(float)];
+    std::memcpy(tail_copy_, tail_, tail_bytes_);
+  }
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+  ~GuardedBuffer() { munmap(base_, size_); }
+
+  void* data() const { return data_; }
+  bool tail_intact() const { return std::memcmp(tail_, tail_copy_, tail_bytes_) == 0; }
+
+ private:
+  unsigned char* base_ = nullptr;
+  std::size_t size_ = 0;
+  unsigned char* data_ = nullptr;
+  unsigned char* tail_ = nullptr;
+  std::size_t tail_bytes_ = 0;  // < 16 + alignment slack
+  unsigned char tail_copy_[64] = {};
+};
+
+class EmulatedDevice {
+ public:
+  static constexpr bool large = false;
+
+  template <class T>
+  T* put(const std::vector<T>& v, std::size_t offset = 0) {
+    buffers_.push_back(std::make_unique<GuardedBuffer>(v.size() * sizeof(T), offset * 4));
+    T* p = static_cast<T*>(buffers_.back()->data());
+    if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  float* make(std::size_t n, std::size_t offset = 0) {
+    return put(std::vector<float>(n, std::nanf("")), offset);
+  }
+  template <class T>
+  std::vector<T> get(const T* p, std::size_t n) {
+    return std::vector<T>(p, p + n);
+  }
+  template <class F>
+  void run(F&& f) {
+    f(kernels_);
+    for (const auto& b : buffers_)
+      REQUIRE_MESSAGE(b->tail_intact(), "a kernel wrote past a buffer");
+  }
+
+ private:
+  EmulatedKernels kernels_;
+  std::vector<std::unique_ptr<GuardedBuffer>> buffers_;
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_bias, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_loss, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, EmulatedDevice);
+
+// The emulator itself: what it must catch, so that a pass above means something.
+namespace emulator_checks {
+
+__global__ void sum_lanes_kernel(float* out) {
+  __shared__ float buf[32];
+  const float v = cu::detail::block_sum(static_cast<float>(threadIdx.x), buf);
+  out[threadIdx.x] = v;
+}
+
+__global__ void early_exit_shuffle_kernel(float* out) {
+  if (threadIdx.x == 5) return;  // lane 5 leaves; the rest of its warp shuffles with it
+  out[threadIdx.x] = cu::detail::warp_sum(1.0f);
+}
+
+__global__ void divergent_barrier_kernel(float* out) {
+  if (threadIdx.x < 32) {
+    out[threadIdx.x] = cu::detail::warp_sum(1.0f);
+  } else {
+    __syncthreads();
+  }
+}
+
+__global__ void grid_index_kernel(std::size_t n, unsigned* out) {
+  for (std::size_t i = cu::detail::global_thread(); i < n; i += cu::detail::grid_threads())
+    out[i] += 1;
+}
+
+}  // namespace emulator_checks
+
+TEST_SUITE("cuda emulator") {
+  TEST_CASE("a block sum gives every thread the sum of all threads") {
+    std::vector<float> out(1024, -1.0f);
+    GPIPE_CUDA_LAUNCH(emulator_checks::sum_lanes_kernel, 1, 1024, nullptr)(out.data());
+    CHECK(out == std::vector<float>(1024, 1023.0f * 1024.0f / 2.0f));
+  }
+
+  TEST_CASE("a grid-stride loop visits every index once") {
+    std::vector<unsigned> out(10007, 0);
+    GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 3, 64, nullptr)(out.size(), out.data());
+    CHECK(out == std::vector<unsigned>(out.size(), 1u));
+  }
+
+  TEST_CASE("a shuffle that names an exited lane is an error") {
+    std::vector<float> out(64);
+    const std::string message = gpipe::test::error_of([&] {
+      GPIPE_CUDA_LAUNCH(emulator_checks::early_exit_shuffle_kernel, 1, 64, nullptr)(out.data());
+    });
+    CHECK(gpipe::test::contains(message, "names lane 5, which has exited"));
+  }
+
+  TEST_CASE("a barrier in divergent code is an error") {
+    std::vector<float> out(64);
+    // Only warp 1 reaches __syncthreads: undefined behaviour on a GPU.
+    const std::string message = gpipe::test::error_of([&] {
+      GPIPE_CUDA_LAUNCH(emulator_checks::divergent_barrier_kernel, 1, 64, nullptr)(out.data());
+    });
+    CHECK(gpipe::test::contains(message, "passed different numbers of __syncthreads"));
+  }
+
+  TEST_CASE("a launch outside CUDA's limits fails as the runtime's would") {
+    std::vector<unsigned> out(1);
+    GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 2048, nullptr)(1, out.data());
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(out[0] == 0);
+  }
+}

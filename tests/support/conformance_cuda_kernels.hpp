@@ -1,0 +1,310 @@
+#pragma once
+// Backend conformance for kernels: every kernel of a CUDA kernel context against the host
+// backend's kernel on the same random inputs. host::Kernels<double> on the inputs widened to
+// double is the reference, and each op states its bound on
+//   max |device - reference| / max |reference|     (relative_error, support/reference_model.hpp)
+// Shapes cover the 16-byte packed paths and the scalar ones (odd sizes, pointers one float off
+// alignment), one- and two-pass column sums, and sizes past one block of staging memory.
+//
+// Instantiated with a device type (tests/cuda/test_kernels.cu: gpipe::cuda::Kernels on a GPU;
+// tests/backend/cuda/test_kernels_emulated.cpp: the same kernels under tests/support/
+// cuda_emulator.hpp), which provides
+//   Device dev;                       one device
+//   T* dev.put(std::vector<T>, offset)  a device copy, `offset` floats into its allocation
+//   float* dev.make(n, offset)        n floats of device memory, poisoned with NaN
+//   std::vector<T> dev.get(p, n)      a host copy
+//   dev.run(f)                        f(kernels), then waits for the device
+//   static constexpr bool large       whether to add the largest shapes (too slow to emulate)
+// and invoked as TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, Device) etc. (the ids below).
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/model/layer.hpp"
+#include "support/reference_model.hpp"
+
+namespace gpipe::test::conformance {
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo = -1,
+                                        float hi = 1) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+inline std::vector<double> wide(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// The double-precision reference of every kernel.
+inline host::Kernels<double> kernel_reference;
+
+}  // namespace gpipe::test::conformance
+
+TEST_CASE_TEMPLATE_DEFINE("elementwise kernels match the host's", Device, kernels_elementwise) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  std::vector<std::size_t> sizes = {1, 3, 4, 1000, 65537};
+  if (Device::large) sizes.push_back(3000001);
+  for (std::size_t n : sizes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(n);
+      CAPTURE(offset);
+      const auto x = random_floats(n, n + 1, -3, 3), g = random_floats(n, n + 2);
+      float* dx = dev.put(x, offset);
+      float* dg = dev.put(g, offset);
+      float* out = dev.make(n, offset);
+      std::vector<double> ref(n);
+
+      // relu forward and backward: exact
+      dev.run([&](auto& k) { k.relu_forward(n, dx, out); });
+      kernel_reference.relu_forward(n, wide(x).data(), ref.data());
+      CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
+      dev.run([&](auto& k) { k.relu_backward(n, dx, dg, out); });
+      kernel_reference.relu_backward(n, wide(x).data(), wide(g).data(), ref.data());
+      CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
+
+      // GELU forward and backward: erff and expf are within 2 ulp
+      dev.run([&](auto& k) { k.gelu_forward(n, dx, out); });
+      kernel_reference.gelu_forward(n, wide(x).data(), ref.data());
+      CHECK(relative_error(wide(dev.get(out, n)), ref) < 1e-6);
+      dev.run([&](auto& k) { k.gelu_backward(n, dx, dg, out); });
+      kernel_reference.gelu_backward(n, wide(x).data(), wide(g).data(), ref.data());
+      CHECK(relative_error(wide(dev.get(out, n)), ref) < 2e-6);
+
+      // add, accumulate (one rounding each, as on the host: exact against host float)
+      std::vector<float> host(n);
+      dev.run([&](auto& k) { k.add(n, dx, dg, out); });
+      gpipe::host::add(n, x.data(), g.data(), host.data());
+      CHECK(dev.get(out, n) == host);
+      dev.run([&](auto& k) { k.add(n, out, dg, out); });  // y aliases a
+      gpipe::host::add(n, host.data(), g.data(), host.data());
+      CHECK(dev.get(out, n) == host);
+      dev.run([&](auto& k) { k.accumulate(n, dx, out); });
+      gpipe::host::accumulate(n, x.data(), host.data());
+      CHECK(dev.get(out, n) == host);
+
+      // copy, fill: exact
+      dev.run([&](auto& k) { k.copy(n, dg, out); });
+      CHECK(dev.get(out, n) == g);
+      dev.run([&](auto& k) { k.fill(n, 0.25f, out); });
+      CHECK(dev.get(out, n) == std::vector<float>(n, 0.25f));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("bias add and bias gradient match the host's", Device, kernels_bias) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  // (rows, cols): packed and scalar rows, one chunk and several (two-pass) column sums.
+  const std::size_t shapes[][2] = {{1, 1},     {7, 5},       {64, 256},  {10, 4096},
+                                   {5000, 37}, {4096, 1024}, {333, 4097}};
+  for (const auto& [rows, cols] : shapes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(offset);
+      const auto y = random_floats(rows * cols, rows + cols), bias = random_floats(cols, cols);
+      float* dy = dev.put(y, offset);
+      float* dbias = dev.put(bias, offset);
+
+      // bias add: one rounding per element, exact against host float
+      dev.run([&](auto& k) { k.bias_add(rows, cols, dbias, dy); });
+      std::vector<float> host = y;
+      gpipe::host::bias_add(rows, cols, bias.data(), host.data());
+      CHECK(dev.get(dy, rows * cols) == host);
+
+      // bias gradient, accumulated onto existing values: float sums of up to 5000 terms in
+      // another order, < 1e-5 of the largest column sum
+      const auto db0 = random_floats(cols, 99);
+      float* db = dev.put(db0, offset);
+      dev.run([&](auto& k) { k.bias_grad(rows, cols, dy, db); });
+      std::vector<double> ref = wide(db0);
+      kernel_reference.bias_grad(rows, cols, wide(host).data(), ref.data());
+      CHECK(relative_error(wide(dev.get(db, cols)), ref) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Device,
+                          kernels_layer_norm) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  const std::size_t shapes[][2] = {{1, 1},     {3, 5},     {16, 16},   {1000, 1024},
+                                   {64, 4096}, {5000, 33}, {17, 12288}};
+  for (const auto& [rows, cols] : shapes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(offset);
+      // An offset mean (|mean| >> std) exercises the variance's cancellation.
+      const auto x = random_floats(rows * cols, rows * 31 + cols, 2, 4);
+      const auto dy = random_floats(rows * cols, rows * 37 + cols);
+      const auto gamma = random_floats(cols, cols + 5, 0.5, 1.5),
+                 beta = random_floats(cols, cols + 6);
+      float* dx_in = dev.put(x, offset);
+      float* ddy = dev.put(dy, offset);
+      float* dgamma_in = dev.put(gamma, offset);
+      float* dbeta_in = dev.put(beta, offset);
+      float* y = dev.make(rows * cols, offset);
+      float* stats = dev.make(2 * rows);
+      float* dx = dev.make(rows * cols, offset);
+
+      // forward: float statistics from shifted sums; y and (mean, rstd) within 1e-5
+      dev.run([&](auto& k) {
+        k.layer_norm_forward(rows, cols, 1e-5, dx_in, dgamma_in, dbeta_in, y, stats);
+      });
+      std::vector<double> ref_y(rows * cols), ref_stats(2 * rows);
+      kernel_reference.layer_norm_forward(rows, cols, 1e-5, wide(x).data(), wide(gamma).data(),
+                                          wide(beta).data(), ref_y.data(), ref_stats.data());
+      CHECK(relative_error(wide(dev.get(y, rows * cols)), ref_y) < 1e-5);
+      const std::vector<float> got_stats = dev.get(stats, 2 * rows);
+      std::vector<double> means, rstds, ref_means, ref_rstds;
+      for (std::size_t r = 0; r < rows; ++r) {
+        means.push_back(got_stats[2 * r]);
+        rstds.push_back(got_stats[2 * r + 1]);
+        ref_means.push_back(ref_stats[2 * r]);
+        ref_rstds.push_back(ref_stats[2 * r + 1]);
+      }
+      CHECK(relative_error(means, ref_means) < 1e-6);
+      CHECK(relative_error(rstds, ref_rstds) < 1e-5);
+
+      // backward input (from the reference statistics, so that only this op is measured):
+      // two row sums in float, < 1e-5
+      float* ref_stats_dev = dev.put(std::vector<float>(ref_stats.begin(), ref_stats.end()));
+      dev.run([&](auto& k) {
+        k.layer_norm_backward_input(rows, cols, dx_in, ddy, dgamma_in, ref_stats_dev, dx);
+      });
+      std::vector<double> ref_dx(rows * cols);
+      kernel_reference.layer_norm_backward_input(rows, cols, wide(x).data(), wide(dy).data(),
+                                                 wide(gamma).data(), ref_stats.data(),
+                                                 ref_dx.data());
+      CHECK(relative_error(wide(dev.get(dx, rows * cols)), ref_dx) < 1e-5);
+
+      // backward weight, accumulated: column sums of up to 5000 terms, < 1e-5
+      const auto g0 = random_floats(cols, 5), b0 = random_floats(cols, 6);
+      float* dgamma = dev.put(g0, offset);
+      float* dbeta = dev.put(b0, offset);
+      dev.run([&](auto& k) {
+        k.layer_norm_backward_weight(rows, cols, dx_in, ddy, ref_stats_dev, dgamma, dbeta);
+      });
+      std::vector<double> ref_dgamma = wide(g0), ref_dbeta = wide(b0);
+      kernel_reference.layer_norm_backward_weight(rows, cols, wide(x).data(), wide(dy).data(),
+                                                  ref_stats.data(), ref_dgamma.data(),
+                                                  ref_dbeta.data());
+      CHECK(relative_error(wide(dev.get(dgamma, cols)), ref_dgamma) < 1e-5);
+      CHECK(relative_error(wide(dev.get(dbeta, cols)), ref_dbeta) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Device, kernels_loss) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  const std::size_t shapes[][2] = {{1, 1}, {10, 5}, {3, 1000}, {4096, 10}, {64, 50257}};
+  for (const auto& [rows, classes] : shapes) {
+    CAPTURE(rows);
+    CAPTURE(classes);
+    const auto logits = random_floats(rows * classes, rows + classes, -8, 8);
+    std::vector<std::int32_t> targets(rows);
+    Rng rng(rows);
+    for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
+    const float scale = 1.0f / static_cast<float>(rows);
+    float* dlogits_in = dev.put(logits);
+    std::int32_t* dtargets = dev.put(targets);
+    float* dlogits = dev.make(rows * classes);
+    float* loss = dev.make(1);
+
+    // gradient within 5e-6 of its largest entry (p = exp(z - logsumexp) in float: the
+    // exponent carries the rounding of values up to 16, 2 ulp = 4e-6); the summed loss 1e-5
+    dev.run([&](auto& k) {
+      k.softmax_cross_entropy(rows, classes, dlogits_in, dtargets, scale, dlogits, loss);
+    });
+    std::vector<double> ref_d(rows * classes);
+    double ref_loss = 0;
+    kernel_reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(),
+                                           scale, ref_d.data(), &ref_loss);
+    CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
+    CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
+
+    // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5
+    const std::size_t n = rows * classes;
+    const auto target = random_floats(n, n + 3);
+    float* dtarget = dev.put(target);
+    dev.run([&](auto& k) { k.mse(n, dlogits_in, dtarget, scale, dlogits, loss); });
+    double ref_mse = 0;
+    kernel_reference.mse(n, wide(logits).data(), wide(target).data(), scale, ref_d.data(),
+                         &ref_mse);
+    CHECK(relative_error(wide(dev.get(dlogits, n)), ref_d) < 1e-6);
+    CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_mse).epsilon(1e-5));
+  }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("an empty loss is zero", Device, kernels_empty_loss) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  float* loss = dev.put(std::vector<float>{7.0f});
+  dev.run([&](auto& k) { k.mse(0, nullptr, nullptr, 1.0f, nullptr, loss); });
+  CHECK(dev.get(loss, 1)[0] == 0.0f);
+}
+
+TEST_CASE_TEMPLATE_DEFINE("SGD and AdamW updates match the host's", Device, kernels_optimizers) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  for (std::size_t n : {1u, 5u, 1024u, 100003u}) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(n);
+      CAPTURE(offset);
+      const auto p0 = random_floats(n, 1), g = random_floats(n, 2), s0 = random_floats(n, 3, 0, 1);
+      // The same float operations as the host: within 1e-6 of the parameters' scale (the GPU
+      // may contract a multiply-add into one rounding).
+      for (int variant = 0; variant < 4; ++variant) {
+        CAPTURE(variant);
+        const double momentum = variant == 0 ? 0.0 : 0.9, dampening = variant == 2 ? 0.1 : 0.0;
+        const bool nesterov = variant == 3, first = variant == 1;
+        float* p = dev.put(p0, offset);
+        float* buf = dev.put(s0, offset);
+        float* dg = dev.put(g, offset);
+        dev.run([&](auto& k) {
+          k.sgd_update(n, p, dg, buf, 0.1, momentum, dampening, 0.01, nesterov, first);
+        });
+        std::vector<float> hp = p0, hb = s0;
+        gpipe::host::sgd_update(n, hp.data(), g.data(), hb.data(), 0.1, momentum, dampening, 0.01,
+                                nesterov, first);
+        CHECK(relative_error(wide(dev.get(p, n)), wide(hp)) < 1e-6);
+        if (momentum != 0) CHECK(relative_error(wide(dev.get(buf, n)), wide(hb)) < 1e-6);
+      }
+      for (std::size_t step : {1u, 2u, 100u}) {
+        CAPTURE(step);
+        float* p = dev.put(p0, offset);
+        float* m = dev.put(g, offset);
+        float* v = dev.put(s0, offset);
+        float* dg = dev.put(g, offset);
+        dev.run(
+            [&](auto& k) { k.adamw_update(n, p, dg, m, v, 1e-3, 0.9, 0.999, 1e-8, 0.01, step); });
+        std::vector<float> hp = p0, hm = g, hv = s0;
+        gpipe::host::adamw_update(n, hp.data(), g.data(), hm.data(), hv.data(), 1e-3, 0.9, 0.999,
+                                  1e-8, 0.01, step);
+        CHECK(relative_error(wide(dev.get(p, n)), wide(hp)) < 1e-6);
+        CHECK(relative_error(wide(dev.get(m, n)), wide(hm)) < 1e-6);
+        CHECK(relative_error(wide(dev.get(v, n)), wide(hv)) < 1e-6);
+      }
+    }
+  }
+}

@@ -1,0 +1,348 @@
+#pragma once
+// A CPU emulator for the CUDA kernels of gpipe/backend/cuda/kernels/ (all but gemm.cuh, which is
+// cuBLAS): their device code compiles with the host compiler, and each launch runs here, block
+// after block, every CUDA thread of a block a coroutine of its own (ucontext) on the calling
+// thread. So the kernels' indexing, packing, tails, grid-stride loops and reductions are tested
+// against the host kernels on a machine without a GPU, which the real CUDA tests then confirm
+// on one.
+//
+// What it models, and checks:
+//   - threadIdx, blockIdx, blockDim, gridDim; __shared__ memory shared by the block's threads.
+//   - __syncthreads(): a thread waits until every thread of its block that has not exited has
+//     arrived (exited threads count as arrived, as on sm_70 and later). Threads of a block that
+//     pass different numbers of barriers (a barrier in divergent code) are an error.
+//   - __shfl_xor_sync(mask, v, lane_mask): the lanes named by mask exchange values once all of
+//     them have arrived. A lane of the mask that has exited or does not exist, lanes that differ
+//     in mask or lane_mask, or a warp split between a shuffle and __syncthreads is an error
+//     (undefined behaviour or a hang on a GPU), reported as a gpipe::Error from the launch.
+//   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
+//     the next cudaGetLastError() returns (and GPIPE_CUDA_CHECK_LAUNCH turns into an Error).
+// What it does not model: timing, memory ordering between threads without a barrier (threads of
+// a block run one at a time, each until its next barrier or shuffle), the float rounding of
+// the GPU's math functions (the host's libm computes expf, erff, ...), fused multiply-adds.
+//
+// Use: include this header before any gpipe/backend/cuda header, in the one translation unit
+// of a test program that is compiled by the host compiler and does not link cudart: the few
+// CUDA runtime calls the kernel launchers make (cudaGetLastError, cudaMemsetAsync, the error
+// names) are defined here. Streams are ignored: every launch has finished when it returns.
+// Pointers are host memory. Misaligned packed loads are caught by compiling with
+// -fsanitize=alignment (tests/CMakeLists.txt does).
+
+#define GPIPE_CUDA_EMULATION 1
+
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpipe/error.hpp"
+
+// Device code spelled as the host compiler needs it. __global__ and __device__ are already empty
+// in cuda_runtime.h's host view; shared memory is one object per emulating OS thread, which runs
+// one block at a time.
+#undef __shared__
+#define __shared__ static thread_local
+
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+// CUDA's device overloads of max and min for float: fmaxf and fminf (a NaN loses).
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+
+namespace gpipe::test::cuda_emulation {
+
+enum class State { ready, at_barrier, at_shuffle, exited };
+
+struct Thread {
+  ucontext_t context{};
+  uint3 index{};
+  State state = State::ready;
+  // A __shfl_xor_sync in flight: what this lane offers, and what it gets.
+  unsigned shuffle_mask = 0;
+  int shuffle_lane_mask = 0;
+  std::uint64_t offered = 0, received = 0;
+  std::size_t barriers = 0;  // __syncthreads passed
+};
+
+// The emulator of one OS thread: runs a launch's blocks one after another.
+class Emulator {
+ public:
+  static constexpr std::size_t stack_bytes = 64 * 1024;
+  static constexpr unsigned warp_size = 32;
+
+  static Emulator& instance() {
+    static thread_local Emulator emulator;
+    return emulator;
+  }
+
+  // Runs body (the kernel applied to its arguments) as every thread of every block of the grid.
+  void run(dim3 grid, dim3 block, const std::function<void()>& body) {
+    if (body_ != nullptr) throw Error("cuda emulator: a kernel launched another kernel");
+    body_ = &body;
+    struct Reset {
+      Emulator* e;
+      ~Reset() { e->body_ = nullptr; }
+    } reset{this};
+    gridDim = grid;
+    blockDim = block;
+    const std::size_t threads = static_cast<std::size_t>(block.x) * block.y * block.z;
+    if (stacks_.size() < threads * stack_bytes) stacks_.assign(threads * stack_bytes, 0);
+    threads_.assign(threads, Thread{});
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          blockIdx = uint3{x, y, z};
+          run_block();
+        }
+  }
+
+  // __syncthreads and __shfl_xor_sync: suspend the current thread until the block's scheduler
+  // lets it go on.
+  void barrier() { suspend(State::at_barrier); }
+
+  template <class T>
+  T shuffle_xor(unsigned mask, T value, int lane_mask) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(std::uint64_t));
+    Thread& self = threads_[current_];
+    self.shuffle_mask = mask;
+    self.shuffle_lane_mask = lane_mask;
+    self.offered = 0;
+    std::memcpy(&self.offered, &value, sizeof(T));
+    suspend(State::at_shuffle);
+    T result;
+    std::memcpy(&result, &self.received, sizeof(T));
+    return result;
+  }
+
+ private:
+  void run_block() {
+    const std::size_t n = threads_.size();
+    for (std::size_t t = 0; t < n; ++t) prepare(t);
+    // Each thread runs until it exits or waits; then the waits that can end, end.
+    for (std::size_t t = 0; t < n; ++t) resume(t);
+    for (;;) {
+      rethrow_kernel_error();
+      bool released = release_shuffles();
+      if (!released) released = release_barrier();
+      if (!released) break;  // every thread has exited
+      for (std::size_t t = 0; t < n; ++t)
+        if (threads_[t].state == State::ready) resume(t);
+    }
+    for (const Thread& th : threads_)
+      if (th.barriers != threads_[0].barriers)
+        throw Error("cuda emulator: threads of block (" + std::to_string(blockIdx.x) + ", " +
+                    std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) +
+                    ") passed different numbers of __syncthreads (" +
+                    std::to_string(threads_[0].barriers) + " and " + std::to_string(th.barriers) +
+                    "): a barrier in divergent code");
+  }
+
+  void prepare(std::size_t t) {
+    Thread& th = threads_[t];
+    th = Thread{};
+    const std::size_t plane = static_cast<std::size_t>(blockDim.x) * blockDim.y;
+    th.index =
+        uint3{static_cast<unsigned>(t % blockDim.x),
+              static_cast<unsigned>(t / blockDim.x % blockDim.y), static_cast<unsigned>(t / plane)};
+    if (getcontext(&th.context) != 0) throw Error("cuda emulator: getcontext failed");
+    th.context.uc_stack.ss_sp = stacks_.data() + t * stack_bytes;
+    th.context.uc_stack.ss_size = stack_bytes;
+    th.context.uc_link = &scheduler_;
+    makecontext(&th.context, &Emulator::entry, 0);
+  }
+
+  // Completes every warp's shuffle whose lanes have all arrived; throws where one never can.
+  bool release_shuffles() {
+    bool released = false;
+    const std::size_t n = threads_.size();
+    for (std::size_t first = 0; first < n; first += warp_size) {
+      const std::size_t lanes = std::min<std::size_t>(warp_size, n - first);
+      Thread* warp = &threads_[first];
+      const Thread* leader = nullptr;
+      for (std::size_t l = 0; l < lanes && leader == nullptr; ++l)
+        if (warp[l].state == State::at_shuffle) leader = &warp[l];
+      if (leader == nullptr) continue;
+      const unsigned mask = leader->shuffle_mask;
+      const std::string where = "warp " + std::to_string(first / warp_size) + " of block (" +
+                                std::to_string(blockIdx.x) + ", " + std::to_string(blockIdx.y) +
+                                ", " + std::to_string(blockIdx.z) + ")";
+      for (std::size_t l = 0; l < warp_size; ++l) {
+        const bool named = (mask >> l) & 1u;
+        if (!named) continue;
+        if (l >= lanes)
+          throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
+                      std::to_string(l) + ", which the block does not have");
+        if (warp[l].state == State::exited)
+          throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
+                      std::to_string(l) + ", which has exited");
+        if (warp[l].state == State::at_barrier)
+          throw Error("cuda emulator: " + where +
+                      " is split between __shfl_xor_sync and __syncthreads");
+        if (warp[l].shuffle_mask != mask || warp[l].shuffle_lane_mask != leader->shuffle_lane_mask)
+          throw Error("cuda emulator: lanes of " + where +
+                      " shuffle with different masks or lane masks");
+      }
+      for (std::size_t l = 0; l < lanes; ++l) {
+        if (warp[l].state != State::at_shuffle) continue;
+        if (!((mask >> l) & 1u))
+          throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where +
+                      " shuffles with a mask that leaves it out");
+        const std::size_t source = l ^ static_cast<std::size_t>(leader->shuffle_lane_mask);
+        // A source outside the mask: undefined on a GPU.
+        if (source >= warp_size || !((mask >> source) & 1u))
+          throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " reads lane " +
+                      std::to_string(source) + ", which is not in the mask");
+        warp[l].received = warp[source].offered;
+      }
+      for (std::size_t l = 0; l < lanes; ++l)
+        if (warp[l].state == State::at_shuffle) warp[l].state = State::ready;
+      released = true;
+    }
+    return released;
+  }
+
+  // Ends __syncthreads once every thread that has not exited waits there.
+  bool release_barrier() {
+    bool any = false;
+    for (Thread& th : threads_) {
+      if (th.state == State::at_shuffle) return false;  // cannot be: shuffles were released
+      any = any || th.state == State::at_barrier;
+    }
+    for (Thread& th : threads_)
+      if (th.state == State::at_barrier) {
+        th.state = State::ready;
+        ++th.barriers;
+      }
+    return any;
+  }
+
+  void resume(std::size_t t) {
+    current_ = t;
+    threadIdx = threads_[t].index;
+    if (swapcontext(&scheduler_, &threads_[t].context) != 0)
+      throw Error("cuda emulator: swapcontext failed");
+  }
+
+  void suspend(State state) {
+    Thread& self = threads_[current_];
+    self.state = state;
+    swapcontext(&self.context, &scheduler_);
+  }
+
+  static void entry() {
+    Emulator& e = instance();
+    try {
+      (*e.body_)();
+    } catch (...) {
+      if (!e.error_) e.error_ = std::current_exception();
+    }
+    e.threads_[e.current_].state = State::exited;
+    // Returning continues at uc_link: the scheduler.
+  }
+
+  void rethrow_kernel_error() {
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  const std::function<void()>* body_ = nullptr;
+  std::vector<Thread> threads_;
+  std::vector<unsigned char> stacks_;
+  ucontext_t scheduler_{};
+  std::size_t current_ = 0;
+  std::exception_ptr error_;
+};
+
+// The error the next cudaGetLastError() returns.
+inline cudaError_t& last_error() {
+  static thread_local cudaError_t error = cudaSuccess;
+  return error;
+}
+
+inline bool valid_configuration(dim3 grid, dim3 block) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  return grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x <= 0x7fffffffu && grid.y <= 65535 &&
+         grid.z <= 65535 && block.x >= 1 && block.y >= 1 && block.z >= 1 && block.x <= 1024 &&
+         block.y <= 1024 && block.z <= 64 && threads <= 1024;
+}
+
+// launch(kernel, grid, block)(args...): the emulated kernel<<<grid, block>>>(args...). The
+// arguments are converted to the kernel's parameter types and copied, as a launch does.
+template <class... Params>
+class Launch {
+ public:
+  Launch(void (*kernel)(Params...), dim3 grid, dim3 block)
+      : kernel_(kernel), grid_(grid), block_(block) {}
+
+  template <class... Args>
+  void operator()(Args&&... args) const {
+    static_assert(sizeof...(Args) == sizeof...(Params), "wrong number of kernel arguments");
+    if (!valid_configuration(grid_, block_)) {
+      last_error() = cudaErrorInvalidConfiguration;
+      return;
+    }
+    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    Emulator::instance().run(grid_, block_, [&] { std::apply(kernel_, params); });
+  }
+
+ private:
+  void (*kernel_)(Params...);
+  dim3 grid_, block_;
+};
+
+template <class... Params>
+Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block) {
+  return Launch<Params...>(kernel, grid, block);
+}
+
+}  // namespace gpipe::test::cuda_emulation
+
+#define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) \
+  ((void)(stream), ::gpipe::test::cuda_emulation::launch(kernel, dim3(grid), dim3(block)))
+
+inline void __syncthreads() { ::gpipe::test::cuda_emulation::Emulator::instance().barrier(); }
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  if (width != 32) throw gpipe::Error("cuda emulator: __shfl_xor_sync with width != 32");
+  return ::gpipe::test::cuda_emulation::Emulator::instance().shuffle_xor(mask, value, lane_mask);
+}
+
+// The CUDA runtime calls of the kernel launchers (this program does not link cudart).
+extern "C" {
+cudaError_t cudaGetLastError() {
+  return std::exchange(::gpipe::test::cuda_emulation::last_error(), cudaSuccess);
+}
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    default:
+      return "cudaError (emulated)";
+  }
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  return error == cudaErrorInvalidConfiguration ? "invalid configuration argument"
+                                                : cudaGetErrorName(error);
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+}
