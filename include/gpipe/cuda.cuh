@@ -7,7 +7,7 @@
 //   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend> trainer(
 //       backend, {.micro_batches = 8});
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error \
     "gpipe/cuda.cuh is CUDA code: compile it with nvcc (a .cu file); <gpipe/gpipe.hpp> is the host-only library"
 #endif

@@ -90,7 +90,7 @@ TEST_SUITE("cuda backend") {
     // Device 1's program is issued first and begins with a wait for an event that device 0 has
     // not recorded yet: its work must run after device 0's, as on the host backend.
     Backend backend(2);
-    const std::size_t n = 1 << 24;  // long enough that a missing order would show
+    const std::size_t n = gpipe::test::ordering_size(1 << 24);  // so that a missing order shows
     auto a = backend.allocate<float>(0, n);
     auto b = backend.allocate<float>(1, n);
     Backend::Event ready;
@@ -117,7 +117,7 @@ TEST_SUITE("cuda backend") {
 
   TEST_CASE("events order work across streams, step after step") {
     Backend backend(3);
-    const std::size_t n = 1 << 22;
+    const std::size_t n = gpipe::test::ordering_size(1 << 22);
     auto x = backend.allocate<float>(0, n);
     auto y = backend.allocate<float>(1, n);
     auto z = backend.allocate<float>(2, n);
@@ -173,7 +173,7 @@ TEST_SUITE("cuda backend") {
     // copy, copies and frees the sender's buffer right away. The sender then allocates again at
     // once, and the pool may hand it the freed block: only after the receiver's copy.
     Backend backend(2);
-    const std::size_t n = 1 << 22;
+    const std::size_t n = gpipe::test::ordering_size(1 << 22);
     auto sum = backend.allocate<float>(1, n);
     backend.submit(1, {"zero"}, [&](Kernels& k) { k.fill(n, 0.0f, sum.data()); });
     std::vector<Backend::Buffer<float>> sent(50);
@@ -242,7 +242,7 @@ TEST_SUITE("cuda backend") {
 
   TEST_CASE("tracing records every piece of work with its device and label") {
     Backend backend(2);
-    const std::size_t n = 1 << 20;
+    const std::size_t n = gpipe::test::ordering_size(1 << 20);
     auto x = backend.allocate<float>(0, n);
     auto y = backend.allocate<float>(1, n);
     backend.set_tracing(true);
@@ -337,7 +337,7 @@ TEST_SUITE("cuda backend") {
 TEST_SUITE("cuda backend, multi-GPU" * doctest::skip(gpipe::test::fewer_than_two_gpus())) {
   TEST_CASE("copy and receive move data between GPUs") {
     Backend backend(2, {.gpus = {0, 1}});
-    const std::size_t n = 1 << 20;
+    const std::size_t n = gpipe::test::ordering_size(1 << 20);
     auto a = backend.allocate<float>(0, n);
     auto b = backend.allocate<float>(1, n);
     auto c = backend.allocate<float>(1, n);

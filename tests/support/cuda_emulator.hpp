@@ -21,12 +21,11 @@
 // a block run one at a time, each until its next barrier or shuffle), the float rounding of
 // the GPU's math functions (the host's libm computes expf, erff, ...), fused multiply-adds.
 //
-// Use: include this header before any gpipe/backend/cuda header, in the one translation unit
-// of a test program that is compiled by the host compiler and does not link cudart: the few
-// CUDA runtime calls the kernel launchers make (cudaGetLastError, cudaMemsetAsync, the error
-// names) are defined here. Streams are ignored: every launch has finished when it returns.
-// Pointers are host memory. Misaligned packed loads are caught by compiling with
-// -fsanitize=alignment (tests/CMakeLists.txt does).
+// Use: through tests/support/cuda_runtime_emulator.hpp, which adds the runtime around it
+// (streams on which launches run in order, events, memory, cuBLAS, NCCL) and must be included
+// before any gpipe/backend/cuda header. A launch on the null stream runs at once, on the calling
+// thread. Misaligned packed loads are caught by compiling with -fsanitize=alignment
+// (tests/CMakeLists.txt does).
 
 #define GPIPE_CUDA_EMULATION 1
 
@@ -267,6 +266,10 @@ class Emulator {
   std::exception_ptr error_;
 };
 
+// Runs `launch` (every block of one kernel launch) in the order of `stream`; defined by
+// cuda_runtime_emulator.hpp.
+inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch);
+
 // The error the next cudaGetLastError() returns.
 inline cudaError_t& last_error() {
   static thread_local cudaError_t error = cudaSuccess;
@@ -280,13 +283,14 @@ inline bool valid_configuration(dim3 grid, dim3 block) {
          block.y <= 1024 && block.z <= 64 && threads <= 1024;
 }
 
-// launch(kernel, grid, block)(args...): the emulated kernel<<<grid, block>>>(args...). The
-// arguments are converted to the kernel's parameter types and copied, as a launch does.
+// launch(kernel, grid, block, stream)(args...): the emulated kernel<<<grid, block, 0,
+// stream>>>(args...). The arguments are converted to the kernel's parameter types and copied, as
+// a launch does.
 template <class... Params>
 class Launch {
  public:
-  Launch(void (*kernel)(Params...), dim3 grid, dim3 block)
-      : kernel_(kernel), grid_(grid), block_(block) {}
+  Launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream)
+      : kernel_(kernel), grid_(grid), block_(block), stream_(stream) {}
 
   template <class... Args>
   void operator()(Args&&... args) const {
@@ -295,24 +299,28 @@ class Launch {
       last_error() = cudaErrorInvalidConfiguration;
       return;
     }
-    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    Emulator::instance().run(grid_, block_, [&] { std::apply(kernel_, params); });
+    enqueue_launch(stream_, [kernel = kernel_, grid = grid_, block = block_,
+                             params = std::tuple<std::decay_t<Params>...>(
+                                 std::forward<Args>(args)...)] {
+      Emulator::instance().run(grid, block, [&] { std::apply(kernel, params); });
+    });
   }
 
  private:
   void (*kernel_)(Params...);
   dim3 grid_, block_;
+  cudaStream_t stream_;
 };
 
 template <class... Params>
-Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block) {
-  return Launch<Params...>(kernel, grid, block);
+Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream) {
+  return Launch<Params...>(kernel, grid, block, stream);
 }
 
 }  // namespace gpipe::test::cuda_emulation
 
 #define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) \
-  ((void)(stream), ::gpipe::test::cuda_emulation::launch(kernel, dim3(grid), dim3(block)))
+  ::gpipe::test::cuda_emulation::launch(kernel, dim3(grid), dim3(block), stream)
 
 inline void __syncthreads() { ::gpipe::test::cuda_emulation::Emulator::instance().barrier(); }
 
@@ -320,29 +328,4 @@ template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   if (width != 32) throw gpipe::Error("cuda emulator: __shfl_xor_sync with width != 32");
   return ::gpipe::test::cuda_emulation::Emulator::instance().shuffle_xor(mask, value, lane_mask);
-}
-
-// The CUDA runtime calls of the kernel launchers (this program does not link cudart).
-extern "C" {
-cudaError_t cudaGetLastError() {
-  return std::exchange(::gpipe::test::cuda_emulation::last_error(), cudaSuccess);
-}
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    default:
-      return "cudaError (emulated)";
-  }
-}
-const char* cudaGetErrorString(cudaError_t error) {
-  return error == cudaErrorInvalidConfiguration ? "invalid configuration argument"
-                                                : cudaGetErrorName(error);
-}
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
-  std::memset(dst, value, bytes);
-  return cudaSuccess;
-}
 }

@@ -2,7 +2,7 @@
 // Backend factories for the conformance suites (tests/support/conformance_*.hpp) on the CUDA
 // backend, and the GPU count that multi-GPU tests skip on.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "tests/support/cuda_factory.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -49,5 +49,16 @@ struct CudaNcclFactory : CudaTolerances {
 };
 
 inline bool fewer_than_two_gpus() { return cuda::device_count() < 2; }
+
+// Elements for a test that moves a lot of data to show stream order: n on a GPU, where a missing
+// dependency shows only if the work takes long; n / 256 on the CPU emulator
+// (tests/support/cuda_runtime_emulator.hpp), whose streams are threads, so that it shows at any
+// size, and which runs every CUDA thread of a kernel one after another.
+#if defined(GPIPE_CUDA_EMULATION)
+inline constexpr bool emulated = true;
+#else
+inline constexpr bool emulated = false;
+#endif
+constexpr std::size_t ordering_size(std::size_t n) { return emulated ? n / 256 : n; }
 
 }  // namespace gpipe::test

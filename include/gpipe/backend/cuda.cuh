@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend: virtual devices on NVIDIA GPUs, cuBLAS GEMMs, custom kernels. Needs nvcc.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda.cuh is CUDA code: compile it with nvcc (a .cu file)"
 #endif
 

@@ -9,7 +9,7 @@
 //                   compute stream waits for it by an event
 // See gpipe::cuda::Kernels::receive.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/transport/cuda.cuh is CUDA code: compile it with nvcc (see gpipe/cuda.cuh)"
 #endif
 

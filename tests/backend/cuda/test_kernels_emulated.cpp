@@ -8,7 +8,7 @@
 // or writes past a buffer's end faults; the bytes between a buffer's end and that page hold NaN
 // and must be unchanged after each kernel.
 
-#include "support/cuda_emulator.hpp"
+#include "support/cuda_runtime_emulator.hpp"
 // The emulator goes first: it defines what the kernels' device code needs.
 #include <doctest/doctest.h>
 #include <sys/mman.h>

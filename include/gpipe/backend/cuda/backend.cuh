@@ -22,7 +22,7 @@
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/backend.cuh is CUDA code: compile it with nvcc (see gpipe/cuda.cuh)"
 #endif
 

@@ -3,7 +3,7 @@
 // the runtime calls a device: its own compute stream, copy stream, cuBLAS handle, counted memory
 // and staging buffers, on one physical GPU that other virtual devices may share.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/device.cuh is CUDA code: compile it with nvcc"
 #endif
 

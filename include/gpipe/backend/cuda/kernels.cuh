@@ -5,7 +5,7 @@
 // memory of that device (copy also accepts memory of other GPUs). The backend hands each piece
 // of work the context of the work's device, with that device's GPU current.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels.cuh is CUDA code: compile it with nvcc"
 #endif
 

@@ -13,7 +13,7 @@
 // the free has been reached (cudaMemPoolReuse* defaults: by event dependencies, or when the free
 // has already completed).
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/memory.cuh is CUDA code: compile it with nvcc"
 #endif
 

@@ -7,7 +7,7 @@
 // leading dimensions as the host reference (gpipe/backend/host/kernels/gemm.hpp). The handle
 // carries the stream and the math mode (TF32 or not; see BackendOptions::tf32).
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/gemm.cuh is CUDA code: compile it with nvcc"
 #endif
 

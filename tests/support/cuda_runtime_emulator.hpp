@@ -1,0 +1,744 @@
+#pragma once
+// An emulated CUDA runtime, cuBLAS and NCCL, so that the whole CUDA backend
+// (gpipe/backend/cuda/, compiled by the host compiler under GPIPE_CUDA_EMULATION) runs its
+// tests on a machine without a GPU. Kernels run on the CPU emulator of cuda_emulator.hpp.
+//
+// The model, and what it checks:
+//   - Two GPUs by default (machine().gpus, set before the first call), each with
+//     machine().gpu_memory bytes; cudaSetDevice/cudaGetDevice per host thread.
+//   - A stream is a worker thread that runs its operations in order (kernels, copies, memsets,
+//     host functions, event records and waits, stream-ordered frees, cuBLAS GEMMs, NCCL halves),
+//     concurrently with the host and with other streams, so a missing event dependency shows up
+//     as a wrong result or a race rather than being hidden by a serial order.
+//   - Events: a record completes when its stream reaches it; cudaStreamWaitEvent and
+//     cudaEventSynchronize wait for the most recent record issued before the call (CUDA's rule).
+//   - Device memory from pools: allocated when cudaMallocFromPoolAsync is called, freed when its
+//     stream reaches cudaFreeAsync; new memory is filled with 0xff bytes (NaN as float), so a
+//     kernel that reads what nobody wrote spoils its result. Copies check that their pointers
+//     are device or host memory as their kind says; cudaPointerGetAttributes knows which GPU
+//     holds a pointer.
+//   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as
+//     on a GPU. A kernel that breaks the emulator's rules (see cuda_emulator.hpp) makes its
+//     stream fail with cudaErrorLaunchFailure (the message goes to stderr), reported by the next
+//     synchronization, and later work on that stream is skipped.
+//   - cublasSgemm: column-major FP32 reference (TF32 mode rounds the operands to 10-bit
+//     mantissas first); C is not read when beta is 0.
+//   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet
+//     on their streams (the send's stream waits until the receive has copied). The streams must
+//     be on the communicators' GPUs.
+// Not modelled: timing, the pools' block reuse, peer-access rules, the null stream's implicit
+// synchronization (it runs work at once on the calling thread).
+//
+// Include it first, in one translation unit per test program that does not link cudart, cuBLAS
+// or NCCL: it defines their functions that the backend calls.
+
+#include "support/cuda_emulator.hpp"
+// The emulator first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifndef GPIPE_CUDA_NCCL
+#define GPIPE_CUDA_NCCL 1  // the emulator provides NCCL
+#endif
+
+namespace gpipe::test::cuda_emulation {
+
+using Clock = std::chrono::steady_clock;
+
+// The emulated machine: its GPUs and every live allocation of device and pinned host memory.
+struct Machine {
+  int gpus = 2;
+  std::size_t gpu_memory = std::size_t{8} << 30;  // bytes per GPU
+
+  struct Allocation {
+    std::size_t bytes;
+    int gpu;
+  };
+  std::mutex mutex;
+  std::map<std::uintptr_t, Allocation> device;  // start address -> allocation
+  std::set<void*> pinned;
+  std::vector<std::size_t> used = std::vector<std::size_t>(64, 0);  // bytes per GPU
+
+  // The GPU whose memory holds p, or -1.
+  int gpu_of(const void* p) {
+    std::lock_guard lock(mutex);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = device.upper_bound(a);
+    if (it == device.begin()) return -1;
+    --it;
+    return a < it->first + it->second.bytes ? it->second.gpu : -1;
+  }
+  bool is_pinned(const void* p) {
+    std::lock_guard lock(mutex);
+    return pinned.count(const_cast<void*>(p)) != 0;
+  }
+};
+inline Machine& machine() {
+  static Machine m;
+  return m;
+}
+
+inline int& current_gpu() {
+  static thread_local int gpu = 0;
+  return gpu;
+}
+
+}  // namespace gpipe::test::cuda_emulation
+
+// The runtime's opaque handle types, defined here.
+
+struct CUstream_st {
+  explicit CUstream_st(int gpu_) : gpu(gpu_), worker([this] { loop(); }) {}
+  CUstream_st(const CUstream_st&) = delete;
+  CUstream_st& operator=(const CUstream_st&) = delete;
+  ~CUstream_st() {
+    synchronize();
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    ready.notify_all();
+    worker.join();
+  }
+
+  void submit(std::function<void()> op) {
+    {
+      std::lock_guard lock(mutex);
+      ops.push_back(std::move(op));
+    }
+    ready.notify_all();
+  }
+  // Waits until every operation submitted so far has run; the stream's error, if any.
+  cudaError_t synchronize() {
+    std::unique_lock lock(mutex);
+    idle.wait(lock, [this] { return ops.empty() && !running; });
+    return error;
+  }
+
+  const int gpu;
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      ready.wait(lock, [this] { return stop || !ops.empty(); });
+      if (ops.empty()) return;
+      std::function<void()> op = std::move(ops.front());
+      ops.pop_front();
+      running = true;
+      const bool skip = error != cudaSuccess;
+      lock.unlock();
+      std::string fault;
+      if (!skip) {
+        try {
+          op();
+        } catch (const std::exception& e) {
+          fault = e.what();
+        }
+      }
+      op = nullptr;
+      lock.lock();
+      if (!fault.empty()) {
+        std::fprintf(stderr, "cuda emulator: stream of GPU %d failed: %s\n", gpu, fault.c_str());
+        error = cudaErrorLaunchFailure;
+      }
+      running = false;
+      idle.notify_all();
+    }
+  }
+
+  std::mutex mutex;
+  std::condition_variable ready, idle;
+  std::deque<std::function<void()>> ops;
+  bool running = false, stop = false;
+  cudaError_t error = cudaSuccess;
+  std::thread worker;  // last: starts once the rest exists
+};
+
+struct CUevent_st {
+  explicit CUevent_st(bool timing_) : timing(timing_) {}
+  const bool timing;
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // records issued
+  std::uint64_t completed = 0;  // the latest record that its stream has reached
+  std::chrono::steady_clock::time_point when{};
+
+  void complete(std::uint64_t generation) {
+    {
+      std::lock_guard lock(mutex);
+      if (generation > completed) {
+        completed = generation;
+        when = std::chrono::steady_clock::now();
+      }
+    }
+    cv.notify_all();
+  }
+  void wait_for(std::uint64_t generation) {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+struct CUmemPoolHandle_st {
+  int gpu;
+};
+
+struct cublasContext {
+  int gpu;
+  cudaStream_t stream = nullptr;
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+};
+
+struct ncclComm {
+  int rank, ranks, gpu;
+};
+
+namespace gpipe::test::cuda_emulation {
+
+// Events live until their last pending record or wait has run, also when destroyed before.
+inline std::map<CUevent_st*, std::shared_ptr<CUevent_st>>& events() {
+  static std::map<CUevent_st*, std::shared_ptr<CUevent_st>> all;
+  return all;
+}
+inline std::mutex& events_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::shared_ptr<CUevent_st> event_of(cudaEvent_t e) {
+  std::lock_guard lock(events_mutex());
+  auto it = events().find(e);
+  return it == events().end() ? nullptr : it->second;
+}
+
+// op in the order of `stream`; at once on the null stream.
+inline void run_on(cudaStream_t stream, std::function<void()> op) {
+  if (stream == nullptr) {
+    op();
+  } else {
+    stream->submit(std::move(op));
+  }
+}
+
+inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch) {
+  if (stream != nullptr && stream->gpu != current_gpu()) {
+    last_error() = cudaErrorInvalidResourceHandle;  // a stream of another device
+    return;
+  }
+  run_on(stream, std::move(launch));
+}
+
+inline cudaError_t fail(cudaError_t error) {
+  last_error() = error;
+  return error;
+}
+
+// Rounds to TF32 (10 explicit mantissa bits), to nearest.
+inline float to_tf32(float v) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// NCCL: the operations of the group being built on this thread.
+struct NcclOp {
+  bool send;
+  void* buffer;
+  std::size_t bytes;
+  int peer;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+inline int& nccl_depth() {
+  static thread_local int depth = 0;
+  return depth;
+}
+inline std::vector<NcclOp>& nccl_group() {
+  static thread_local std::vector<NcclOp> ops;
+  return ops;
+}
+inline std::size_t nccl_size(ncclDataType_t type) {
+  switch (type) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+inline ncclResult_t nccl_end_group() {
+  std::vector<NcclOp> ops = std::exchange(nccl_group(), {});
+  std::vector<bool> matched(ops.size(), false);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].send) continue;
+    std::size_t j = 0;
+    for (; j < ops.size(); ++j)
+      if (!ops[j].send && !matched[j] && ops[j].comm->rank == ops[i].peer &&
+          ops[j].peer == ops[i].comm->rank && ops[j].bytes == ops[i].bytes)
+        break;
+    if (j == ops.size()) {
+      std::fprintf(stderr, "nccl emulator: a send without its receive in the group\n");
+      return ncclInvalidUsage;
+    }
+    matched[i] = matched[j] = true;
+    struct Meeting {
+      std::mutex m;
+      std::condition_variable cv;
+      bool sender_there = false, copied = false;
+    };
+    auto meeting = std::make_shared<Meeting>();
+    const NcclOp send = ops[i], receive = ops[j];
+    send.stream->submit([meeting] {
+      std::unique_lock lock(meeting->m);
+      meeting->sender_there = true;
+      meeting->cv.notify_all();
+      meeting->cv.wait(lock, [&] { return meeting->copied; });
+    });
+    receive.stream->submit([meeting, send, receive] {
+      std::unique_lock lock(meeting->m);
+      meeting->cv.wait(lock, [&] { return meeting->sender_there; });
+      std::memcpy(receive.buffer, send.buffer, send.bytes);
+      meeting->copied = true;
+      meeting->cv.notify_all();
+    });
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (!matched[i]) {
+      std::fprintf(stderr, "nccl emulator: a receive without its send in the group\n");
+      return ncclInvalidUsage;
+    }
+  return ncclSuccess;
+}
+inline ncclResult_t nccl_add(NcclOp op, ncclDataType_t type, std::size_t count) {
+  if (op.comm == nullptr || op.stream == nullptr || op.peer < 0 || op.peer >= op.comm->ranks)
+    return ncclInvalidArgument;
+  if (op.stream->gpu != op.comm->gpu) {
+    std::fprintf(stderr, "nccl emulator: stream of GPU %d with the communicator of GPU %d\n",
+                 op.stream->gpu, op.comm->gpu);
+    return ncclInvalidArgument;
+  }
+  op.bytes = count * nccl_size(type);
+  nccl_group().push_back(op);
+  return nccl_depth() == 0 ? nccl_end_group() : ncclSuccess;
+}
+
+}  // namespace gpipe::test::cuda_emulation
+
+// The CUDA runtime ------------------------------------------------------------------------------
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  return std::exchange(gpipe::test::cuda_emulation::last_error(), cudaSuccess);
+}
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaError (emulated)";
+  }
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return cudaGetErrorName(error);
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = gpipe::test::cuda_emulation::machine().gpus;
+  return *count > 0 ? cudaSuccess : gpipe::test::cuda_emulation::fail(cudaErrorNoDevice);
+}
+cudaError_t cudaSetDevice(int device) {
+  using namespace gpipe::test::cuda_emulation;
+  if (device < 0 || device >= machine().gpus) return fail(cudaErrorInvalidDevice);
+  current_gpu() = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = gpipe::test::cuda_emulation::current_gpu();
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  using namespace gpipe::test::cuda_emulation;
+  if (device < 0 || device >= machine().gpus || peer < 0 || peer >= machine().gpus)
+    return fail(cudaErrorInvalidDevice);
+  *can = device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = new CUstream_st(gpipe::test::cuda_emulation::current_gpu());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr) return gpipe::test::cuda_emulation::fail(cudaErrorInvalidResourceHandle);
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return stream == nullptr ? cudaSuccess : stream->synchronize();
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  using namespace gpipe::test::cuda_emulation;
+  auto e = std::make_shared<CUevent_st>((flags & cudaEventDisableTiming) == 0);
+  std::lock_guard lock(events_mutex());
+  events()[e.get()] = e;
+  *event = e.get();
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  using namespace gpipe::test::cuda_emulation;
+  std::lock_guard lock(events_mutex());
+  if (events().erase(event) == 0) return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  std::shared_ptr<CUevent_st> e = event_of(event);
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard lock(e->mutex);
+    generation = ++e->recorded;
+  }
+  run_on(stream, [e, generation] { e->complete(generation); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  using namespace gpipe::test::cuda_emulation;
+  std::shared_ptr<CUevent_st> e = event_of(event);
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::uint64_t target = 0;
+  {
+    std::lock_guard lock(e->mutex);
+    target = e->recorded;
+  }
+  if (target != 0) run_on(stream, [e, target] { e->wait_for(target); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  using namespace gpipe::test::cuda_emulation;
+  std::shared_ptr<CUevent_st> e = event_of(event);
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard lock(e->mutex);
+  return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  using namespace gpipe::test::cuda_emulation;
+  std::shared_ptr<CUevent_st> e = event_of(event);
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::uint64_t target = 0;
+  {
+    std::lock_guard lock(e->mutex);
+    target = e->recorded;
+  }
+  e->wait_for(target);
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  using namespace gpipe::test::cuda_emulation;
+  std::shared_ptr<CUevent_st> a = event_of(start), b = event_of(end);
+  if (a == nullptr || b == nullptr || !a->timing || !b->timing)
+    return fail(cudaErrorInvalidResourceHandle);
+  std::scoped_lock lock(a->mutex, b->mutex);
+  if (a->recorded == 0 || b->recorded == 0) return fail(cudaErrorInvalidResourceHandle);
+  if (a->completed < a->recorded || b->completed < b->recorded) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
+  using namespace gpipe::test::cuda_emulation;
+  if (props->location.type != cudaMemLocationTypeDevice || props->location.id < 0 ||
+      props->location.id >= machine().gpus)
+    return fail(cudaErrorInvalidValue);
+  *pool = new CUmemPoolHandle_st{props->location.id};
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* value) {
+  return pool != nullptr && value != nullptr
+             ? cudaSuccess
+             : gpipe::test::cuda_emulation::fail(cudaErrorInvalidValue);
+}
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* list,
+                                 size_t count) {
+  using namespace gpipe::test::cuda_emulation;
+  if (pool == nullptr) return fail(cudaErrorInvalidValue);
+  for (size_t i = 0; i < count; ++i)
+    if (list[i].location.id < 0 || list[i].location.id >= machine().gpus ||
+        list[i].location.id == pool->gpu)  // CUDA refuses the owner's own access
+      return fail(cudaErrorInvalidDevice);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  delete pool;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t bytes, cudaMemPool_t pool,
+                                    cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  if (pool == nullptr || ptr == nullptr) return fail(cudaErrorInvalidValue);
+  (void)stream;  // memory exists from now on, which satisfies stream order
+  Machine& m = machine();
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.used[static_cast<std::size_t>(pool->gpu)] + rounded > m.gpu_memory)
+      return fail(cudaErrorMemoryAllocation);
+    m.used[static_cast<std::size_t>(pool->gpu)] += rounded;
+  }
+  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  std::memset(p, 0xff, rounded);
+  std::lock_guard lock(m.mutex);
+  m.device[reinterpret_cast<std::uintptr_t>(p)] = {rounded, pool->gpu};
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  Machine& m = machine();
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.device.count(reinterpret_cast<std::uintptr_t>(p)) == 0) return fail(cudaErrorInvalidValue);
+  }
+  run_on(stream, [p, &m] {
+    {
+      std::lock_guard lock(m.mutex);
+      auto it = m.device.find(reinterpret_cast<std::uintptr_t>(p));
+      m.used[static_cast<std::size_t>(it->second.gpu)] -= it->second.bytes;
+      m.device.erase(it);
+    }
+    std::free(p);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  using namespace gpipe::test::cuda_emulation;
+  *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  std::lock_guard lock(machine().mutex);
+  machine().pinned.insert(*p);
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  using namespace gpipe::test::cuda_emulation;
+  {
+    std::lock_guard lock(machine().mutex);
+    if (machine().pinned.erase(p) == 0) return fail(cudaErrorInvalidValue);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  using namespace gpipe::test::cuda_emulation;
+  *attributes = {};
+  const int gpu = machine().gpu_of(p);
+  if (gpu >= 0) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = gpu;
+    attributes->devicePointer = const_cast<void*>(p);
+  } else {
+    attributes->type = machine().is_pinned(p) ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    attributes->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  if (bytes == 0) return cudaSuccess;
+  const bool dst_device = machine().gpu_of(dst) >= 0, src_device = machine().gpu_of(src) >= 0;
+  const bool ok = kind == cudaMemcpyDefault ||
+                  (kind == cudaMemcpyHostToDevice && dst_device && !src_device) ||
+                  (kind == cudaMemcpyDeviceToHost && !dst_device && src_device) ||
+                  (kind == cudaMemcpyDeviceToDevice && dst_device && src_device) ||
+                  (kind == cudaMemcpyHostToHost && !dst_device && !src_device);
+  if (!ok) {
+    std::fprintf(stderr, "cuda emulator: cudaMemcpyAsync of kind %d between %s and %s memory\n",
+                 static_cast<int>(kind), dst_device ? "device" : "host",
+                 src_device ? "device" : "host");
+    return fail(cudaErrorInvalidValue);
+  }
+  run_on(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_gpu, const void* src, int src_gpu,
+                                size_t bytes, cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  if (bytes == 0) return cudaSuccess;
+  if (machine().gpu_of(dst) != dst_gpu || machine().gpu_of(src) != src_gpu)
+    return fail(cudaErrorInvalidValue);
+  run_on(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  gpipe::test::cuda_emulation::run_on(stream,
+                                      [dst, value, bytes] { std::memset(dst, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
+  gpipe::test::cuda_emulation::run_on(stream, [fn, data] { fn(data); });
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// cuBLAS ----------------------------------------------------------------------------------------
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = new cublasContext{gpipe::test::cuda_emulation::current_gpu()};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default: return "CUBLAS_STATUS (emulated)";
+  }
+}
+const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
+
+// C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                              int m, int n, int k, const float* alpha, const float* a, int lda,
+                              const float* b, int ldb, const float* beta, float* c, int ldc) {
+  using namespace gpipe::test::cuda_emulation;
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
+      ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (handle->gpu != current_gpu() ||
+      (handle->stream != nullptr && handle->stream->gpu != handle->gpu)) {
+    std::fprintf(stderr, "cublas emulator: handle of GPU %d used with GPU %d current\n",
+                 handle->gpu, current_gpu());
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  const float al = *alpha, be = *beta;
+  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
+  run_on(handle->stream, [=] {
+    auto at = [&](std::size_t i, std::size_t p) {
+      const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
+                              : a[i + p * static_cast<std::size_t>(lda)];
+      return tf32 ? to_tf32(v) : v;
+    };
+    auto bt = [&](std::size_t p, std::size_t j) {
+      const float v = trans_b ? b[j + p * static_cast<std::size_t>(ldb)]
+                              : b[p + j * static_cast<std::size_t>(ldb)];
+      return tf32 ? to_tf32(v) : v;
+    };
+    for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
+      for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
+        float sum = 0;
+        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) sum += at(i, p) * bt(p, j);
+        float& out = c[i + j * static_cast<std::size_t>(ldc)];
+        out = be == 0.0f ? al * sum : al * sum + be * out;
+      }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+// NCCL ------------------------------------------------------------------------------------------
+
+extern "C" {
+
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int count, const int* gpus) {
+  using namespace gpipe::test::cuda_emulation;
+  for (int i = 0; i < count; ++i)
+    if (gpus[i] < 0 || gpus[i] >= machine().gpus) return ncclInvalidArgument;
+  for (int i = 0; i < count; ++i) comms[i] = new ncclComm{i, count, gpus[i]};
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++gpipe::test::cuda_emulation::nccl_depth();
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  using namespace gpipe::test::cuda_emulation;
+  if (nccl_depth() == 0) return ncclInvalidUsage;
+  return --nccl_depth() == 0 ? nccl_end_group() : ncclSuccess;
+}
+ncclResult_t ncclSend(const void* buffer, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  return gpipe::test::cuda_emulation::nccl_add(
+      {true, const_cast<void*>(buffer), 0, peer, comm, stream}, type, count);
+}
+ncclResult_t ncclRecv(void* buffer, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return gpipe::test::cuda_emulation::nccl_add({false, buffer, 0, peer, comm, stream}, type,
+                                               count);
+}
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    default: return "NCCL error (emulated)";
+  }
+}
+
+}  // extern "C"
