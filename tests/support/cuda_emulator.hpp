@@ -299,11 +299,11 @@ class Launch {
       last_error() = cudaErrorInvalidConfiguration;
       return;
     }
-    enqueue_launch(stream_, [kernel = kernel_, grid = grid_, block = block_,
-                             params = std::tuple<std::decay_t<Params>...>(
-                                 std::forward<Args>(args)...)] {
-      Emulator::instance().run(grid, block, [&] { std::apply(kernel, params); });
-    });
+    enqueue_launch(stream_,
+                   [kernel = kernel_, grid = grid_, block = block_,
+                    params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
+                     Emulator::instance().run(grid, block, [&] { std::apply(kernel, params); });
+                   });
   }
 
  private:

@@ -283,13 +283,17 @@ inline std::size_t nccl_size(ncclDataType_t type) {
     case ncclInt8:
     case ncclUint8:
     case ncclFloat8e4m3:
-    case ncclFloat8e5m2: return 1;
+    case ncclFloat8e5m2:
+      return 1;
     case ncclFloat16:
-    case ncclBfloat16: return 2;
+    case ncclBfloat16:
+      return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32: return 4;
-    default: return 8;
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 inline ncclResult_t nccl_end_group() {
@@ -359,25 +363,40 @@ cudaError_t cudaGetLastError() {
 }
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    default: return "cudaError (emulated)";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    default:
+      return "cudaError (emulated)";
   }
 }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    default: return cudaGetErrorName(error);
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+    default:
+      return cudaGetErrorName(error);
   }
 }
 
@@ -501,8 +520,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* v
              ? cudaSuccess
              : gpipe::test::cuda_emulation::fail(cudaErrorInvalidValue);
 }
-cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* list,
-                                 size_t count) {
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* list, size_t count) {
   using namespace gpipe::test::cuda_emulation;
   if (pool == nullptr) return fail(cudaErrorInvalidValue);
   for (size_t i = 0; i < count; ++i)
@@ -541,7 +559,8 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   Machine& m = machine();
   {
     std::lock_guard lock(m.mutex);
-    if (m.device.count(reinterpret_cast<std::uintptr_t>(p)) == 0) return fail(cudaErrorInvalidValue);
+    if (m.device.count(reinterpret_cast<std::uintptr_t>(p)) == 0)
+      return fail(cudaErrorInvalidValue);
   }
   run_on(stream, [p, &m] {
     {
@@ -605,8 +624,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   run_on(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_gpu, const void* src, int src_gpu,
-                                size_t bytes, cudaStream_t stream) {
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_gpu, const void* src, int src_gpu, size_t bytes,
+                                cudaStream_t stream) {
   using namespace gpipe::test::cuda_emulation;
   if (bytes == 0) return cudaSuccess;
   if (machine().gpu_of(dst) != dst_gpu || machine().gpu_of(src) != src_gpu)
@@ -648,10 +667,14 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 }
 const char* cublasGetStatusName(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    default: return "CUBLAS_STATUS (emulated)";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+      return "CUBLAS_STATUS (emulated)";
   }
 }
 const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
@@ -729,15 +752,18 @@ ncclResult_t ncclSend(const void* buffer, size_t count, ncclDataType_t type, int
 }
 ncclResult_t ncclRecv(void* buffer, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  return gpipe::test::cuda_emulation::nccl_add({false, buffer, 0, peer, comm, stream}, type,
-                                               count);
+  return gpipe::test::cuda_emulation::nccl_add({false, buffer, 0, peer, comm, stream}, type, count);
 }
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    default: return "NCCL error (emulated)";
+    case ncclSuccess:
+      return "no error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    default:
+      return "NCCL error (emulated)";
   }
 }
 
