@@ -10,7 +10,8 @@
 //     host functions, event records and waits, stream-ordered frees, cuBLAS GEMMs, NCCL halves),
 //     concurrently with the host and with other streams, so a missing event dependency shows up
 //     as a wrong result or a race rather than being hidden by a serial order.
-//   - Events: a record completes when its stream reaches it; cudaStreamWaitEvent and
+//   - Events: a record completes when its stream reaches it (at once on an idle stream);
+//     cudaStreamWaitEvent and
 //     cudaEventSynchronize wait for the most recent record issued before the call (CUDA's rule).
 //   - Device memory from pools: allocated when cudaMallocFromPoolAsync is called, freed when its
 //     stream reaches cudaFreeAsync; new memory is filled with 0xff bytes (NaN as float), so a
@@ -127,6 +128,18 @@ struct CUstream_st {
     }
     ready.notify_all();
   }
+  // An event record: on an idle stream it completes at once, as on a GPU (an emulated stream
+  // would otherwise wait for its thread to wake, and timing anchors would carry that delay).
+  void submit_record(const std::function<void()>& op) {
+    std::unique_lock lock(mutex);
+    if (ops.empty() && !running) {
+      if (error == cudaSuccess) op();
+      return;
+    }
+    ops.push_back(op);
+    lock.unlock();
+    ready.notify_all();
+  }
   // Waits until every operation submitted so far has run; the stream's error, if any.
   cudaError_t synchronize() {
     std::unique_lock lock(mutex);
@@ -183,6 +196,16 @@ struct CUevent_st {
   std::uint64_t completed = 0;  // the latest record that its stream has reached
   std::chrono::steady_clock::time_point when{};
 
+  // A new record; its generation.
+  std::uint64_t record() {
+    std::lock_guard lock(mutex);
+    return ++recorded;
+  }
+  // The generation that a wait issued now waits for (0: never recorded, nothing to wait for).
+  std::uint64_t latest() {
+    std::lock_guard lock(mutex);
+    return recorded;
+  }
   void complete(std::uint64_t generation) {
     {
       std::lock_guard lock(mutex);
@@ -456,24 +479,20 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::uint64_t generation = 0;
-  {
-    std::lock_guard lock(e->mutex);
-    generation = ++e->recorded;
+  auto complete = [e, generation = e->record()] { e->complete(generation); };
+  if (stream == nullptr) {
+    complete();
+  } else {
+    stream->submit_record(complete);
   }
-  run_on(stream, [e, generation] { e->complete(generation); });
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::uint64_t target = 0;
-  {
-    std::lock_guard lock(e->mutex);
-    target = e->recorded;
-  }
-  if (target != 0) run_on(stream, [e, target] { e->wait_for(target); });
+  if (const std::uint64_t target = e->latest(); target != 0)
+    run_on(stream, [e, target] { e->wait_for(target); });
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -487,12 +506,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  std::uint64_t target = 0;
-  {
-    std::lock_guard lock(e->mutex);
-    target = e->recorded;
-  }
-  e->wait_for(target);
+  e->wait_for(e->latest());
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
