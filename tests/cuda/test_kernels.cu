@@ -14,6 +14,7 @@
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/cuda.cuh"
 #include "support/conformance_cuda_kernels.hpp"
+#include "support/cuda_factory.cuh"
 #include "support/reference_model.hpp"
 
 namespace {
@@ -34,7 +35,8 @@ std::vector<double> wide(const std::vector<float>& v) { return {v.begin(), v.end
 // front of each buffer make its data pointer misaligned for 16-byte packs when odd.
 class GpuDevice {
  public:
-  static constexpr bool large = true;  // the conformance suite's largest shapes too
+  // The conformance suite's largest shapes too, except on the emulator (too slow there).
+  static constexpr bool large = !gpipe::test::emulated;
 
   explicit GpuDevice(gpipe::cuda::BackendOptions options = {}) : backend_(1, std::move(options)) {}
 

@@ -15,9 +15,10 @@
 //     cudaEventSynchronize wait for the most recent record issued before the call (CUDA's rule).
 //   - Device memory from pools: allocated when cudaMallocFromPoolAsync is called, freed when its
 //     stream reaches cudaFreeAsync; new memory is filled with 0xff bytes (NaN as float), so a
-//     kernel that reads what nobody wrote spoils its result. Copies check that their pointers
-//     are device or host memory as their kind says; cudaPointerGetAttributes knows which GPU
-//     holds a pointer.
+//     kernel that reads what nobody wrote spoils its result, and one that writes past the end
+//     of an allocation fails its stream when the allocation is freed. Copies check that their
+//     pointers are device or host memory as their kind says; cudaPointerGetAttributes knows which
+//     GPU holds a pointer.
 //   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as
 //     on a GPU. A kernel that breaks the emulator's rules (see cuda_emulator.hpp) makes its
 //     stream fail with cudaErrorLaunchFailure (the message goes to stderr), reported by the next
@@ -52,6 +53,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -70,8 +72,12 @@ struct Machine {
   int gpus = 2;
   std::size_t gpu_memory = std::size_t{8} << 30;  // bytes per GPU
 
+  // Each allocation is followed by a red zone; both hold 0xff bytes until written, and what
+  // lies past the requested bytes must still hold them when the allocation is freed.
+  static constexpr std::size_t redzone = 256;
   struct Allocation {
-    std::size_t bytes;
+    std::size_t bytes;    // requested
+    std::size_t rounded;  // counted against the GPU: bytes rounded up to 256
     int gpu;
   };
   std::mutex mutex;
@@ -561,10 +567,10 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t bytes, cudaMemPool_t pool
       return fail(cudaErrorMemoryAllocation);
     m.used[static_cast<std::size_t>(pool->gpu)] += rounded;
   }
-  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
-  std::memset(p, 0xff, rounded);
+  void* p = std::aligned_alloc(256, rounded + Machine::redzone);
+  std::memset(p, 0xff, rounded + Machine::redzone);
   std::lock_guard lock(m.mutex);
-  m.device[reinterpret_cast<std::uintptr_t>(p)] = {rounded, pool->gpu};
+  m.device[reinterpret_cast<std::uintptr_t>(p)] = {bytes, rounded, pool->gpu};
   *ptr = p;
   return cudaSuccess;
 }
@@ -576,15 +582,35 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     if (m.device.count(reinterpret_cast<std::uintptr_t>(p)) == 0)
       return fail(cudaErrorInvalidValue);
   }
-  run_on(stream, [p, &m] {
+  auto free = [p, &m] {
+    Machine::Allocation a{};
     {
       std::lock_guard lock(m.mutex);
       auto it = m.device.find(reinterpret_cast<std::uintptr_t>(p));
-      m.used[static_cast<std::size_t>(it->second.gpu)] -= it->second.bytes;
+      a = it->second;
+      m.used[static_cast<std::size_t>(a.gpu)] -= a.rounded;
       m.device.erase(it);
     }
+    // Everything past the requested bytes must still hold the fill.
+    const auto* bytes = static_cast<const unsigned char*>(p);
+    bool intact = true;
+    for (std::size_t i = a.bytes; i < a.rounded + Machine::redzone; ++i)
+      intact = intact && bytes[i] == 0xff;
     std::free(p);
-  });
+    if (!intact)
+      throw std::runtime_error("device memory written past the end of an allocation of " +
+                               std::to_string(a.bytes) + " bytes (found when it was freed)");
+  };
+  if (stream != nullptr) {
+    stream->submit(free);
+    return cudaSuccess;
+  }
+  try {
+    free();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda emulator: %s\n", e.what());
+    return fail(cudaErrorLaunchFailure);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {

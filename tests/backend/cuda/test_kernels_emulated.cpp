@@ -1,15 +1,16 @@
-// The CUDA backend's kernels (gpipe/backend/cuda/kernels/, all but the cuBLAS GEMM), compiled by
-// the host compiler and run on the CPU emulator of tests/support/cuda_emulator.hpp, against the
-// host kernels: the kernel conformance suite that tests/cuda/test_kernels.cu runs on a GPU, minus
-// its largest shapes. So their indexing, packed and scalar paths, tails, reductions and
-// synchronization are checked on every machine, GPU or not.
-//
-// Device memory here is host memory that ends at an inaccessible page, so a kernel that reads
-// or writes past a buffer's end faults; the bytes between a buffer's end and that page hold NaN
-// and must be unchanged after each kernel.
+// The CUDA backend's kernels, compiled by the host compiler and run on the CPU emulator of
+// tests/support/cuda_emulator.hpp, against the host kernels, twice:
+//   - tests/cuda/test_kernels.cu as it is (minus its largest shapes): through cuda::Backend on
+//     the emulated runtime (tests/support/cuda_runtime_emulator.hpp), with the GEMMs on its
+//     cuBLAS (every transposition, TF32) and the staged uploads and downloads;
+//   - the kernel conformance suite again, each launcher called directly (all but the GEMM) on
+//     memory that ends at an inaccessible page, so that a kernel that reads or writes past a
+//     buffer's end faults; the bytes between a buffer's end and that page hold NaN and must be
+//     unchanged after each kernel.
+// Then the emulator's own checks: what it must catch, so that a pass means something.
 
 #include "support/cuda_runtime_emulator.hpp"
-// The emulator goes first: it defines what the kernels' device code needs.
+// The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/test_kernels.cu"
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
@@ -241,6 +243,17 @@ TEST_SUITE("cuda emulator") {
       GPIPE_CUDA_LAUNCH(emulator_checks::divergent_barrier_kernel, 1, 64, nullptr)(out.data());
     });
     CHECK(gpipe::test::contains(message, "passed different numbers of __syncthreads"));
+  }
+
+  TEST_CASE("a kernel that writes past a device allocation fails its stream") {
+    gpipe::cuda::Backend backend(1);
+    {
+      auto buffer = backend.allocate<float>(0, 10);
+      backend.submit(0, {"overrun"},
+                     [&](gpipe::cuda::Kernels& k) { k.fill(11, 1.0f, buffer.data()); });
+    }  // freed in stream order, after the fill
+    const std::string message = gpipe::test::error_of([&] { backend.synchronize(); });
+    CHECK(gpipe::test::contains(message, "cudaErrorLaunchFailure"));
   }
 
   TEST_CASE("a launch outside CUDA's limits fails as the runtime's would") {
