@@ -1,8 +1,8 @@
 #pragma once
-// A CPU emulator for the CUDA kernels of gpipe/backend/cuda/kernels/ (all but gemm.cuh, which is
-// cuBLAS): their device code compiles with the host compiler, and each launch runs here, block
-// after block, every CUDA thread of a block a coroutine of its own (ucontext) on the calling
-// thread. So the kernels' indexing, packing, tails, grid-stride loops and reductions are tested
+// A CPU emulator for the CUDA kernels of gpipe/backend/cuda/kernels/ (the GEMMs go to the
+// emulated cuBLAS of cuda_runtime_emulator.hpp): their device code compiles with the host
+// compiler, and each launch runs here, block after block, every CUDA thread of a block a
+// coroutine of its own (ucontext) on the emulating OS thread. So the kernels' indexing, packing, tails, grid-stride loops and reductions are tested
 // against the host kernels on a machine without a GPU, which the real CUDA tests then confirm
 // on one.
 //
@@ -100,7 +100,10 @@ class Emulator {
     gridDim = grid;
     blockDim = block;
     const std::size_t threads = static_cast<std::size_t>(block.x) * block.y * block.z;
-    if (stacks_.size() < threads * stack_bytes) stacks_.assign(threads * stack_bytes, 0);
+    if (stack_threads_ < threads) {  // not initialized: only the pages a thread touches are used
+      stacks_ = std::make_unique_for_overwrite<unsigned char[]>(threads * stack_bytes);
+      stack_threads_ = threads;
+    }
     threads_.assign(threads, Thread{});
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
@@ -159,7 +162,7 @@ class Emulator {
         uint3{static_cast<unsigned>(t % blockDim.x),
               static_cast<unsigned>(t / blockDim.x % blockDim.y), static_cast<unsigned>(t / plane)};
     if (getcontext(&th.context) != 0) throw Error("cuda emulator: getcontext failed");
-    th.context.uc_stack.ss_sp = stacks_.data() + t * stack_bytes;
+    th.context.uc_stack.ss_sp = stacks_.get() + t * stack_bytes;
     th.context.uc_stack.ss_size = stack_bytes;
     th.context.uc_link = &scheduler_;
     makecontext(&th.context, &Emulator::entry, 0);
@@ -260,7 +263,8 @@ class Emulator {
 
   const std::function<void()>* body_ = nullptr;
   std::vector<Thread> threads_;
-  std::vector<unsigned char> stacks_;
+  std::unique_ptr<unsigned char[]> stacks_;
+  std::size_t stack_threads_ = 0;
   ucontext_t scheduler_{};
   std::size_t current_ = 0;
   std::exception_ptr error_;

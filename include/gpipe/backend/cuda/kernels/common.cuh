@@ -3,10 +3,11 @@
 // the launch macro. Kernels are templates (on the pack width V), so that a header-only library
 // may define them in every translation unit that includes it.
 //
-// The kernel headers (not gemm.cuh, which is cuBLAS) also compile with a host compiler under
-// GPIPE_CUDA_EMULATION, which tests/support/cuda_emulator.hpp defines: it supplies threadIdx,
-// __syncthreads, __shfl_xor_sync and GPIPE_CUDA_LAUNCH and runs each launch on the CPU, thread by
-// thread, so that the kernels' indexing and synchronization are tested where no GPU is present.
+// The CUDA backend's headers also compile with a host compiler under GPIPE_CUDA_EMULATION, for
+// tests only: tests/support/cuda_emulator.hpp then supplies threadIdx, __syncthreads,
+// __shfl_xor_sync and GPIPE_CUDA_LAUNCH and runs each launch on the CPU thread by thread, and
+// tests/support/cuda_runtime_emulator.hpp the CUDA runtime, cuBLAS and NCCL around it, so that
+// the kernels and the backend are tested where no GPU is present.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/common.cuh is CUDA code: compile it with nvcc"
@@ -20,8 +21,8 @@
 
 #include "gpipe/backend/cuda/error.cuh"
 
-// GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...): kernel<<<grid, block, 0,
-// stream>>>(args...)
+// GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...)
+//   = kernel<<<grid, block, 0, stream>>>(args...)
 #ifndef GPIPE_CUDA_LAUNCH
 #define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
 #endif
