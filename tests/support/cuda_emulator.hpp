@@ -2,9 +2,9 @@
 // A CPU emulator for the CUDA kernels of gpipe/backend/cuda/kernels/ (the GEMMs go to the
 // emulated cuBLAS of cuda_runtime_emulator.hpp): their device code compiles with the host
 // compiler, and each launch runs here, block after block, every CUDA thread of a block a
-// coroutine of its own (ucontext) on the emulating OS thread. So the kernels' indexing, packing, tails, grid-stride loops and reductions are tested
-// against the host kernels on a machine without a GPU, which the real CUDA tests then confirm
-// on one.
+// coroutine of its own (ucontext) on the emulating OS thread. So the kernels' indexing, packing,
+// tails, grid-stride loops and reductions are tested against the host kernels on a machine without
+// a GPU, which the real CUDA tests then confirm on one.
 //
 // What it models, and checks:
 //   - threadIdx, blockIdx, blockDim, gridDim; __shared__ memory shared by the block's threads.
@@ -270,9 +270,10 @@ class Emulator {
   std::exception_ptr error_;
 };
 
-// Runs `launch` (every block of one kernel launch) in the order of `stream`; defined by
-// cuda_runtime_emulator.hpp.
+// Runs `launch` (every block of one kernel launch) in the order of `stream`; whether p points into
+// device memory. Defined by cuda_runtime_emulator.hpp.
 inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch);
+inline bool is_device_memory(const void* p);
 
 // The error the next cudaGetLastError() returns.
 inline cudaError_t& last_error() {
@@ -304,13 +305,35 @@ class Launch {
       return;
     }
     enqueue_launch(stream_,
-                   [kernel = kernel_, grid = grid_, block = block_,
+                   [kernel = kernel_, grid = grid_, block = block_, on_stream = stream_ != nullptr,
                     params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
+                     if (on_stream) require_device_pointers(params);
                      Emulator::instance().run(grid, block, [&] { std::apply(kernel, params); });
                    });
   }
 
  private:
+  // What would fault on a GPU: a pointer argument that is not device memory when the kernel
+  // runs (host memory, or memory whose stream-ordered free came first).
+  static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params) {
+    std::size_t index = 0;
+    std::apply(
+        [&index](const auto&... p) {
+          (
+              [&] {
+                if constexpr (std::is_pointer_v<std::decay_t<decltype(p)>>) {
+                  if (p != nullptr && !is_device_memory(p))
+                    throw Error("cuda emulator: kernel argument " + std::to_string(index) +
+                                " is not device memory (host memory, or freed before the kernel "
+                                "ran)");
+                }
+                ++index;
+              }(),
+              ...);
+        },
+        params);
+  }
+
   void (*kernel_)(Params...);
   dim3 grid_, block_;
   cudaStream_t stream_;

@@ -20,9 +20,11 @@
 //     pointers are device or host memory as their kind says; cudaPointerGetAttributes knows which
 //     GPU holds a pointer.
 //   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as
-//     on a GPU. A kernel that breaks the emulator's rules (see cuda_emulator.hpp) makes its
-//     stream fail with cudaErrorLaunchFailure (the message goes to stderr), reported by the next
-//     synchronization, and later work on that stream is skipped.
+//     on a GPU; so does one whose pointer arguments are not device memory when it runs (host
+//     memory, or memory whose stream-ordered free came first), which would fault on a GPU. A kernel
+//     that breaks the emulator's rules (see cuda_emulator.hpp) makes its stream fail with
+//     cudaErrorLaunchFailure (the message goes to stderr), reported by the next synchronization,
+//     and later work on that stream is skipped.
 //   - cublasSgemm: column-major FP32 reference (TF32 mode rounds the operands to 10-bit
 //     mantissas first); C is not read when beta is 0.
 //   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet
@@ -275,6 +277,8 @@ inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch) {
   }
   run_on(stream, std::move(launch));
 }
+
+inline bool is_device_memory(const void* p) { return machine().gpu_of(p) >= 0; }
 
 inline cudaError_t fail(cudaError_t error) {
   last_error() = error;
@@ -738,6 +742,8 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cubla
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   run_on(handle->stream, [=] {
+    if (!is_device_memory(a) || !is_device_memory(b) || !is_device_memory(c))
+      throw std::runtime_error("cublasSgemm on memory that is not device memory");
     auto at = [&](std::size_t i, std::size_t p) {
       const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
                               : a[i + p * static_cast<std::size_t>(lda)];

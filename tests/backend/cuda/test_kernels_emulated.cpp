@@ -256,6 +256,26 @@ TEST_SUITE("cuda emulator") {
     CHECK(gpipe::test::contains(message, "cudaErrorLaunchFailure"));
   }
 
+  TEST_CASE("a kernel given host memory, or memory freed before it runs, fails its stream") {
+    gpipe::cuda::Backend backend(1);
+    std::vector<float> host(16, 0.0f);
+    backend.submit(0, {"host pointer"},
+                   [&](gpipe::cuda::Kernels& k) { k.fill(host.size(), 1.0f, host.data()); });
+    CHECK(gpipe::test::contains(gpipe::test::error_of([&] { backend.synchronize(); }),
+                                "cudaErrorLaunchFailure"));
+    CHECK(host[0] == 0.0f);
+
+    gpipe::cuda::Backend fresh(1);
+    float* stale = nullptr;
+    {
+      auto buffer = fresh.allocate<float>(0, 16);
+      stale = buffer.data();
+    }  // the free is enqueued first: the fill below comes after it in stream order
+    fresh.submit(0, {"use after free"}, [&](gpipe::cuda::Kernels& k) { k.fill(16, 1.0f, stale); });
+    CHECK(gpipe::test::contains(gpipe::test::error_of([&] { fresh.synchronize(); }),
+                                "cudaErrorLaunchFailure"));
+  }
+
   TEST_CASE("a launch outside CUDA's limits fails as the runtime's would") {
     std::vector<unsigned> out(1);
     GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 2048, nullptr)(1, out.data());
