@@ -129,10 +129,13 @@ struct CUstream_st {
     worker.join();
   }
 
-  void submit(std::function<void()> op) {
+  // After a failure the stream skips its work, but still runs `bookkeeping` ops (event
+  // completions, frees, NCCL partners), so that other streams waiting on them do not hang; a
+  // GPU would fail those waits instead.
+  void submit(std::function<void()> op, bool bookkeeping = false) {
     {
       std::lock_guard lock(mutex);
-      ops.push_back(std::move(op));
+      ops.push_back({std::move(op), bookkeeping});
     }
     ready.notify_all();
   }
@@ -141,10 +144,10 @@ struct CUstream_st {
   void submit_record(const std::function<void()>& op) {
     std::unique_lock lock(mutex);
     if (ops.empty() && !running) {
-      if (error == cudaSuccess) op();
+      op();
       return;
     }
-    ops.push_back(op);
+    ops.push_back({op, true});
     lock.unlock();
     ready.notify_all();
   }
@@ -163,22 +166,22 @@ struct CUstream_st {
     for (;;) {
       ready.wait(lock, [this] { return stop || !ops.empty(); });
       if (ops.empty()) return;
-      std::function<void()> op = std::move(ops.front());
+      Op op = std::move(ops.front());
       ops.pop_front();
       running = true;
-      const bool skip = error != cudaSuccess;
+      const bool skip = error != cudaSuccess && !op.bookkeeping;
       lock.unlock();
       std::string fault;
       if (!skip) {
         try {
-          op();
+          op.run();
         } catch (const std::exception& e) {
           fault = e.what();
         }
       }
-      op = nullptr;
+      op.run = nullptr;
       lock.lock();
-      if (!fault.empty()) {
+      if (!fault.empty() && error == cudaSuccess) {
         std::fprintf(stderr, "cuda emulator: stream of GPU %d failed: %s\n", gpu, fault.c_str());
         error = cudaErrorLaunchFailure;
       }
@@ -189,7 +192,11 @@ struct CUstream_st {
 
   std::mutex mutex;
   std::condition_variable ready, idle;
-  std::deque<std::function<void()>> ops;
+  struct Op {
+    std::function<void()> run;
+    bool bookkeeping;
+  };
+  std::deque<Op> ops;
   bool running = false, stop = false;
   cudaError_t error = cudaSuccess;
   std::thread worker;  // last: starts once the rest exists
@@ -351,19 +358,23 @@ inline ncclResult_t nccl_end_group() {
     };
     auto meeting = std::make_shared<Meeting>();
     const NcclOp send = ops[i], receive = ops[j];
-    send.stream->submit([meeting] {
-      std::unique_lock lock(meeting->m);
-      meeting->sender_there = true;
-      meeting->cv.notify_all();
-      meeting->cv.wait(lock, [&] { return meeting->copied; });
-    });
-    receive.stream->submit([meeting, send, receive] {
-      std::unique_lock lock(meeting->m);
-      meeting->cv.wait(lock, [&] { return meeting->sender_there; });
-      std::memcpy(receive.buffer, send.buffer, send.bytes);
-      meeting->copied = true;
-      meeting->cv.notify_all();
-    });
+    send.stream->submit(
+        [meeting] {
+          std::unique_lock lock(meeting->m);
+          meeting->sender_there = true;
+          meeting->cv.notify_all();
+          meeting->cv.wait(lock, [&] { return meeting->copied; });
+        },
+        /*bookkeeping=*/true);
+    receive.stream->submit(
+        [meeting, send, receive] {
+          std::unique_lock lock(meeting->m);
+          meeting->cv.wait(lock, [&] { return meeting->sender_there; });
+          std::memcpy(receive.buffer, send.buffer, send.bytes);
+          meeting->copied = true;
+          meeting->cv.notify_all();
+        },
+        /*bookkeeping=*/true);
   }
   for (std::size_t i = 0; i < ops.size(); ++i)
     if (!matched[i]) {
@@ -606,7 +617,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
                                std::to_string(a.bytes) + " bytes (found when it was freed)");
   };
   if (stream != nullptr) {
-    stream->submit(free);
+    stream->submit(free, /*bookkeeping=*/true);
     return cudaSuccess;
   }
   try {

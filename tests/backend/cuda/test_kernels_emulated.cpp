@@ -276,6 +276,24 @@ TEST_SUITE("cuda emulator") {
                                 "cudaErrorLaunchFailure"));
   }
 
+  TEST_CASE("a stream that failed still completes its events: nothing that waits on it hangs") {
+    gpipe::cuda::Backend backend(2);
+    std::vector<float> host(16, 0.0f);
+    auto x = backend.allocate<float>(0, 1 << 18);
+    auto y = backend.allocate<float>(1, 16);
+    gpipe::cuda::Event done;
+    // A long kernel first, so that the record below is queued behind the failing one.
+    backend.submit(0, {"fails"}, [&](gpipe::cuda::Kernels& k) {
+      k.fill(1 << 18, 0.0f, x.data());
+      k.fill(host.size(), 1.0f, host.data());
+    });
+    backend.record(0, done);
+    backend.wait(1, done);
+    backend.submit(1, {"waits"}, [&](gpipe::cuda::Kernels& k) { k.fill(16, 2.0f, y.data()); });
+    CHECK(gpipe::test::contains(gpipe::test::error_of([&] { backend.synchronize(); }),
+                                "cudaErrorLaunchFailure"));
+  }
+
   TEST_CASE("a launch outside CUDA's limits fails as the runtime's would") {
     std::vector<unsigned> out(1);
     GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 2048, nullptr)(1, out.data());
