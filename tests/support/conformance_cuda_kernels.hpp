@@ -8,7 +8,7 @@
 //
 // Instantiated with a device type (tests/cuda/test_kernels.cu: gpipe::cuda::Kernels on a GPU;
 // tests/backend/cuda/test_kernels_emulated.cpp: the same kernels under tests/support/
-// cuda_emulator.hpp), which provides
+// cuda_emulation/device.hpp), which provides
 //   Device dev;                       one device
 //   T* dev.put(std::vector<T>, offset)  a device copy, `offset` floats into its allocation
 //   float* dev.make(n, offset)        n floats of device memory, poisoned with NaN

@@ -52,7 +52,7 @@ inline bool fewer_than_two_gpus() { return cuda::device_count() < 2; }
 
 // Elements for a test that moves a lot of data to show stream order: n on a GPU, where a missing
 // dependency shows only if the work takes long; n / 256 on the CPU emulator
-// (tests/support/cuda_runtime_emulator.hpp), whose streams are threads, so that it shows at any
+// (tests/support/cuda_emulation.hpp), whose streams are threads, so that it shows at any
 // size, and which runs every CUDA thread of a kernel one after another.
 #if defined(GPIPE_CUDA_EMULATION)
 inline constexpr bool emulated = true;

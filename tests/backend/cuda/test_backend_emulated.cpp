@@ -1,10 +1,10 @@
 // The CUDA backend's own tests (tests/cuda/test_backend.cu: event order, the stream-ordered
 // allocator, failures, tracing, a failing Trainer step, the multi-GPU cases), compiled by the
-// host compiler and run on the emulated CUDA runtime of tests/support/cuda_runtime_emulator.hpp
+// host compiler and run on the emulated CUDA runtime of tests/support/cuda_emulation.hpp
 // with two emulated GPUs. The suite "without a GPU" is left out (CTest passes
 // --test-suite-exclude); the same check runs here with the emulator's GPUs taken away.
 
-#include "support/cuda_runtime_emulator.hpp"
+#include "support/cuda_emulation.hpp"
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_backend.cu"
 

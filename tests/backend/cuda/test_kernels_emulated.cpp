@@ -1,7 +1,7 @@
 // The CUDA backend's kernels, compiled by the host compiler and run on the CPU emulator of
-// tests/support/cuda_emulator.hpp, against the host kernels, twice:
+// tests/support/cuda_emulation/device.hpp, against the host kernels, twice:
 //   - tests/cuda/test_kernels.cu as it is (minus its largest shapes): through cuda::Backend on
-//     the emulated runtime (tests/support/cuda_runtime_emulator.hpp), with the GEMMs on its
+//     the emulated runtime (tests/support/cuda_emulation.hpp), with the GEMMs on its
 //     cuBLAS (every transposition, TF32) and the staged uploads and downloads;
 //   - the kernel conformance suite again, each launcher called directly (all but the GEMM) on
 //     memory that ends at an inaccessible page, so that a kernel that reads or writes past a
@@ -9,7 +9,7 @@
 //     unchanged after each kernel.
 // Then the emulator's own checks: what it must catch, so that a pass means something.
 
-#include "support/cuda_runtime_emulator.hpp"
+#include "support/cuda_emulation.hpp"
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include <doctest/doctest.h>
 #include <sys/mman.h>

@@ -4,9 +4,9 @@
 // may define them in every translation unit that includes it.
 //
 // The CUDA backend's headers also compile with a host compiler under GPIPE_CUDA_EMULATION, for
-// tests only: tests/support/cuda_emulator.hpp then supplies threadIdx, __syncthreads,
+// tests only: tests/support/cuda_emulation/device.hpp then supplies threadIdx, __syncthreads,
 // __shfl_xor_sync and GPIPE_CUDA_LAUNCH and runs each launch on the CPU thread by thread, and
-// tests/support/cuda_runtime_emulator.hpp the CUDA runtime, cuBLAS and NCCL around it, so that
+// tests/support/cuda_emulation.hpp the CUDA runtime, cuBLAS and NCCL around it, so that
 // the kernels and the backend are tested where no GPU is present.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)

@@ -1,46 +1,8 @@
 #pragma once
-// An emulated CUDA runtime, cuBLAS and NCCL, so that the whole CUDA backend
-// (gpipe/backend/cuda/, compiled by the host compiler under GPIPE_CUDA_EMULATION) runs its
-// tests on a machine without a GPU. Kernels run on the CPU emulator of cuda_emulator.hpp.
-//
-// The model, and what it checks:
-//   - Two GPUs by default (machine().gpus, set before the first call), each with
-//     machine().gpu_memory bytes; cudaSetDevice/cudaGetDevice per host thread.
-//   - A stream is a worker thread that runs its operations in order (kernels, copies, memsets,
-//     host functions, event records and waits, stream-ordered frees, cuBLAS GEMMs, NCCL halves),
-//     concurrently with the host and with other streams, so a missing event dependency shows up
-//     as a wrong result or a race rather than being hidden by a serial order.
-//   - Events: a record completes when its stream reaches it (at once on an idle stream);
-//     cudaStreamWaitEvent and
-//     cudaEventSynchronize wait for the most recent record issued before the call (CUDA's rule).
-//   - Device memory from pools: allocated when cudaMallocFromPoolAsync is called, freed when its
-//     stream reaches cudaFreeAsync; new memory is filled with 0xff bytes (NaN as float), so a
-//     kernel that reads what nobody wrote spoils its result, and one that writes past the end
-//     of an allocation fails its stream when the allocation is freed. Copies check that their
-//     pointers are device or host memory as their kind says; cudaPointerGetAttributes knows which
-//     GPU holds a pointer.
-//   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as
-//     on a GPU; so does one whose pointer arguments are not device memory when it runs (host
-//     memory, or memory whose stream-ordered free came first), which would fault on a GPU. A kernel
-//     that breaks the emulator's rules (see cuda_emulator.hpp) makes its stream fail with
-//     cudaErrorLaunchFailure (the message goes to stderr), reported by the next synchronization,
-//     and later work on that stream is skipped.
-//   - cublasSgemm: column-major FP32 reference (TF32 mode rounds the operands to 10-bit
-//     mantissas first); C is not read when beta is 0.
-//   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet
-//     on their streams (the send's stream waits until the receive has copied). The streams must
-//     be on the communicators' GPUs.
-// Not modelled: timing, the pools' block reuse, peer-access rules, the null stream's implicit
-// synchronization (it runs work at once on the calling thread).
-//
-// Include it first, in one translation unit per test program that does not link cudart, cuBLAS
-// or NCCL: it defines their functions that the backend calls.
+// The emulated CUDA runtime: GPUs, streams (worker threads), events, stream-ordered pool memory,
+// copies, host functions. See support/cuda_emulation.hpp for the model and what it checks.
 
-#include "support/cuda_emulator.hpp"
-// The emulator first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -61,9 +23,7 @@
 #include <utility>
 #include <vector>
 
-#ifndef GPIPE_CUDA_NCCL
-#define GPIPE_CUDA_NCCL 1  // the emulator provides NCCL
-#endif
+#include "support/cuda_emulation/device.hpp"
 
 namespace gpipe::test::cuda_emulation {
 
@@ -241,16 +201,6 @@ struct CUmemPoolHandle_st {
   int gpu;
 };
 
-struct cublasContext {
-  int gpu;
-  cudaStream_t stream = nullptr;
-  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
-};
-
-struct ncclComm {
-  int rank, ranks, gpu;
-};
-
 namespace gpipe::test::cuda_emulation {
 
 // Events live until their last pending record or wait has run, also when destroyed before.
@@ -292,113 +242,9 @@ inline cudaError_t fail(cudaError_t error) {
   return error;
 }
 
-// Rounds to TF32 (10 explicit mantissa bits), to nearest.
-inline float to_tf32(float v) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-// NCCL: the operations of the group being built on this thread.
-struct NcclOp {
-  bool send;
-  void* buffer;
-  std::size_t bytes;
-  int peer;
-  ncclComm_t comm;
-  cudaStream_t stream;
-};
-inline int& nccl_depth() {
-  static thread_local int depth = 0;
-  return depth;
-}
-inline std::vector<NcclOp>& nccl_group() {
-  static thread_local std::vector<NcclOp> ops;
-  return ops;
-}
-inline std::size_t nccl_size(ncclDataType_t type) {
-  switch (type) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-inline ncclResult_t nccl_end_group() {
-  std::vector<NcclOp> ops = std::exchange(nccl_group(), {});
-  std::vector<bool> matched(ops.size(), false);
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (!ops[i].send) continue;
-    std::size_t j = 0;
-    for (; j < ops.size(); ++j)
-      if (!ops[j].send && !matched[j] && ops[j].comm->rank == ops[i].peer &&
-          ops[j].peer == ops[i].comm->rank && ops[j].bytes == ops[i].bytes)
-        break;
-    if (j == ops.size()) {
-      std::fprintf(stderr, "nccl emulator: a send without its receive in the group\n");
-      return ncclInvalidUsage;
-    }
-    matched[i] = matched[j] = true;
-    struct Meeting {
-      std::mutex m;
-      std::condition_variable cv;
-      bool sender_there = false, copied = false;
-    };
-    auto meeting = std::make_shared<Meeting>();
-    const NcclOp send = ops[i], receive = ops[j];
-    send.stream->submit(
-        [meeting] {
-          std::unique_lock lock(meeting->m);
-          meeting->sender_there = true;
-          meeting->cv.notify_all();
-          meeting->cv.wait(lock, [&] { return meeting->copied; });
-        },
-        /*bookkeeping=*/true);
-    receive.stream->submit(
-        [meeting, send, receive] {
-          std::unique_lock lock(meeting->m);
-          meeting->cv.wait(lock, [&] { return meeting->sender_there; });
-          std::memcpy(receive.buffer, send.buffer, send.bytes);
-          meeting->copied = true;
-          meeting->cv.notify_all();
-        },
-        /*bookkeeping=*/true);
-  }
-  for (std::size_t i = 0; i < ops.size(); ++i)
-    if (!matched[i]) {
-      std::fprintf(stderr, "nccl emulator: a receive without its send in the group\n");
-      return ncclInvalidUsage;
-    }
-  return ncclSuccess;
-}
-inline ncclResult_t nccl_add(NcclOp op, ncclDataType_t type, std::size_t count) {
-  if (op.comm == nullptr || op.stream == nullptr || op.peer < 0 || op.peer >= op.comm->ranks)
-    return ncclInvalidArgument;
-  if (op.stream->gpu != op.comm->gpu) {
-    std::fprintf(stderr, "nccl emulator: stream of GPU %d with the communicator of GPU %d\n",
-                 op.stream->gpu, op.comm->gpu);
-    return ncclInvalidArgument;
-  }
-  op.bytes = count * nccl_size(type);
-  nccl_group().push_back(op);
-  return nccl_depth() == 0 ? nccl_end_group() : ncclSuccess;
-}
-
 }  // namespace gpipe::test::cuda_emulation
 
-// The CUDA runtime ------------------------------------------------------------------------------
+// The runtime functions that the backend and its kernels call.
 
 extern "C" {
 
@@ -696,132 +542,6 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
   gpipe::test::cuda_emulation::run_on(stream, [fn, data] { fn(data); });
   return cudaSuccess;
-}
-
-}  // extern "C"
-
-// cuBLAS ----------------------------------------------------------------------------------------
-
-extern "C" {
-
-cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
-  *handle = new cublasContext{gpipe::test::cuda_emulation::current_gpu()};
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
-  delete handle;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
-  handle->stream = stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-  handle->mode = mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-const char* cublasGetStatusName(cublasStatus_t status) {
-  switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "CUBLAS_STATUS_EXECUTION_FAILED";
-    default:
-      return "CUBLAS_STATUS (emulated)";
-  }
-}
-const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
-
-// C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
-cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
-                              int m, int n, int k, const float* alpha, const float* a, int lda,
-                              const float* b, int ldb, const float* beta, float* c, int ldc) {
-  using namespace gpipe::test::cuda_emulation;
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
-      ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (handle->gpu != current_gpu() ||
-      (handle->stream != nullptr && handle->stream->gpu != handle->gpu)) {
-    std::fprintf(stderr, "cublas emulator: handle of GPU %d used with GPU %d current\n",
-                 handle->gpu, current_gpu());
-    return CUBLAS_STATUS_EXECUTION_FAILED;
-  }
-  const float al = *alpha, be = *beta;
-  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
-  run_on(handle->stream, [=] {
-    if (!is_device_memory(a) || !is_device_memory(b) || !is_device_memory(c))
-      throw std::runtime_error("cublasSgemm on memory that is not device memory");
-    auto at = [&](std::size_t i, std::size_t p) {
-      const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
-                              : a[i + p * static_cast<std::size_t>(lda)];
-      return tf32 ? to_tf32(v) : v;
-    };
-    auto bt = [&](std::size_t p, std::size_t j) {
-      const float v = trans_b ? b[j + p * static_cast<std::size_t>(ldb)]
-                              : b[p + j * static_cast<std::size_t>(ldb)];
-      return tf32 ? to_tf32(v) : v;
-    };
-    for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
-      for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
-        float sum = 0;
-        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) sum += at(i, p) * bt(p, j);
-        float& out = c[i + j * static_cast<std::size_t>(ldc)];
-        out = be == 0.0f ? al * sum : al * sum + be * out;
-      }
-  });
-  return CUBLAS_STATUS_SUCCESS;
-}
-
-}  // extern "C"
-
-// NCCL ------------------------------------------------------------------------------------------
-
-extern "C" {
-
-ncclResult_t ncclCommInitAll(ncclComm_t* comms, int count, const int* gpus) {
-  using namespace gpipe::test::cuda_emulation;
-  for (int i = 0; i < count; ++i)
-    if (gpus[i] < 0 || gpus[i] >= machine().gpus) return ncclInvalidArgument;
-  for (int i = 0; i < count; ++i) comms[i] = new ncclComm{i, count, gpus[i]};
-  return ncclSuccess;
-}
-ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  delete comm;
-  return ncclSuccess;
-}
-ncclResult_t ncclGroupStart() {
-  ++gpipe::test::cuda_emulation::nccl_depth();
-  return ncclSuccess;
-}
-ncclResult_t ncclGroupEnd() {
-  using namespace gpipe::test::cuda_emulation;
-  if (nccl_depth() == 0) return ncclInvalidUsage;
-  return --nccl_depth() == 0 ? nccl_end_group() : ncclSuccess;
-}
-ncclResult_t ncclSend(const void* buffer, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t comm, cudaStream_t stream) {
-  return gpipe::test::cuda_emulation::nccl_add(
-      {true, const_cast<void*>(buffer), 0, peer, comm, stream}, type, count);
-}
-ncclResult_t ncclRecv(void* buffer, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                      cudaStream_t stream) {
-  return gpipe::test::cuda_emulation::nccl_add({false, buffer, 0, peer, comm, stream}, type, count);
-}
-const char* ncclGetErrorString(ncclResult_t result) {
-  switch (result) {
-    case ncclSuccess:
-      return "no error";
-    case ncclInvalidArgument:
-      return "invalid argument";
-    case ncclInvalidUsage:
-      return "invalid usage";
-    default:
-      return "NCCL error (emulated)";
-  }
 }
 
 }  // extern "C"

@@ -1,10 +1,10 @@
 #pragma once
-// A CPU emulator for the CUDA kernels of gpipe/backend/cuda/kernels/ (the GEMMs go to the
-// emulated cuBLAS of cuda_runtime_emulator.hpp): their device code compiles with the host
-// compiler, and each launch runs here, block after block, every CUDA thread of a block a
-// coroutine of its own (ucontext) on the emulating OS thread. So the kernels' indexing, packing,
-// tails, grid-stride loops and reductions are tested against the host kernels on a machine without
-// a GPU, which the real CUDA tests then confirm on one.
+// The kernel emulator: the CUDA kernels of gpipe/backend/cuda/kernels/ (GEMMs go to cublas.hpp)
+// compile with the host compiler, and each launch runs here, block after block, every CUDA thread
+// of a block a coroutine of its own (ucontext) on the emulating OS thread (the caller's, or a
+// stream's). So the kernels' indexing, packing, tails, grid-stride loops and reductions are
+// tested against the host kernels on a machine without a GPU, which the real CUDA tests then
+// confirm on one.
 //
 // What it models, and checks:
 //   - threadIdx, blockIdx, blockDim, gridDim; __shared__ memory shared by the block's threads.
@@ -21,9 +21,9 @@
 // a block run one at a time, each until its next barrier or shuffle), the float rounding of
 // the GPU's math functions (the host's libm computes expf, erff, ...), fused multiply-adds.
 //
-// Use: through tests/support/cuda_runtime_emulator.hpp, which adds the runtime around it
-// (streams on which launches run in order, events, memory, cuBLAS, NCCL) and must be included
-// before any gpipe/backend/cuda header. A launch on the null stream runs at once, on the calling
+// Use: through tests/support/cuda_emulation.hpp, which adds the runtime around it (streams on
+// which launches run in order, events, memory, cuBLAS, NCCL) and must be included before any
+// gpipe/backend/cuda header. A launch on the null stream runs at once, on the calling
 // thread. Misaligned packed loads are caught by compiling with -fsanitize=alignment
 // (tests/CMakeLists.txt does).
 
@@ -271,7 +271,7 @@ class Emulator {
 };
 
 // Runs `launch` (every block of one kernel launch) in the order of `stream`; whether p points into
-// device memory. Defined by cuda_runtime_emulator.hpp.
+// device memory. Defined by runtime.hpp.
 inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch);
 inline bool is_device_memory(const void* p);
 

@@ -1,0 +1,46 @@
+#pragma once
+// A CUDA machine emulated on the CPU, so that the whole CUDA backend (gpipe/backend/cuda/, compiled
+// by the host compiler under GPIPE_CUDA_EMULATION) runs its tests where there is no GPU:
+//   cuda_emulation/device.hpp   kernels: every CUDA thread a coroutine, barriers, warp shuffles
+//   cuda_emulation/runtime.hpp  the CUDA runtime: GPUs, streams, events, memory, copies
+//   cuda_emulation/cublas.hpp   cuBLAS: cublasSgemm
+//   cuda_emulation/nccl.hpp     NCCL: communicators, grouped send/receive
+//
+// The model, and what it checks:
+//   - Two GPUs by default (machine().gpus, set before the first call), each with
+//     machine().gpu_memory bytes; cudaSetDevice/cudaGetDevice per host thread.
+//   - A stream is a worker thread that runs its operations in order (kernels, copies, memsets,
+//     host functions, event records and waits, stream-ordered frees, cuBLAS GEMMs, NCCL halves),
+//     concurrently with the host and with other streams, so a missing event dependency shows up
+//     as a wrong result or a race rather than being hidden by a serial order.
+//   - Events: a record completes when its stream reaches it (at once on an idle stream);
+//     cudaStreamWaitEvent and cudaEventSynchronize wait for the most recent record issued before
+//     the call (CUDA's rule).
+//   - Device memory from pools: allocated when cudaMallocFromPoolAsync is called, freed when its
+//     stream reaches cudaFreeAsync; new memory is filled with 0xff bytes (NaN as float), so a
+//     kernel that reads what nobody wrote spoils its result, and one that writes past the end
+//     of an allocation fails its stream when the allocation is freed. Copies check that their
+//     pointers are device or host memory as their kind says; cudaPointerGetAttributes knows which
+//     GPU holds a pointer.
+//   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as on
+//     a GPU; so does one whose pointer arguments are not device memory when it runs (host memory,
+//     or memory whose stream-ordered free came first), which would fault on a GPU. A kernel that
+//     breaks the kernel emulator's rules (device.hpp) makes its stream fail with
+//     cudaErrorLaunchFailure (the message goes to stderr), reported by the next synchronization;
+//     later work on that stream is skipped, its event records still complete.
+//   - cublasSgemm: column-major FP32 reference (TF32 mode rounds the operands to 10-bit
+//     mantissas first); C is not read when beta is 0.
+//   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet on
+//     their streams (the send's stream waits until the receive has copied). The streams must be
+//     on the communicators' GPUs.
+// Not modelled: timing, the pools' block reuse, peer-access rules, the null stream's implicit
+// synchronization (it runs work at once on the calling thread), the GPU's math library rounding.
+//
+// Include this first, in one translation unit per test program that links none of cudart,
+// cuBLAS and NCCL: it defines their functions that the backend calls.
+
+#include "support/cuda_emulation/device.hpp"
+// device.hpp first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.
+#include "support/cuda_emulation/cublas.hpp"
+#include "support/cuda_emulation/nccl.hpp"
+#include "support/cuda_emulation/runtime.hpp"

@@ -1,0 +1,111 @@
+#pragma once
+// The emulated cuBLAS: handles bound to a GPU and a stream, and cublasSgemm as a column-major FP32
+// reference run in stream order (TF32 math rounds the operands first).
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "support/cuda_emulation/runtime.hpp"
+
+struct cublasContext {
+  int gpu;
+  cudaStream_t stream = nullptr;
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+};
+
+namespace gpipe::test::cuda_emulation {
+
+// Rounds to TF32 (10 explicit mantissa bits), to nearest.
+inline float to_tf32(float v) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+}  // namespace gpipe::test::cuda_emulation
+
+// The cuBLAS functions that the backend calls.
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = new cublasContext{gpipe::test::cuda_emulation::current_gpu()};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+      return "CUBLAS_STATUS (emulated)";
+  }
+}
+const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
+
+// C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                              int m, int n, int k, const float* alpha, const float* a, int lda,
+                              const float* b, int ldb, const float* beta, float* c, int ldc) {
+  using namespace gpipe::test::cuda_emulation;
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
+      ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (handle->gpu != current_gpu() ||
+      (handle->stream != nullptr && handle->stream->gpu != handle->gpu)) {
+    std::fprintf(stderr, "cublas emulator: handle of GPU %d used with GPU %d current\n",
+                 handle->gpu, current_gpu());
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  const float al = *alpha, be = *beta;
+  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
+  run_on(handle->stream, [=] {
+    if (!is_device_memory(a) || !is_device_memory(b) || !is_device_memory(c))
+      throw std::runtime_error("cublasSgemm on memory that is not device memory");
+    auto at = [&](std::size_t i, std::size_t p) {
+      const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
+                              : a[i + p * static_cast<std::size_t>(lda)];
+      return tf32 ? to_tf32(v) : v;
+    };
+    auto bt = [&](std::size_t p, std::size_t j) {
+      const float v = trans_b ? b[j + p * static_cast<std::size_t>(ldb)]
+                              : b[p + j * static_cast<std::size_t>(ldb)];
+      return tf32 ? to_tf32(v) : v;
+    };
+    for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
+      for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
+        float sum = 0;
+        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) sum += at(i, p) * bt(p, j);
+        float& out = c[i + j * static_cast<std::size_t>(ldc)];
+        out = be == 0.0f ? al * sum : al * sum + be * out;
+      }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
