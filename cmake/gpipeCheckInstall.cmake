@@ -1,9 +1,10 @@
 # cmake -DBUILD_DIR=<gpipe build> -DCONSUMER_DIR=<tests/install/consumer> -DGENERATOR=<generator>
-#       [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] [-DCONFIG=<build type>]
-#       -P gpipeCheckInstall.cmake
+#       [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] [-DCUDA_COMPILER=<path>]
+#       [-DCONFIG=<build type>] -P gpipeCheckInstall.cmake
 #
 # Installs BUILD_DIR into BUILD_DIR/install-test, configures CONSUMER_DIR against that prefix
-# alone (find_package(gpipe)) into BUILD_DIR/consumer-build, builds it and runs its `app`.
+# alone (find_package(gpipe)) into BUILD_DIR/consumer-build, builds it and runs its `app`, and
+# its `cuda_app` where the consumer found nvcc.
 
 cmake_minimum_required(VERSION 3.25)
 foreach(_var BUILD_DIR CONSUMER_DIR GENERATOR)
@@ -38,6 +39,9 @@ endif()
 if(CXX_COMPILER)
   list(APPEND _tool_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
 endif()
+if(CUDA_COMPILER)
+  list(APPEND _tool_args "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}")
+endif()
 
 _gpipe_step("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${_prefix}"
             ${_config_args})
@@ -64,3 +68,9 @@ if(CONFIG AND NOT EXISTS "${_app}")
 endif()
 _gpipe_step("run consumer" "${_app}")
 message(STATUS "consumer says: ${_step_output}")
+
+get_filename_component(_app_dir "${_app}" DIRECTORY)
+if(EXISTS "${_app_dir}/cuda_app")
+  _gpipe_step("run CUDA consumer" "${_app_dir}/cuda_app")
+  message(STATUS "CUDA consumer says: ${_step_output}")
+endif()
