@@ -16,6 +16,7 @@
 #include "gpipe/cuda.cuh"
 #include "support/cuda_factory.cuh"
 #include "support/errors.hpp"
+#include "support/faulty_layer.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
@@ -29,27 +30,10 @@ using gpipe::WorkLabel;
 using gpipe::cuda::Backend;
 using gpipe::cuda::Kernels;
 
-// y = x; backward_input throws on the micro-batch of one row while throwing_enabled.
-bool throwing_enabled = false;
-template <std::size_t N>
-struct Throwing : gpipe::ParameterFree {
-  static constexpr std::size_t in_features = N;
-  static constexpr std::size_t out_features = N;
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
-
-  template <class Ctx>
-  static void forward(Ctx& ctx, const gpipe::ForwardArgs<typename Ctx::value_type>& a) {
-    ctx.copy(a.rows * N, a.x, a.y);
-  }
-  template <class Ctx>
-  static void backward_input(Ctx& ctx,
-                             const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
-    if (throwing_enabled && a.rows == 1) throw std::runtime_error("injected backward failure");
-    ctx.copy(a.rows * N, a.dy, a.dx);
-  }
-};
-static_assert(gpipe::layer_for<Throwing<8>, Kernels>);
+using gpipe::test::Fault;
+using gpipe::test::FaultyIdentity;
+using gpipe::test::injected_fault;
+static_assert(gpipe::layer_for<FaultyIdentity<8>, Kernels>);
 
 template <class T>
 std::vector<T> download(Backend& backend, std::size_t device, const T* p, std::size_t n) {
@@ -292,27 +276,26 @@ TEST_SUITE("cuda backend") {
   TEST_CASE(
       "a user layer that throws inside a stream ends the step with where; the next step "
       "equals a fresh trainer's") {
-    using Faulty = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<4, 8>, gpipe::ReLU>,
-                                   gpipe::Stage<gpipe::Linear<8, 8>, Throwing<8>, gpipe::ReLU>,
-                                   gpipe::Stage<gpipe::Linear<8, 3>>>;
-    using T = gpipe::Trainer<Faulty, gpipe::SoftmaxCrossEntropy, Backend>;
-    const std::vector<float> x = gpipe::test::random_inputs(5, 4, 3);
-    const std::vector<std::int32_t> y = gpipe::test::random_classes(5, 3, 4);
+    using gpipe::test::faulty_batch;
+    using gpipe::test::faulty_micro_batches;
+    using T = gpipe::Trainer<gpipe::test::FaultyModel, gpipe::SoftmaxCrossEntropy, Backend>;
+    const std::vector<float> x = gpipe::test::random_inputs(faulty_batch, 4, 3);
+    const std::vector<std::int32_t> y = gpipe::test::random_classes(faulty_batch, 3, 4);
     Backend backend(3);
-    T trainer(backend, {.micro_batches = 3, .remat = gpipe::Remat::always});
+    T trainer(backend, {.micro_batches = faulty_micro_batches, .remat = gpipe::Remat::always});
     std::vector<std::size_t> baseline;
     for (std::size_t d = 0; d < 3; ++d) baseline.push_back(backend.memory_stats(d).current);
 
-    throwing_enabled = true;
+    injected_fault = Fault::backward_input;
     const std::string message = error_of([&] { trainer.forward_backward(x, y); });
-    throwing_enabled = false;
+    injected_fault = Fault::none;
     CHECK(contains(message, "stage 1 (device 1), micro-batch 2, backward_input"));
     CHECK(contains(message, "injected backward failure"));
     for (std::size_t d = 0; d < 3; ++d) CHECK(backend.memory_stats(d).current == baseline[d]);
 
     trainer.zero_grad();
     trainer.forward_backward(x, y);
-    T fresh(backend, {.micro_batches = 3, .remat = gpipe::Remat::always});
+    T fresh(backend, {.micro_batches = faulty_micro_batches, .remat = gpipe::Remat::always});
     fresh.forward_backward(x, y);
     for (const auto& info : trainer.parameter_info()) {
       CAPTURE(info.name);

@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <random>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,6 +28,7 @@
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trainer.hpp"
 #include "support/errors.hpp"
+#include "support/faulty_layer.hpp"
 
 namespace {
 
@@ -88,45 +88,14 @@ class TempFile {
   fs::path path_;
 };
 
-// Which op of FaultyIdentity throws, set by the tests.
-enum class Fault { none, forward, backward_input };
-std::atomic<Fault> injected_fault{Fault::none};
-
-// The micro-batch that FaultyIdentity fails. With the batch below (5 rows, 3 micro-batches split
-// 2, 2, 1) micro-batch 2 is the only one with one row, so the layer can tell it by its size,
-// whatever the schedule or remat policy.
-constexpr std::size_t faulty_batch = 5, faulty_micro_batches = 3, faulty_rows = 1;
-
-// y = x, a user-defined layer that throws from the op named by injected_fault on the micro-batch
-// of faulty_rows rows.
-template <std::size_t N>
-struct FaultyIdentity : gpipe::ParameterFree {
-  static constexpr std::size_t in_features = N;
-  static constexpr std::size_t out_features = N;
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
-
-  template <class Ctx>
-  static void forward(Ctx& ctx, const gpipe::ForwardArgs<typename Ctx::value_type>& a) {
-    if (injected_fault == Fault::forward && a.rows == faulty_rows)
-      throw std::runtime_error("injected forward failure");
-    ctx.copy(a.rows * N, a.x, a.y);
-  }
-  template <class Ctx>
-  static void backward_input(Ctx& ctx,
-                             const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
-    if (injected_fault == Fault::backward_input && a.rows == faulty_rows)
-      throw std::runtime_error("injected backward failure");
-    ctx.copy(a.rows * N, a.dy, a.dx);
-  }
-};
-static_assert(gpipe::layer<FaultyIdentity<8>>);
+using gpipe::test::Fault;
+using gpipe::test::faulty_batch;
+using gpipe::test::faulty_micro_batches;
+using gpipe::test::FaultyIdentity;
+using gpipe::test::FaultyModel;
+using gpipe::test::injected_fault;
 static_assert(gpipe::layer_for<FaultyIdentity<8>, gpipe::host::Kernels<float>>);
 
-using FaultyModel =
-    gpipe::Pipeline<gpipe::Stage<gpipe::Linear<4, 8>, gpipe::ReLU>,
-                    gpipe::Stage<gpipe::Linear<8, 8>, FaultyIdentity<8>, gpipe::ReLU>,
-                    gpipe::Stage<gpipe::Linear<8, 3>>>;
 using FaultyTrainer = gpipe::Trainer<FaultyModel, gpipe::SoftmaxCrossEntropy, Backend>;
 
 // Every gradient of the trainer, in parameter_info() order.

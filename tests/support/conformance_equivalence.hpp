@@ -60,6 +60,24 @@ inline double worst_relative_error(const NamedTensors& a, const NamedTensors& b)
   return worst;
 }
 
+// CHECKs every tensor of `got` against the tensor of the same name in the double-precision
+// `reference` and in the float run `same_precision` (relative_error < tolerance, naming the
+// tensor on failure); returns the largest error against `reference`.
+inline double check_tensors(const NamedTensors& got, const NamedTensors& reference,
+                            const NamedTensors& same_precision, double tolerance) {
+  REQUIRE(got.size() == reference.size());
+  double worst = 0;
+  for (const auto& entry : got) {
+    const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
+    CAPTURE(name);
+    const double to_reference = relative_error(entry.second, reference.at(name));
+    CHECK(to_reference < tolerance);
+    CHECK(relative_error(entry.second, same_precision.at(name)) < tolerance);
+    worst = std::max(worst, to_reference);
+  }
+  return worst;
+}
+
 template <class Loss>
 auto targets() {
   if constexpr (std::is_same_v<Loss, SoftmaxCrossEntropy>) {
@@ -99,17 +117,9 @@ void check_against_reference() {
       CHECK(loss == doctest::Approx(ref.loss).epsilon(Factory::loss_tolerance));
       worst_loss =
           std::max(worst_loss, std::abs(loss - ref.loss) / std::max(std::abs(ref.loss), 1e-12));
-      const NamedTensors grads = gradients_of(trainer);
-      REQUIRE(grads.size() == ref.gradients.size());
-      for (const auto& entry : grads) {
-        const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
-        const std::vector<double>& g = entry.second;
-        CAPTURE(name);
-        const double to_reference = relative_error(g, ref.gradients.at(name));
-        CHECK(to_reference < Factory::gradient_tolerance);
-        CHECK(relative_error(g, single_grads.at(name)) < Factory::gradient_tolerance);
-        worst_gradient = std::max(worst_gradient, to_reference);
-      }
+      worst_gradient =
+          std::max(worst_gradient, check_tensors(gradients_of(trainer), ref.gradients, single_grads,
+                                                 Factory::gradient_tolerance));
     }
   }
   if constexpr (Factory::report_errors) {

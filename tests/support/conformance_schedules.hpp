@@ -25,6 +25,7 @@
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trainer.hpp"
 #include "gpipe/schedule.hpp"
+#include "support/conformance_equivalence.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
@@ -110,15 +111,7 @@ void check_schedule_matches_gpipe() {
       const float loss = trainer.forward_backward(x, y);
       CHECK(relative_difference(loss, gpipe_loss) < tolerance);
       CHECK(relative_difference(loss, ref.loss) < tolerance);
-      const NamedTensors grads = gradients_of(trainer);
-      REQUIRE(grads.size() == ref.gradients.size());
-      for (const auto& entry : grads) {
-        const std::string& name = entry.first;  // not a structured binding: CAPTURE's lambda
-        const std::vector<double>& g = entry.second;
-        CAPTURE(name);
-        CHECK(relative_error(g, gpipe_grads.at(name)) < tolerance);
-        CHECK(relative_error(g, ref.gradients.at(name)) < tolerance);
-      }
+      check_tensors(gradients_of(trainer), ref.gradients, gpipe_grads, tolerance);
       for (std::size_t d = 0; d < num_devices; ++d) {
         CAPTURE(d);
         CHECK(backend.memory_stats(d).current == before[d]);
