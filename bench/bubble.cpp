@@ -21,11 +21,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include <atomic>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <span>
 #include <string>
 #include <thread>
@@ -41,8 +37,7 @@
 
 namespace {
 
-std::atomic<long> op_us{1000};  // duration of every F, B and W of a whole stage
-std::string trace_dir;          // where to write K = 4, M = 8 timelines ("" = nowhere)
+gpipe::bench::BubbleFlags flags{.op_us = 1000, .trace_dir = ""};
 
 // Holds the thread for `us` microseconds: sleeps until 50 us before the deadline (after asking
 // Linux once per thread for a 1 ns timer slack), then polls the clock. The sleep lets 8 devices
@@ -71,69 +66,46 @@ struct FixedDuration {
   template <class Ctx>
   static void forward(Ctx& k, const gpipe::ForwardArgs<typename Ctx::value_type>& a) {
     k.copy(a.rows * N, a.x, a.y);
-    hold(op_us / static_cast<long>(Split));
+    hold(flags.op_us / static_cast<long>(Split));
   }
   template <class Ctx>
   static void backward_input(Ctx& k, const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
     k.copy(a.rows * N, a.dy, a.dx);
-    hold(op_us / static_cast<long>(Split));
+    hold(flags.op_us / static_cast<long>(Split));
   }
   template <class Ctx>
   static void backward_weight(Ctx&, const gpipe::BackwardWeightArgs<typename Ctx::value_type>&) {
-    hold(op_us / static_cast<long>(Split));
+    hold(flags.op_us / static_cast<long>(Split));
   }
 };
 static_assert(gpipe::layer<FixedDuration<4, 1>>);
 
-template <class Schedule, std::size_t K>
-void BM_Bubble(benchmark::State& state) {
-  constexpr std::size_t V = Schedule::chunks_per_device;
-  using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
-  const auto m = static_cast<std::size_t>(state.range(1));
-  gpipe::host::Backend backend(K);
-  gpipe::Trainer<Model, gpipe::MSELoss, gpipe::host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m});
-  const std::string name(Schedule::name);
-  gpipe::bench::measure_bubble(state, trainer, backend, K, m,
-                               trace_dir.empty() ? "" : trace_dir + "/timeline_" + name + "_k4_m8",
-                               name + ", K = 4, M = 8, measured on the host backend");
-}
-
-template <class Schedule, std::size_t... K>
-void register_schedule(const std::string& name) {
-  (benchmark::RegisterBenchmark(name.c_str(), BM_Bubble<Schedule, K>)
-       ->ArgNames({"K", "M"})
-       ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
-       ->Unit(benchmark::kMillisecond)
-       ->UseRealTime()
-       ->MinTime(0.3),
-   ...);
-}
+// BM_Bubble<Schedule>/K:k/M:m (bench/support/bubble.hpp registers the names and arguments).
+struct BubbleBenchmark {
+  template <class Schedule, std::size_t K>
+  void operator()(benchmark::State& state) const {
+    constexpr std::size_t V = Schedule::chunks_per_device;
+    using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
+    const auto m = static_cast<std::size_t>(state.range(1));
+    gpipe::host::Backend backend(K);
+    gpipe::Trainer<Model, gpipe::MSELoss, gpipe::host::Backend, Schedule> trainer(
+        backend, {.micro_batches = m});
+    const std::string name(Schedule::name);
+    gpipe::bench::measure_bubble(
+        state, trainer, backend, K, m,
+        flags.trace_dir.empty() ? "" : flags.trace_dir + "/timeline_" + name + "_k4_m8",
+        name + ", K = 4, M = 8, measured on the host backend");
+  }
+};
 
 [[maybe_unused]] const bool registered = [] {
-  register_schedule<gpipe::GPipe, 1, 2, 4, 8>("BM_Bubble<GPipe>");
-  register_schedule<gpipe::OneFOneB, 1, 2, 4, 8>("BM_Bubble<OneFOneB>");
-  register_schedule<gpipe::Interleaved<2>, 1, 2, 4, 8>("BM_Bubble<Interleaved<2>>");
-  register_schedule<gpipe::ZeroBubbleH1, 1, 2, 4, 8>("BM_Bubble<ZeroBubbleH1>");
+  gpipe::bench::register_bubble_benchmarks(BubbleBenchmark{}, /*min_time=*/0.3);
   return true;
 }();
 
 }  // namespace
 
-// Called by the shared benchmark main before Google Benchmark sees the flags (it rejects flags
-// it does not know): takes --op_us=N and --trace_dir=DIR out of the command line.
+// Called by the shared benchmark main before Google Benchmark sees the flags.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp(argv[i], "--op_us=", 8) == 0) {
-      op_us = std::atol(argv[i] + 8);
-    } else if (std::strncmp(argv[i], "--trace_dir=", 12) == 0) {
-      trace_dir = argv[i] + 12;
-      std::filesystem::create_directories(trace_dir);
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return op_us > 0 ? 0 : 1;
+  return gpipe::bench::take_bubble_flags(argc, argv, flags) ? 0 : 1;
 }

@@ -29,37 +29,34 @@
 
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <span>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "gpipe/cuda.cuh"
-#include "gpipe/io/chrome_trace.hpp"
-#include "gpipe/io/svg_timeline.hpp"
 #include "support/bubble.hpp"
 #include "support/cuda.cuh"
 
 namespace {
 
-long op_us = 200;       // duration of every F, B and W of a whole stage
-std::string trace_dir;  // where to write K = 4, M = 8 timelines ("" = nowhere)
+gpipe::bench::BubbleFlags flags{.op_us = 200, .trace_dir = ""};
 
-// The GPU's global nanosecond timer (the same clock on every SM).
+// The GPU's global nanosecond timer (the same clock on every SM); the host's steady clock on the
+// CUDA emulator.
 __device__ __forceinline__ std::uint64_t global_timer_ns() {
+#ifdef GPIPE_CUDA_EMULATION
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+#else
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+#endif
 }
 
 // One thread that returns `ns` nanoseconds after it started.
@@ -71,7 +68,7 @@ __global__ void spin_kernel(std::uint64_t ns) {
 
 // Enqueues a spin of `us` microseconds on the context's compute stream.
 void spin(gpipe::cuda::Kernels& k, long us) {
-  spin_kernel<<<1, 1, 0, k.stream()>>>(static_cast<std::uint64_t>(us) * 1000);
+  GPIPE_CUDA_LAUNCH(spin_kernel, 1, 1, k.stream())(static_cast<std::uint64_t>(us) * 1000);
   GPIPE_CUDA_CHECK_LAUNCH("spin_kernel");
 }
 
@@ -86,80 +83,48 @@ struct FixedDuration {
 
   static void forward(gpipe::cuda::Kernels& k, const gpipe::ForwardArgs<float>& a) {
     k.copy(a.rows * N, a.x, a.y);
-    spin(k, op_us / static_cast<long>(Split));
+    spin(k, flags.op_us / static_cast<long>(Split));
   }
   static void backward_input(gpipe::cuda::Kernels& k, const gpipe::BackwardInputArgs<float>& a) {
     k.copy(a.rows * N, a.dy, a.dx);
-    spin(k, op_us / static_cast<long>(Split));
+    spin(k, flags.op_us / static_cast<long>(Split));
   }
   static void backward_weight(gpipe::cuda::Kernels& k, const gpipe::BackwardWeightArgs<float>&) {
-    spin(k, op_us / static_cast<long>(Split));
+    spin(k, flags.op_us / static_cast<long>(Split));
   }
 };
 static_assert(gpipe::layer_for<FixedDuration<4, 1>, gpipe::cuda::Kernels>);
 
-template <class Schedule, std::size_t K>
-void BM_Bubble(benchmark::State& state) {
-  constexpr std::size_t V = Schedule::chunks_per_device;
-  using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
-  const auto m = static_cast<std::size_t>(state.range(1));
-  gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
-  gpipe::Trainer<Model, gpipe::MSELoss, gpipe::cuda::Backend, Schedule> trainer(
-      backend, {.micro_batches = m});
-  const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
-  trainer.forward_backward(x, y);  // warm-up: module loading, the memory pools, staging buffers
-  const std::string name(Schedule::name);
-  gpipe::bench::measure_bubble(
-      state, trainer, backend, K, m,
-      trace_dir.empty() ? "" : trace_dir + "/timeline_cuda_" + name + "_k4_m8",
-      name + ", K = 4, M = 8, measured on the CUDA backend (4 streams of one GPU)");
-}
+// BM_Bubble<Schedule>/K:k/M:m, bench_bubble's names (bench/support/bubble.hpp registers them).
+struct BubbleBenchmark {
+  template <class Schedule, std::size_t K>
+  void operator()(benchmark::State& state) const {
+    constexpr std::size_t V = Schedule::chunks_per_device;
+    using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
+    const auto m = static_cast<std::size_t>(state.range(1));
+    gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
+    gpipe::Trainer<Model, gpipe::MSELoss, gpipe::cuda::Backend, Schedule> trainer(
+        backend, {.micro_batches = m});
+    const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
+    trainer.forward_backward(x, y);  // warm-up: module loading, the memory pools, staging buffers
+    const std::string name(Schedule::name);
+    gpipe::bench::measure_bubble(
+        state, trainer, backend, K, m,
+        flags.trace_dir.empty() ? "" : flags.trace_dir + "/timeline_cuda_" + name + "_k4_m8",
+        name + ", K = 4, M = 8, measured on the CUDA backend (4 streams of one GPU)");
+  }
+};
 
 // No MinTime here: --benchmark_min_time decides (scripts/gpu-check passes a short one).
-template <class Schedule, std::size_t... K>
-void register_schedule(const std::string& name) {
-  (benchmark::RegisterBenchmark(name.c_str(), BM_Bubble<Schedule, K>)
-       ->ArgNames({"K", "M"})
-       ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
-       ->Unit(benchmark::kMillisecond)
-       ->UseRealTime(),
-   ...);
-}
-
 [[maybe_unused]] const bool registered = [] {
-  register_schedule<gpipe::GPipe, 1, 2, 4, 8>("BM_Bubble<GPipe>");
-  register_schedule<gpipe::OneFOneB, 1, 2, 4, 8>("BM_Bubble<OneFOneB>");
-  register_schedule<gpipe::Interleaved<2>, 1, 2, 4, 8>("BM_Bubble<Interleaved<2>>");
-  register_schedule<gpipe::ZeroBubbleH1, 1, 2, 4, 8>("BM_Bubble<ZeroBubbleH1>");
+  gpipe::bench::register_bubble_benchmarks(BubbleBenchmark{});
   return true;
 }();
-
-// Takes --op_us=N and --trace_dir=DIR out of the command line (Google Benchmark rejects flags it
-// does not know); false on a bad --op_us.
-bool preparse(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp(argv[i], "--op_us=", 8) == 0) {
-      op_us = std::atol(argv[i] + 8);
-    } else if (std::strncmp(argv[i], "--trace_dir=", 12) == 0) {
-      trace_dir = argv[i] + 12;
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  if (op_us <= 0) {
-    std::fprintf(stderr, "bench_cuda_bubble: --op_us must be a positive number of microseconds\n");
-    return false;
-  }
-  return true;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!preparse(&argc, argv)) return 1;
-  if (!trace_dir.empty()) std::filesystem::create_directories(trace_dir);
-  benchmark::AddCustomContext("gpipe_op_us", std::to_string(op_us));
+  if (!gpipe::bench::take_bubble_flags(&argc, argv, flags)) return 1;
+  benchmark::AddCustomContext("gpipe_op_us", std::to_string(flags.op_us));
   return gpipe::bench::cuda_benchmark_main(argc, argv, {.ceilings = false});
 }

@@ -11,6 +11,9 @@
 // transfers, events), not a speed-up.
 //
 //   build/<preset>/bench/bench_cuda_train_step --benchmark_min_time=0.05
+//
+// (On the CUDA emulator, where the tests run it once, every width and the batch are much smaller:
+// sized()'s second arguments.)
 
 #include <benchmark/benchmark.h>
 
@@ -24,8 +27,11 @@
 
 namespace {
 
-constexpr std::size_t D = 1024, hidden = 4096, in_features = 512, classes = 1000;
-constexpr std::size_t batch = 2048;
+using gpipe::bench::sized;
+constexpr std::size_t D = sized<std::size_t>(1024, 64), hidden = sized<std::size_t>(4096, 128);
+constexpr std::size_t in_features = sized<std::size_t>(512, 32);
+constexpr std::size_t classes = sized<std::size_t>(1000, 50);
+constexpr std::size_t batch = sized<std::size_t>(2048, 64);
 
 using In = gpipe::Linear<in_features, D>;
 using Block = gpipe::Residual<gpipe::LayerNorm<D>, gpipe::Linear<D, hidden>, gpipe::GELU,

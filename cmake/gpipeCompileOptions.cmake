@@ -37,3 +37,18 @@ function(gpipe_configure_target target)
   gpipe_add_warnings(${target})
   gpipe_add_sanitizers(${target})
 endfunction()
+
+# gpipe_use_cuda_emulation(<target>): the target's CUDA code (kernels, backend, CUDA benchmark
+# programs) is compiled by the host compiler against the CUDA headers and runs on the CPU emulator
+# of tests/support/cuda_emulation.hpp, which its one source includes first. No cudart, cuBLAS or
+# NCCL is linked. Device code's `#pragma unroll` means nothing to the host compiler; packed loads
+# reinterpret floats; a misaligned packed load (a fault on a GPU) stops the program. Not with a
+# sanitizer: the emulator switches stacks.
+function(gpipe_use_cuda_emulation target)
+  target_include_directories(${target} SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  target_compile_options(${target} PRIVATE -Wno-unknown-pragmas -fno-strict-aliasing
+                         -fsanitize=alignment -fno-sanitize-recover=alignment)
+  target_link_options(${target} PRIVATE -fsanitize=alignment)
+  target_link_libraries(${target} PRIVATE Threads::Threads)
+endfunction()

@@ -7,8 +7,12 @@
 // Every program times device work with a pair of events around `reps` launches on one stream,
 // after a warm-up, and reports per launch (Google Benchmark's manual time). Bandwidth counts the
 // fewest bytes an op must move: each input read once, each output written once.
+//
+// The tests also build every program with the host compiler on the CUDA emulator
+// (tests/support/cuda_emulation.hpp, GPIPE_CUDA_EMULATION) and run each benchmark once, with the
+// sizes that sized() gives there: a smoke test of the programs' code, not a measurement.
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "bench/support/cuda.cuh is CUDA code: compile it with nvcc"
 #endif
 
@@ -28,9 +32,21 @@
 
 namespace gpipe::bench {
 
+// A benchmark's size: `full` on a GPU, `emulated` on the CPU emulator (small enough that every
+// benchmark runs in about a second there).
+template <class T>
+constexpr T sized([[maybe_unused]] T full, [[maybe_unused]] T emulated) {
+#ifdef GPIPE_CUDA_EMULATION
+  return emulated;
+#else
+  return full;
+#endif
+}
+
 struct Ceilings {
   double copy_gbps = 0;     // cudaMemcpyAsync device to device, bytes read + written per second
-  double sgemm_tflops = 0;  // cublasSgemm 8192^3, FP32 math (no TF32)
+  double sgemm_tflops = 0;  // cublasSgemm n^3, FP32 math (no TF32)
+  int sgemm_n = 0;
 };
 
 inline Ceilings& ceilings() {
@@ -55,7 +71,8 @@ __global__ void random_fill_kernel(std::size_t n, std::uint32_t seed, float lo, 
 }
 inline void random_fill(std::size_t n, std::uint32_t seed, float lo, float hi, float* out,
                         cudaStream_t stream) {
-  random_fill_kernel<<<1024, 256, 0, stream>>>(n, seed, lo, hi, out);
+  const auto blocks = static_cast<unsigned>(std::clamp<std::size_t>((n + 255) / 256, 1, 1024));
+  GPIPE_CUDA_LAUNCH(random_fill_kernel, blocks, 256, stream)(n, seed, lo, hi, out);
   GPIPE_CUDA_CHECK_LAUNCH("random_fill_kernel");
 }
 
@@ -125,13 +142,14 @@ double median_seconds(cudaStream_t stream, int reps, F&& f) {
   return times[times.size() / 2];
 }
 
-// The two ceilings on the current GPU: a 1 GiB device-to-device copy and an 8192^3 SGEMM.
+// The two ceilings on the current GPU: a 1 GiB device-to-device copy and an 8192^3 SGEMM (1 MiB
+// and 64^3 on the emulator).
 inline Ceilings measure_ceilings() {
   Ceilings c;
   cudaStream_t stream = nullptr;
   GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    const std::size_t bytes = std::size_t{1} << 30;
+    const std::size_t bytes = sized(std::size_t{1} << 30, std::size_t{1} << 20);
     void *src = nullptr, *dst = nullptr;
     GPIPE_CUDA_CHECK(cudaMalloc(&src, bytes));
     GPIPE_CUDA_CHECK(cudaMalloc(&dst, bytes));
@@ -144,7 +162,7 @@ inline Ceilings measure_ceilings() {
     GPIPE_CUDA_CHECK(cudaFree(dst));
   }
   {
-    const int n = 8192;
+    const int n = sized(8192, 64);
     const std::size_t count = static_cast<std::size_t>(n) * n;
     float *a = nullptr, *b = nullptr, *out = nullptr;
     GPIPE_CUDA_CHECK(cudaMalloc(&a, count * sizeof(float)));
@@ -162,6 +180,7 @@ inline Ceilings measure_ceilings() {
           cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, out, n));
     });
     c.sgemm_tflops = 2.0 * n * static_cast<double>(n) * n / s / 1e12;
+    c.sgemm_n = n;
     (void)cublasDestroy(handle);
     GPIPE_CUDA_CHECK(cudaFree(a));
     GPIPE_CUDA_CHECK(cudaFree(b));
@@ -201,8 +220,8 @@ inline int cuda_benchmark_main(int argc, char** argv, MainOptions options = {}) 
     ceilings() = measure_ceilings();
     benchmark::AddCustomContext("ceiling_copy_GBps", std::to_string(ceilings().copy_gbps));
     benchmark::AddCustomContext("ceiling_sgemm_TFLOPs", std::to_string(ceilings().sgemm_tflops));
-    std::printf("ceilings: device-to-device copy %.0f GB/s, FP32 SGEMM 8192^3 %.1f TFLOP/s\n",
-                ceilings().copy_gbps, ceilings().sgemm_tflops);
+    std::printf("ceilings: device-to-device copy %.0f GB/s, FP32 SGEMM %d^3 %.1f TFLOP/s\n",
+                ceilings().copy_gbps, ceilings().sgemm_n, ceilings().sgemm_tflops);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -1,6 +1,6 @@
 #pragma once
-// The emulated CUDA runtime: GPUs, streams (worker threads), events, stream-ordered pool memory,
-// copies, host functions. See support/cuda_emulation.hpp for the model and what it checks.
+// The emulated CUDA runtime: GPUs and their properties, streams (worker threads), events,
+// stream-ordered pool memory (and cudaMalloc/cudaFree), copies, host functions. See support/cuda_emulation.hpp for the model and what it checks.
 
 #include <cuda_runtime.h>
 
@@ -242,6 +242,24 @@ inline cudaError_t fail(cudaError_t error) {
   return error;
 }
 
+// `bytes` of device memory on `gpu`, filled with 0xff and followed by a red zone.
+inline cudaError_t allocate_device(void** ptr, std::size_t bytes, int gpu) {
+  Machine& m = machine();
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  {
+    std::lock_guard lock(m.mutex);
+    if (m.used[static_cast<std::size_t>(gpu)] + rounded > m.gpu_memory)
+      return fail(cudaErrorMemoryAllocation);
+    m.used[static_cast<std::size_t>(gpu)] += rounded;
+  }
+  void* p = std::aligned_alloc(256, rounded + Machine::redzone);
+  std::memset(p, 0xff, rounded + Machine::redzone);
+  std::lock_guard lock(m.mutex);
+  m.device[reinterpret_cast<std::uintptr_t>(p)] = {bytes, rounded, gpu};
+  *ptr = p;
+  return cudaSuccess;
+}
+
 }  // namespace gpipe::test::cuda_emulation
 
 // The runtime functions that the backend and its kernels call.
@@ -302,6 +320,26 @@ cudaError_t cudaSetDevice(int device) {
 }
 cudaError_t cudaGetDevice(int* device) {
   *device = gpipe::test::cuda_emulation::current_gpu();
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  using namespace gpipe::test::cuda_emulation;
+  if (device < 0 || device >= machine().gpus) return fail(cudaErrorInvalidDevice);
+  *prop = {};
+  std::snprintf(prop->name, sizeof prop->name, "gpipe CUDA emulator (CPU)");
+  prop->totalGlobalMem = machine().gpu_memory;
+  prop->multiProcessorCount = 1;  // blocks run one after another
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->major = 9;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
@@ -420,20 +458,13 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t bytes, cudaMemPool_t pool
   using namespace gpipe::test::cuda_emulation;
   if (pool == nullptr || ptr == nullptr) return fail(cudaErrorInvalidValue);
   (void)stream;  // memory exists from now on, which satisfies stream order
-  Machine& m = machine();
-  const std::size_t rounded = (bytes + 255) / 256 * 256;
-  {
-    std::lock_guard lock(m.mutex);
-    if (m.used[static_cast<std::size_t>(pool->gpu)] + rounded > m.gpu_memory)
-      return fail(cudaErrorMemoryAllocation);
-    m.used[static_cast<std::size_t>(pool->gpu)] += rounded;
-  }
-  void* p = std::aligned_alloc(256, rounded + Machine::redzone);
-  std::memset(p, 0xff, rounded + Machine::redzone);
-  std::lock_guard lock(m.mutex);
-  m.device[reinterpret_cast<std::uintptr_t>(p)] = {bytes, rounded, pool->gpu};
-  *ptr = p;
-  return cudaSuccess;
+  return allocate_device(ptr, bytes, pool->gpu);
+}
+// cudaMalloc: from the current GPU, at once.
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  using namespace gpipe::test::cuda_emulation;
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  return allocate_device(ptr, bytes, current_gpu());
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   using namespace gpipe::test::cuda_emulation;
@@ -473,6 +504,11 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     return fail(cudaErrorLaunchFailure);
   }
   return cudaSuccess;
+}
+// cudaFree: at once. On a GPU it first waits for the device's work; here the caller must have
+// synchronized the streams that use p (the benchmarks do), or they fault when they touch it.
+cudaError_t cudaFree(void* p) {
+  return p == nullptr ? cudaSuccess : cudaFreeAsync(p, nullptr);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   using namespace gpipe::test::cuda_emulation;
