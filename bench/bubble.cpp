@@ -22,6 +22,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -80,26 +81,13 @@ struct FixedDuration {
 };
 static_assert(gpipe::layer<FixedDuration<4, 1>>);
 
-// BM_Bubble<Schedule>/K:k/M:m (bench/support/bubble.hpp registers the names and arguments).
-struct BubbleBenchmark {
-  template <class Schedule, std::size_t K>
-  void operator()(benchmark::State& state) const {
-    constexpr std::size_t V = Schedule::chunks_per_device;
-    using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
-    const auto m = static_cast<std::size_t>(state.range(1));
-    gpipe::host::Backend backend(K);
-    gpipe::Trainer<Model, gpipe::MSELoss, gpipe::host::Backend, Schedule> trainer(
-        backend, {.micro_batches = m});
-    const std::string name(Schedule::name);
-    gpipe::bench::measure_bubble(
-        state, trainer, backend, K, m,
-        flags.trace_dir.empty() ? "" : flags.trace_dir + "/timeline_" + name + "_k4_m8",
-        name + ", K = 4, M = 8, measured on the host backend");
-  }
-};
+template <std::size_t Split>
+using Layer = FixedDuration<4, Split>;
 
 [[maybe_unused]] const bool registered = [] {
-  gpipe::bench::register_bubble_benchmarks(BubbleBenchmark{}, /*min_time=*/0.3);
+  gpipe::bench::register_bubble_benchmarks<Layer>(
+      [](std::size_t k) { return std::make_unique<gpipe::host::Backend>(k); },
+      {.flags = &flags, .trace_stem = "timeline_", .where = "the host backend", .min_time = 0.3});
   return true;
 }();
 

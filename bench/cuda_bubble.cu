@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,29 +96,20 @@ struct FixedDuration {
 };
 static_assert(gpipe::layer_for<FixedDuration<4, 1>, gpipe::cuda::Kernels>);
 
-// BM_Bubble<Schedule>/K:k/M:m, bench_bubble's names (bench/support/bubble.hpp registers them).
-struct BubbleBenchmark {
-  template <class Schedule, std::size_t K>
-  void operator()(benchmark::State& state) const {
-    constexpr std::size_t V = Schedule::chunks_per_device;
-    using Model = gpipe::bench::fixed_pipeline_t<FixedDuration<4, V>, K * V>;
-    const auto m = static_cast<std::size_t>(state.range(1));
-    gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
-    gpipe::Trainer<Model, gpipe::MSELoss, gpipe::cuda::Backend, Schedule> trainer(
-        backend, {.micro_batches = m});
-    const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
-    trainer.forward_backward(x, y);  // warm-up: module loading, the memory pools, staging buffers
-    const std::string name(Schedule::name);
-    gpipe::bench::measure_bubble(
-        state, trainer, backend, K, m,
-        flags.trace_dir.empty() ? "" : flags.trace_dir + "/timeline_cuda_" + name + "_k4_m8",
-        name + ", K = 4, M = 8, measured on the CUDA backend (4 streams of one GPU)");
-  }
-};
+template <std::size_t Split>
+using Layer = FixedDuration<4, Split>;
 
-// No MinTime here: --benchmark_min_time decides (scripts/gpu-check passes a short one).
+// bench_bubble's names; no MinTime: --benchmark_min_time decides (scripts/gpu-check passes a
+// short one).
 [[maybe_unused]] const bool registered = [] {
-  gpipe::bench::register_bubble_benchmarks(BubbleBenchmark{});
+  gpipe::bench::register_bubble_benchmarks<Layer>(
+      [](std::size_t k) {
+        return std::make_unique<gpipe::cuda::Backend>(
+            k, gpipe::cuda::BackendOptions{.gpus = std::vector<int>(k, 0)});
+      },
+      {.flags = &flags,
+       .trace_stem = "timeline_cuda_",
+       .where = "the CUDA backend (4 streams of one GPU)"});
   return true;
 }();
 

@@ -1,9 +1,10 @@
 #pragma once
-// The measurement shared by bench_bubble (host) and bench_cuda_bubble (CUDA): a pipeline of S
-// stages of one fixed-duration layer each, and the loop that runs a trainer's steps and reports
-// bubble_measured, bubble_simulated, bubble_theory, overhead_us_per_op and peak_activations_KiB
-// (see bench/bubble.cpp for their definitions), plus an optional traced K = 4, M = 8 step; the
-// benchmarks' names and arguments; the programs' own flags (--op_us, --trace_dir).
+// What bench_bubble (host) and bench_cuda_bubble (CUDA) share, all but their fixed-duration layer
+// and their backend: the programs' flags (--op_us, --trace_dir); the benchmarks' names and
+// arguments; a pipeline of S stages of one such layer each; and the loop that runs a trainer's
+// steps and reports bubble_measured, bubble_simulated, bubble_theory, overhead_us_per_op and
+// peak_activations_KiB (see bench/bubble.cpp for their definitions), plus an optional traced
+// K = 4, M = 8 step.
 
 #include <benchmark/benchmark.h>
 
@@ -22,6 +23,7 @@
 #include <gpipe/schedule/simulator.hpp>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,79 +46,6 @@ inline double bubble_theory(std::string_view schedule, double k, double m, doubl
   if (schedule == "gpipe" || schedule == "1f1b") return (k - 1) / (m + k - 1);
   if (schedule.starts_with("interleaved") && m >= k) return ((k - 1) / v) / (m + (k - 1) / v);
   return 0;
-}
-
-// Runs trainer.forward_backward on an (m, 4) batch for every benchmark iteration and sets the
-// counters. With a trace_prefix and K = 4, M = 8, also writes <trace_prefix>.svg and .json.
-template <class Trainer, class Backend>
-void measure_bubble(benchmark::State& state, Trainer& trainer, Backend& backend,
-                    std::size_t devices, std::size_t m, const std::string& trace_prefix,
-                    const std::string& title) {
-  using Schedule = typename Trainer::schedule_type;
-  const double ops_per_device = 3.0 * static_cast<double>(m * Schedule::chunks_per_device);
-  const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
-  double bubble = 0, overhead = 0;
-  backend.reset_peak();
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
-    const double wall =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    const auto& step = trainer.last_step();
-    const double mean_op = step.busy_us / (ops_per_device * static_cast<double>(devices));
-    const double ideal = simulate(trainer.schedule(), {mean_op, mean_op, mean_op}).makespan;
-    bubble += step.bubble_fraction;
-    overhead += (wall - ideal) / (ideal / mean_op);
-  }
-  std::size_t peak = 0;
-  for (std::size_t d = 0; d < devices; ++d)
-    peak = std::max(peak, backend.memory_stats(d).peak_of(MemoryKind::activations));
-
-  const auto n = static_cast<double>(state.iterations());
-  state.counters["bubble_measured"] = bubble / n;
-  state.counters["bubble_simulated"] = simulate(trainer.schedule()).bubble_fraction;
-  state.counters["bubble_theory"] =
-      bubble_theory(Schedule::name, static_cast<double>(devices), static_cast<double>(m),
-                    static_cast<double>(Schedule::chunks_per_device));
-  state.counters["overhead_us_per_op"] = overhead / n;
-  state.counters["peak_activations_KiB"] = static_cast<double>(peak) / 1024;
-  state.SetLabel(std::string(Schedule::name));
-
-  if (!trace_prefix.empty() && devices == 4 && m == 8) {
-    backend.set_tracing(true);
-    trainer.forward_backward(x, y);
-    backend.set_tracing(false);
-    const auto events = backend.take_trace();
-    io::write_svg_timeline(trace_prefix + ".svg", events, {.title = title, .num_devices = devices});
-    io::write_chrome_trace(trace_prefix + ".json", events, {.title = title});
-  }
-}
-
-// Registers BM_Bubble<Schedule>/K:k/M:m for GPipe, 1F1B, interleaved (V = 2) and ZB-H1, K in
-// {1, 2, 4, 8}, M in {1, 2, 4, ..., 64}; each runs bench.template operator()<Schedule, K>(state).
-// min_time 0 leaves it to --benchmark_min_time.
-template <class Bench>
-void register_bubble_benchmarks(Bench bench, double min_time = 0) {
-  auto one_schedule = [&]<class Schedule>(const char* name) {
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (
-          [&] {
-            auto* b = benchmark::RegisterBenchmark(name, [bench](benchmark::State& state) {
-              bench.template operator()<Schedule, K>(state);
-            });
-            b->ArgNames({"K", "M"})
-                ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
-                ->Unit(benchmark::kMillisecond)
-                ->UseRealTime();
-            if (min_time > 0) b->MinTime(min_time);
-          }(),
-          ...);
-    }(std::index_sequence<1, 2, 4, 8>{});
-  };
-  one_schedule.template operator()<GPipe>("BM_Bubble<GPipe>");
-  one_schedule.template operator()<OneFOneB>("BM_Bubble<OneFOneB>");
-  one_schedule.template operator()<Interleaved<2>>("BM_Bubble<Interleaved<2>>");
-  one_schedule.template operator()<ZeroBubbleH1>("BM_Bubble<ZeroBubbleH1>");
 }
 
 // The bubble programs' own flags, taken out of argv before Google Benchmark (which rejects flags
@@ -147,6 +76,98 @@ inline bool take_bubble_flags(int* argc, char** argv, BubbleFlags& flags) {
   }
   if (!flags.trace_dir.empty()) std::filesystem::create_directories(flags.trace_dir);
   return true;
+}
+
+// What differs between the programs besides the backend.
+struct BubbleSetup {
+  const BubbleFlags* flags;  // read when the benchmarks run, after the program parsed them
+  std::string trace_stem;    // DIR/<trace_stem><schedule>_k4_m8.svg and .json
+  std::string where;         // "the host backend": ends the timeline's title
+  double min_time = 0;       // seconds per benchmark; 0 leaves it to --benchmark_min_time
+};
+
+// One benchmark: a Trainer of K·V stages of Layer<V> each (V: the schedule's chunks per device,
+// so Layer<V> takes op_us / V per op) on K devices from make_backend(K), an (M, 4) batch; one
+// warm-up step (thread start-up, memory pools, module loading), then a step per iteration, and
+// the counters. For K = 4, M = 8 with a trace directory it also writes one traced step.
+template <class Schedule, std::size_t K, template <std::size_t> class Layer, class MakeBackend>
+void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backend,
+                          const BubbleSetup& setup) {
+  constexpr std::size_t V = Schedule::chunks_per_device;
+  using Model = fixed_pipeline_t<Layer<V>, K * V>;
+  const auto m = static_cast<std::size_t>(state.range(1));
+  const auto backend_owner = make_backend(K);
+  auto& backend = *backend_owner;
+  Trainer<Model, MSELoss, std::remove_cvref_t<decltype(backend)>, Schedule> trainer(
+      backend, {.micro_batches = m});
+  const double ops_per_device = 3.0 * static_cast<double>(m * V);
+  const std::vector<float> x(m * 4, 1.0f), y(m * 4, 0.0f);
+  trainer.forward_backward(x, y);  // warm-up
+  double bubble = 0, overhead = 0;
+  backend.reset_peak();
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
+    const double wall =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    const auto& step = trainer.last_step();
+    const double mean_op = step.busy_us / (ops_per_device * static_cast<double>(K));
+    const double ideal = simulate(trainer.schedule(), {mean_op, mean_op, mean_op}).makespan;
+    bubble += step.bubble_fraction;
+    overhead += (wall - ideal) / (ideal / mean_op);
+  }
+  std::size_t peak = 0;
+  for (std::size_t d = 0; d < K; ++d)
+    peak = std::max(peak, backend.memory_stats(d).peak_of(MemoryKind::activations));
+
+  const auto n = static_cast<double>(state.iterations());
+  state.counters["bubble_measured"] = bubble / n;
+  state.counters["bubble_simulated"] = simulate(trainer.schedule()).bubble_fraction;
+  state.counters["bubble_theory"] = bubble_theory(Schedule::name, static_cast<double>(K),
+                                                  static_cast<double>(m), static_cast<double>(V));
+  state.counters["overhead_us_per_op"] = overhead / n;
+  state.counters["peak_activations_KiB"] = static_cast<double>(peak) / 1024;
+  state.SetLabel(std::string(Schedule::name));
+
+  const std::string& dir = setup.flags->trace_dir;
+  if (!dir.empty() && K == 4 && m == 8) {
+    backend.set_tracing(true);
+    trainer.forward_backward(x, y);
+    backend.set_tracing(false);
+    const auto events = backend.take_trace();
+    const std::string name(Schedule::name), path = dir + "/" + setup.trace_stem + name + "_k4_m8";
+    const std::string title = name + ", K = 4, M = 8, measured on " + setup.where;
+    io::write_svg_timeline(path + ".svg", events, {.title = title, .num_devices = K});
+    io::write_chrome_trace(path + ".json", events, {.title = title});
+  }
+}
+
+// Registers BM_Bubble<Schedule>/K:k/M:m for GPipe, 1F1B, interleaved (V = 2) and ZB-H1, K in
+// {1, 2, 4, 8}, M in {1, 2, 4, ..., 64}: run_bubble_benchmark with Layer and make_backend
+// (std::size_t K -> a pointer that owns a backend of K devices).
+template <template <std::size_t> class Layer, class MakeBackend>
+void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
+  auto one_schedule = [&]<class Schedule>(const char* name) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            auto* b = benchmark::RegisterBenchmark(
+                name, [make_backend, setup](benchmark::State& state) {
+                  run_bubble_benchmark<Schedule, K, Layer>(state, make_backend, setup);
+                });
+            b->ArgNames({"K", "M"})
+                ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
+            if (setup.min_time > 0) b->MinTime(setup.min_time);
+          }(),
+          ...);
+    }(std::index_sequence<1, 2, 4, 8>{});
+  };
+  one_schedule.template operator()<GPipe>("BM_Bubble<GPipe>");
+  one_schedule.template operator()<OneFOneB>("BM_Bubble<OneFOneB>");
+  one_schedule.template operator()<Interleaved<2>>("BM_Bubble<Interleaved<2>>");
+  one_schedule.template operator()<ZeroBubbleH1>("BM_Bubble<ZeroBubbleH1>");
 }
 
 }  // namespace gpipe::bench
