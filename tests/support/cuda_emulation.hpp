@@ -24,7 +24,8 @@
 //     GPU holds a pointer.
 //   - A kernel launch (and a GEMM) on a stream of another GPU than the current one fails, as on
 //     a GPU; so does one whose pointer arguments are not device memory when it runs (host memory,
-//     or memory whose stream-ordered free came first), which would fault on a GPU. A kernel that
+//     or memory whose stream-ordered free came first) or another GPU's memory without access
+//     granted by cudaMemPoolSetAccess, which would fault on a GPU. A kernel that
 //     breaks the kernel emulator's rules (device.hpp) makes its stream fail with
 //     cudaErrorLaunchFailure (the message goes to stderr), reported by the next synchronization;
 //     later work on that stream is skipped, its event records still complete.
@@ -33,7 +34,8 @@
 //   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet on
 //     their streams (the send's stream waits until the receive has copied). The streams must be
 //     on the communicators' GPUs.
-// Not modelled: timing, the pools' block reuse, peer-access rules, the null stream's implicit
+// Not modelled: timing, the pools' block reuse, peer access beyond pool grants (they count per GPU
+// pair, not per pool; cudaDeviceEnablePeerAccess does not exist here), the null stream's implicit
 // synchronization (it runs work at once on the calling thread), the GPU's math library rounding.
 //
 // Include this first, in one translation unit per test program that links none of cudart,

@@ -276,6 +276,40 @@ TEST_SUITE("cuda emulator") {
                                 "cudaErrorLaunchFailure"));
   }
 
+  TEST_CASE("a kernel given another GPU's memory fails its stream unless that GPU granted access") {
+    cudaMemPool_t pool = nullptr;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    REQUIRE(cudaMemPoolCreate(&pool, &props) == cudaSuccess);
+    void* memory = nullptr;
+    REQUIRE(cudaMallocFromPoolAsync(&memory, 64 * sizeof(unsigned), pool, nullptr) == cudaSuccess);
+    auto* on_gpu0 = static_cast<unsigned*>(memory);
+    REQUIRE(cudaSetDevice(1) == cudaSuccess);
+    auto launch_on_gpu1 = [&] {
+      cudaStream_t stream = nullptr;
+      REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+      GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 64, stream)(64, on_gpu0);
+      const cudaError_t error = cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+      return error;
+    };
+    CHECK(launch_on_gpu1() == cudaErrorLaunchFailure);
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = 1;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    REQUIRE(cudaMemPoolSetAccess(pool, &access, 1) == cudaSuccess);
+    CHECK(launch_on_gpu1() == cudaSuccess);
+    access.flags = cudaMemAccessFlagsProtNone;
+    REQUIRE(cudaMemPoolSetAccess(pool, &access, 1) == cudaSuccess);
+    CHECK(launch_on_gpu1() == cudaErrorLaunchFailure);
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaFreeAsync(memory, nullptr) == cudaSuccess);
+    CHECK(cudaMemPoolDestroy(pool) == cudaSuccess);
+  }
+
   TEST_CASE("a stream that failed still completes its events: nothing that waits on it hangs") {
     gpipe::cuda::Backend backend(2);
     std::vector<float> host(16, 0.0f);

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
 
 #include "support/cuda_emulation/runtime.hpp"
 
@@ -84,9 +86,16 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cubla
   }
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
-  run_on(handle->stream, [=] {
-    if (!is_device_memory(a) || !is_device_memory(b) || !is_device_memory(c))
-      throw std::runtime_error("cublasSgemm on memory that is not device memory");
+  run_on(handle->stream, [=, gpu = handle->gpu] {
+    for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b),
+                          static_cast<const void*>(c)}) {
+      const int owner = gpu_of_memory(p);
+      if (owner < 0) throw std::runtime_error("cublasSgemm on memory that is not device memory");
+      if (!may_access(gpu, owner))
+        throw std::runtime_error("cublasSgemm on GPU " + std::to_string(gpu) +
+                                 " with memory of GPU " + std::to_string(owner) +
+                                 ", which it may not access");
+    }
     auto at = [&](std::size_t i, std::size_t p) {
       const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
                               : a[i + p * static_cast<std::size_t>(lda)];

@@ -270,10 +270,14 @@ class Emulator {
   std::exception_ptr error_;
 };
 
-// Runs `launch` (every block of one kernel launch) in the order of `stream`; whether p points into
-// device memory. Defined by runtime.hpp.
+// Runs `launch` (every block of one kernel launch) in the order of `stream`; the GPU whose memory
+// holds p (-1: none); whether kernels on `gpu` may access `owner`'s memory (the same GPU, or
+// granted by cudaMemPoolSetAccess); the GPU that runs work on `stream` (the null stream: the
+// current one). Defined by runtime.hpp.
 inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch);
-inline bool is_device_memory(const void* p);
+inline int gpu_of_memory(const void* p);
+inline bool may_access(int gpu, int owner);
+inline int gpu_of_stream(cudaStream_t stream);
 
 // The error the next cudaGetLastError() returns.
 inline cudaError_t& last_error() {
@@ -306,26 +310,34 @@ class Launch {
     }
     enqueue_launch(stream_,
                    [kernel = kernel_, grid = grid_, block = block_, on_stream = stream_ != nullptr,
+                    gpu = gpu_of_stream(stream_),
                     params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
-                     if (on_stream) require_device_pointers(params);
+                     if (on_stream) require_device_pointers(params, gpu);
                      Emulator::instance().run(grid, block, [&] { std::apply(kernel, params); });
                    });
   }
 
  private:
   // What would fault on a GPU: a pointer argument that is not device memory when the kernel
-  // runs (host memory, or memory whose stream-ordered free came first).
-  static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params) {
+  // runs (host memory, or memory whose stream-ordered free came first), or that is another GPU's
+  // memory which this GPU was not granted access to.
+  static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params,
+                                      int gpu) {
     std::size_t index = 0;
     std::apply(
-        [&index](const auto&... p) {
+        [&index, gpu](const auto&... p) {
           (
               [&] {
                 if constexpr (std::is_pointer_v<std::decay_t<decltype(p)>>) {
-                  if (p != nullptr && !is_device_memory(p))
+                  const int owner = p == nullptr ? gpu : gpu_of_memory(p);
+                  if (owner < 0)
                     throw Error("cuda emulator: kernel argument " + std::to_string(index) +
                                 " is not device memory (host memory, or freed before the kernel "
                                 "ran)");
+                  if (!may_access(gpu, owner))
+                    throw Error("cuda emulator: kernel argument " + std::to_string(index) +
+                                " is memory of GPU " + std::to_string(owner) + ", which GPU " +
+                                std::to_string(gpu) + " (running the kernel) may not access");
                 }
                 ++index;
               }(),

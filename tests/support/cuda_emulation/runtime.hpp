@@ -45,6 +45,7 @@ struct Machine {
   std::mutex mutex;
   std::map<std::uintptr_t, Allocation> device;  // start address -> allocation
   std::set<void*> pinned;
+  std::set<std::pair<int, int>> peer_access;  // (owner, accessor): pool access granted
   std::vector<std::size_t> used = std::vector<std::size_t>(64, 0);  // bytes per GPU
 
   // The GPU whose memory holds p, or -1.
@@ -235,7 +236,14 @@ inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch) {
   run_on(stream, std::move(launch));
 }
 
-inline bool is_device_memory(const void* p) { return machine().gpu_of(p) >= 0; }
+inline int gpu_of_memory(const void* p) { return machine().gpu_of(p); }
+inline bool may_access(int gpu, int owner) {
+  std::lock_guard lock(machine().mutex);
+  return gpu == owner || machine().peer_access.count({owner, gpu}) != 0;
+}
+inline int gpu_of_stream(cudaStream_t stream) {
+  return stream != nullptr ? stream->gpu : current_gpu();
+}
 
 inline cudaError_t fail(cudaError_t error) {
   last_error() = error;
@@ -446,6 +454,14 @@ cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc* li
     if (list[i].location.id < 0 || list[i].location.id >= machine().gpus ||
         list[i].location.id == pool->gpu)  // CUDA refuses the owner's own access
       return fail(cudaErrorInvalidDevice);
+  // Granted per GPU pair here (gpipe has one pool per GPU); CUDA grants it per pool.
+  std::lock_guard lock(machine().mutex);
+  for (size_t i = 0; i < count; ++i) {
+    if (list[i].flags == cudaMemAccessFlagsProtReadWrite)
+      machine().peer_access.insert({pool->gpu, list[i].location.id});
+    else
+      machine().peer_access.erase({pool->gpu, list[i].location.id});
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
