@@ -1,12 +1,12 @@
 // The CUDA backend's own machinery: event order across virtual devices whatever the issue order,
 // the stream-ordered allocator (accounting, capacity, frees from another device's stream, reuse
 // of freed blocks), failures (stored, later work skipped, rethrown by synchronize with where they
-// happened; cancel), tracing, and a Trainer step that fails inside a stream. Multi-GPU cases run
-// with at least two GPUs and are skipped otherwise.
+// happened; cancel), tracing, and predict. A Trainer's failures (bad input, out of memory, a layer
+// that throws inside a stream) are the error conformance suite's (tests/cuda/test_errors.cu).
+// Multi-GPU cases run with at least two GPUs and are skipped otherwise.
 
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -16,7 +16,6 @@
 #include "gpipe/cuda.cuh"
 #include "support/cuda_factory.cuh"
 #include "support/errors.hpp"
-#include "support/faulty_layer.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
@@ -29,11 +28,6 @@ using gpipe::MemoryKind;
 using gpipe::WorkLabel;
 using gpipe::cuda::Backend;
 using gpipe::cuda::Kernels;
-
-using gpipe::test::Fault;
-using gpipe::test::FaultyIdentity;
-using gpipe::test::injected_fault;
-static_assert(gpipe::layer_for<FaultyIdentity<8>, Kernels>);
 
 template <class T>
 std::vector<T> download(Backend& backend, std::size_t device, const T* p, std::size_t n) {
@@ -253,54 +247,6 @@ TEST_SUITE("cuda backend") {
     backend.submit(0, {"untraced"}, [](Kernels&) {});
     backend.synchronize();
     CHECK(backend.take_trace().empty());
-  }
-
-  TEST_CASE("a step that runs out of device memory ends in OutOfMemory and frees its buffers") {
-    using namespace gpipe::test;
-    const std::vector<float> x = random_inputs(64, Model2::in_features, 3);
-    const std::vector<std::int32_t> y = random_classes(64, L6::out_features, 5);
-    const std::size_t bytes[2] = {2 * sizeof(float) * Model2::stage_num_params[0],
-                                  2 * sizeof(float) * Model2::stage_num_params[1]};
-    // Room for parameters and gradients, not for a step's activations.
-    Backend backend(2, {.device_capacity = std::max(bytes[0], bytes[1]) + 256});
-    gpipe::Trainer<Model2, gpipe::SoftmaxCrossEntropy, Backend> trainer(backend,
-                                                                        {.micro_batches = 2});
-    const std::string message =
-        error_of<gpipe::OutOfMemory>([&] { trainer.forward_backward(x, y); });
-    CHECK(contains(message, "out of memory on device"));
-    CHECK(contains(message, "micro-batch"));
-    CHECK(backend.memory_stats(0).current == bytes[0]);
-    CHECK(backend.memory_stats(1).current == bytes[1]);
-  }
-
-  TEST_CASE(
-      "a user layer that throws inside a stream ends the step with where; the next step "
-      "equals a fresh trainer's") {
-    using gpipe::test::faulty_batch;
-    using gpipe::test::faulty_micro_batches;
-    using T = gpipe::Trainer<gpipe::test::FaultyModel, gpipe::SoftmaxCrossEntropy, Backend>;
-    const std::vector<float> x = gpipe::test::random_inputs(faulty_batch, 4, 3);
-    const std::vector<std::int32_t> y = gpipe::test::random_classes(faulty_batch, 3, 4);
-    Backend backend(3);
-    T trainer(backend, {.micro_batches = faulty_micro_batches, .remat = gpipe::Remat::always});
-    std::vector<std::size_t> baseline;
-    for (std::size_t d = 0; d < 3; ++d) baseline.push_back(backend.memory_stats(d).current);
-
-    injected_fault = Fault::backward_input;
-    const std::string message = error_of([&] { trainer.forward_backward(x, y); });
-    injected_fault = Fault::none;
-    CHECK(contains(message, "stage 1 (device 1), micro-batch 2, backward_input"));
-    CHECK(contains(message, "injected backward failure"));
-    for (std::size_t d = 0; d < 3; ++d) CHECK(backend.memory_stats(d).current == baseline[d]);
-
-    trainer.zero_grad();
-    trainer.forward_backward(x, y);
-    T fresh(backend, {.micro_batches = faulty_micro_batches, .remat = gpipe::Remat::always});
-    fresh.forward_backward(x, y);
-    for (const auto& info : trainer.parameter_info()) {
-      CAPTURE(info.name);
-      CHECK(trainer.gradient(info.name) == fresh.gradient(info.name));
-    }
   }
 
   TEST_CASE("predict runs the pipeline forward on the GPU") {

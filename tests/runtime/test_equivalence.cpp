@@ -8,22 +8,9 @@
 
 #include "gpipe/backend/host/backend.hpp"
 #include "support/conformance_equivalence.hpp"
+#include "support/host_factory.hpp"
 
-namespace {
-
-struct HostFactory {
-  using backend_type = gpipe::host::Backend;
-  static gpipe::host::Backend make(std::size_t devices) { return gpipe::host::Backend(devices); }
-
-  // Float against double, relative to the largest reference entry of each tensor: a few float
-  // ulps per accumulated term (observed below 1e-6 for every configuration).
-  static constexpr double gradient_tolerance = 2e-6;
-  static constexpr double loss_tolerance = 1e-6;
-  static constexpr double accumulate_tolerance = 1e-6;
-  static constexpr bool report_errors = false;
-};
-
-}  // namespace
+using gpipe::test::HostFactory;
 
 TEST_CASE_TEMPLATE_APPLY(conformance_cross_entropy_equivalence,
                          gpipe::test::conformance::ModelCases<HostFactory>);

@@ -10,18 +10,9 @@
 #include "gpipe/error.hpp"
 #include "gpipe/optim.hpp"
 #include "support/conformance_optimizers.hpp"
+#include "support/host_factory.hpp"
 
-namespace {
-
-struct HostFactory {
-  using backend_type = gpipe::host::Backend;
-  static gpipe::host::Backend make(std::size_t devices) { return gpipe::host::Backend(devices); }
-
-  // Parameters move by lr-sized steps; relative to the parameter scale.
-  static constexpr double parameter_tolerance = 1e-5;
-};
-
-}  // namespace
+using gpipe::test::HostFactory;
 
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, HostFactory);

@@ -9,6 +9,7 @@
 
 #include "gpipe/gpipe.hpp"
 #include "support/conformance_schedules.hpp"
+#include "support/host_factory.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
@@ -16,13 +17,6 @@ namespace {
 
 using namespace gpipe;
 using namespace gpipe::test;
-
-struct HostFactory {
-  using backend_type = host::Backend;
-  static host::Backend make(std::size_t devices) { return host::Backend(devices); }
-  // Float against float and against double: a few float ulps per accumulated term.
-  static constexpr double gradient_tolerance = 2e-6;
-};
 
 }  // namespace
 

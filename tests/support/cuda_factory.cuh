@@ -32,6 +32,10 @@ struct CudaTolerances {
 struct CudaFactory : CudaTolerances {
   using backend_type = cuda::Backend;
   static cuda::Backend make(std::size_t devices) { return cuda::Backend(devices); }
+  // Each virtual device capped at `capacity` bytes.
+  static cuda::Backend make_capped(std::size_t devices, std::size_t capacity) {
+    return cuda::Backend(devices, {.device_capacity = capacity});
+  }
 };
 
 // Every virtual device on GPU 0, whatever the machine has.

@@ -1,8 +1,8 @@
 #pragma once
 // FaultyIdentity<N>: a user-defined layer (y = x) that throws from the op named by injected_fault
 // on the micro-batch of faulty_rows rows, for the tests of failures inside a stream on every
-// backend (tests/runtime/test_errors.cpp, tests/cuda/test_backend.cu). FaultyModel puts it in
-// the middle stage of three.
+// backend (tests/support/conformance_errors.hpp). FaultyModel puts it in the middle stage of
+// three.
 
 #include <atomic>
 #include <cstddef>
