@@ -52,3 +52,18 @@ function(gpipe_use_cuda_emulation target)
   target_link_options(${target} PRIVATE -fsanitize=alignment)
   target_link_libraries(${target} PRIVATE Threads::Threads)
 endfunction()
+
+# gpipe_add_emulated_executable(<target> <source.cu>): an executable of <source.cu> (a CUDA program
+# of the project: a benchmark, an example) on the CUDA emulator, compiled from a generated
+# one-line wrapper that includes tests/support/cuda_emulation.hpp first. Links gpipe::gpipe.
+function(gpipe_add_emulated_executable target source)
+  get_filename_component(_name "${source}" NAME_WLE)
+  set(_wrapper "${CMAKE_CURRENT_BINARY_DIR}/emulated/${_name}.cpp")
+  file(CONFIGURE OUTPUT "${_wrapper}" CONTENT
+    "// Generated: ${_name}.cu on the CUDA emulator.\n#include \"support/cuda_emulation.hpp\"\n#include \"${source}\"\n")
+  add_executable(${target} "${_wrapper}")
+  target_link_libraries(${target} PRIVATE gpipe::gpipe)
+  target_include_directories(${target} PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+  gpipe_configure_target(${target})
+  gpipe_use_cuda_emulation(${target})
+endfunction()
