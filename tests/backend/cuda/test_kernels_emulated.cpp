@@ -208,6 +208,15 @@ __global__ void divergent_barrier_kernel(float* out) {
   }
 }
 
+// Thread 7 of each block throws from inside its coroutine, after a barrier, with a frame of
+// floating-point work on its stack.
+__global__ void throwing_kernel(float* out) {
+  const float before = static_cast<float>(threadIdx.x) * 0.5f;
+  __syncthreads();
+  if (threadIdx.x == 7) (void)__shfl_xor_sync(0xffffffffu, before, 1, 16);  // width 16: refused
+  out[threadIdx.x] = before + 1.0f;
+}
+
 __global__ void grid_index_kernel(std::size_t n, unsigned* out) {
   for (std::size_t i = cu::detail::global_thread(); i < n; i += cu::detail::grid_threads())
     out[i] += 1;
@@ -234,6 +243,17 @@ TEST_SUITE("cuda emulator") {
       GPIPE_CUDA_LAUNCH(emulator_checks::early_exit_shuffle_kernel, 1, 64, nullptr)(out.data());
     });
     CHECK(gpipe::test::contains(message, "names lane 5, which has exited"));
+  }
+
+  TEST_CASE("an exception inside a CUDA thread ends the launch with it; the next launch runs") {
+    std::vector<float> out(64, -1.0f);
+    const std::string message = gpipe::test::error_of([&] {
+      GPIPE_CUDA_LAUNCH(emulator_checks::throwing_kernel, 2, 64, nullptr)(out.data());
+    });
+    CHECK(gpipe::test::contains(message, "width != 32"));
+    std::vector<float> sums(1024, -1.0f);
+    GPIPE_CUDA_LAUNCH(emulator_checks::sum_lanes_kernel, 1, 1024, nullptr)(sums.data());
+    CHECK(sums == std::vector<float>(1024, 1023.0f * 1024.0f / 2.0f));
   }
 
   TEST_CASE("a barrier in divergent code is an error") {

@@ -1,8 +1,8 @@
 #pragma once
 // The kernel emulator: the CUDA kernels of gpipe/backend/cuda/kernels/ (GEMMs go to cublas.hpp)
 // compile with the host compiler, and each launch runs here, block after block, every CUDA thread
-// of a block a coroutine of its own (ucontext) on the emulating OS thread (the caller's, or a
-// stream's). So the kernels' indexing, packing, tails, grid-stride loops and reductions are
+// of a block a coroutine of its own (a stack switch on x86-64, ucontext elsewhere) on the
+// emulating OS thread (the caller's, or a stream's). So the kernels' indexing, packing, tails, grid-stride loops and reductions are
 // tested against the host kernels on a machine without a GPU, which the real CUDA tests then
 // confirm on one.
 //
@@ -63,12 +63,59 @@ inline thread_local dim3 gridDim;
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline float min(float a, float b) { return std::fmin(a, b); }
 
+// Switching between the coroutines of CUDA threads. On x86-64, a switch saves the callee-saved
+// registers and the floating-point control words on the current stack and loads another stack
+// (no system call, unlike swapcontext, which saves and restores the signal mask each time: the
+// emulator switches once or more per CUDA thread). Elsewhere, or with
+// GPIPE_CUDA_EMULATION_UCONTEXT defined (e.g. where the kernel enforces shadow stacks, which a
+// stack switch by `ret` violates), ucontext.
+#if defined(__x86_64__) && !defined(GPIPE_CUDA_EMULATION_UCONTEXT)
+#define GPIPE_CUDA_EMULATION_SWITCH 1
+// gpipe_cuda_emulation_switch(save, load): *save = this context's stack pointer; continues the
+// context whose stack pointer is load.
+extern "C" void gpipe_cuda_emulation_switch(void** save, void* load);
+asm(R"(
+  .text
+  .p2align 4
+  .type gpipe_cuda_emulation_switch, @function
+gpipe_cuda_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  fnstcw (%rsp)
+  stmxcsr 8(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  fldcw (%rsp)
+  ldmxcsr 8(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size gpipe_cuda_emulation_switch, .-gpipe_cuda_emulation_switch
+)");
+#else
+#define GPIPE_CUDA_EMULATION_SWITCH 0
+#endif
+
 namespace gpipe::test::cuda_emulation {
 
 enum class State { ready, at_barrier, at_shuffle, exited };
 
 struct Thread {
+#if GPIPE_CUDA_EMULATION_SWITCH
+  void* stack_pointer = nullptr;  // where gpipe_cuda_emulation_switch left it
+#else
   ucontext_t context{};
+#endif
   uint3 index{};
   State state = State::ready;
   // A __shfl_xor_sync in flight: what this lane offers, and what it gets.
@@ -161,11 +208,26 @@ class Emulator {
     th.index =
         uint3{static_cast<unsigned>(t % blockDim.x),
               static_cast<unsigned>(t / blockDim.x % blockDim.y), static_cast<unsigned>(t / plane)};
+    unsigned char* stack = stacks_.get() + t * stack_bytes;
+#if GPIPE_CUDA_EMULATION_SWITCH
+    // The frame that the switch pops first: control words (x87: all exceptions masked, double
+    // extended precision; SSE: all masked, round to nearest), six zeroed registers, then entry()
+    // as the return address, entered with the stack aligned as after a call.
+    auto* top = reinterpret_cast<std::uint64_t*>(stack + stack_bytes);  // 16-byte aligned
+    std::uint64_t* sp = top - 10;
+    sp[0] = 0x037f;  // fnstcw slot
+    sp[1] = 0x1f80;  // stmxcsr slot
+    for (int r = 2; r < 8; ++r) sp[r] = 0;
+    sp[8] = reinterpret_cast<std::uint64_t>(&Emulator::entry);
+    sp[9] = 0;  // entry's return address: it never returns
+    th.stack_pointer = sp;
+#else
     if (getcontext(&th.context) != 0) throw Error("cuda emulator: getcontext failed");
-    th.context.uc_stack.ss_sp = stacks_.get() + t * stack_bytes;
+    th.context.uc_stack.ss_sp = stack;
     th.context.uc_stack.ss_size = stack_bytes;
     th.context.uc_link = &scheduler_;
     makecontext(&th.context, &Emulator::entry, 0);
+#endif
   }
 
   // Completes every warp's shuffle whose lanes have all arrived; throws where one never can.
@@ -236,16 +298,26 @@ class Emulator {
   void resume(std::size_t t) {
     current_ = t;
     threadIdx = threads_[t].index;
+#if GPIPE_CUDA_EMULATION_SWITCH
+    gpipe_cuda_emulation_switch(&scheduler_, threads_[t].stack_pointer);
+#else
     if (swapcontext(&scheduler_, &threads_[t].context) != 0)
       throw Error("cuda emulator: swapcontext failed");
+#endif
   }
 
   void suspend(State state) {
     Thread& self = threads_[current_];
     self.state = state;
+#if GPIPE_CUDA_EMULATION_SWITCH
+    gpipe_cuda_emulation_switch(&self.stack_pointer, scheduler_);
+#else
     swapcontext(&self.context, &scheduler_);
+#endif
   }
 
+  // A CUDA thread's coroutine: the kernel, then back to the scheduler for good. Every exception
+  // stops here, so no unwinding goes past this frame.
   static void entry() {
     Emulator& e = instance();
     try {
@@ -254,6 +326,11 @@ class Emulator {
       if (!e.error_) e.error_ = std::current_exception();
     }
     e.threads_[e.current_].state = State::exited;
+#if GPIPE_CUDA_EMULATION_SWITCH
+    void* finished = nullptr;  // never resumed
+    gpipe_cuda_emulation_switch(&finished, e.scheduler_);
+    __builtin_unreachable();
+#endif
     // Returning continues at uc_link: the scheduler.
   }
 
@@ -265,7 +342,11 @@ class Emulator {
   std::vector<Thread> threads_;
   std::unique_ptr<unsigned char[]> stacks_;
   std::size_t stack_threads_ = 0;
+#if GPIPE_CUDA_EMULATION_SWITCH
+  void* scheduler_ = nullptr;  // the scheduler's stack pointer while a CUDA thread runs
+#else
   ucontext_t scheduler_{};
+#endif
   std::size_t current_ = 0;
   std::exception_ptr error_;
 };
