@@ -35,9 +35,6 @@ std::vector<double> wide(const std::vector<float>& v) { return {v.begin(), v.end
 // front of each buffer make its data pointer misaligned for 16-byte packs when odd.
 class GpuDevice {
  public:
-  // The conformance suite's largest shapes too, except on the emulator (too slow there).
-  static constexpr bool large = !gpipe::test::emulated;
-
   explicit GpuDevice(gpipe::cuda::BackendOptions options = {}) : backend_(1, std::move(options)) {}
 
   // A device copy of v, starting `offset` floats into its allocation.

@@ -1,8 +1,8 @@
 // The CUDA backend's kernels, compiled by the host compiler and run on the CPU emulator of
 // tests/support/cuda_emulation/device.hpp, against the host kernels, twice:
-//   - tests/cuda/test_kernels.cu as it is (minus its largest shapes): through cuda::Backend on
-//     the emulated runtime (tests/support/cuda_emulation.hpp), with the GEMMs on its
-//     cuBLAS (every transposition, TF32) and the staged uploads and downloads;
+//   - tests/cuda/test_kernels.cu as it is: through cuda::Backend on the emulated runtime
+//     (tests/support/cuda_emulation.hpp), with the GEMMs on its cuBLAS (every transposition,
+//     TF32) and the staged uploads and downloads;
 //   - the kernel conformance suite again, each launcher called directly (all but the GEMM) on
 //     memory that ends at an inaccessible page, so that a kernel that reads or writes past a
 //     buffer's end faults; the bytes between a buffer's end and that page hold NaN and must be
@@ -149,8 +149,6 @@ class GuardedBuffer {
 
 class EmulatedDevice {
  public:
-  static constexpr bool large = false;
-
   template <class T>
   T* put(const std::vector<T>& v, std::size_t offset = 0) {
     buffers_.push_back(std::make_unique<GuardedBuffer>(v.size() * sizeof(T), offset * 4));
