@@ -53,6 +53,9 @@
 // one block at a time.
 #undef __shared__
 #define __shared__ static thread_local
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 inline thread_local uint3 threadIdx;
 inline thread_local uint3 blockIdx;

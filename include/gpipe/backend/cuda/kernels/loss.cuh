@@ -19,9 +19,10 @@
 
 namespace gpipe::cuda {
 
-// out[0] = sum of partial(n), one block of 1024 threads, in a fixed order
+// out[0] = sum of partial(n), one block of 1024 threads, in a fixed order. (The bound makes the
+// compiler keep it within 64 registers a thread, so that the launch cannot run out of them.)
 template <class T>
-__global__ void sum_kernel(std::size_t n, const T* partial, T* out) {
+__global__ void __launch_bounds__(1024) sum_kernel(std::size_t n, const T* partial, T* out) {
   __shared__ T buf[32];
   T sum = 0;
   for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i];
