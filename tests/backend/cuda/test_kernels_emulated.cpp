@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -215,6 +216,16 @@ __global__ void throwing_kernel(float* out) {
   out[threadIdx.x] = before + 1.0f;
 }
 
+// Thread 32 (warp 1) sets a flag that thread 0 (warp 0) reads, with no barrier in between: on a
+// GPU thread 0 may see either value.
+__global__ void unordered_read_kernel(int* seen) {
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 32) flag = 1;
+  if (threadIdx.x == 0) seen[blockIdx.x] = flag;
+}
+
 __global__ void grid_index_kernel(std::size_t n, unsigned* out) {
   for (std::size_t i = cu::detail::global_thread(); i < n; i += cu::detail::grid_threads())
     out[i] += 1;
@@ -252,6 +263,15 @@ TEST_SUITE("cuda emulator") {
     std::vector<float> sums(1024, -1.0f);
     GPIPE_CUDA_LAUNCH(emulator_checks::sum_lanes_kernel, 1, 1024, nullptr)(sums.data());
     CHECK(sums == std::vector<float>(1024, 1023.0f * 1024.0f / 2.0f));
+  }
+
+  TEST_CASE("warps run in varying orders between barriers, as on a GPU") {
+    std::vector<int> seen(64, -1);
+    GPIPE_CUDA_LAUNCH(emulator_checks::unordered_read_kernel, 64, 64, nullptr)(seen.data());
+    const auto ones = std::count(seen.begin(), seen.end(), 1);
+    CHECK(ones > 0);   // warp 1 went first in some blocks
+    CHECK(ones < 64);  // and warp 0 in others
+    CHECK(std::count(seen.begin(), seen.end(), 0) == 64 - ones);
   }
 
   TEST_CASE("a barrier in divergent code is an error") {

@@ -17,6 +17,9 @@
 //     (undefined behaviour or a hang on a GPU), reported as a gpipe::Error from the launch.
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
 //     the next cudaGetLastError() returns (and GPIPE_CUDA_CHECK_LAUNCH turns into an Error).
+//   - between barriers, warps run one at a time in a pseudo-random order, each as far as it can
+//     alone (its threads in a random order too): a kernel that depends on an order of warps or
+//     threads that no barrier gives gets wrong results here, as it may on a GPU.
 // What it does not model: timing, memory ordering between threads without a barrier (threads of
 // a block run one at a time, each until its next barrier or shuffle), the float rounding of
 // the GPU's math functions (the host's libm computes expf, erff, ...), fused multiply-adds.
@@ -185,16 +188,16 @@ class Emulator {
   void run_block() {
     const std::size_t n = threads_.size();
     for (std::size_t t = 0; t < n; ++t) prepare(t);
-    // Each thread runs until it exits or waits; then the waits that can end, end.
-    for (std::size_t t = 0; t < n; ++t) resume(t);
+    // One warp at a time, picked at random among those that can go on, runs as far as it can
+    // alone (to a barrier, or to its end); when no warp can go on, the block's barrier completes.
+    // Nothing orders warps between barriers on a GPU either: a kernel that reads what another
+    // warp writes without a barrier in between gets wrong results here.
     for (;;) {
       rethrow_kernel_error();
-      bool released = release_shuffles();
-      if (!released) released = release_barrier();
-      if (!released) break;  // every thread has exited
-      for (std::size_t t = 0; t < n; ++t)
-        if (threads_[t].state == State::ready) resume(t);
+      if (step_a_warp()) continue;
+      if (!release_barrier()) break;  // every thread has exited
     }
+    rethrow_kernel_error();
     for (const Thread& th : threads_)
       if (th.barriers != threads_[0].barriers)
         throw Error("cuda emulator: threads of block (" + std::to_string(blockIdx.x) + ", " +
@@ -202,6 +205,47 @@ class Emulator {
                     ") passed different numbers of __syncthreads (" +
                     std::to_string(threads_[0].barriers) + " and " + std::to_string(th.barriers) +
                     "): a barrier in divergent code");
+  }
+
+  // One warp, picked at random among those with ready threads or threads in a shuffle, goes as
+  // far as it can alone: its ready threads run in a random order (Fisher-Yates), each until it
+  // exits or waits, its shuffles complete, and so on, until its threads have exited or wait at
+  // a barrier. False when no warp can go on.
+  bool step_a_warp() {
+    const std::size_t n = threads_.size();
+    candidates_.clear();
+    for (std::size_t first = 0; first < n; first += warp_size)
+      if (can_go_on(first)) candidates_.push_back(first);
+    if (candidates_.empty()) return false;
+    const std::size_t first = candidates_[next_random() % candidates_.size()];
+    const std::size_t end = std::min(first + warp_size, n);
+    while (can_go_on(first)) {
+      order_.clear();
+      for (std::size_t t = first; t < end; ++t)
+        if (threads_[t].state == State::ready) order_.push_back(t);
+      if (order_.empty()) {  // a warp's threads run together: all of them wait or have exited
+        release_shuffle(first);
+        continue;
+      }
+      for (std::size_t i = order_.size(); i > 1; --i)
+        std::swap(order_[i - 1], order_[next_random() % i]);
+      for (const std::size_t t : order_) resume(t);
+      rethrow_kernel_error();
+    }
+    return true;
+  }
+  // Whether the warp whose first thread is `first` has a thread that is ready or in a shuffle.
+  bool can_go_on(std::size_t first) const {
+    for (std::size_t t = first; t < std::min(first + warp_size, threads_.size()); ++t)
+      if (threads_[t].state == State::ready || threads_[t].state == State::at_shuffle) return true;
+    return false;
+  }
+  // xorshift64, seeded per emulating thread: a run repeats itself.
+  std::uint64_t next_random() {
+    random_ ^= random_ << 13;
+    random_ ^= random_ >> 7;
+    random_ ^= random_ << 17;
+    return random_;
   }
 
   void prepare(std::size_t t) {
@@ -233,54 +277,49 @@ class Emulator {
 #endif
   }
 
-  // Completes every warp's shuffle whose lanes have all arrived; throws where one never can.
-  bool release_shuffles() {
-    bool released = false;
+  // Completes the shuffle of the warp whose first thread is `first` (none of its threads is
+  // ready); throws where it can never complete.
+  void release_shuffle(std::size_t first) {
     const std::size_t n = threads_.size();
-    for (std::size_t first = 0; first < n; first += warp_size) {
-      const std::size_t lanes = std::min<std::size_t>(warp_size, n - first);
-      Thread* warp = &threads_[first];
-      const Thread* leader = nullptr;
-      for (std::size_t l = 0; l < lanes && leader == nullptr; ++l)
-        if (warp[l].state == State::at_shuffle) leader = &warp[l];
-      if (leader == nullptr) continue;
-      const unsigned mask = leader->shuffle_mask;
-      const std::string where = "warp " + std::to_string(first / warp_size) + " of block (" +
-                                std::to_string(blockIdx.x) + ", " + std::to_string(blockIdx.y) +
-                                ", " + std::to_string(blockIdx.z) + ")";
-      for (std::size_t l = 0; l < warp_size; ++l) {
-        const bool named = (mask >> l) & 1u;
-        if (!named) continue;
-        if (l >= lanes)
-          throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
-                      std::to_string(l) + ", which the block does not have");
-        if (warp[l].state == State::exited)
-          throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
-                      std::to_string(l) + ", which has exited");
-        if (warp[l].state == State::at_barrier)
-          throw Error("cuda emulator: " + where +
-                      " is split between __shfl_xor_sync and __syncthreads");
-        if (warp[l].shuffle_mask != mask || warp[l].shuffle_lane_mask != leader->shuffle_lane_mask)
-          throw Error("cuda emulator: lanes of " + where +
-                      " shuffle with different masks or lane masks");
-      }
-      for (std::size_t l = 0; l < lanes; ++l) {
-        if (warp[l].state != State::at_shuffle) continue;
-        if (!((mask >> l) & 1u))
-          throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where +
-                      " shuffles with a mask that leaves it out");
-        const std::size_t source = l ^ static_cast<std::size_t>(leader->shuffle_lane_mask);
-        // A source outside the mask: undefined on a GPU.
-        if (source >= warp_size || !((mask >> source) & 1u))
-          throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " reads lane " +
-                      std::to_string(source) + ", which is not in the mask");
-        warp[l].received = warp[source].offered;
-      }
-      for (std::size_t l = 0; l < lanes; ++l)
-        if (warp[l].state == State::at_shuffle) warp[l].state = State::ready;
-      released = true;
+    const std::size_t lanes = std::min<std::size_t>(warp_size, n - first);
+    Thread* warp = &threads_[first];
+    const Thread* leader = nullptr;
+    for (std::size_t l = 0; l < lanes && leader == nullptr; ++l)
+      if (warp[l].state == State::at_shuffle) leader = &warp[l];
+    const unsigned mask = leader->shuffle_mask;
+    const std::string where = "warp " + std::to_string(first / warp_size) + " of block (" +
+                              std::to_string(blockIdx.x) + ", " + std::to_string(blockIdx.y) +
+                              ", " + std::to_string(blockIdx.z) + ")";
+    for (std::size_t l = 0; l < warp_size; ++l) {
+      const bool named = (mask >> l) & 1u;
+      if (!named) continue;
+      if (l >= lanes)
+        throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
+                    std::to_string(l) + ", which the block does not have");
+      if (warp[l].state == State::exited)
+        throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
+                    std::to_string(l) + ", which has exited");
+      if (warp[l].state == State::at_barrier)
+        throw Error("cuda emulator: " + where +
+                    " is split between __shfl_xor_sync and __syncthreads");
+      if (warp[l].shuffle_mask != mask || warp[l].shuffle_lane_mask != leader->shuffle_lane_mask)
+        throw Error("cuda emulator: lanes of " + where +
+                    " shuffle with different masks or lane masks");
     }
-    return released;
+    for (std::size_t l = 0; l < lanes; ++l) {
+      if (warp[l].state != State::at_shuffle) continue;
+      if (!((mask >> l) & 1u))
+        throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where +
+                    " shuffles with a mask that leaves it out");
+      const std::size_t source = l ^ static_cast<std::size_t>(leader->shuffle_lane_mask);
+      // A source outside the mask: undefined on a GPU.
+      if (source >= warp_size || !((mask >> source) & 1u))
+        throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " reads lane " +
+                    std::to_string(source) + ", which is not in the mask");
+      warp[l].received = warp[source].offered;
+    }
+    for (std::size_t l = 0; l < lanes; ++l)
+      if (warp[l].state == State::at_shuffle) warp[l].state = State::ready;
   }
 
   // Ends __syncthreads once every thread that has not exited waits there.
@@ -351,6 +390,9 @@ class Emulator {
   ucontext_t scheduler_{};
 #endif
   std::size_t current_ = 0;
+  std::vector<std::size_t> order_;       // threads of the warp that runs next
+  std::vector<std::size_t> candidates_;  // first threads of the warps that may go next
+  std::uint64_t random_ = 0x9e3779b97f4a7c15ull;
   std::exception_ptr error_;
 };
 
