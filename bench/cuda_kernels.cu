@@ -29,8 +29,8 @@ using gpipe::bench::sized;
 using gpipe::bench::time_launches;
 using gpipe::cuda::Kernels;
 
-constexpr int reps = 10;                             // launches per timed iteration
-constexpr double f32 = 4.0;                          // bytes per element
+constexpr int reps = 10;     // launches per timed iteration
+constexpr double f32 = 4.0;  // bytes per element
 constexpr std::int64_t big = sized(std::int64_t{1} << 26, std::int64_t{4099});  // 256 MiB
 
 gpipe::cuda::Backend& backend() {
@@ -227,7 +227,10 @@ void BM_softmax_cross_entropy(benchmark::State& state) {
     report_bandwidth(state, 2 * f32 * static_cast<double>(rows * classes), s);
   });
 }
-BENCHMARK(BM_bias_add)->Args({sized(65536, 16), 1024})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_bias_add)
+    ->Args({sized(65536, 16), 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_bias_grad)
     ->Args({sized(65536, 16), 1024})
     ->Args({sized(8192, 4), 4096})

@@ -2,10 +2,10 @@
 // spiral (examples/spiral.hpp), then draws one traced step into spiral_timeline.svg.
 // Usage: example_spiral [steps] [micro_batches]; exit status 0 when the test accuracy exceeds 90%.
 
+#include "spiral.hpp"
+
 #include <cstdio>
 #include <gpipe/gpipe.hpp>
-
-#include "spiral.hpp"
 
 int main(int argc, char** argv) {
   spiral::Options options;

@@ -140,10 +140,9 @@ int train(Backend& backend, const std::string& devices, const Options& options,
   trainer.forward_backward(xb, yb);
   backend.set_tracing(false);
   const auto events = backend.take_trace();
-  gpipe::io::write_svg_timeline(
-      timeline, events,
-      {.title = "example_spiral on " + devices + ": one training step",
-       .num_devices = backend.num_devices()});
+  gpipe::io::write_svg_timeline(timeline, events,
+                                {.title = "example_spiral on " + devices + ": one training step",
+                                 .num_devices = backend.num_devices()});
   std::printf("timeline of one step (%zu ops, measured bubble %.1f%%) written to %s\n",
               events.size(), 100 * trainer.last_step().bubble_fraction, timeline.c_str());
   std::printf("peak memory per device (bytes):");

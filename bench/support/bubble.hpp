@@ -151,8 +151,8 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
-            auto* b = benchmark::RegisterBenchmark(
-                name, [make_backend, setup](benchmark::State& state) {
+            auto* b =
+                benchmark::RegisterBenchmark(name, [make_backend, setup](benchmark::State& state) {
                   run_bubble_benchmark<Schedule, K, Layer>(state, make_backend, setup);
                 });
             b->ArgNames({"K", "M"})
@@ -162,7 +162,8 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
             if (setup.min_time > 0) b->MinTime(setup.min_time);
           }(),
           ...);
-    }(std::index_sequence<1, 2, 4, 8>{});
+    }
+    (std::index_sequence<1, 2, 4, 8>{});
   };
   one_schedule.template operator()<GPipe>("BM_Bubble<GPipe>");
   one_schedule.template operator()<OneFOneB>("BM_Bubble<OneFOneB>");

@@ -95,9 +95,9 @@ class TempFile {
  public:
   TempFile() {
     static std::atomic<unsigned> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("gpipe_test_errors_" + std::to_string(std::random_device{}()) + "_" +
-             std::to_string(counter++) + ".safetensors");
+    path_ =
+        fs::temp_directory_path() / ("gpipe_test_errors_" + std::to_string(std::random_device{}()) +
+                                     "_" + std::to_string(counter++) + ".safetensors");
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
@@ -186,7 +186,8 @@ TEST_CASE_TEMPLATE_DEFINE(
   using Classifier = typename Types<Factory>::Classifier;
   SUBCASE("zero micro-batches") {
     auto backend = Factory::make(2);
-    const std::string message = error_of([&] { Classifier trainer(backend, {.micro_batches = 0}); });
+    const std::string message =
+        error_of([&] { Classifier trainer(backend, {.micro_batches = 0}); });
     CHECK(contains(message, "micro_batches"));
     CHECK(contains(message, "at least 1"));
     CHECK(current_bytes(backend) == std::vector<std::size_t>{0, 0});
@@ -209,8 +210,8 @@ TEST_CASE_TEMPLATE_DEFINE("unknown parameter names and wrong sizes are rejected 
     CAPTURE(name);
     CHECK(contains(error_of([&] { (void)trainer.parameter(name); }),
                    "no parameter \"" + name + "\""));
-    CHECK(contains(error_of([&] { (void)trainer.gradient(name); }),
-                   "no parameter \"" + name + "\""));
+    CHECK(
+        contains(error_of([&] { (void)trainer.gradient(name); }), "no parameter \"" + name + "\""));
     CHECK(contains(error_of([&] { trainer.set_parameter(name, values); }),
                    "no parameter \"" + name + "\""));
   }
@@ -276,8 +277,8 @@ TEST_CASE_TEMPLATE_DEFINE("load() rejects a bad file and leaves the parameters a
 TEST_CASE_TEMPLATE_DEFINE("a device too small for the parameters is OutOfMemory at construction",
                           Factory, conformance_errors_oom_parameters) {
   auto backend = Factory::make_capped(2, 64);  // stage 0 alone has 40 floats = 160 bytes
-  const std::string message = error_of<OutOfMemory>(
-      [&] { typename Types<Factory>::Classifier trainer(backend, {}); });
+  const std::string message =
+      error_of<OutOfMemory>([&] { typename Types<Factory>::Classifier trainer(backend, {}); });
   CHECK(contains(message, "device 0"));
   CHECK(contains(message, "capacity of 64 bytes"));
   CHECK(current_bytes(backend) == std::vector<std::size_t>{0, 0});
@@ -418,18 +419,18 @@ TEST_CASE_TEMPLATE_DEFINE(
 
 // Every case above for one backend factory (named from the global namespace), at namespace
 // scope. The invocations sit in the namespace of the definitions, where doctest's names are.
-#define GPIPE_CONFORMANCE_ERRORS(Factory)                                       \
-  namespace gpipe::test::conformance::errors {                                  \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_inputs, Factory);                \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_mse_targets, Factory);           \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_construction, Factory);          \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_parameter_names, Factory);       \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_load, Factory);                  \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_parameters, Factory);        \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_activations, Factory);       \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_losses, Factory);            \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_user_layer_step, Factory);       \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_user_layer_predict, Factory);    \
-  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_failure_memory, Factory);        \
-  }                                                                             \
+#define GPIPE_CONFORMANCE_ERRORS(Factory)                                    \
+  namespace gpipe::test::conformance::errors {                               \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_inputs, Factory);             \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_mse_targets, Factory);        \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_construction, Factory);       \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_parameter_names, Factory);    \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_load, Factory);               \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_parameters, Factory);     \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_activations, Factory);    \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_oom_losses, Factory);         \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_user_layer_step, Factory);    \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_user_layer_predict, Factory); \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_errors_failure_memory, Factory);     \
+  }                                                                          \
   static_assert(true, "a semicolon after GPIPE_CONFORMANCE_ERRORS(...)")

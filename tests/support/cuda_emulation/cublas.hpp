@@ -87,8 +87,8 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cubla
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   run_on(handle->stream, [=, gpu = handle->gpu] {
-    for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(b),
-                          static_cast<const void*>(c)}) {
+    for (const void* p :
+         {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c)}) {
       const int owner = gpu_of_memory(p);
       if (owner < 0) throw std::runtime_error("cublasSgemm on memory that is not device memory");
       if (!may_access(gpu, owner))

@@ -2,9 +2,9 @@
 // The kernel emulator: the CUDA kernels of gpipe/backend/cuda/kernels/ (GEMMs go to cublas.hpp)
 // compile with the host compiler, and each launch runs here, block after block, every CUDA thread
 // of a block a coroutine of its own (a stack switch on x86-64, ucontext elsewhere) on the
-// emulating OS thread (the caller's, or a stream's). So the kernels' indexing, packing, tails, grid-stride loops and reductions are
-// tested against the host kernels on a machine without a GPU, which the real CUDA tests then
-// confirm on one.
+// emulating OS thread (the caller's, or a stream's). So the kernels' indexing, packing, tails,
+// grid-stride loops and reductions are tested against the host kernels on a machine without a
+// GPU, which the real CUDA tests then confirm on one.
 //
 // What it models, and checks:
 //   - threadIdx, blockIdx, blockDim, gridDim; __shared__ memory shared by the block's threads.
@@ -447,8 +447,7 @@ class Launch {
   // What would fault on a GPU: a pointer argument that is not device memory when the kernel
   // runs (host memory, or memory whose stream-ordered free came first), or that is another GPU's
   // memory which this GPU was not granted access to.
-  static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params,
-                                      int gpu) {
+  static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params, int gpu) {
     std::size_t index = 0;
     std::apply(
         [&index, gpu](const auto&... p) {

@@ -1,6 +1,7 @@
 #pragma once
 // The emulated CUDA runtime: GPUs and their properties, streams (worker threads), events,
-// stream-ordered pool memory (and cudaMalloc/cudaFree), copies, host functions. See support/cuda_emulation.hpp for the model and what it checks.
+// stream-ordered pool memory (and cudaMalloc/cudaFree), copies, host functions. See
+// support/cuda_emulation.hpp for the model and what it checks.
 
 #include <cuda_runtime.h>
 
@@ -523,9 +524,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
 }
 // cudaFree: at once. On a GPU it first waits for the device's work; here the caller must have
 // synchronized the streams that use p (the benchmarks do), or they fault when they touch it.
-cudaError_t cudaFree(void* p) {
-  return p == nullptr ? cudaSuccess : cudaFreeAsync(p, nullptr);
-}
+cudaError_t cudaFree(void* p) { return p == nullptr ? cudaSuccess : cudaFreeAsync(p, nullptr); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   using namespace gpipe::test::cuda_emulation;
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
