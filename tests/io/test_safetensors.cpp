@@ -4,7 +4,6 @@
 
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +22,7 @@
 #include "gpipe/io/json.hpp"
 #include "gpipe/io/safetensors.hpp"
 #include "support/errors.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -34,26 +34,7 @@ using gpipe::io::load_safetensors_metadata;
 using gpipe::io::save_safetensors;
 using gpipe::io::TensorView;
 
-// A unique path under the system temp directory, removed (with whatever is there) on destruction.
-class TempPath {
- public:
-  TempPath() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device entropy;
-    path_ = fs::temp_directory_path() / ("gpipe_test_safetensors_" + std::to_string(entropy()) +
-                                         "_" + std::to_string(counter++) + ".safetensors");
-  }
-  TempPath(const TempPath&) = delete;
-  TempPath& operator=(const TempPath&) = delete;
-  ~TempPath() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using gpipe::test::TempPath;
 
 std::string read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -86,7 +67,7 @@ std::string raw_bytes(const std::vector<T>& values) {
 
 // The message of the gpipe::Error that loading `bytes` as a file throws ("" if none is thrown).
 std::string load_error(std::string_view bytes) {
-  TempPath file;
+  TempPath file("gpipe_test_safetensors");
   write_bytes(file.path(), bytes);
   try {
     load_safetensors(file.path());
@@ -133,7 +114,7 @@ TEST_SUITE("io") {
         {"nan", {1, 1, 1}, nan},
         {"\xc3\xa9t\xc3\xa9 \"quoted\"\n", {1}, scalar},
     };
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     save_safetensors(file.path(), tensors);
     const auto loaded = load_safetensors(file.path());
     REQUIRE(loaded.size() == tensors.size());
@@ -154,7 +135,7 @@ TEST_SUITE("io") {
     const std::vector<float> a = {1.0f};
     const std::vector<float> b = {2.0f, 3.0f};
     const std::vector<TensorView> tensors = {{"b", {2}, b}, {"a", {}, a}};
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     save_safetensors(file.path(), tensors);
     const std::string bytes = read_bytes(file.path());
     const std::string header = R"({"a":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
@@ -175,14 +156,14 @@ TEST_SUITE("io") {
         {"note", "quote \" backslash \\ newline \n tab \t control \x01 unicode \xe2\x82\xac"},
         {"", "empty key"},
     };
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     save_safetensors(file.path(), tensors, metadata);
     CHECK(load_safetensors_metadata(file.path()) == metadata);
     CHECK(load_safetensors(file.path()).at("x").data == x);
   }
 
   TEST_CASE("test_safetensors_save of no tensors is a valid empty file") {
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     save_safetensors(file.path(), {}, {{"k", "v"}});
     CHECK(load_safetensors(file.path()).empty());
     CHECK(load_safetensors_metadata(file.path()).at("k") == "v");
@@ -191,7 +172,7 @@ TEST_SUITE("io") {
   TEST_CASE("test_safetensors_save rejects invalid tensors before touching the file") {
     const std::vector<float> five(5, 1.0f);
     const std::vector<float> one = {1.0f};
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     write_bytes(file.path(), "precious");
     const auto save_error = [&](const std::vector<TensorView>& tensors,
                                 const std::map<std::string, std::string>& metadata = {}) {
@@ -216,7 +197,7 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE("test_safetensors_save reports I/O failures") {
-    TempPath directory;
+    TempPath directory("gpipe_test_safetensors");
     const fs::path inside = directory.path() / "missing_dir" / "x.safetensors";
     const std::vector<float> one = {1.0f};
     const std::vector<TensorView> tensors = {{"w", {1}, one}};
@@ -265,7 +246,7 @@ TEST_SUITE("io") {
         std::to_string(f16_end) + R"(]},"b":{"dtype":"BF16","shape":[5],"data_offsets":[)" +
         std::to_string(f16_end) + "," + std::to_string(bf16_end) +
         R"(]},"d":{"dtype":"F64","shape":[8],"data_offsets":[0,)" + std::to_string(f64_end) + "]}}";
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     write_bytes(file.path(), safetensors_bytes(header, data));
     const auto loaded = load_safetensors(file.path());
     const auto check_values = [](const std::vector<float>& actual,
@@ -287,10 +268,10 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE("test_safetensors_load rejects unreadable and truncated files") {
-    TempPath missing;
+    TempPath missing("gpipe_test_safetensors");
     CHECK_THROWS_WITH_AS(load_safetensors(missing.path()), doctest::Contains("no such file"),
                          gpipe::Error);
-    TempPath directory;
+    TempPath directory("gpipe_test_safetensors");
     fs::create_directory(directory.path());
     CHECK_THROWS_WITH_AS(load_safetensors(directory.path()),
                          doctest::Contains("not a regular file"), gpipe::Error);
@@ -303,7 +284,7 @@ TEST_SUITE("io") {
     // A well-formed file cut short inside its data.
     const std::vector<float> values = {1.0f, 2.0f, 3.0f};
     const std::vector<TensorView> tensors = {{"w", {3}, values}};
-    TempPath whole;
+    TempPath whole("gpipe_test_safetensors");
     save_safetensors(whole.path(), tensors);
     const std::string bytes = read_bytes(whole.path());
     CHECK(contains(load_error(bytes.substr(0, bytes.size() - 1)), "run past the end"));
@@ -402,7 +383,7 @@ TEST_SUITE("io") {
         R"({"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":[null,true,false,{"k":"v"}]},)"
         R"("e2":{"dtype":"BF16","shape":[3,0],"data_offsets":[4,4]}} )";
     const std::vector<float> one = {42.0f};
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     write_bytes(file.path(), safetensors_bytes(header, raw_bytes(one)));
     const auto loaded = load_safetensors(file.path());
     REQUIRE(loaded.size() == 3);
@@ -458,7 +439,7 @@ TEST_SUITE("io") {
     // gpipe::Error; a crash, bad_alloc or any other exception fails the test.
     const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
     const std::vector<TensorView> tensors = {{"a", {2, 3}, values}, {"b", {}, {values.data(), 1}}};
-    TempPath file;
+    TempPath file("gpipe_test_safetensors");
     save_safetensors(file.path(), tensors, {{"k", "v"}});
     const std::string original = read_bytes(file.path());
     std::mt19937 random(12345);

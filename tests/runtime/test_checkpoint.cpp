@@ -11,40 +11,33 @@
 #include "gpipe/gpipe.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
 using namespace gpipe;
 using namespace gpipe::test;
 
-struct TempFile {
-  std::filesystem::path path;
-  explicit TempFile(const std::string& name)
-      : path(std::filesystem::temp_directory_path() /
-             ("gpipe_test_checkpoint_" + std::to_string(::getpid()) + "_" + name)) {}
-  ~TempFile() { std::filesystem::remove(path); }
-};
-
 }  // namespace
 
 TEST_CASE("parameters saved from one split load into another split unchanged") {
-  TempFile file("params.safetensors");
+  TempPath file("gpipe_test_checkpoint_params");
   host::Backend backend(4);
   Trainer<Model2, SoftmaxCrossEntropy, host::Backend> two(backend, {.seed = 1});
-  two.save(file.path);
+  two.save(file.path());
 
   Trainer<Model4, SoftmaxCrossEntropy, host::Backend> four(backend, {.seed = 2});
   REQUIRE(parameters_of(four) != parameters_of(two));
-  four.load(file.path);
+  four.load(file.path());
   CHECK(parameters_of(four) == parameters_of(two));
 }
 
 TEST_CASE("a saved file holds every parameter with PyTorch's name, shape and row-major data") {
-  TempFile file("layout.safetensors");
+  TempPath file("gpipe_test_checkpoint_layout");
   host::Backend backend(3);
   Trainer<Model3, MSELoss, host::Backend> trainer(backend, {.seed = 5});
-  trainer.save(file.path);
-  const auto tensors = io::load_safetensors(file.path);
+  trainer.save(file.path());
+  const auto tensors = io::load_safetensors(file.path());
 
   const std::vector<std::pair<std::string, std::vector<std::size_t>>> expected{
       {"0.weight", {16, 6}},   {"0.bias", {16}},   {"2.weight", {16, 16}},  {"2.bias", {16}},
@@ -65,15 +58,15 @@ TEST_CASE("a saved file holds every parameter with PyTorch's name, shape and row
 }
 
 TEST_CASE("save_gradients writes the accumulated gradients") {
-  TempFile file("grads.safetensors");
+  TempPath file("gpipe_test_checkpoint_grads");
   host::Backend backend(2);
   Trainer<Model2, SoftmaxCrossEntropy, host::Backend> trainer(backend,
                                                               {.micro_batches = 3, .seed = 9});
   const std::vector<float> x = random_inputs(6, Model2::in_features, 1);
   const std::vector<std::int32_t> y = random_classes(6, L6::out_features, 2);
   trainer.forward_backward(x, y);
-  trainer.save_gradients(file.path);
-  const auto tensors = io::load_safetensors(file.path);
+  trainer.save_gradients(file.path());
+  const auto tensors = io::load_safetensors(file.path());
   for (const ParameterInfo& info : trainer.parameter_info()) {
     CAPTURE(info.name);
     REQUIRE(tensors.count(info.name) == 1);

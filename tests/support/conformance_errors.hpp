@@ -17,11 +17,9 @@
 
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -34,10 +32,9 @@
 #include "gpipe/runtime/trainer.hpp"
 #include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/temp_path.hpp"
 
 namespace gpipe::test::conformance::errors {
-
-namespace fs = std::filesystem;
 
 using Model = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 3>>>;
 
@@ -89,27 +86,6 @@ std::vector<std::vector<float>> all_gradients(const T& trainer) {
   for (const auto& info : trainer.parameter_info()) out.push_back(trainer.gradient(info.name));
   return out;
 }
-
-// A unique path under the system temp directory, removed on destruction.
-class TempFile {
- public:
-  TempFile() {
-    static std::atomic<unsigned> counter{0};
-    path_ =
-        fs::temp_directory_path() / ("gpipe_test_errors_" + std::to_string(std::random_device{}()) +
-                                     "_" + std::to_string(counter++) + ".safetensors");
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    std::error_code ignored;
-    fs::remove(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Resets injected_fault when a test case ends, however it ends.
 struct FaultGuard {
@@ -227,7 +203,7 @@ TEST_CASE_TEMPLATE_DEFINE("load() rejects a bad file and leaves the parameters a
   typename Types<Factory>::Classifier trainer(backend, {.seed = 7});
   typename Types<Factory>::Classifier source(backend, {.seed = 8});  // same names and shapes
   const auto before = trainer.parameter("2.weight");
-  TempFile file;
+  TempPath file("gpipe_test_errors");
 
   SUBCASE("a missing file") {
     const std::string message = error_of([&] { trainer.load(file.path()); });
