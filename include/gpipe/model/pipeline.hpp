@@ -100,7 +100,10 @@ struct Pipeline {
     for (const ParamSpec& spec : stage_t<S>::param_specs()) {
       ParameterInfo info;
       info.name = std::to_string(layer_offset[S] + spec.path[0]);
-      for (std::size_t d = 1; d < spec.depth; ++d) info.name += "." + std::to_string(spec.path[d]);
+      for (std::size_t d = 1; d < spec.depth; ++d) {
+        info.name += '.';  // not "." + to_string(...): GCC 12 -O3 warns falsely (-Wrestrict)
+        info.name += std::to_string(spec.path[d]);
+      }
       info.name += ".";
       info.name += spec.name;
       info.shape.assign(spec.shape.begin(), spec.shape.begin() + spec.rank);
