@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +31,7 @@
 #include "gpipe/runtime/trainer.hpp"
 #include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/models.hpp"
 #include "support/temp_path.hpp"
 
 namespace gpipe::test::conformance::errors {
@@ -52,23 +52,6 @@ struct Types {
   using WideTrainer = Trainer<Wide, SoftmaxCrossEntropy, Backend>;
   using FaultyTrainer = Trainer<FaultyModel, SoftmaxCrossEntropy, Backend>;
 };
-
-inline std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> out(n);
-  for (float& v : out) v = dist(gen);
-  return out;
-}
-
-inline std::vector<std::int32_t> random_classes(std::size_t n, std::int32_t classes,
-                                                unsigned seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<std::int32_t> dist(0, classes - 1);
-  std::vector<std::int32_t> out(n);
-  for (auto& v : out) v = dist(gen);
-  return out;
-}
 
 // Current bytes on each device of the backend.
 template <class Backend>
@@ -97,7 +80,7 @@ TEST_CASE_TEMPLATE_DEFINE("inputs of the wrong size are rejected with what was e
   auto backend = Factory::make(2);
   typename Types<Factory>::Classifier trainer(backend, {.micro_batches = 2});
   const auto baseline = current_bytes(backend);
-  const auto x = random_floats(4 * 4, 1);
+  const auto x = random_inputs(4, 4, 1);
   const auto y = random_classes(4, 3, 2);
 
   SUBCASE("x whose length is not a multiple of in_features") {
@@ -146,8 +129,8 @@ TEST_CASE_TEMPLATE_DEFINE("MSE targets of the wrong length are rejected with the
                           Factory, conformance_errors_mse_targets) {
   auto backend = Factory::make(2);
   typename Types<Factory>::Regressor trainer(backend, {.micro_batches = 2});
-  const auto x = random_floats(2 * 4, 3);
-  const auto y = random_floats(2 * 3, 4);
+  const auto x = random_inputs(2, 4, 3);
+  const auto y = random_inputs(2, 3, 4);
   CHECK(std::isfinite(trainer.forward_backward(x, y)));
   const std::string short_y = error_of([&] { trainer.forward_backward(x, std::span(y).first(5)); });
   CHECK(contains(short_y, "y has 5 targets, expected 6 (2 rows x 3)"));
@@ -269,7 +252,7 @@ TEST_CASE_TEMPLATE_DEFINE(
   auto backend = Factory::make_capped(2, capacity);
   typename Types<Factory>::WideTrainer trainer(backend, {.micro_batches = micro_batches});
   const auto baseline = current_bytes(backend);
-  const auto x = random_floats(4 * 4, 5);
+  const auto x = random_inputs(4, 4, 5);
   const auto y = random_classes(4, 3, 6);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const std::string message = error_of<OutOfMemory>([&] { trainer.forward_backward(x, y); });
@@ -287,7 +270,7 @@ TEST_CASE_TEMPLATE_DEFINE(
   auto backend = Factory::make_capped(2, wide_stage1_bytes);
   typename Types<Factory>::WideTrainer trainer(backend, {.micro_batches = 2});
   const auto baseline = current_bytes(backend);
-  const auto x = random_floats(4 * 4, 7);
+  const auto x = random_inputs(4, 4, 7);
   const auto y = random_classes(4, 3, 8);
   const std::string message = error_of<OutOfMemory>([&] { trainer.forward_backward(x, y); });
   CHECK(contains(message, "out of memory on device 1"));
@@ -302,7 +285,7 @@ TEST_CASE_TEMPLATE_DEFINE(
     Factory, conformance_errors_user_layer_step) {
   using FaultyTrainer = typename Types<Factory>::FaultyTrainer;
   FaultGuard guard;
-  const auto x = random_floats(faulty_batch * 4, 11);
+  const auto x = random_inputs(faulty_batch, 4, 11);
   const auto y = random_classes(faulty_batch, 3, 12);
   for (const Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
     for (const Fault fault : {Fault::forward, Fault::backward_input}) {
@@ -353,7 +336,7 @@ TEST_CASE_TEMPLATE_DEFINE(
   auto backend = Factory::make(3);
   FaultyTrainer trainer(backend, options);
   const auto baseline = current_bytes(backend);
-  const auto x = random_floats(faulty_batch * 4, 31);
+  const auto x = random_inputs(faulty_batch, 4, 31);
 
   injected_fault = Fault::forward;
   const std::string message = error_of([&] { (void)trainer.predict(x); });
@@ -379,7 +362,7 @@ TEST_CASE_TEMPLATE_DEFINE(
   auto backend = Factory::make(3);
   typename Types<Factory>::FaultyTrainer trainer(backend, {.micro_batches = faulty_micro_batches});
   const auto baseline = current_bytes(backend);
-  const auto x = random_floats(faulty_batch * 4, 21);
+  const auto x = random_inputs(faulty_batch, 4, 21);
   const auto y = random_classes(faulty_batch, 3, 22);
   for (int step = 0; step < 20; ++step) {
     injected_fault = step % 2 == 0 ? Fault::forward : Fault::backward_input;
