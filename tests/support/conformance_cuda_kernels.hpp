@@ -138,8 +138,12 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
   using namespace gpipe::test;
   using namespace gpipe::test::conformance;
   Device dev;
-  const std::size_t shapes[][2] = {{1, 1},     {3, 5},     {16, 16},   {1000, 1024},
-                                   {64, 4096}, {5000, 33}, {17, 12288}};
+  // (rows, cols): the resident kernels' layouts (a warp per row with 1, 2, 4 or 8 packs per
+  // thread; a block of 64, 128 or 512 threads per row, the last with idle packs), rows too wide
+  // for registers, and (odd cols, offset 1) the streaming kernels' scalar path.
+  const std::size_t shapes[][2] = {{1, 1},      {3, 5},       {16, 16},  {9, 256},
+                                   {7, 512},    {1000, 1024}, {5, 2048}, {64, 4096},
+                                   {17, 12288}, {3, 40000},   {5000, 33}};
   for (const auto& [rows, cols] : shapes) {
     for (std::size_t offset : {0u, 1u}) {
       CAPTURE(rows);

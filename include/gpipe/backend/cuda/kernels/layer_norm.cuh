@@ -4,9 +4,12 @@
 // stats(rows, 2) = (mean, rstd) for the backward kernels. Host reference:
 // gpipe/backend/host/kernels/layer_norm.hpp (which computes in double; these kernels in float).
 //
-// Forward and backward_input give each row to one warp: a first pass reduces the row (16-byte
-// packs where rows are aligned), a second pass, which finds the row in L1/L2, writes it. The
-// weight gradients are column sums (see bias.cuh).
+// Forward and backward_input need a row twice: for its sums, then for the output. Rows of up to
+// 16384 floats (in 16-byte packs) stay in registers in between ("resident" kernels: a warp per
+// row up to 1024 floats, a block per row beyond), so each input is read from memory once. Wider
+// or unaligned rows take the "streaming" kernels, which give each row to a warp and read it a
+// second time, from L1/L2 where it is still there. The weight gradients are column sums (see
+// bias.cuh).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/layer_norm.cuh is CUDA code: compile it with nvcc"
@@ -14,7 +17,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
@@ -29,10 +34,135 @@ inline dim3 row_grid(std::size_t rows) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
 }
 
+// The most threads that hold one row in a resident kernel, and the most 4-float packs each
+// holds: 512 x 8 x 4 = 16384 floats. (A 1024-thread block could hold no more than 64 registers
+// per thread, too few for backward's 2 x 8 packs.)
+inline constexpr unsigned max_row_threads = 512;
+inline constexpr int max_row_packs = 8;
+
+// How a resident kernel holds a row of `cols` floats (cols a multiple of 4): a group of
+// `threads` threads, each with `packs` 4-float packs, thread t those at pack t, t + threads, ...
+// The group is a warp (rows_per_block rows per block) where 32 threads suffice, else a whole
+// block; `threads` is 0 where the row is too wide for registers.
+struct RowLayout {
+  unsigned threads = 0;
+  int packs = 0;
+
+  explicit RowLayout(std::size_t cols) {
+    const std::size_t row_packs = cols / 4;
+    unsigned t = 32;
+    while (t < max_row_threads && std::size_t{t} * max_row_packs < row_packs) t *= 2;
+    if (cols % 4 != 0 || std::size_t{t} * max_row_packs < row_packs) return;
+    const std::size_t per_thread = (row_packs + t - 1) / t;
+    threads = t;
+    packs = per_thread <= 1 ? 1 : per_thread <= 2 ? 2 : per_thread <= 4 ? 4 : 8;
+  }
+  bool whole_block() const { return threads > 32; }
+  dim3 block() const { return dim3(whole_block() ? threads : 32 * rows_per_block); }
+  // Blocks: one row each (or rows_per_block), capped; the kernels loop over the rest.
+  dim3 grid(std::size_t rows) const {
+    const std::size_t per_block = whole_block() ? 1 : rows_per_block;
+    return dim3(static_cast<unsigned>(
+        std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, std::size_t{1} << 20)));
+  }
+  // launch(std::integral_constant<int, Packs>, std::bool_constant<WholeBlock>)
+  template <class Launch>
+  void dispatch(Launch&& launch) const {
+    if (whole_block())
+      return launch(std::integral_constant<int, max_row_packs>{}, std::true_type{});
+    switch (packs) {
+      case 1:
+        return launch(std::integral_constant<int, 1>{}, std::false_type{});
+      case 2:
+        return launch(std::integral_constant<int, 2>{}, std::false_type{});
+      case 4:
+        return launch(std::integral_constant<int, 4>{}, std::false_type{});
+      default:
+        return launch(std::integral_constant<int, max_row_packs>{}, std::false_type{});
+    }
+  }
+};
+
+// The threads of a resident kernel that hold one row: a warp, or (WholeBlock) the block. Rows
+// first_row(), first_row() + row_stride(), ... belong to this thread's group.
+template <bool WholeBlock>
+struct RowGroup {
+  __device__ static unsigned size() { return WholeBlock ? blockDim.x : 32; }
+  __device__ static unsigned rank() { return WholeBlock ? threadIdx.x : threadIdx.x % 32; }
+  __device__ static std::size_t first_row() {
+    return WholeBlock ? blockIdx.x
+                      : static_cast<std::size_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32;
+  }
+  __device__ static std::size_t row_stride() {
+    return WholeBlock ? gridDim.x : static_cast<std::size_t>(gridDim.x) * rows_per_block;
+  }
+  // Sum over the group; every thread gets it. `buf`: 32 shared floats (whole blocks only).
+  __device__ static float sum(float v, float* buf) {
+    if constexpr (WholeBlock) {
+      return block_sum(v, buf);
+    } else {
+      (void)buf;
+      return warp_sum(v);
+    }
+  }
+};
+
 }  // namespace detail
 
-// x (rows, cols) -> y (rows, cols), stats (rows, 2). The variance comes from sums of x - x[0]
-// (shifted data), which keeps the cancellation of E[x^2] - E[x]^2 small when |mean| >> std.
+// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
+// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
+template <int Packs, bool WholeBlock>
+__global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
+                                             : 32 * detail::rows_per_block)
+    layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps,
+                                       const float* x, const float* gamma, const float* beta,
+                                       float* y, float* stats) {
+  using Group = detail::RowGroup<WholeBlock>;
+  using P4 = detail::Pack<float, 4>;
+  __shared__ float buf[32];
+  const std::size_t row_packs = cols / 4;
+  const unsigned rank = Group::rank(), size = Group::size();
+  const float n = static_cast<float>(cols);
+  for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
+    const float* xr = x + row * cols;
+    P4 v[Packs];
+    float sum = 0;
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = rank + std::size_t{size} * p;
+      v[p] = q < row_packs ? detail::load_pack<4>(xr + 4 * q) : P4{};  // padding adds 0
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sum += v[p].v[j];
+    }
+    const float mean = Group::sum(sum, buf) / n;
+    float sum_sq = 0;
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      if (rank + std::size_t{size} * p >= row_packs) break;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sum_sq += (v[p].v[j] - mean) * (v[p].v[j] - mean);
+    }
+    const float rstd = 1.0f / sqrtf(Group::sum(sum_sq, buf) / n + eps);
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = rank + std::size_t{size} * p;
+      if (q >= row_packs) break;
+      const P4 g = detail::load_pack<4>(gamma + 4 * q), b = detail::load_pack<4>(beta + 4 * q);
+      P4 out;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out.v[j] = (v[p].v[j] - mean) * rstd * g.v[j] + b.v[j];
+      detail::store_pack<4>(y + row * cols + 4 * q, out);
+    }
+    if (rank == 0) {
+      stats[2 * row] = mean;
+      stats[2 * row + 1] = rstd;
+    }
+  }
+}
+
+// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment. The
+// variance comes from sums of x - x[0] (shifted data), which keeps the cancellation of
+// E[x^2] - E[x]^2 small when |mean| >> std.
 template <int V>
 __global__ void layer_norm_forward_kernel(std::size_t rows, std::size_t cols, float eps,
                                           const float* x, const float* gamma, const float* beta,
@@ -82,6 +212,17 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
                                cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const auto e = static_cast<float>(eps);
+  const detail::RowLayout layout(cols);
+  if (layout.threads != 0 && detail::aligned<4>(x, gamma, beta, y)) {
+    layout.dispatch([&](auto packs, auto whole_block) {
+      constexpr auto kernel =
+          &layer_norm_forward_resident_kernel<decltype(packs)::value, decltype(whole_block)::value>;
+      GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
+      (rows, cols, e, x, gamma, beta, y, stats);
+    });
+    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_resident_kernel");
+    return;
+  }
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
     GPIPE_CUDA_LAUNCH(layer_norm_forward_kernel<4>, grid, block, stream)
@@ -94,6 +235,65 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
+// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
+// held in registers (Packs packs each per thread, see RowLayout).
+template <int Packs, bool WholeBlock>
+__global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
+                                             : 32 * detail::rows_per_block)
+    layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const float* x,
+                                              const float* dy, const float* gamma,
+                                              const float* stats, float* dx) {
+  using Group = detail::RowGroup<WholeBlock>;
+  using P4 = detail::Pack<float, 4>;
+  __shared__ float buf[32];
+  const std::size_t row_packs = cols / 4;
+  const unsigned rank = Group::rank(), size = Group::size();
+  const float n = static_cast<float>(cols);
+  for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
+    const float mean = stats[2 * row], rstd = stats[2 * row + 1];
+    P4 xv[Packs], gv[Packs];
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = rank + std::size_t{size} * p;
+      if (q < row_packs) {
+        xv[p] = detail::load_pack<4>(x + row * cols + 4 * q);
+        gv[p] = detail::load_pack<4>(dy + row * cols + 4 * q);
+      } else {
+        xv[p] = P4{};
+        gv[p] = P4{};
+      }
+    }
+    float sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = rank + std::size_t{size} * p;
+      if (q >= row_packs) break;
+      const P4 w = detail::load_pack<4>(gamma + 4 * q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        gv[p].v[j] *= w.v[j];
+        sum_g += gv[p].v[j];
+        sum_gx += gv[p].v[j] * ((xv[p].v[j] - mean) * rstd);
+      }
+    }
+    const float mean_g = Group::sum(sum_g, buf) / n;
+    const float mean_gx = Group::sum(sum_gx, buf) / n;
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = rank + std::size_t{size} * p;
+      if (q >= row_packs) break;
+      P4 out;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float xhat = (xv[p].v[j] - mean) * rstd;
+        out.v[j] = rstd * (gv[p].v[j] - mean_g - xhat * mean_gx);
+      }
+      detail::store_pack<4>(dx + row * cols + 4 * q, out);
+    }
+  }
+}
+
+// The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
 // x, dy, dx (rows, cols); gamma (cols); stats (rows, 2)
 template <int V>
 __global__ void layer_norm_backward_input_kernel(std::size_t rows, std::size_t cols, const float* x,
@@ -140,6 +340,18 @@ inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const 
                                       const float* dy, const float* gamma, const float* stats,
                                       float* dx, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
+  const detail::RowLayout layout(cols);
+  if (layout.threads != 0 && detail::aligned<4>(x, dy, gamma, dx)) {
+    layout.dispatch([&](auto packs, auto whole_block) {
+      constexpr auto kernel =
+          &layer_norm_backward_input_resident_kernel<decltype(packs)::value,
+                                                     decltype(whole_block)::value>;
+      GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
+      (rows, cols, x, dy, gamma, stats, dx);
+    });
+    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
+    return;
+  }
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
     GPIPE_CUDA_LAUNCH(layer_norm_backward_input_kernel<4>, grid, block, stream)
