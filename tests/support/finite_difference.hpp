@@ -18,6 +18,7 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/model/layer.hpp"
+#include "support/relative_error.hpp"
 
 namespace gpipe::test {
 
@@ -107,21 +108,6 @@ std::vector<double> central_difference(F&& f, std::vector<double> v, double eps)
     g[k] = (up - down) / (2 * eps);
   }
   return g;
-}
-
-// max_k |a_k - b_k| / max(max_k |b_k|, floor): an error relative to the reference's magnitude.
-// NaN anywhere gives NaN, which fails every `<=` comparison.
-template <class A, class B>
-double relative_error(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-30) {
-  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
-  double diff = 0, scale = floor;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    const double d = std::abs(static_cast<double>(a[k]) - static_cast<double>(b[k]));
-    if (std::isnan(d)) return nan_v<double>;
-    diff = std::max(diff, d);
-    scale = std::max(scale, std::abs(static_cast<double>(b[k])));
-  }
-  return diff / scale;
 }
 
 // The errors of L's analytic gradients against central differences of f = sum c .* y.

@@ -13,6 +13,7 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/model.hpp"
+#include "support/relative_error.hpp"
 
 namespace gpipe::test {
 
@@ -122,18 +123,6 @@ ReferenceResult reference_step(const NamedTensors& params, std::span<const float
         std::vector<double>(begin, begin + static_cast<std::ptrdiff_t>(info.size));
   }
   return result;
-}
-
-// max |a - b| / max(max |b|, floor): the error of a relative to the reference b, scaled by the
-// reference's magnitude.
-inline double relative_error(const std::vector<double>& a, const std::vector<double>& b,
-                             double floor = 1e-12) {
-  double diff = 0, scale = floor;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return a.size() == b.size() ? diff / scale : 1e300;
 }
 
 }  // namespace gpipe::test
