@@ -160,7 +160,11 @@ void BM_bias_grad(benchmark::State& state) {
     report_bandwidth(state, f32 * static_cast<double>(rows * cols), s);
   });
 }
-void BM_layer_norm_forward(benchmark::State& state) {
+// Streaming = false: the launchers, which keep rows of up to 16384 floats in registers (each
+// input read once); true: the streaming kernels alone (each row read a second time, from L1/L2
+// where it is still there), to show what keeping rows in registers saves.
+template <bool Streaming>
+void layer_norm_forward(benchmark::State& state) {
   const auto rows = static_cast<std::size_t>(state.range(0));
   const auto cols = static_cast<std::size_t>(state.range(1));
   Tensors t;
@@ -171,12 +175,18 @@ void BM_layer_norm_forward(benchmark::State& state) {
   float* stats = t.make(2 * rows);
   on_device([&](Kernels& k) {
     const double s = time_launches(state, k.stream(), reps, [&] {
-      k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+      if constexpr (Streaming) {
+        gpipe::cuda::layer_norm_forward_streaming(rows, cols, 1e-5, x, gamma, beta, y, stats,
+                                                  k.stream());
+      } else {
+        k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+      }
     });
     report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
   });
 }
-void BM_layer_norm_backward_input(benchmark::State& state) {
+template <bool Streaming>
+void layer_norm_backward_input(benchmark::State& state) {
   const auto rows = static_cast<std::size_t>(state.range(0));
   const auto cols = static_cast<std::size_t>(state.range(1));
   Tensors t;
@@ -189,10 +199,23 @@ void BM_layer_norm_backward_input(benchmark::State& state) {
   on_device([&](Kernels& k) {
     k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, dx, stats);  // real statistics
     const double s = time_launches(state, k.stream(), reps, [&] {
-      k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+      if constexpr (Streaming) {
+        gpipe::cuda::layer_norm_backward_input_streaming(rows, cols, x, dy, gamma, stats, dx,
+                                                         k.stream());
+      } else {
+        k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+      }
     });
     report_bandwidth(state, 3 * f32 * static_cast<double>(rows * cols), s);
   });
+}
+void BM_layer_norm_forward(benchmark::State& state) { layer_norm_forward<false>(state); }
+void BM_layer_norm_forward_streaming(benchmark::State& state) { layer_norm_forward<true>(state); }
+void BM_layer_norm_backward_input(benchmark::State& state) {
+  layer_norm_backward_input<false>(state);
+}
+void BM_layer_norm_backward_input_streaming(benchmark::State& state) {
+  layer_norm_backward_input<true>(state);
 }
 void BM_layer_norm_backward_weight(benchmark::State& state) {
   const auto rows = static_cast<std::size_t>(state.range(0));
@@ -236,15 +259,30 @@ BENCHMARK(BM_bias_grad)
     ->Args({sized(8192, 4), 4096})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// 256 MiB each: a warp per row (1024 and 256 floats), blocks of 128 and 512 threads per row.
 BENCHMARK(BM_layer_norm_forward)
     ->Args({sized(65536, 16), 1024})
     ->Args({sized(16384, 4), 4096})
+    ->Args({sized(4096, 2), 16384})
     ->Args({sized(262144, 64), 256})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layer_norm_forward_streaming)
+    ->Args({sized(65536, 16), 1024})
+    ->Args({sized(16384, 4), 4096})
+    ->Args({sized(4096, 2), 16384})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_layer_norm_backward_input)
     ->Args({sized(65536, 16), 1024})
     ->Args({sized(16384, 4), 4096})
+    ->Args({sized(4096, 2), 16384})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_layer_norm_backward_input_streaming)
+    ->Args({sized(65536, 16), 1024})
+    ->Args({sized(16384, 4), 4096})
+    ->Args({sized(4096, 2), 16384})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_layer_norm_backward_weight)

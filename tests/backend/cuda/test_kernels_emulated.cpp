@@ -41,6 +41,7 @@ namespace cu = gpipe::cuda;
 // launchers with the same scratch sizes; scratch is host memory here.
 class EmulatedKernels {
  public:
+  cudaStream_t stream() const { return nullptr; }  // the launchers' stream, as Kernels::stream()
   void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
     cu::bias_add_forward(rows, cols, bias, y, nullptr);
   }

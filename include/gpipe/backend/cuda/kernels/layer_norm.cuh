@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
 // variance comes from sums of x - x[0] (shifted data), which keeps the cancellation of
 // E[x^2] - E[x]^2 small when |mean| >> std.
 template <int V>
-__global__ void layer_norm_forward_kernel(std::size_t rows, std::size_t cols, float eps,
-                                          const float* x, const float* gamma, const float* beta,
-                                          float* y, float* stats) {
+__global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_t cols, float eps,
+                                                    const float* x, const float* gamma,
+                                                    const float* beta, float* y, float* stats) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
@@ -207,31 +207,38 @@ __global__ void layer_norm_forward_kernel(std::size_t rows, std::size_t cols, fl
     stats[2 * row + 1] = rstd;
   }
 }
+// The streaming kernels alone (layer_norm_forward uses them where rows do not fit registers);
+// public so that the benchmark can show what the resident kernels save.
+inline void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, double eps,
+                                         const float* x, const float* gamma, const float* beta,
+                                         float* y, float* stats, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const auto e = static_cast<float>(eps);
+  const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
+  if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
+    GPIPE_CUDA_LAUNCH(layer_norm_forward_streaming_kernel<4>, grid, block, stream)
+    (rows, cols, e, x, gamma, beta, y, stats);
+  } else {
+    GPIPE_CUDA_LAUNCH(layer_norm_forward_streaming_kernel<1>, grid, block, stream)
+    (rows, cols, e, x, gamma, beta, y, stats);
+  }
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_streaming_kernel");
+}
 inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
                                const float* gamma, const float* beta, float* y, float* stats,
                                cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  const auto e = static_cast<float>(eps);
   const detail::RowLayout layout(cols);
-  if (layout.threads != 0 && detail::aligned<4>(x, gamma, beta, y)) {
-    layout.dispatch([&](auto packs, auto whole_block) {
-      constexpr auto kernel =
-          &layer_norm_forward_resident_kernel<decltype(packs)::value, decltype(whole_block)::value>;
-      GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
-      (rows, cols, e, x, gamma, beta, y, stats);
-    });
-    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_resident_kernel");
-    return;
+  if (layout.threads == 0 || !detail::aligned<4>(x, gamma, beta, y)) {
+    return layer_norm_forward_streaming(rows, cols, eps, x, gamma, beta, y, stats, stream);
   }
-  const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
-  if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
-    GPIPE_CUDA_LAUNCH(layer_norm_forward_kernel<4>, grid, block, stream)
-    (rows, cols, e, x, gamma, beta, y, stats);
-  } else {
-    GPIPE_CUDA_LAUNCH(layer_norm_forward_kernel<1>, grid, block, stream)
-    (rows, cols, e, x, gamma, beta, y, stats);
-  }
-  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
+  layout.dispatch([&](auto packs, auto whole_block) {
+    constexpr auto kernel =
+        &layer_norm_forward_resident_kernel<decltype(packs)::value, decltype(whole_block)::value>;
+    GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
+    (rows, cols, static_cast<float>(eps), x, gamma, beta, y, stats);
+  });
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_resident_kernel");
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
@@ -296,9 +303,10 @@ __global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
 // The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
 // x, dy, dx (rows, cols); gamma (cols); stats (rows, 2)
 template <int V>
-__global__ void layer_norm_backward_input_kernel(std::size_t rows, std::size_t cols, const float* x,
-                                                 const float* dy, const float* gamma,
-                                                 const float* stats, float* dx) {
+__global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std::size_t cols,
+                                                           const float* x, const float* dy,
+                                                           const float* gamma, const float* stats,
+                                                           float* dx) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
@@ -336,31 +344,37 @@ __global__ void layer_norm_backward_input_kernel(std::size_t rows, std::size_t c
     detail::store_pack<V>(dx + row * cols + c, out);
   }
 }
+inline void layer_norm_backward_input_streaming(std::size_t rows, std::size_t cols, const float* x,
+                                                const float* dy, const float* gamma,
+                                                const float* stats, float* dx,
+                                                cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
+  if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
+    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_streaming_kernel<4>, grid, block, stream)
+    (rows, cols, x, dy, gamma, stats, dx);
+  } else {
+    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_streaming_kernel<1>, grid, block, stream)
+    (rows, cols, x, dy, gamma, stats, dx);
+  }
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_streaming_kernel");
+}
 inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
                                       const float* dy, const float* gamma, const float* stats,
                                       float* dx, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::RowLayout layout(cols);
-  if (layout.threads != 0 && detail::aligned<4>(x, dy, gamma, dx)) {
-    layout.dispatch([&](auto packs, auto whole_block) {
-      constexpr auto kernel =
-          &layer_norm_backward_input_resident_kernel<decltype(packs)::value,
-                                                     decltype(whole_block)::value>;
-      GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
-      (rows, cols, x, dy, gamma, stats, dx);
-    });
-    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
-    return;
+  if (layout.threads == 0 || !detail::aligned<4>(x, dy, gamma, dx)) {
+    return layer_norm_backward_input_streaming(rows, cols, x, dy, gamma, stats, dx, stream);
   }
-  const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
-  if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
-    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_kernel<4>, grid, block, stream)
+  layout.dispatch([&](auto packs, auto whole_block) {
+    constexpr auto kernel =
+        &layer_norm_backward_input_resident_kernel<decltype(packs)::value,
+                                                   decltype(whole_block)::value>;
+    GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
     (rows, cols, x, dy, gamma, stats, dx);
-  } else {
-    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_kernel<1>, grid, block, stream)
-    (rows, cols, x, dy, gamma, stats, dx);
-  }
-  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_kernel");
+  });
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
 }
 
 // Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy; partial is
