@@ -186,6 +186,28 @@ TEST_CASE_TEMPLATE_INVOKE(kernels_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, EmulatedDevice);
 
+// Host logic, for every width rather than the conformance suite's few shapes.
+TEST_CASE("a LayerNorm row of up to 16384 floats has a register layout that holds it") {
+  for (std::size_t cols = 1; cols <= 20000; ++cols) {
+    CAPTURE(cols);
+    const cu::detail::RowLayout layout(cols);
+    if (cols % 4 != 0 || cols > 16384) {
+      CHECK(layout.threads == 0);  // the streaming kernels
+      continue;
+    }
+    const unsigned t = layout.threads;
+    REQUIRE(t >= 32);
+    CHECK(t <= cu::detail::max_row_threads);
+    CHECK((t & (t - 1)) == 0);
+    CHECK((layout.packs == 1 || layout.packs == 2 || layout.packs == 4 || layout.packs == 8));
+    CHECK(std::size_t{t} * layout.packs * 4 >= cols);       // the row fits
+    CHECK((t == 32 || std::size_t{t} / 2 * 8 * 4 < cols));  // no larger group than needed
+    CHECK((layout.packs == 1 || std::size_t{t} * layout.packs * 2 < cols));  // nor more packs
+    CHECK(layout.whole_block() == (t > 32));
+    CHECK(layout.block().x == (t > 32 ? t : 32 * cu::detail::rows_per_block));
+  }
+}
+
 // The emulator itself: what it must catch, so that a pass above means something.
 namespace emulator_checks {
 
