@@ -186,6 +186,43 @@ TEST_CASE_TEMPLATE_INVOKE(kernels_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, EmulatedDevice);
 
+// The resident kernels loop over the rows past their grid (the launchers cap it at 2^20 blocks,
+// more rows than any test here has): a grid of 3 blocks must give the launcher's bits.
+TEST_CASE("a resident LayerNorm kernel given fewer blocks than rows covers every row") {
+  using gpipe::test::conformance::random_floats;
+  EmulatedDevice dev;
+  constexpr std::size_t rows = 37;
+  for (const std::size_t cols : {std::size_t{1024}, std::size_t{4096}}) {  // a warp, a block a row
+    CAPTURE(cols);
+    const cu::detail::RowLayout layout(cols);
+    REQUIRE(layout.threads != 0);
+    float* x = dev.put(random_floats(rows * cols, 1, 2, 4));
+    float* dy = dev.put(random_floats(rows * cols, 2));
+    float* gamma = dev.put(random_floats(cols, 3, 0.5, 1.5));
+    float* beta = dev.put(random_floats(cols, 4));
+    float *y = dev.make(rows * cols), *stats = dev.make(2 * rows), *dx = dev.make(rows * cols);
+    dev.run([&](auto& k) {
+      k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+      k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+    });
+    float *y3 = dev.make(rows * cols), *stats3 = dev.make(2 * rows), *dx3 = dev.make(rows * cols);
+    layout.dispatch([&](auto packs, auto whole_block) {
+      constexpr int p = decltype(packs)::value;
+      constexpr bool b = decltype(whole_block)::value;
+      constexpr auto forward = &cu::layer_norm_forward_resident_kernel<p, b>;
+      constexpr auto backward = &cu::layer_norm_backward_input_resident_kernel<p, b>;
+      GPIPE_CUDA_LAUNCH(forward, 3, layout.block(), nullptr)
+      (rows, cols, 1e-5f, x, gamma, beta, y3, stats3);
+      GPIPE_CUDA_LAUNCH(backward, 3, layout.block(), nullptr)
+      (rows, cols, x, dy, gamma, stats3, dx3);
+    });
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    CHECK(dev.get(y3, rows * cols) == dev.get(y, rows * cols));
+    CHECK(dev.get(stats3, 2 * rows) == dev.get(stats, 2 * rows));
+    CHECK(dev.get(dx3, rows * cols) == dev.get(dx, rows * cols));
+  }
+}
+
 // Host logic, for every width rather than the conformance suite's few shapes.
 TEST_CASE("a LayerNorm row of up to 16384 floats has a register layout that holds it") {
   for (std::size_t cols = 1; cols <= 20000; ++cols) {
