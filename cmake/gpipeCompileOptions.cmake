@@ -5,15 +5,19 @@ option(GPIPE_WARNINGS_AS_ERRORS "Warnings are errors in the project's own target
 
 # gpipe_add_warnings(<target>): warnings are errors in the project's own builds (unless
 # GPIPE_WARNINGS_AS_ERRORS is OFF: scripts/gpu-check, which meets compilers CI has not seen).
+# ptxas warns where a kernel spills registers or uses local memory, so that a kernel that would
+# quietly lose its bandwidth to local-memory traffic fails the build instead (--Werror covers
+# ptxas too).
 function(gpipe_add_warnings target)
+  set(ptxas -Xptxas=-warn-spills,-warn-lmem-usage)
   if(GPIPE_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror>
-      $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
+      $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror ${ptxas}>)
   else()
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
-      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra ${ptxas}>)
   endif()
 endfunction()
 
