@@ -234,42 +234,48 @@ TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Devi
   using namespace gpipe::test;
   using namespace gpipe::test::conformance;
   Device dev;
-  const std::size_t shapes[][2] = {{1, 1}, {10, 5}, {3, 1000}, {4096, 10}, {64, 50257}};
+  // (rows, classes): packed rows (classes % 4 == 0, offset 0) and scalar ones
+  const std::size_t shapes[][2] = {{1, 1},     {10, 5},    {2, 4},     {3, 1000},
+                                   {4096, 10}, {9, 32768}, {64, 50257}};
   for (const auto& [rows, classes] : shapes) {
-    CAPTURE(rows);
-    CAPTURE(classes);
-    const auto logits = random_floats(rows * classes, rows + classes, -8, 8);
-    std::vector<std::int32_t> targets(rows);
-    Rng rng(rows);
-    for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
-    const float scale = 1.0f / static_cast<float>(rows);
-    float* dlogits_in = dev.put(logits);
-    std::int32_t* dtargets = dev.put(targets);
-    float* dlogits = dev.make(rows * classes);
-    float* loss = dev.make(1);
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(classes);
+      CAPTURE(offset);
+      const auto logits = random_floats(rows * classes, rows + classes, -8, 8);
+      std::vector<std::int32_t> targets(rows);
+      Rng rng(rows);
+      for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
+      const float scale = 1.0f / static_cast<float>(rows);
+      float* dlogits_in = dev.put(logits, offset);
+      std::int32_t* dtargets = dev.put(targets);
+      float* dlogits = dev.make(rows * classes, offset);
+      float* loss = dev.make(1);
 
-    // gradient within 5e-6 of its largest entry (p = exp(z - logsumexp) in float: the
-    // exponent carries the rounding of values up to 16, 2 ulp = 4e-6); the summed loss 1e-5
-    dev.run([&](auto& k) {
-      k.softmax_cross_entropy(rows, classes, dlogits_in, dtargets, scale, dlogits, loss);
-    });
-    std::vector<double> ref_d(rows * classes);
-    double ref_loss = 0;
-    kernel_reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(),
-                                           scale, ref_d.data(), &ref_loss);
-    CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
-    CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
+      // gradient within 5e-6 of its largest entry (p = exp(z - logsumexp) in float: the
+      // exponent carries the rounding of values up to 16, 2 ulp = 4e-6); the summed loss 1e-5
+      dev.run([&](auto& k) {
+        k.softmax_cross_entropy(rows, classes, dlogits_in, dtargets, scale, dlogits, loss);
+      });
+      std::vector<double> ref_d(rows * classes);
+      double ref_loss = 0;
+      kernel_reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(),
+                                             scale, ref_d.data(), &ref_loss);
+      CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
+      CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
 
-    // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5
-    const std::size_t n = rows * classes;
-    const auto target = random_floats(n, n + 3);
-    float* dtarget = dev.put(target);
-    dev.run([&](auto& k) { k.mse(n, dlogits_in, dtarget, scale, dlogits, loss); });
-    double ref_mse = 0;
-    kernel_reference.mse(n, wide(logits).data(), wide(target).data(), scale, ref_d.data(),
-                         &ref_mse);
-    CHECK(relative_error(wide(dev.get(dlogits, n)), ref_d) < 1e-6);
-    CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_mse).epsilon(1e-5));
+      // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5
+      const std::size_t n = rows * classes;
+      const auto target = random_floats(n, n + 3);
+      float* dtarget = dev.put(target, offset);
+      float* dy = dev.make(n, offset);
+      dev.run([&](auto& k) { k.mse(n, dlogits_in, dtarget, scale, dy, loss); });
+      double ref_mse = 0;
+      kernel_reference.mse(n, wide(logits).data(), wide(target).data(), scale, ref_d.data(),
+                           &ref_mse);
+      CHECK(relative_error(wide(dev.get(dy, n)), ref_d) < 1e-6);
+      CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_mse).epsilon(1e-5));
+    }
   }
 }
 

@@ -38,8 +38,9 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 //   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
 //   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
 // The row's max and sum of exponentials come from one online pass; the second pass, which
-// finds the row in cache, writes the gradient. A target outside [0, classes) (the Trainer
-// rejects those before) gives a NaN loss rather than a wild read.
+// finds the row in cache, writes the gradient. V-wide packs (classes % V == 0, rows aligned).
+// A target outside [0, classes) (the Trainer rejects those before) gives a NaN loss rather
+// than a wild read.
 template <int V>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
                                                      const float* logits,
@@ -49,15 +50,19 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
   const std::size_t row = blockIdx.x;
   if (row >= rows) return;  // the whole block leaves together
   const float* z = logits + row * classes;
+  const std::size_t packs = classes / V;
   float m = -INFINITY, s = 0;  // running max and sum of exp(z - m) of this thread's entries
-  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) {
-    const float v = z[c];
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;
-      m = v;
-    } else {
-      s += expf(v - m);
+  for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const detail::Pack<float, V> v = detail::load_pack<V>(z + p * V);
+    float pack_max = v.v[0];
+#pragma unroll
+    for (int j = 1; j < V; ++j) pack_max = fmaxf(pack_max, v.v[j]);
+    if (pack_max > m) {
+      s *= expf(m - pack_max);  // 0 while m is -inf (s is 0 then too)
+      m = pack_max;
     }
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += expf(v.v[j] - m);
   }
   const float row_max = detail::block_max(m, buf);
   const float row_sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), buf);
@@ -65,10 +70,16 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
 
   const std::int32_t t = targets[row];
   const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
-  for (std::size_t c = threadIdx.x; c < classes; c += blockDim.x) {
-    const float p = expf(z[c] - log_sum);
-    dlogits[row * classes + c] =
-        grad_scale * (p - (valid && c == static_cast<std::size_t>(t) ? 1.0f : 0.0f));
+  const std::size_t target = valid ? static_cast<std::size_t>(t) : classes;
+  for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const detail::Pack<float, V> v = detail::load_pack<V>(z + p * V);
+    detail::Pack<float, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float prob = expf(v.v[j] - log_sum);
+      out.v[j] = grad_scale * (prob - (p * V + j == target ? 1.0f : 0.0f));
+    }
+    detail::store_pack<V>(dlogits + row * classes + p * V, out);
   }
   if (threadIdx.x == 0) partial[row] = valid ? log_sum - z[t] : NAN;
 }
@@ -86,10 +97,17 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
   constexpr std::size_t max_rows = std::size_t{1} << 26;
   for (std::size_t first = 0; first < rows; first += max_rows) {
     const std::size_t count = std::min(rows - first, max_rows);
-    GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<1>, static_cast<unsigned>(count),
-                      detail::threads_for_row(classes), stream)
-    (count, classes, logits + first * classes, targets + first, grad_scale,
-     dlogits + first * classes, scratch + first);
+    const float* z = logits + first * classes;
+    float* dz = dlogits + first * classes;
+    if (classes % 4 == 0 && detail::aligned<4>(z, dz)) {
+      GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<4>, static_cast<unsigned>(count),
+                        detail::threads_for_row(classes / 4), stream)
+      (count, classes, z, targets + first, grad_scale, dz, scratch + first);
+    } else {
+      GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<1>, static_cast<unsigned>(count),
+                        detail::threads_for_row(classes), stream)
+      (count, classes, z, targets + first, grad_scale, dz, scratch + first);
+    }
     GPIPE_CUDA_CHECK_LAUNCH("softmax_cross_entropy_forward_kernel");
   }
   sum(rows, scratch, loss_sum, stream);
