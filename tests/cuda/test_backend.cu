@@ -282,4 +282,26 @@ TEST_SUITE("cuda backend, multi-GPU" * doctest::skip(gpipe::test::fewer_than_two
     CHECK(download(backend, 1, b.data(), n) == std::vector<float>(n, 3.0f));
     CHECK(download(backend, 1, c.data(), n) == std::vector<float>(n, 3.0f));
   }
+
+  // A CUDA event belongs to one GPU and may only be recorded there, so the backend makes a new
+  // one when an Event moves.
+  TEST_CASE("one event recorded on one GPU, then on the other, orders work both times") {
+    Backend backend(2, {.gpus = {0, 1}});
+    const std::size_t n = gpipe::test::ordering_size(1 << 20);
+    auto a = backend.allocate<float>(0, n);
+    auto b = backend.allocate<float>(1, n);
+    Backend::Event e;
+    backend.submit(0, {"fill a"}, [&](Kernels& k) { k.fill(n, 1.0f, a.data()); });
+    backend.record(0, e);
+    backend.wait(1, e);
+    backend.submit(1, {"a to b"},
+                   [&](Kernels& k) { gpipe::transport::Cuda::receive(k, a.data(), b.data(), n); });
+    backend.submit(1, {"double b"}, [&](Kernels& k) { k.add(n, b.data(), b.data(), b.data()); });
+    backend.record(1, e);
+    backend.wait(0, e);
+    backend.submit(0, {"b to a"},
+                   [&](Kernels& k) { gpipe::transport::Cuda::receive(k, b.data(), a.data(), n); });
+    backend.synchronize();
+    CHECK(download(backend, 0, a.data(), n) == std::vector<float>(n, 2.0f));
+  }
 }

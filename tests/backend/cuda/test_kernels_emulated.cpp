@@ -408,6 +408,40 @@ TEST_SUITE("cuda emulator") {
     CHECK(cudaMemPoolDestroy(pool) == cudaSuccess);
   }
 
+  TEST_CASE("streams and events keep to their GPU as CUDA's multi-device rules require") {
+    cudaStream_t stream0 = nullptr, stream1 = nullptr;
+    cudaEvent_t event0 = nullptr, event1 = nullptr;
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&stream0, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&event0) == cudaSuccess);
+    REQUIRE(cudaSetDevice(1) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&stream1, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&event1) == cudaSuccess);
+
+    // GPU 1 current: a kernel into GPU 0's stream fails; an event of GPU 0 may not be recorded
+    // on GPU 1's stream (nor on the null stream, GPU 1's), but GPU 1's stream may wait for it.
+    std::vector<unsigned> out(1);
+    GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 1, stream0)(1, out.data());
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    CHECK(cudaEventRecord(event0, stream1) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaEventRecord(event0, nullptr) == cudaErrorInvalidResourceHandle);
+    (void)cudaGetLastError();
+    CHECK(cudaEventRecord(event0, stream0) == cudaSuccess);  // its own GPU's stream
+    CHECK(cudaEventRecord(event1, stream1) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(stream1, event0, 0) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(stream0) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(stream1) == cudaSuccess);
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, event0, event1) == cudaErrorInvalidResourceHandle);
+    (void)cudaGetLastError();
+
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaEventDestroy(event0) == cudaSuccess);
+    CHECK(cudaEventDestroy(event1) == cudaSuccess);
+    CHECK(cudaStreamDestroy(stream0) == cudaSuccess);
+    CHECK(cudaStreamDestroy(stream1) == cudaSuccess);
+  }
+
   TEST_CASE("a stream that failed still completes its events: nothing that waits on it hangs") {
     gpipe::cuda::Backend backend(2);
     std::vector<float> host(16, 0.0f);

@@ -165,7 +165,8 @@ struct CUstream_st {
 };
 
 struct CUevent_st {
-  explicit CUevent_st(bool timing_) : timing(timing_) {}
+  CUevent_st(int gpu_, bool timing_) : gpu(gpu_), timing(timing_) {}
+  const int gpu;  // current when it was created: only that GPU's streams may record it
   const bool timing;
   std::mutex mutex;
   std::condition_variable cv;
@@ -374,7 +375,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   using namespace gpipe::test::cuda_emulation;
-  auto e = std::make_shared<CUevent_st>((flags & cudaEventDisableTiming) == 0);
+  auto e = std::make_shared<CUevent_st>(current_gpu(), (flags & cudaEventDisableTiming) == 0);
   std::lock_guard lock(events_mutex());
   events()[e.get()] = e;
   *event = e.get();
@@ -393,6 +394,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  // "event and stream must be on the same device" (the null stream: the current device's)
+  if (gpu_of_stream(stream) != e->gpu) return fail(cudaErrorInvalidResourceHandle);
   auto complete = [e, generation = e->record()] { e->complete(generation); };
   if (stream == nullptr) {
     complete();
@@ -426,7 +429,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> a = event_of(start), b = event_of(end);
-  if (a == nullptr || b == nullptr || !a->timing || !b->timing)
+  if (a == nullptr || b == nullptr || !a->timing || !b->timing || a->gpu != b->gpu)
     return fail(cudaErrorInvalidResourceHandle);
   std::scoped_lock lock(a->mutex, b->mutex);
   if (a->recorded == 0 || b->recorded == 0) return fail(cudaErrorInvalidResourceHandle);
