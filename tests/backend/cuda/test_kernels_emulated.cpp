@@ -242,6 +242,9 @@ TEST_CASE("a LayerNorm row of up to 16384 floats has a register layout that hold
     CHECK((layout.packs == 1 || std::size_t{t} * layout.packs * 2 < cols));  // nor more packs
     CHECK(layout.whole_block() == (t > 32));
     CHECK(layout.block().x == (t > 32 ? t : 32 * cu::detail::rows_per_block));
+    CHECK(layout.block().x <= (layout.whole_block()
+                                   ? cu::detail::RowGroup<true>::max_block_threads
+                                   : cu::detail::RowGroup<false>::max_block_threads));
   }
 }
 

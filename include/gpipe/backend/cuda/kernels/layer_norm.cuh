@@ -87,6 +87,8 @@ struct RowLayout {
 // first_row(), first_row() + row_stride(), ... belong to this thread's group.
 template <bool WholeBlock>
 struct RowGroup {
+  // The most threads in a block of its kernels (RowLayout::block()): their __launch_bounds__.
+  static constexpr unsigned max_block_threads = WholeBlock ? max_row_threads : 32 * rows_per_block;
   __device__ static unsigned size() { return WholeBlock ? blockDim.x : 32; }
   __device__ static unsigned rank() { return WholeBlock ? threadIdx.x : threadIdx.x % 32; }
   __device__ static std::size_t first_row() {
@@ -112,8 +114,7 @@ struct RowGroup {
 // x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
 // (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
 template <int Packs, bool WholeBlock>
-__global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
-                                             : 32 * detail::rows_per_block)
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
     layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps,
                                        const float* x, const float* gamma, const float* beta,
                                        float* y, float* stats) {
@@ -245,8 +246,7 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
 // x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
 // held in registers (Packs packs each per thread, see RowLayout).
 template <int Packs, bool WholeBlock>
-__global__ void __launch_bounds__(WholeBlock ? detail::max_row_threads
-                                             : 32 * detail::rows_per_block)
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
     layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const float* x,
                                               const float* dy, const float* gamma,
                                               const float* stats, float* dx) {
