@@ -13,7 +13,9 @@
 //   T* dev.put(std::vector<T>, offset)  a device copy, `offset` floats into its allocation
 //   float* dev.make(n, offset)        n floats of device memory, poisoned with NaN
 //   std::vector<T> dev.get(p, n)      a host copy
-//   dev.run(f)                        f(kernels), then waits for the device
+//   dev.run(f)                        f(kernels), then waits for the device; kernels.stream()
+//                                     is the stream its launchers use (for kernels called
+//                                     directly, such as the streaming LayerNorm)
 // and invoked as TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, Device) etc. (the ids below).
 
 #include <doctest/doctest.h>

@@ -91,6 +91,8 @@ struct RowGroup {
   static constexpr unsigned max_block_threads = WholeBlock ? max_row_threads : 32 * rows_per_block;
   __device__ static unsigned size() { return WholeBlock ? blockDim.x : 32; }
   __device__ static unsigned rank() { return WholeBlock ? threadIdx.x : threadIdx.x % 32; }
+  // The row's pack that this thread holds as its p-th (RowLayout: t, t + size(), ...).
+  __device__ static std::size_t pack(int p) { return rank() + std::size_t{size()} * p; }
   __device__ static std::size_t first_row() {
     return WholeBlock ? blockIdx.x
                       : static_cast<std::size_t>(blockIdx.x) * rows_per_block + threadIdx.x / 32;
@@ -122,7 +124,6 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   using P4 = detail::Pack<float, 4>;
   __shared__ float buf[32];
   const std::size_t row_packs = cols / 4;
-  const unsigned rank = Group::rank(), size = Group::size();
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     const float* xr = x + row * cols;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     float sum = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = rank + std::size_t{size} * p;
+      const std::size_t q = Group::pack(p);
       v[p] = q < row_packs ? detail::load_pack<4>(xr + 4 * q) : P4{};  // padding adds 0
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum += v[p].v[j];
@@ -139,14 +140,14 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     float sum_sq = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      if (rank + std::size_t{size} * p >= row_packs) break;
+      if (Group::pack(p) >= row_packs) break;
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum_sq += (v[p].v[j] - mean) * (v[p].v[j] - mean);
     }
     const float rstd = 1.0f / sqrtf(Group::sum(sum_sq, buf) / n + eps);
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = rank + std::size_t{size} * p;
+      const std::size_t q = Group::pack(p);
       if (q >= row_packs) break;
       const P4 g = detail::load_pack<4>(gamma + 4 * q), b = detail::load_pack<4>(beta + 4 * q);
       P4 out;
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
       for (int j = 0; j < 4; ++j) out.v[j] = (v[p].v[j] - mean) * rstd * g.v[j] + b.v[j];
       detail::store_pack<4>(y + row * cols + 4 * q, out);
     }
-    if (rank == 0) {
+    if (Group::rank() == 0) {
       stats[2 * row] = mean;
       stats[2 * row + 1] = rstd;
     }
@@ -254,14 +255,13 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   using P4 = detail::Pack<float, 4>;
   __shared__ float buf[32];
   const std::size_t row_packs = cols / 4;
-  const unsigned rank = Group::rank(), size = Group::size();
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     const float mean = stats[2 * row], rstd = stats[2 * row + 1];
     P4 xv[Packs], gv[Packs];
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = rank + std::size_t{size} * p;
+      const std::size_t q = Group::pack(p);
       if (q < row_packs) {
         xv[p] = detail::load_pack<4>(x + row * cols + 4 * q);
         gv[p] = detail::load_pack<4>(dy + row * cols + 4 * q);
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     float sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = rank + std::size_t{size} * p;
+      const std::size_t q = Group::pack(p);
       if (q >= row_packs) break;
       const P4 w = detail::load_pack<4>(gamma + 4 * q);
 #pragma unroll
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     const float mean_gx = Group::sum(sum_gx, buf) / n;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = rank + std::size_t{size} * p;
+      const std::size_t q = Group::pack(p);
       if (q >= row_packs) break;
       P4 out;
 #pragma unroll

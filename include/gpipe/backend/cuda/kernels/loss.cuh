@@ -37,10 +37,10 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 // One block per row r of logits (rows, classes), target t = targets[r]:
 //   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
 //   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
-// The row's max and sum of exponentials come from one online pass; the second pass, which
-// finds the row in cache, writes the gradient. V-wide packs (classes % V == 0, rows aligned).
-// A target outside [0, classes) (the Trainer rejects those before) gives a NaN loss rather
-// than a wild read.
+// The row's max and sum of exponentials come from one online pass; the second pass reads the
+// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs (classes % V
+// == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those before) gives a NaN
+// loss rather than a wild read.
 template <int V>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
                                                      const float* logits,
