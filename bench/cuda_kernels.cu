@@ -259,32 +259,19 @@ BENCHMARK(BM_bias_grad)
     ->Args({sized(8192, 4), 4096})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-// 256 MiB each: a warp per row (1024 and 256 floats), blocks of 128 and 512 threads per row.
-BENCHMARK(BM_layer_norm_forward)
-    ->Args({sized(65536, 16), 1024})
-    ->Args({sized(16384, 4), 4096})
-    ->Args({sized(4096, 2), 16384})
-    ->Args({sized(262144, 64), 256})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_layer_norm_forward_streaming)
-    ->Args({sized(65536, 16), 1024})
-    ->Args({sized(16384, 4), 4096})
-    ->Args({sized(4096, 2), 16384})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_layer_norm_backward_input)
-    ->Args({sized(65536, 16), 1024})
-    ->Args({sized(16384, 4), 4096})
-    ->Args({sized(4096, 2), 16384})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_layer_norm_backward_input_streaming)
-    ->Args({sized(65536, 16), 1024})
-    ->Args({sized(16384, 4), 4096})
-    ->Args({sized(4096, 2), 16384})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+// The resident/streaming pairs' rows, 256 MiB each: a warp per row (1024 floats), blocks of
+// 128 and 512 threads per row (4096, 16384).
+void layer_norm_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({sized(65536, 16), 1024})
+      ->Args({sized(16384, 4), 4096})
+      ->Args({sized(4096, 2), 16384})
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK(BM_layer_norm_forward)->Apply(layer_norm_shapes)->Args({sized(262144, 64), 256});
+BENCHMARK(BM_layer_norm_forward_streaming)->Apply(layer_norm_shapes);
+BENCHMARK(BM_layer_norm_backward_input)->Apply(layer_norm_shapes);
+BENCHMARK(BM_layer_norm_backward_input_streaming)->Apply(layer_norm_shapes);
 BENCHMARK(BM_layer_norm_backward_weight)
     ->Args({sized(65536, 16), 1024})
     ->Args({sized(16384, 4), 4096})
