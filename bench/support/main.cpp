@@ -1,10 +1,14 @@
 // The main of every gpipe benchmark program: Google Benchmark's, plus context lines that say
-// what the numbers were measured with (backend, cores, BLAS threads, build).
+// what the numbers were measured with (backend, cores, host GEMM library, build).
 
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <thread>
+
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 // A program may define this to take its own flags out of argv before Google Benchmark parses
 // them (weak: most programs do not).
@@ -15,7 +19,14 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("gpipe_version", "0.1.0");
   benchmark::AddCustomContext("gpipe_hardware_threads",
                               std::to_string(std::thread::hardware_concurrency()));
-  benchmark::AddCustomContext("gpipe_blas", "OpenBLAS, 1 thread per device worker");
+#ifdef GPIPE_HOST_GEMM_REFERENCE
+  benchmark::AddCustomContext("gpipe_host_gemm", "plain loops (GPIPE_HOST_ONEDNN=OFF)");
+#else
+  const dnnl_version_t* v = dnnl_version();
+  benchmark::AddCustomContext(
+      "gpipe_host_gemm", "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                             "." + std::to_string(v->patch) + " sgemm, 1 thread per device worker");
+#endif
 #ifdef NDEBUG
   benchmark::AddCustomContext("gpipe_build", "optimized");
 #else

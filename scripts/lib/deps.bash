@@ -1,6 +1,6 @@
 # Sourced by scripts/test and scripts/demo (bash). Makes sure what a build needs is installed:
 #   gpipe_ensure_deps [benchmark]
-# Checks cmake (>= 3.25), ninja, g++, pkg-config, doctest, OpenBLAS with cblas.h and, when asked,
+# Checks cmake (>= 3.25), ninja, g++, pkg-config, doctest, oneDNN (libdnnl) and, when asked,
 # Google Benchmark. What is missing is installed with apt-get when we are root or have
 # passwordless sudo; otherwise the function names the packages and returns 1.
 
@@ -20,8 +20,8 @@ _gpipe_missing_packages() {
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   _gpipe_links $'#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN\n#include <doctest/doctest.h>' ||
     missing+=(doctest-dev)
-  _gpipe_links $'#include <cblas.h>\nint main() { return cblas_sdot(0, nullptr, 1, nullptr, 1) != 0; }' \
-    -lopenblas || missing+=(libopenblas-dev)
+  _gpipe_links $'#include <oneapi/dnnl/dnnl.h>\nint main() { return dnnl_version() == nullptr; }' \
+    -ldnnl || missing+=(libdnnl-dev)
   if [[ $want_benchmark == 1 ]]; then
     _gpipe_links $'#include <benchmark/benchmark.h>\nint main() {}' -lbenchmark -pthread ||
       missing+=(libbenchmark-dev)

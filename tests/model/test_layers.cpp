@@ -291,3 +291,29 @@ TEST_SUITE("model layers") {
     CHECK(all_finite(run.dx));
   }
 }
+
+TEST_SUITE("model layers") {
+  TEST_CASE("a chain skips its first layer's B when dx is not wanted, and B_1.. still run") {
+    // Linear first: no grad stash, so dx == nullptr skips its GEMM; the rest of the chain must
+    // give the same grad stash (its g_1) and the same W as with dx.
+    using Chain = Stage<Linear<4, 6>, ReLU, Linear<6, 3>>::bound<4>;
+    static_assert(Chain::skips_input_gradient);
+    static_assert(
+        !Stage<Residual<Linear<4, 4>, GELU>, Linear<4, 3>>::bound<4>::skips_input_gradient);
+    LayerRun<Chain, double> with_dx(rows), without_dx(rows);
+    for (auto* run : {&with_dx, &without_dx}) {
+      Rng same(61);
+      run->x = gpipe::test::uniform_values(same, rows * 4, -1.0f, 1.0f);
+      run->params = gpipe::test::uniform_values(same, Chain::num_params, -1.0f, 1.0f);
+      run->dy = gpipe::test::uniform_values(same, rows * 3, -1.0f, 1.0f);
+      run->forward();
+    }
+    with_dx.backward_input();
+    without_dx.backward_input_without_dx();
+    CHECK(without_dx.grad_stash == with_dx.grad_stash);
+    CHECK(all_finite(without_dx.grad_stash));
+    with_dx.backward_weight();
+    without_dx.backward_weight();
+    CHECK(without_dx.grads == with_dx.grads);
+  }
+}

@@ -67,6 +67,13 @@ struct LayerRun {
     L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
                                                 stash.data(), grad_stash.data(), workspace.data()});
   }
+  // backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
+  void backward_input_without_dx() {
+    std::ranges::fill(grad_stash, nan_v<T>);
+    std::ranges::fill(workspace, nan_v<T>);
+    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(),
+                                                stash.data(), grad_stash.data(), workspace.data()});
+  }
   void backward_weight() {
     std::ranges::fill(workspace, nan_v<T>);
     L::backward_weight(ctx,

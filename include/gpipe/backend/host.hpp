@@ -1,5 +1,5 @@
 #pragma once
-// The host backend: threads as devices, OpenBLAS GEMMs.
+// The host backend: threads as devices, oneDNN GEMMs.
 
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/backend/host/kernels.hpp"

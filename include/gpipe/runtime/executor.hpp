@@ -42,6 +42,12 @@ void visit_stage(std::size_t s, F&& f) {
   (std::make_index_sequence<K>{});
 }
 
+// skips_input_gradient<L>: L::backward_input accepts dx == nullptr (see model/detail/chain.hpp).
+template <class L>
+constexpr bool skips_input_gradient = requires {
+  requires L::skips_input_gradient;
+};
+
 template <class Model, class Loss, class Backend,
           class Transport = transport::transport_for<Backend>>
 class Executor {
@@ -292,15 +298,18 @@ class Executor {
         StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
                                               params_[S].data(), sl.stash.data(), ws.data()});
       }
-      sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features,
-                                                        MemoryKind::workspace);
+      // Nobody upstream wants the first stage's input gradient: skip it where the stage can.
+      constexpr bool skip_dx = S == 0 && skips_input_gradient<StageT>;
+      if constexpr (!skip_dx)
+        sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features,
+                                                          MemoryKind::workspace);
       sl.grad_stash = backend_.template allocate<float>(device, rows * StageT::grad_stash_per_row,
                                                         MemoryKind::workspace);
       StageT::backward_input(
           k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
                                       sl.grad_input.data(), params_[S].data(), sl.stash.data(),
                                       sl.grad_stash.data(), ws.data()});
-      if constexpr (S == 0) sl.grad_input.reset();  // nobody upstream wants it
+      if constexpr (S == 0) sl.grad_input.reset();
     });
   }
 

@@ -1,7 +1,7 @@
 #pragma once
 // gpipe::host::Backend: K devices on the CPU. Each device is a worker thread running an in-order
-// stream, with its own counted (and optionally capped) memory. GEMMs go through OpenBLAS with one
-// BLAS thread per call, so K workers use K cores and do not oversubscribe them.
+// stream, with its own counted (and optionally capped) memory. GEMMs go through oneDNN on the
+// worker's own thread alone, so K workers use K cores and do not oversubscribe them.
 //
 //   gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
 //   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
@@ -19,8 +19,6 @@
 #include "gpipe/backend/host/memory.hpp"
 #include "gpipe/backend/host/stream.hpp"
 #include "gpipe/error.hpp"
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace gpipe::host {
 
@@ -43,7 +41,6 @@ class Backend {
     detail::require(num_devices > 0, "host::Backend needs at least one device");
     detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
                                              std::to_string(num_devices));
-    openblas_set_num_threads(1);
     allocators_.reserve(num_devices);
     streams_.reserve(num_devices);
     for (std::size_t d = 0; d < num_devices; ++d) {

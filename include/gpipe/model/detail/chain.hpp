@@ -7,7 +7,10 @@
 //   forward:  a_0 = x, a_{i+1} = L_i(a_i), y = a_n; a_1..a_{n-1} and every L_i's stash are kept
 //             in the chain's stash, each tensor contiguous (rows, width);
 //   B:        g_n = dy, g_i = B_i(g_{i+1}); g_1..g_{n-1} and every L_i's grad stash are kept in
-//             the chain's grad stash, dx = g_0;
+//             the chain's grad stash, dx = g_0. When nobody wants dx (the first stage) and
+//             skips_input_gradient holds (L_0 keeps no grad stash for its W), the caller passes
+//             dx = nullptr and B_0 does not run: the first layer's input gradient is the one GEMM
+//             of a first Linear that no result depends on;
 //   W:        W_i(a_i, g_{i+1}) for every i.
 
 #include <array>
@@ -148,6 +151,9 @@ struct Chain {
   static constexpr auto stash_offset = exclusive_sum(layer_stash, intermediate_width());
   static constexpr auto grad_stash_offset = exclusive_sum(layer_grad_stash, intermediate_width());
 
+  // backward_input accepts dx == nullptr (see the top of this file).
+  static constexpr bool skips_input_gradient = layer_grad_stash[0] == 0;
+
   static constexpr std::size_t stash_per_row =
       intermediate_width() + (std::size_t{0} + ... + Bs::stash_per_row);
   static constexpr std::size_t grad_stash_per_row =
@@ -252,6 +258,9 @@ struct Chain {
     auto step = [&](auto j_const) {
       constexpr std::size_t i = size - 1 - decltype(j_const)::value;
       using L = std::tuple_element_t<i, std::tuple<Bs...>>;
+      if constexpr (i == 0 && skips_input_gradient) {
+        if (a.dx == nullptr) return;
+      }
       L::backward_input(
           ctx, BackwardInputArgs<T>{a.rows, act<i>(x, static_cast<T*>(nullptr), stash, a.rows),
                                     grad(std::integral_constant<std::size_t, i + 1>{}),

@@ -1,35 +1,56 @@
 #pragma once
-// Elementwise and broadcast kernels of the host backend: bias, activations, copies.
+// Elementwise and broadcast kernels of the host backend: bias, activations, copies. The
+// arithmetic ones run on SIMD packs (kernels/simd.hpp); GELU calls std::erf and std::exp per
+// element.
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <numbers>
+
+#include "gpipe/backend/host/kernels/simd.hpp"
 
 namespace gpipe::host {
 
 // y(rows, cols) += bias(cols)
 template <class T>
 void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+  for (std::size_t r = 0; r < rows; ++r) {
+    T* row = y + r * cols;
+    simd::transform(
+        cols, [](auto v, auto b) { return v + b; }, row, row, bias);
+  }
 }
 
 // db(cols) += sum over rows of dy(rows, cols)
 template <class T>
 void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
   for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) db[c] += dy[r * cols + c];
+    simd::transform(
+        cols, [](auto acc, auto g) { return acc + g; }, db, db, dy + r * cols);
 }
 
 template <class T>
 void relu_forward(std::size_t n, const T* x, T* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+  simd::transform(
+      n,
+      [](auto v) {
+        const decltype(v) zero{};
+        return v > zero ? v : zero;
+      },
+      y, x);
 }
 
 // dx = dy * [x > 0]  (the subgradient at 0 is 0, as in PyTorch)
 template <class T>
 void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-  for (std::size_t i = 0; i < n; ++i) dx[i] = x[i] > T(0) ? dy[i] : T(0);
+  simd::transform(
+      n,
+      [](auto v, auto g) {
+        const decltype(v) zero{};
+        return v > zero ? g : zero;
+      },
+      dx, x, dy);
 }
 
 // Exact GELU: y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
@@ -54,23 +75,29 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
 // y = a + b (y may alias a or b)
 template <class T>
 void add(std::size_t n, const T* a, const T* b, T* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  simd::transform(
+      n, [](auto u, auto v) { return u + v; }, y, a, b);
 }
 
 // y += x
 template <class T>
 void accumulate(std::size_t n, const T* x, T* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += x[i];
+  simd::transform(
+      n, [](auto u, auto v) { return u + v; }, y, y, x);
 }
 
+// dst = src (distinct buffers)
 template <class T>
 void copy(std::size_t n, const T* src, T* dst) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+  if (n > 0) std::memcpy(dst, src, n * sizeof(T));
 }
 
 template <class T>
 void fill(std::size_t n, T value, T* dst) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = value;
+  const simd::Pack<T> pack = simd::Pack<T>{} + value;
+  std::size_t i = 0;
+  for (; i + simd::width_v<T> <= n; i += simd::width_v<T>) simd::store(dst + i, pack);
+  for (; i < n; ++i) dst[i] = value;
 }
 
 }  // namespace gpipe::host

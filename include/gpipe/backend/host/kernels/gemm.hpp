@@ -1,34 +1,111 @@
 #pragma once
-// Row-major GEMM through CBLAS (OpenBLAS): C(m, n) = alpha * op(A) * op(B) + beta * C.
-
-#include <cblas.h>
+// Row-major GEMM of the host backend: C(m, n) = alpha * op(A) * op(B) + beta * C.
+//
+// float goes through oneDNN's dnnl_sgemm, which picks its kernel (AVX-512, AVX2, ...) for the CPU
+// it runs on, always in fp32 (the gemm API has no reduced-precision mode). It runs on the calling
+// thread alone: a device's worker is one compute thread, so K devices use K cores and never
+// oversubscribe them. A build configured with GPIPE_HOST_ONEDNN=OFF (CMake) defines
+// GPIPE_HOST_GEMM_REFERENCE and uses reference_gemm for float too: correct, and slow.
+// double (the finite-difference tests and the double-precision reference model) always takes
+// reference_gemm: no optimized library is needed for test sizes.
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
+
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+#include <oneapi/dnnl/dnnl.h>
+
+#include "gpipe/error.hpp"
+
+// The OpenMP runtime oneDNN is built on (its thread count is a per-thread setting).
+extern "C" int omp_get_max_threads() noexcept;
+extern "C" void omp_set_num_threads(int num_threads) noexcept;
+#endif
 
 namespace gpipe::host {
 
-// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
-// when trans_b. All matrices are dense row-major.
+// reference_gemm: plain loops, for any arithmetic T. op(A) is (m, k): A is (m, k), or (k, m) when
+// trans_a. op(B) is (k, n): B is (k, n), or (n, k) when trans_b. All matrices are dense row-major.
+// The inner loops run over contiguous memory where the layout allows, so the compiler vectorizes
+// them; beta == 0 overwrites C (NaN in C does not survive), as BLAS does.
+template <class T>
+void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                    T alpha, const T* a, const T* b, T beta, T* c) {
+  auto a_at = [&](std::size_t i, std::size_t p) { return trans_a ? a[p * m + i] : a[i * k + p]; };
+  for (std::size_t i = 0; i < m; ++i) {
+    T* c_row = c + i * n;
+    for (std::size_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
+    if (trans_b) {  // B is (n, k): C(i, j) += alpha * dot(op(A)(i, :), B(j, :))
+      for (std::size_t j = 0; j < n; ++j) {
+        T sum = 0;
+        for (std::size_t p = 0; p < k; ++p) sum += a_at(i, p) * b[j * k + p];
+        c_row[j] += alpha * sum;
+      }
+    } else {  // B is (k, n): C(i, :) += alpha * op(A)(i, p) * B(p, :)
+      for (std::size_t p = 0; p < k; ++p) {
+        const T s = alpha * a_at(i, p);
+        const T* b_row = b + p * n;
+        for (std::size_t j = 0; j < n; ++j) c_row[j] += s * b_row[j];
+      }
+    }
+  }
+}
+
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+}  // namespace gpipe::host
+
+namespace gpipe::detail {
+
+// Runs its scope with one OpenMP thread on the calling thread, as oneDNN reads it, and restores
+// the caller's setting after.
+class SingleComputeThread {
+ public:
+  SingleComputeThread() : previous_(omp_get_max_threads()) {
+    if (previous_ != 1) omp_set_num_threads(1);
+  }
+  SingleComputeThread(const SingleComputeThread&) = delete;
+  SingleComputeThread& operator=(const SingleComputeThread&) = delete;
+  ~SingleComputeThread() {
+    if (previous_ != 1) omp_set_num_threads(previous_);
+  }
+
+ private:
+  int previous_;
+};
+
+inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                         float alpha, const float* a, const float* b, float beta, float* c) {
+  const auto lda = static_cast<dnnl_dim_t>(trans_a ? m : k);
+  const auto ldb = static_cast<dnnl_dim_t>(trans_b ? k : n);
+  SingleComputeThread one_thread;
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
+                 static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a, lda, b, ldb,
+                 beta, c, static_cast<dnnl_dim_t>(n));
+  if (status != dnnl_success)
+    throw Error("gpipe: oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) +
+                ") for m = " + std::to_string(m) + ", n = " + std::to_string(n) +
+                ", k = " + std::to_string(k));
+}
+
+}  // namespace gpipe::detail
+
+namespace gpipe::host {
+#endif
+
+// C(m, n) = alpha op(A) op(B) + beta C, shapes as for reference_gemm.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   if (m == 0 || n == 0) return;
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  const auto lda = static_cast<int>(trans_a ? m : k);
-  const auto ldb = static_cast<int>(trans_b ? k : n);
-  const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  if (k == 0) {  // BLAS leaves C untouched for k == 0 only when beta == 1; be explicit.
-    for (std::size_t i = 0; i < m * n; ++i) c[i] = beta == T(0) ? T(0) : beta * c[i];
-    return;
-  }
+#ifndef GPIPE_HOST_GEMM_REFERENCE
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, mi, ni, ki, alpha, a, lda, b, ldb, beta, c, ni);
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, mi, ni, ki, alpha, a, lda, b, ldb, beta, c, ni);
+    if (k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
+#endif
+  reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
 }  // namespace gpipe::host

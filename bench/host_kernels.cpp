@@ -1,0 +1,128 @@
+// The host backend's kernels on the shapes of bench_mlp_step's model (width 1024, batch 256 split
+// into M micro-batches of 256/M rows), one kernel context per thread as each device worker has.
+//   BM_Gemm/<op>/rows:R/threads:T  the three GEMMs of a Linear(1024, 1024):
+//                                  forward          y (R, 1024) = x (R, 1024) W^T
+//                                  backward_input   dx (R, 1024) = dy (R, 1024) W
+//                                  backward_weight  dW (1024, 1024) += dy^T x   (k = R)
+//                                  GFLOP/s per thread; with threads:2 both cores run the same
+//                                  GEMM at once, as the two devices of a K = 2 pipeline do.
+//   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
+//                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2).
+// What it shows: how the GEMM rate falls with the micro-batch's rows and when both cores work,
+// which bounds what a K = 2 pipeline can gain over K = 1 (bench_mlp_step).
+
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <gpipe/gpipe.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t width = 1024;
+
+enum class GemmOp { forward, backward_input, backward_weight };
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  gpipe::Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(-1, 1);
+  return v;
+}
+
+void BM_Gemm(benchmark::State& state, GemmOp op) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  gpipe::host::Kernels<float> k(static_cast<std::size_t>(state.thread_index()));
+  const auto act = random_floats(rows * width, 1), grad = random_floats(rows * width, 2);
+  auto weight = random_floats(width * width, 3);
+  std::vector<float> out(rows * width), dweight(width * width, 0.0f);
+  for (auto _ : state) {
+    switch (op) {
+      case GemmOp::forward:
+        k.gemm(false, true, rows, width, width, 1, act.data(), weight.data(), 0, out.data());
+        break;
+      case GemmOp::backward_input:
+        k.gemm(false, false, rows, width, width, 1, grad.data(), weight.data(), 0, out.data());
+        break;
+      case GemmOp::backward_weight:
+        k.gemm(true, false, width, width, rows, 1, grad.data(), act.data(), 1, dweight.data());
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(rows * width * width);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+}
+
+enum class Elementwise { relu_forward, relu_backward, bias_add, bias_grad, add, copy };
+
+void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::size_t rows = n / width;
+  gpipe::host::Kernels<float> k;
+  const auto x = random_floats(n, 4), dy = random_floats(n, 5), bias = random_floats(width, 6);
+  std::vector<float> y(n), db(width, 0.0f);
+  double floats_moved = 0;  // per call
+  for (auto _ : state) {
+    switch (kernel) {
+      case Elementwise::relu_forward:
+        k.relu_forward(n, x.data(), y.data()), floats_moved = 2.0 * n;
+        break;
+      case Elementwise::relu_backward:
+        k.relu_backward(n, x.data(), dy.data(), y.data()), floats_moved = 3.0 * n;
+        break;
+      case Elementwise::bias_add:
+        k.bias_add(rows, width, bias.data(), y.data()), floats_moved = 2.0 * n;
+        break;
+      case Elementwise::bias_grad:
+        k.bias_grad(rows, width, dy.data(), db.data()), floats_moved = 1.0 * n;
+        break;
+      case Elementwise::add:
+        k.add(n, x.data(), dy.data(), y.data()), floats_moved = 3.0 * n;
+        break;
+      case Elementwise::copy:
+        k.copy(n, x.data(), y.data()), floats_moved = 2.0 * n;
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      floats_moved * sizeof(float) * 1e-9 * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+}
+
+void register_all() {
+  const std::pair<const char*, GemmOp> gemms[] = {{"forward", GemmOp::forward},
+                                                  {"backward_input", GemmOp::backward_input},
+                                                  {"backward_weight", GemmOp::backward_weight}};
+  for (const auto& [name, op] : gemms)
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + name).c_str(), BM_Gemm, op)
+        ->ArgName("rows")
+        ->Arg(256)
+        ->Arg(128)
+        ->Arg(64)
+        ->Arg(32)
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime();
+  const std::pair<const char*, Elementwise> kernels[] = {
+      {"relu_forward", Elementwise::relu_forward},
+      {"relu_backward", Elementwise::relu_backward},
+      {"bias_add", Elementwise::bias_add},
+      {"bias_grad", Elementwise::bias_grad},
+      {"add", Elementwise::add},
+      {"copy", Elementwise::copy}};
+  for (const auto& [name, kernel] : kernels)
+    benchmark::RegisterBenchmark((std::string("BM_Elementwise/") + name).c_str(), BM_Elementwise,
+                                 kernel)
+        ->ArgName("n")
+        ->Arg(256 * width)
+        ->Arg(32 * width);
+}
+
+[[maybe_unused]] const bool registered = (register_all(), true);
+
+}  // namespace

@@ -1,0 +1,85 @@
+// One training step of the MLP that issue-style comparisons with PyTorch use, on the host
+// backend: 4 x (Linear(1024, 1024), ReLU), then Linear(1024, 16); batch 256; softmax cross-entropy.
+// A step is zero_grad + forward_backward (no optimizer update), as bench/pytorch_mlp_step.py times
+// `model.zero_grad(); loss = cross_entropy(model(x), y); loss.backward()` on the same model.
+//   K = 1        the unpipelined model on one device (one worker thread)
+//   K = 2        two stages of two hidden layers each (the second also holds the classifier), one
+//                device per core, M micro-batches
+// Counters:
+//   step_ms        wall time per step (the benchmark's time is the same, in its unit)
+//   speedup        step time of K = 1, M = 1 in this run / this configuration's
+//   bubble         the trainer's measured bubble of the last step
+// scripts/bench-vs-pytorch alternates rounds of this program and the PyTorch script and reports
+// medians side by side.
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <gpipe/gpipe.hpp>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t width = 1024, classes = 16, rows = 256;
+using Hidden = gpipe::Linear<width, width>;
+using Head = gpipe::Linear<width, classes>;
+using ReLU = gpipe::ReLU;
+
+template <std::size_t K>
+struct MlpFor;
+template <>
+struct MlpFor<1> {
+  using type =
+      gpipe::Pipeline<gpipe::Stage<Hidden, ReLU, Hidden, ReLU, Hidden, ReLU, Hidden, ReLU, Head>>;
+};
+template <>
+struct MlpFor<2> {
+  using type = gpipe::Pipeline<gpipe::Stage<Hidden, ReLU, Hidden, ReLU>,
+                               gpipe::Stage<Hidden, ReLU, Hidden, ReLU, Head>>;
+};
+
+double baseline_ms = 0;  // K = 1, M = 1, which runs first
+
+template <std::size_t K>
+void BM_MlpStep(benchmark::State& state) {
+  using Model = typename MlpFor<K>::type;
+  const auto m = static_cast<std::size_t>(state.range(1));
+  gpipe::host::Backend backend(K);
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend> trainer(
+      backend, {.micro_batches = m, .seed = 1});
+  gpipe::Rng rng(2);
+  std::vector<float> x(rows * width);
+  std::vector<std::int32_t> y(rows);
+  for (float& v : x) v = rng.uniform(-1, 1);
+  for (std::size_t i = 0; i < rows; ++i) y[i] = static_cast<std::int32_t>(rng.next_u64() % classes);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    trainer.zero_grad();
+    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double step_ms = 1e3 * seconds / static_cast<double>(state.iterations());
+  if (K == 1 && m == 1) baseline_ms = step_ms;
+  state.counters["step_ms"] = step_ms;
+  if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
+  state.counters["bubble"] = trainer.last_step().bubble_fraction;
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_MlpStep", BM_MlpStep<1>)
+      ->ArgNames({"K", "M"})
+      ->Args({1, 1})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_MlpStep", BM_MlpStep<2>)
+      ->ArgNames({"K", "M"})
+      ->ArgsProduct({{2}, {1, 2, 4, 8, 16}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+[[maybe_unused]] const bool registered = (register_all(), true);
+
+}  // namespace

@@ -1,0 +1,159 @@
+// The host backend's kernels against references written here: the GEMM (oneDNN for float,
+// reference_gemm for double, and reference_gemm for float too) against a plain double-precision
+// triple loop for every transpose combination, alpha and beta, and odd shapes; the SIMD
+// elementwise kernels against their scalar definitions at every length around the pack width
+// (tails), in place where the contract allows; and that a GEMM runs on its caller's thread
+// alone without changing the caller's OpenMP setting.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/model/layer.hpp"
+#include "support/relative_error.hpp"
+
+namespace {
+
+using gpipe::test::relative_error;
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  gpipe::Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(-1, 1);
+  return v;
+}
+
+// C = alpha op(A) op(B) + beta C in double, by the definition.
+std::vector<double> naive_gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
+                               double alpha, const std::vector<float>& a,
+                               const std::vector<float>& b, double beta,
+                               const std::vector<float>& c) {
+  std::vector<double> out(m * n);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (std::size_t p = 0; p < k; ++p)
+        sum += double(ta ? a[p * m + i] : a[i * k + p]) * double(tb ? b[j * k + p] : b[p * n + j]);
+      out[i * n + j] = alpha * sum + (beta == 0 ? 0.0 : beta * c[i * n + j]);
+    }
+  return out;
+}
+
+struct Shape {
+  std::size_t m, n, k;
+};
+constexpr Shape shapes[] = {{1, 1, 1},     {3, 5, 7}, {17, 33, 9},
+                            {64, 48, 130}, {5, 4, 0}, {32, 1024, 64}};
+
+// Runs gemm (float through gpipe::host::gemm, or reference_gemm<T>) on every case and checks it.
+template <class Gemm>
+void check_gemm(Gemm gemm, double tolerance) {
+  for (const Shape& s : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f, -0.5f}) {
+          INFO("m ", s.m, " n ", s.n, " k ", s.k, " trans_a ", ta, " trans_b ", tb, " beta ", beta);
+          const auto a = random_floats(s.m * s.k, 1), b = random_floats(s.k * s.n, 2);
+          auto c = random_floats(s.m * s.n, 3);
+          // beta == 0 must overwrite C, NaN included.
+          if (beta == 0.0f) c.assign(c.size(), std::numeric_limits<float>::quiet_NaN());
+          const auto expected = naive_gemm(ta, tb, s.m, s.n, s.k, 1.5, a, b, beta, c);
+          gemm(ta, tb, s.m, s.n, s.k, 1.5f, a.data(), b.data(), beta, c.data());
+          CHECK(relative_error(c, expected) < tolerance);
+        }
+}
+
+template <class T>
+std::vector<T> iota_signed(std::size_t n, T scale) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * (T(i % 7) - T(3));  // includes 0
+  return v;
+}
+
+}  // namespace
+
+TEST_SUITE("backend host kernels") {
+  TEST_CASE("float GEMM matches the definition for every transpose, alpha and beta") {
+    check_gemm(
+        [](auto... args) {
+          gpipe::host::Kernels<float> k;
+          k.gemm(args...);
+        },
+        1e-5);
+  }
+
+  TEST_CASE("reference_gemm matches the definition, in float and in double") {
+    check_gemm([](auto... args) { gpipe::host::reference_gemm<float>(args...); }, 1e-5);
+    for (const Shape& s : shapes) {
+      const auto a = random_floats(s.m * s.k, 4), b = random_floats(s.k * s.n, 5);
+      const std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
+      std::vector<double> c(s.m * s.n, std::numeric_limits<double>::quiet_NaN());
+      gpipe::host::Kernels<double> k;
+      k.gemm(false, true, s.m, s.n, s.k, 1.0, ad.data(), bd.data(), 0.0, c.data());
+      const auto expected = naive_gemm(false, true, s.m, s.n, s.k, 1.0, a, b, 0.0, {});
+      CHECK(relative_error(c, expected) < 1e-14);
+    }
+  }
+
+  TEST_CASE("elementwise kernels match their scalar definitions at every tail length") {
+    gpipe::host::Kernels<float> k;
+    for (std::size_t n = 0; n <= 37; ++n) {
+      CAPTURE(n);
+      const auto x = iota_signed<float>(n, 0.5f), dy = random_floats(n, 6);
+      std::vector<float> y(n), expected(n);
+      k.relu_forward(n, x.data(), y.data());
+      for (std::size_t i = 0; i < n; ++i) expected[i] = x[i] > 0 ? x[i] : 0.0f;
+      CHECK(y == expected);
+      k.relu_backward(n, x.data(), dy.data(), y.data());
+      for (std::size_t i = 0; i < n; ++i) expected[i] = x[i] > 0 ? dy[i] : 0.0f;
+      CHECK(y == expected);
+      y = x;  // in place: y = y + dy
+      k.add(n, y.data(), dy.data(), y.data());
+      for (std::size_t i = 0; i < n; ++i) expected[i] = x[i] + dy[i];
+      CHECK(y == expected);
+      k.accumulate(n, dy.data(), y.data());
+      for (std::size_t i = 0; i < n; ++i) expected[i] += dy[i];
+      CHECK(y == expected);
+      k.fill(n, 2.5f, y.data());
+      CHECK(y == std::vector<float>(n, 2.5f));
+      k.copy(n, x.data(), y.data());
+      CHECK(y == x);
+    }
+  }
+
+  TEST_CASE("bias kernels broadcast over rows and sum over rows, any width") {
+    gpipe::host::Kernels<double> k;
+    for (std::size_t cols : {1u, 3u, 4u, 9u}) {
+      const std::size_t rows = 3;
+      const auto bias = iota_signed<double>(cols, 1.0), y0 = iota_signed<double>(rows * cols, 0.25);
+      std::vector<double> y = y0, db(cols, 1.0), expected_y(rows * cols), expected_db(cols, 1.0);
+      k.bias_add(rows, cols, bias.data(), y.data());
+      k.bias_grad(rows, cols, y0.data(), db.data());
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          expected_y[r * cols + c] = y0[r * cols + c] + bias[c];
+          expected_db[c] += y0[r * cols + c];
+        }
+      CHECK(y == expected_y);
+      CHECK(relative_error(db, expected_db) < 1e-15);
+    }
+  }
+
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+  TEST_CASE("a GEMM leaves its caller's OpenMP thread count as it was") {
+    std::thread([] {
+      omp_set_num_threads(2);
+      gpipe::host::Kernels<float> k;
+      const auto a = random_floats(64 * 64, 7);
+      std::vector<float> c(64 * 64);
+      k.gemm(false, false, 64, 64, 64, 1.0f, a.data(), a.data(), 0.0f, c.data());
+      CHECK(omp_get_max_threads() == 2);
+    }).join();
+  }
+#endif
+}
