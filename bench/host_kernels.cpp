@@ -6,6 +6,8 @@
 //                                  backward_weight  dW (1024, 1024) += dy^T x   (k = R)
 //                                  GFLOP/s per thread; with threads:2 both cores run the same
 //                                  GEMM at once, as the two devices of a K = 2 pipeline do.
+//   BM_LinearForward/<how>/rows:R  Linear(1024, 1024)'s forward with its bias, GFLOP/s: fused (one
+//                                  oneDNN matmul, linear_forward) or gemm_then_bias
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
 //                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2).
 // What it shows: how the GEMM rate falls with the micro-batch's rows and when both cores work,
@@ -55,6 +57,28 @@ void BM_Gemm(benchmark::State& state, GemmOp op) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+}
+
+// Linear's forward, y = x W^T + b: one fused matmul (linear_forward) against a GEMM followed by
+// a bias pass, the two ways the host backend could run it.
+void BM_LinearForward(benchmark::State& state, bool fused) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  gpipe::host::Kernels<float> k;
+  const auto x = random_floats(rows * width, 1), w = random_floats(width * width, 3),
+             b = random_floats(width, 6);
+  std::vector<float> y(rows * width);
+  for (auto _ : state) {
+    if (fused) {
+      k.linear_forward(rows, width, width, x.data(), w.data(), b.data(), y.data());
+    } else {
+      k.gemm(false, true, rows, width, width, 1, x.data(), w.data(), 0, y.data());
+      k.bias_add(rows, width, b.data(), y.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2e-9 * static_cast<double>(rows * width * width * state.iterations()),
+                         benchmark::Counter::kIsRate);
 }
 
 enum class Elementwise { relu_forward, relu_backward, bias_add, bias_grad, add, copy };
@@ -107,6 +131,16 @@ void register_all() {
         ->Arg(32)
         ->Threads(1)
         ->Threads(2)
+        ->UseRealTime();
+  for (bool fused : {true, false})
+    benchmark::RegisterBenchmark(
+        fused ? "BM_LinearForward/fused" : "BM_LinearForward/gemm_then_bias", BM_LinearForward,
+        fused)
+        ->ArgName("rows")
+        ->Arg(256)
+        ->Arg(128)
+        ->Arg(64)
+        ->Arg(32)
         ->UseRealTime();
   const std::pair<const char*, Elementwise> kernels[] = {
       {"relu_forward", Elementwise::relu_forward},

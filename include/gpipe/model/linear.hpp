@@ -32,11 +32,17 @@ struct Linear {
     for (float& p : params) p = rng.uniform(-bound, bound);
   }
 
-  // y (rows, Out) = x (rows, In) W^T + b
+  // y (rows, Out) = x (rows, In) W^T + b: the context's linear_forward where it has one (the
+  // host backend fuses the bias into its GEMM), else a GEMM and a bias pass.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
-    ctx.bias_add(a.rows, Out, a.params + Out * In, a.y);
+    const auto* bias = a.params + Out * In;
+    if constexpr (requires { ctx.linear_forward(a.rows, In, Out, a.x, a.params, bias, a.y); }) {
+      ctx.linear_forward(a.rows, In, Out, a.x, a.params, bias, a.y);
+    } else {
+      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
+      ctx.bias_add(a.rows, Out, bias, a.y);
+    }
   }
 
   // dx (rows, In) = dy (rows, Out) W

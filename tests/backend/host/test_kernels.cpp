@@ -1,6 +1,7 @@
 // The host backend's kernels against references written here: the GEMM (oneDNN for float,
-// reference_gemm for double, and reference_gemm for float too) against a plain double-precision
-// triple loop for every transpose combination, alpha and beta, and odd shapes; the SIMD
+// reference_gemm for double, and reference_gemm for float too) and Linear's fused forward
+// against a plain double-precision triple loop for every transpose combination, alpha and beta,
+// and odd shapes; the SIMD
 // elementwise kernels against their scalar definitions at every length around the pack width
 // (tails), in place where the contract allows; and that a GEMM runs on its caller's thread
 // alone without changing the caller's OpenMP setting.
@@ -97,6 +98,25 @@ TEST_SUITE("backend host kernels") {
       k.gemm(false, true, s.m, s.n, s.k, 1.0, ad.data(), bd.data(), 0.0, c.data());
       const auto expected = naive_gemm(false, true, s.m, s.n, s.k, 1.0, a, b, 0.0, {});
       CHECK(relative_error(c, expected) < 1e-14);
+    }
+  }
+
+  TEST_CASE("linear_forward is x W^T + b, with y overwritten, for any rows") {
+    gpipe::host::Kernels<float> k;
+    for (std::size_t rows : {0u, 1u, 33u, 64u, 33u}) {  // 33 twice: the cached primitive again
+      for (const Shape& s : {Shape{0, 7, 5}, Shape{0, 1024, 16}, Shape{0, 40, 300}}) {
+        const std::size_t in = s.n, out = s.k;
+        INFO("rows ", rows, " in ", in, " out ", out);
+        const auto x = random_floats(rows * in, 8), w = random_floats(out * in, 9),
+                   b = random_floats(out, 10);
+        std::vector<float> y(rows * out, std::numeric_limits<float>::quiet_NaN());
+        k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
+        std::vector<float> bias_rows(rows * out);
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t o = 0; o < out; ++o) bias_rows[r * out + o] = b[o];
+        CHECK(relative_error(y, naive_gemm(false, true, rows, out, in, 1.0, x, w, 1.0, bias_rows)) <
+              1e-5);
+      }
     }
   }
 

@@ -6,13 +6,20 @@
 // context's device; on the host that is ordinary memory.
 //
 // Kernels<double> exists for the finite-difference tests and the double-precision reference.
+//
+// Beyond the primitives every backend's context has, this one has linear_forward, a Linear
+// layer's GEMM and bias in one call, which Linear uses where a context provides it: the float
+// context runs it as one oneDNN matmul with the bias fused (kernels/linear.hpp).
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <variant>
 
 #include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
 #include "gpipe/backend/host/kernels/layer_norm.hpp"
+#include "gpipe/backend/host/kernels/linear.hpp"
 #include "gpipe/backend/host/kernels/loss.hpp"
 #include "gpipe/backend/host/kernels/optimizer.hpp"
 
@@ -30,6 +37,17 @@ class Kernels {
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
             const T* a, const T* b, T beta, T* c) {
     host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  }
+  // y (rows, out) = x (rows, in) W^T + b, W (out, in) row-major.
+  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
+                      const T* b, T* y) {
+    if (rows == 0) return;
+    if constexpr (fused_linear) {
+      linear_(rows, in, out, x, w, b, y);
+    } else {
+      gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
+      bias_add(rows, out, b, y);
+    }
   }
   void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
     host::bias_add(rows, cols, bias, y);
@@ -90,7 +108,15 @@ class Kernels {
   }
 
  private:
+#ifdef GPIPE_HOST_GEMM_REFERENCE
+  static constexpr bool fused_linear = false;
+  struct LinearForward {};
+#else
+  static constexpr bool fused_linear = std::is_same_v<T, float>;
+#endif
+
   std::size_t device_;
+  [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
 };
 
 }  // namespace gpipe::host
