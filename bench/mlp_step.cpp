@@ -4,7 +4,8 @@
 // `model.zero_grad(); loss = cross_entropy(model(x), y); loss.backward()` on the same model.
 //   K = 1        the unpipelined model on one device (one worker thread)
 //   K = 2        two stages of two hidden layers each (the second also holds the classifier), one
-//                device per core, M micro-batches
+//                device per core, M micro-batches, under GPipe's fill-drain schedule, 1F1B and
+//                ZB-H1 (BM_MlpStep<Schedule>)
 // Counters:
 //   step_ms        wall time per step (the benchmark's time is the same, in its unit)
 //   speedup        step time of K = 1, M = 1 in this run / this configuration's
@@ -41,12 +42,12 @@ struct MlpFor<2> {
 
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
-template <std::size_t K>
+template <std::size_t K, class Schedule>
 void BM_MlpStep(benchmark::State& state) {
   using Model = typename MlpFor<K>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
   gpipe::host::Backend backend(K);
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend> trainer(
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, Schedule> trainer(
       backend, {.micro_batches = m, .seed = 1});
   gpipe::Rng rng(2);
   std::vector<float> x(rows * width);
@@ -67,17 +68,24 @@ void BM_MlpStep(benchmark::State& state) {
   state.counters["bubble"] = trainer.last_step().bubble_fraction;
 }
 
-void register_all() {
-  benchmark::RegisterBenchmark("BM_MlpStep", BM_MlpStep<1>)
-      ->ArgNames({"K", "M"})
-      ->Args({1, 1})
-      ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
-  benchmark::RegisterBenchmark("BM_MlpStep", BM_MlpStep<2>)
+template <class Schedule>
+void add_pipelined(const char* name) {
+  benchmark::RegisterBenchmark(name, BM_MlpStep<2, Schedule>)
       ->ArgNames({"K", "M"})
       ->ArgsProduct({{2}, {1, 2, 4, 8, 16}})
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_MlpStep<GPipe>", BM_MlpStep<1, gpipe::GPipe>)
+      ->ArgNames({"K", "M"})
+      ->Args({1, 1})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  add_pipelined<gpipe::GPipe>("BM_MlpStep<GPipe>");
+  add_pipelined<gpipe::OneFOneB>("BM_MlpStep<1F1B>");
+  add_pipelined<gpipe::ZeroBubbleH1>("BM_MlpStep<ZB-H1>");
 }
 
 [[maybe_unused]] const bool registered = (register_all(), true);
