@@ -9,8 +9,8 @@
 //   B:        g_n = dy, g_i = B_i(g_{i+1}); g_1..g_{n-1} and every L_i's grad stash are kept in
 //             the chain's grad stash, dx = g_0. When nobody wants dx (the first stage) and
 //             skips_input_gradient holds (L_0 keeps no grad stash for its W), the caller passes
-//             dx = nullptr and B_0 does not run: the first layer's input gradient is the one GEMM
-//             of a first Linear that no result depends on;
+//             dx = nullptr and B_0 does not run (for a first Linear that saves the GEMM dy W,
+//             whose result nobody reads);
 //   W:        W_i(a_i, g_{i+1}) for every i.
 
 #include <array>
