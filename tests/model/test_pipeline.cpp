@@ -1,5 +1,5 @@
-// Pipeline and Stage as types: shapes, parameter counts and PyTorch names of the DESIGN.md model
-// and of composite layers, width-generic layers binding to the width before them, the layer
+// Pipeline and Stage as types: shapes, parameter counts and PyTorch names of the public-contract
+// model and of composite layers, width-generic layers binding to the width before them, the layer
 // concept (positive and negative), a user-defined layer inside a Pipeline, and Rng.
 
 #include <doctest/doctest.h>
@@ -32,7 +32,7 @@ using gpipe::Stage;
 using HostFloat = gpipe::host::Kernels<float>;
 using HostDouble = gpipe::host::Kernels<double>;
 
-// The public-contract model of DESIGN.md.
+// The public-contract model: the three-stage model whose names and sizes users rely on.
 using ContractModel =
     Pipeline<Stage<Linear<64, 256>, ReLU>, Stage<Linear<256, 256>, GELU, LayerNorm<256>>,
              Stage<Linear<256, 10>>>;

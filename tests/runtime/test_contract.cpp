@@ -1,5 +1,5 @@
-// The public contract of DESIGN.md, compiled as written there and run once: the names and
-// signatures that users and outside checks rely on.
+// The public contract, compiled as written and run once: the names and signatures that users
+// and outside checks rely on.
 
 #include <doctest/doctest.h>
 
@@ -16,7 +16,7 @@ using Model =
 static_assert(Model::num_stages == 3);
 static_assert(Model::in_features == 64 && Model::out_features == 10);
 
-TEST_CASE("the DESIGN.md contract compiles as written and trains") {
+TEST_CASE("the public contract compiles as written and trains") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "gpipe_contract";
   std::filesystem::create_directories(dir);
   const std::filesystem::path model_file = dir / "model.safetensors";

@@ -5,7 +5,7 @@
 // that holds them; the sender's buffer is released as soon as the copy is done.
 //
 // On the host backend the copy is a memcpy; a GPU backend does a peer copy on its copy stream or
-// an NCCL send/recv pair (see DESIGN.md, transport/).
+// an NCCL send/recv pair (include/gpipe/transport/cuda.cuh).
 
 #include <cstddef>
 
