@@ -1,6 +1,6 @@
 # Sourced by scripts/test and scripts/demo (bash). Makes sure what a build needs is installed:
 #   gpipe_ensure_deps [benchmark]
-# Checks cmake (>= 3.25), ninja, g++, pkg-config, doctest, oneDNN (libdnnl) and, when asked,
+# Checks cmake (>= 3.25), ninja, g++, doctest, oneDNN (libdnnl) and, when asked,
 # Google Benchmark. What is missing is installed with apt-get when we are root or have
 # passwordless sudo; otherwise the function names the packages and returns 1.
 
@@ -17,7 +17,6 @@ _gpipe_missing_packages() {
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
   command -v g++ >/dev/null 2>&1 || missing+=(g++)
-  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   _gpipe_links $'#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN\n#include <doctest/doctest.h>' ||
     missing+=(doctest-dev)
   _gpipe_links $'#include <oneapi/dnnl/dnnl.h>\nint main() { return dnnl_version() == nullptr; }' \
