@@ -2,7 +2,10 @@
 // The model layer: layer concept, built-in layers, Stage, Pipeline, losses (compile time).
 
 #include "gpipe/model/activation.hpp"
+#include "gpipe/model/attention.hpp"
 #include "gpipe/model/checkpoint.hpp"
+#include "gpipe/model/embedding.hpp"
+#include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/layer_norm.hpp"
 #include "gpipe/model/linear.hpp"
@@ -10,3 +13,4 @@
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/model/residual.hpp"
 #include "gpipe/model/stage.hpp"
+#include "gpipe/model/transformer.hpp"

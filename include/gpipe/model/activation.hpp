@@ -1,9 +1,11 @@
 #pragma once
-// Parameter-free elementwise layers: ReLU and GELU (exact erf form, torch.nn.GELU()).
-// Both take their width from the layer before them: ReLU::with_features<N> is the layer.
+// Parameter-free elementwise layers: ReLU, GELU (exact erf form, torch.nn.GELU()) and GELUTanh
+// (tanh approximation, torch.nn.GELU(approximate='tanh'), GPT-2's). All take their width from the
+// layer before them: ReLU::with_features<N> is the layer.
 
 #include <cstddef>
 
+#include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer.hpp"
 
 namespace gpipe {
@@ -51,6 +53,19 @@ struct GeluOp {
 
 }  // namespace detail
 
+// The kernels of GELUTanh, per backend: LayerKernels<GeluTanhOp, Ctx>::forward(ctx, n, x, y) and
+// ::backward(ctx, n, x, dy, dx).
+struct GeluTanhOp {
+  template <class Ctx, class T>
+  static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
+    LayerKernels<GeluTanhOp, Ctx>::forward(ctx, n, x, y);
+  }
+  template <class Ctx, class T>
+  static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
+    LayerKernels<GeluTanhOp, Ctx>::backward(ctx, n, x, dy, dx);
+  }
+};
+
 // y = max(x, 0)
 struct ReLU {
   template <std::size_t N>
@@ -63,6 +78,14 @@ struct ReLU {
 struct GELU {
   template <std::size_t N>
   using with_features = detail::Elementwise<detail::GeluOp, N>;
+  using width_generic = void;
+  static constexpr std::size_t natural_in_features = 0;
+};
+
+// y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+struct GELUTanh {
+  template <std::size_t N>
+  using with_features = detail::Elementwise<GeluTanhOp, N>;
   using width_generic = void;
   static constexpr std::size_t natural_in_features = 0;
 };

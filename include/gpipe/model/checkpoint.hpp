@@ -81,8 +81,10 @@ struct Checkpoint {
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
   static constexpr std::size_t sequential_size = (std::size_t{0} + ... + sequential_size_v<Layers>);
 
+  template <std::size_t N, std::size_t T>
+  using with_shape = detail::CheckpointOf<detail::bind_chain_t<N, T, Layers...>>;
   template <std::size_t N>
-  using with_features = detail::CheckpointOf<detail::bind_chain_t<N, Layers...>>;
+  using with_features = with_shape<N, 0>;
 };
 
 }  // namespace gpipe

@@ -163,9 +163,24 @@ concept width_generic_layer = requires {
   { L::natural_in_features } -> std::convertible_to<std::size_t>;
 };
 
-// layer_spec<L>: what a Stage accepts: a layer, or a width-generic layer.
+// A width-generic composite (Residual, Checkpoint) may also provide L::with_shape<N, T>, which
+// binds its children to the model's tokens per sample T too; it is used where present.
+
+// sequence_layer<L>: a layer that acts on whole samples of T tokens, not on each row alone
+// (causal self-attention, a Transformer block), and takes T from the model, whose Embedding fixes
+// it: L::with_tokens<T> is the layer, or a width-generic spec, for samples of T tokens (rows).
+// L::natural_in_features is its width (0 when only the previous layer can tell). Marked by
+// `using sequence_generic = void`. A model's rows are then tokens: T consecutive rows are one
+// sample, and micro-batches split only between samples.
 template <class L>
-concept layer_spec = layer<L> || width_generic_layer<L>;
+concept sequence_layer = requires {
+  typename L::sequence_generic;
+  { L::natural_in_features } -> std::convertible_to<std::size_t>;
+};
+
+// layer_spec<L>: what a Stage accepts: a layer, a width-generic layer or a sequence layer.
+template <class L>
+concept layer_spec = layer<L> || width_generic_layer<L> || sequence_layer<L>;
 
 // Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
 struct ParameterFree {

@@ -3,6 +3,8 @@
 //
 //   Pipeline<Stage<A, B>, Stage<C>>::stage_t<1>      = the bound chain of stage 1 (a gpipe::layer)
 //   Pipeline<...>::layer_offset[s]                   = global index of stage s's first layer
+//   Pipeline<...>::tokens_per_sample                 = rows per sample: T of a token model
+//                                                      (one starting with Embedding<V, T, D>), else 1
 // Parameters are named as in a PyTorch nn.Sequential over all layers of all stages in order:
 // "i.weight", "i.bias", and "i.j.weight" for a child j of a composite layer i.
 
@@ -19,18 +21,18 @@
 namespace gpipe {
 namespace detail {
 
-template <std::size_t N, class... Stages>
+template <std::size_t N, std::size_t T, class... Stages>
 struct bind_stages;
-template <std::size_t N>
-struct bind_stages<N> {
+template <std::size_t N, std::size_t T>
+struct bind_stages<N, T> {
   using type = std::tuple<>;
 };
-template <std::size_t N, class S, class... Rest>
-struct bind_stages<N, S, Rest...> {
-  using head = typename S::template bound<N>;
+template <std::size_t N, std::size_t T, class S, class... Rest>
+struct bind_stages<N, T, S, Rest...> {
+  using head = typename S::template bound<N, T>;
   using type = decltype(std::tuple_cat(
       std::declval<std::tuple<head>>(),
-      std::declval<typename bind_stages<head::out_features, Rest...>::type>()));
+      std::declval<typename bind_stages<head::out_features, T, Rest...>::type>()));
 };
 
 }  // namespace detail
@@ -54,7 +56,21 @@ struct Pipeline {
                 "gpipe: the first layer of a Pipeline must fix its input width (e.g. Linear<In, "
                 "Out> or LayerNorm<N>), since no layer comes before it");
 
-  using stages = typename detail::bind_stages<first_stage::natural_in_features, Stages...>::type;
+  // A token model starts with a layer that fixes T tokens per sample (Embedding<V, T, D>): its
+  // rows are tokens, T consecutive rows make a sample, and micro-batches split between samples.
+  static constexpr bool is_token_model = first_stage::tokens_per_sample > 0;
+  static constexpr std::size_t tokens_per_sample = is_token_model ? first_stage::tokens_per_sample : 1;
+
+  // Token ids a token model takes: [0, vocab_size), its Embedding's V.
+  static constexpr std::size_t vocab_size = [] {
+    if constexpr (requires { first_stage::first_layer::vocab_size; })
+      return std::size_t{first_stage::first_layer::vocab_size};
+    else
+      return std::size_t{0};
+  }();
+
+  using stages = typename detail::bind_stages<first_stage::natural_in_features,
+                                              first_stage::tokens_per_sample, Stages...>::type;
   template <std::size_t S>
   using stage_t = std::tuple_element_t<S, stages>;
 

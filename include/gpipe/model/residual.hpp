@@ -39,8 +39,10 @@ template <layer_spec... Layers>
 struct Residual {
   static_assert(sizeof...(Layers) > 0, "gpipe: Residual needs at least one layer");
 
+  template <std::size_t N, std::size_t T>
+  using with_shape = detail::ResidualOf<detail::bind_chain_t<N, T, Layers...>>;
   template <std::size_t N>
-  using with_features = detail::ResidualOf<detail::bind_chain_t<N, Layers...>>;
+  using with_features = with_shape<N, 0>;
   using width_generic = void;
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;

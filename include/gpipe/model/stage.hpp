@@ -1,7 +1,8 @@
 #pragma once
 // Stage<Layers...>: the layers one device runs, in order. A Stage is a specification: its width
 // comes from its first layer, or from the stage before it when the first layer is width-generic;
-// Stage::bound<N> is the concrete chain (a gpipe::layer) when N features come in.
+// Stage::bound<N, T> is the concrete chain (a gpipe::layer) when N features come in, in a model
+// of T tokens per sample (0: rows are independent samples).
 
 #include <cstddef>
 #include <tuple>
@@ -22,8 +23,14 @@ struct Stage {
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
 
-  template <std::size_t N>
-  using bound = detail::bind_chain_t<N, Layers...>;
+  using first_layer = std::tuple_element_t<0, std::tuple<Layers...>>;
+
+  // T that the stage's first layer fixes (an Embedding's), 0 if none.
+  static constexpr std::size_t tokens_per_sample =
+      detail::tokens_per_sample_v<first_layer>;
+
+  template <std::size_t N, std::size_t T = 0>
+  using bound = detail::bind_chain_t<N, T, Layers...>;
 };
 
 namespace detail {

@@ -62,7 +62,8 @@ std::vector<StageSizes> stage_sizes() {
 
 }  // namespace detail
 
-// Prediction for every device of `schedule` running Model on a batch of `rows` rows.
+// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
+// a token model: samples times Model::tokens_per_sample).
 // target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
 template <class Model>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
@@ -72,7 +73,7 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   constexpr std::size_t f = sizeof(float);
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
-  const MicroBatchSplit split{rows, M};
+  const MicroBatchSplit split{rows, M, Model::tokens_per_sample};
   std::size_t max_rows = split.size(0);
 
   std::vector<DeviceMemoryPrediction> out(schedule.num_devices);

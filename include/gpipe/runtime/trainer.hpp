@@ -100,49 +100,52 @@ class Trainer {
 
   // x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
   // floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
-  float forward_backward(std::span<const float> x, std::span<const target_type> y) {
-    constexpr std::size_t in = Model::in_features, out = Model::out_features;
-    const std::size_t M = options_.micro_batches;
+  float forward_backward(std::span<const float> x, std::span<const target_type> y)
+  requires(!Model::is_token_model)
+  {
+    constexpr std::size_t in = Model::in_features;
     detail::require(x.size() % in == 0, "x has " + std::to_string(x.size()) +
                                             " floats, which is not a multiple of "
                                             "in_features = " +
                                             std::to_string(in) + " (expected batch x " +
                                             std::to_string(in) + ", row-major)");
     const std::size_t rows = x.size() / in;
-    detail::require(rows >= M, "the batch has " + std::to_string(rows) +
-                                   " rows, fewer than micro_batches = " + std::to_string(M) +
-                                   " (every micro-batch needs at least one row)");
-    const std::size_t per_row = Loss::targets_per_row(out);
-    detail::require(y.size() == rows * per_row,
-                    "y has " + std::to_string(y.size()) + " targets, expected " +
-                        std::to_string(rows * per_row) + " (" + std::to_string(rows) + " rows x " +
-                        std::to_string(per_row) + ")");
-    Loss::check(y, out);
+    detail::require(rows >= options_.micro_batches,
+                    "the batch has " + std::to_string(rows) + " rows, fewer than micro_batches = " +
+                        std::to_string(options_.micro_batches) +
+                        " (every micro-batch needs at least one row)");
+    return run_step(x, y, rows);
+  }
 
-    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
-                                                    grads_);
-    take_timing();  // start this step's count afresh
-    const double total =
-        executor.run({.x = x, .y = y, .split = {rows, M}, .remat = options_.remat});
-    last_step_ = measure_step(take_timing());
-    return static_cast<float>(total / Loss::normalizer(rows, out));
+  // Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
+  // Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
+  float forward_backward(std::span<const std::int32_t> tokens, std::span<const target_type> targets)
+  requires Model::is_token_model
+  {
+    const std::vector<float> x = token_rows(tokens, options_.micro_batches);
+    return run_step(x, targets, tokens.size());
   }
 
   // Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
   // pipelined through the stages; gradients are untouched.
-  std::vector<float> predict(std::span<const float> x) {
+  std::vector<float> predict(std::span<const float> x)
+  requires(!Model::is_token_model)
+  {
     constexpr std::size_t in = Model::in_features;
     detail::require(x.size() % in == 0 && !x.empty(), "x has " + std::to_string(x.size()) +
                                                           " floats, expected a positive multiple "
                                                           "of in_features = " +
                                                           std::to_string(in) + " (batch x " +
                                                           std::to_string(in) + ", row-major)");
-    const std::size_t rows = x.size() / in;
-    std::vector<float> out(rows * Model::out_features);
-    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
-                                                    grads_);
-    executor.run_forward(x, {rows, std::min(rows, options_.micro_batches)}, out);
-    return out;
+    return run_predict(x, x.size() / in);
+  }
+
+  // Token models: the logits (B T, out_features) of every token of (B, T) token ids.
+  std::vector<float> predict(std::span<const std::int32_t> tokens)
+  requires Model::is_token_model
+  {
+    const std::vector<float> x = token_rows(tokens, 1);
+    return run_predict(x, tokens.size());
   }
 
   // Timing of the last successful forward_backward (empty if the backend does not time work).
@@ -224,6 +227,65 @@ class Trainer {
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
 
  private:
+  static constexpr std::size_t tokens_per_sample = Model::tokens_per_sample;
+
+  // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
+  float run_step(std::span<const float> x, std::span<const target_type> y, std::size_t rows) {
+    constexpr std::size_t out = Model::out_features;
+    const std::size_t per_row = Loss::targets_per_row(out);
+    detail::require(y.size() == rows * per_row,
+                    "y has " + std::to_string(y.size()) + " targets, expected " +
+                        std::to_string(rows * per_row) + " (" + std::to_string(rows) +
+                        (Model::is_token_model ? " tokens x " : " rows x ") +
+                        std::to_string(per_row) + ")");
+    Loss::check(y, out);
+
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
+                                                    grads_);
+    take_timing();  // start this step's count afresh
+    const MicroBatchSplit split{rows, options_.micro_batches, tokens_per_sample};
+    const double total = executor.run({.x = x, .y = y, .split = split, .remat = options_.remat});
+    last_step_ = measure_step(take_timing());
+    return static_cast<float>(total / Loss::normalizer(rows, out));
+  }
+
+  std::vector<float> run_predict(std::span<const float> x, std::size_t rows) {
+    std::vector<float> out(rows * Model::out_features);
+    const std::size_t samples = rows / tokens_per_sample;
+    detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
+                                                    grads_);
+    executor.run_forward(
+        x, {rows, std::min(samples, options_.micro_batches), tokens_per_sample}, out);
+    return out;
+  }
+
+  // The first stage's rows of a token model: each id as a float (exact: ids are below
+  // Model::vocab_size <= 2^24), after checking that the ids are whole samples, at least
+  // min_samples of them, and every one in [0, V).
+  static std::vector<float> token_rows(std::span<const std::int32_t> tokens,
+                                       std::size_t min_samples) {
+    constexpr std::size_t T = tokens_per_sample, V = Model::vocab_size;
+    detail::require(!tokens.empty() && tokens.size() % T == 0,
+                    "the batch has " + std::to_string(tokens.size()) +
+                        " tokens, which is not a positive number of whole samples of T = " +
+                        std::to_string(T) + " tokens");
+    const std::size_t samples = tokens.size() / T;
+    detail::require(samples >= min_samples,
+                    "the batch has " + std::to_string(samples) +
+                        " samples, fewer than micro_batches = " + std::to_string(min_samples) +
+                        " (every micro-batch needs at least one whole sample)");
+    std::vector<float> rows(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::int32_t id = tokens[i];
+      detail::require(id >= 0 && static_cast<std::size_t>(id) < V,
+                      "token " + std::to_string(i) + " (sample " + std::to_string(i / T) +
+                          ", position " + std::to_string(i % T) + ") is " + std::to_string(id) +
+                          ", expected an id in [0, " + std::to_string(V) + ")");
+      rows[i] = static_cast<float>(id);
+    }
+    return rows;
+  }
+
   std::vector<ComputeTiming> take_timing() {
     if constexpr (requires { backend_.take_timing(); }) {
       return backend_.take_timing();

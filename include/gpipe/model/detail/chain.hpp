@@ -1,8 +1,10 @@
 #pragma once
 // A chain of layers run one after another: the body of a Stage and of a Residual.
 //
-// bind_chain_t<N, Ls...>: binds each layer spec to the width produced by the one before it
-//   (N for the first) and checks that consecutive widths agree, naming both when they do not.
+// bind_chain_t<N, T, Ls...>: binds each layer spec to the width produced by the one before it
+//   (N for the first) and to the model's tokens per sample T (0: not a token model), and checks
+//   that consecutive widths agree and that every layer that fixes T fixes the model's, naming
+//   both values when they do not.
 // Chain<Bs...> over bound layers is itself a layer:
 //   forward:  a_0 = x, a_{i+1} = L_i(a_i), y = a_n; a_1..a_{n-1} and every L_i's stash are kept
 //             in the chain's stash, each tensor contiguous (rows, width);
@@ -44,18 +46,78 @@ struct feature_chain_check<out_features<A>, in_features<B>> {
   static constexpr bool value = A == B;
 };
 
-// bound_layer_t<L, N>: the concrete layer for spec L when N features come in.
-template <class L, std::size_t N>
+// Shows up in the compiler's message as
+// token_count_check<model_tokens<A>, layer_tokens<B>>: the model's samples are A tokens long
+// (its Embedding's T) but a layer fixes B.
+template <std::size_t N>
+struct model_tokens {};
+template <std::size_t N>
+struct layer_tokens {};
+template <class Model, class Layer>
+struct token_count_check;
+template <std::size_t A, std::size_t B>
+struct token_count_check<model_tokens<A>, layer_tokens<B>> {
+  static_assert(A == B,
+                "gpipe: tokens per sample mismatch: a layer fixes a different T than the model's "
+                "Embedding (both are named in token_count_check<...>)");
+  static constexpr bool value = A == B;
+};
+
+// Shows up as sequence_layer_needs_tokens<L>: L (attention, a Transformer block) acts on whole
+// samples of T tokens, which only a pipeline that starts with Embedding<V, T, D> has.
+template <class L>
+struct sequence_layer_needs_tokens {
+  static constexpr bool value = false;
+};
+template <class L, std::size_t T>
+struct check_sequence_tokens {
+  static_assert(T > 0 || sequence_layer_needs_tokens<L>::value,
+                "gpipe: a sequence layer (attention, TransformerBlock) needs token samples: start "
+                "the pipeline with Embedding<V, T, D> (the layer is named in "
+                "sequence_layer_needs_tokens<...>)");
+  static constexpr bool value = T > 0;
+};
+
+// tokens_per_sample_v<L>: the T a layer (or spec) fixes, 0 when it fixes none.
+template <class L>
+constexpr std::size_t tokens_per_sample_v = 0;
+template <class L>
+requires requires { L::tokens_per_sample; }
+constexpr std::size_t tokens_per_sample_v<L> = L::tokens_per_sample;
+
+// tokens_agree<L, T>(): L fixes no T, or the model's.
+template <class L, std::size_t T>
+constexpr bool tokens_agree() {
+  if constexpr (tokens_per_sample_v<L> == 0)
+    return true;
+  else
+    return token_count_check<model_tokens<T>, layer_tokens<tokens_per_sample_v<L>>>::value;
+}
+
+// bound_layer_t<L, N, T>: the concrete layer for spec L when N features come in, in a model of
+// T tokens per sample.
+template <class L, std::size_t N, std::size_t T>
 struct bound_layer {
   static_assert(feature_chain_check<out_features<N>, in_features<L::in_features>>::value);
+  static_assert(tokens_agree<L, T>());
   using type = L;
 };
-template <width_generic_layer L, std::size_t N>
-struct bound_layer<L, N> {
+template <width_generic_layer L, std::size_t N, std::size_t T>
+struct bound_layer<L, N, T> {
   using type = typename L::template with_features<N>;
 };
-template <class L, std::size_t N>
-using bound_layer_t = typename bound_layer<L, N>::type;
+template <width_generic_layer L, std::size_t N, std::size_t T>
+requires requires { typename L::template with_shape<N, T>; }
+struct bound_layer<L, N, T> {
+  using type = typename L::template with_shape<N, T>;
+};
+template <sequence_layer L, std::size_t N, std::size_t T>
+struct bound_layer<L, N, T> {
+  static_assert(check_sequence_tokens<L, T>::value);
+  using type = typename bound_layer<typename L::template with_tokens<(T > 0 ? T : 1)>, N, T>::type;
+};
+template <class L, std::size_t N, std::size_t T>
+using bound_layer_t = typename bound_layer<L, N, T>::type;
 
 // natural_in_features_v<L>: the width L takes on its own (0 if only its predecessor can tell).
 template <class L>
@@ -64,30 +126,32 @@ template <layer L>
 constexpr std::size_t natural_in_features_v<L> = L::in_features;
 template <width_generic_layer L>
 constexpr std::size_t natural_in_features_v<L> = L::natural_in_features;
+template <sequence_layer L>
+constexpr std::size_t natural_in_features_v<L> = L::natural_in_features;
 
 template <class... Bs>
 struct Chain;
 
-template <std::size_t N, class... Ls>
+template <std::size_t N, std::size_t T, class... Ls>
 struct bind_chain;
-template <std::size_t N>
-struct bind_chain<N> {
+template <std::size_t N, std::size_t T>
+struct bind_chain<N, T> {
   using type = Chain<>;
 };
-template <std::size_t N, class L, class... Rest>
-struct bind_chain<N, L, Rest...> {
-  using head = bound_layer_t<L, N>;
+template <std::size_t N, std::size_t T, class L, class... Rest>
+struct bind_chain<N, T, L, Rest...> {
+  using head = bound_layer_t<L, N, T>;
   template <class C>
   struct prepend;
   template <class... Bs>
   struct prepend<Chain<Bs...>> {
     using type = Chain<head, Bs...>;
   };
-  using type = typename prepend<typename bind_chain<head::out_features, Rest...>::type>::type;
+  using type = typename prepend<typename bind_chain<head::out_features, T, Rest...>::type>::type;
 };
-// bind_chain_t<N, L0, L1, ...> = Chain<L0 at N, L1 at L0's out, ...>
-template <std::size_t N, class... Ls>
-using bind_chain_t = typename bind_chain<N, Ls...>::type;
+// bind_chain_t<N, T, L0, L1, ...> = Chain<L0 at N, L1 at L0's out, ...>, all at T tokens
+template <std::size_t N, std::size_t T, class... Ls>
+using bind_chain_t = typename bind_chain<N, T, Ls...>::type;
 
 // is_transparent_v<L>: L is a wrapper whose parameters keep the sequential indices of the layers
 // it wraps (param_specs() paths already start with those relative indices), e.g. Checkpoint.

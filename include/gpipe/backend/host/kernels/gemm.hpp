@@ -25,31 +25,52 @@ extern "C" void omp_set_num_threads(int num_threads) noexcept;
 
 namespace gpipe::host {
 
+// Leading dimensions of a GEMM's row-major operands: the distance between consecutive rows of
+// A, B and C as stored (a sub-matrix of a wider one has its parent's row length).
+struct GemmStrides {
+  std::size_t lda, ldb, ldc;
+};
+
+// Dense operands: the row lengths that op(A) (m, k), op(B) (k, n) and C (m, n) have in memory.
+constexpr GemmStrides dense_strides(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                    std::size_t k) {
+  return {trans_a ? m : k, trans_b ? k : n, n};
+}
+
 // reference_gemm: plain loops, for any arithmetic T. op(A) is (m, k): A is (m, k), or (k, m) when
-// trans_a. op(B) is (k, n): B is (k, n), or (n, k) when trans_b. All matrices are dense row-major.
-// The inner loops run over contiguous memory where the layout allows, so the compiler vectorizes
-// them; beta == 0 overwrites C (NaN in C does not survive), as BLAS does.
+// trans_a. op(B) is (k, n): B is (k, n), or (n, k) when trans_b. Row-major with leading
+// dimensions ld. The inner loops run over contiguous memory where the layout allows, so the
+// compiler vectorizes them; beta == 0 overwrites C (NaN in C does not survive), as BLAS does.
 template <class T>
 void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                    T alpha, const T* a, const T* b, T beta, T* c) {
-  auto a_at = [&](std::size_t i, std::size_t p) { return trans_a ? a[p * m + i] : a[i * k + p]; };
+                    T alpha, const T* a, const T* b, T beta, T* c, GemmStrides ld) {
+  auto a_at = [&](std::size_t i, std::size_t p) {
+    return trans_a ? a[p * ld.lda + i] : a[i * ld.lda + p];
+  };
   for (std::size_t i = 0; i < m; ++i) {
-    T* c_row = c + i * n;
+    T* c_row = c + i * ld.ldc;
     for (std::size_t j = 0; j < n; ++j) c_row[j] = beta == T(0) ? T(0) : beta * c_row[j];
     if (trans_b) {  // B is (n, k): C(i, j) += alpha * dot(op(A)(i, :), B(j, :))
       for (std::size_t j = 0; j < n; ++j) {
         T sum = 0;
-        for (std::size_t p = 0; p < k; ++p) sum += a_at(i, p) * b[j * k + p];
+        for (std::size_t p = 0; p < k; ++p) sum += a_at(i, p) * b[j * ld.ldb + p];
         c_row[j] += alpha * sum;
       }
     } else {  // B is (k, n): C(i, :) += alpha * op(A)(i, p) * B(p, :)
       for (std::size_t p = 0; p < k; ++p) {
         const T s = alpha * a_at(i, p);
-        const T* b_row = b + p * n;
+        const T* b_row = b + p * ld.ldb;
         for (std::size_t j = 0; j < n; ++j) c_row[j] += s * b_row[j];
       }
     }
   }
+}
+
+template <class T>
+void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                    T alpha, const T* a, const T* b, T beta, T* c) {
+  reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c,
+                 dense_strides(trans_a, trans_b, m, n, k));
 }
 
 #ifndef GPIPE_HOST_GEMM_REFERENCE
@@ -75,14 +96,14 @@ class SingleComputeThread {
 };
 
 inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                         float alpha, const float* a, const float* b, float beta, float* c) {
-  const auto lda = static_cast<dnnl_dim_t>(trans_a ? m : k);
-  const auto ldb = static_cast<dnnl_dim_t>(trans_b ? k : n);
+                         float alpha, const float* a, const float* b, float beta, float* c,
+                         host::GemmStrides ld) {
   SingleComputeThread one_thread;
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
-                 static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a, lda, b, ldb,
-                 beta, c, static_cast<dnnl_dim_t>(n));
+                 static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
+                 static_cast<dnnl_dim_t>(ld.lda), b, static_cast<dnnl_dim_t>(ld.ldb), beta, c,
+                 static_cast<dnnl_dim_t>(ld.ldc));
   if (status != dnnl_success)
     throw Error("gpipe: oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) +
                 ") for m = " + std::to_string(m) + ", n = " + std::to_string(n) +
@@ -94,18 +115,25 @@ inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t 
 namespace gpipe::host {
 #endif
 
-// C(m, n) = alpha op(A) op(B) + beta C, shapes as for reference_gemm.
+// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
-          const T* a, const T* b, T beta, T* c) {
+          const T* a, const T* b, T beta, T* c, GemmStrides ld) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   if (m == 0 || n == 0) return;
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   if constexpr (std::is_same_v<T, float>) {
-    if (k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+    if (k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
   }
 #endif
-  reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
+}
+
+// Dense operands.
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
+          const T* a, const T* b, T beta, T* c) {
+  gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, dense_strides(trans_a, trans_b, m, n, k));
 }
 
 }  // namespace gpipe::host

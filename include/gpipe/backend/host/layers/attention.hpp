@@ -1,0 +1,87 @@
+#pragma once
+// The causal attention core on the host: per sample and head, GEMMs on strided views of qkv
+// (row length 3D) and of the probabilities (row length H T), and a row-wise causal softmax.
+// Each (T, T) product is computed whole; the masked upper triangle of P is stored as 0.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/gemm.hpp"
+#include "gpipe/model/attention.hpp"
+#include "gpipe/model/kernel_context.hpp"
+
+namespace gpipe {
+
+template <class T>
+struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
+  static void forward(host::Kernels<T>&, std::size_t samples, std::size_t tokens,
+                      std::size_t heads, std::size_t d, const T* qkv, T* probs, T* o) {
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+    const T scale = T(1) / std::sqrt(static_cast<T>(d));
+    for (std::size_t b = 0; b < samples; ++b) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        const T* q = qkv + b * tokens * ld_qkv + h * d;
+        const T* k = q + D;
+        const T* v = q + 2 * D;
+        T* p = probs + b * tokens * ld_p + h * tokens;
+        // S (T, T) = scale q k^T, then P = causal softmax of each row
+        host::gemm(false, true, tokens, tokens, d, scale, q, k, T(0), p, {ld_qkv, ld_qkv, ld_p});
+        for (std::size_t t = 0; t < tokens; ++t) causal_softmax(p + t * ld_p, t + 1, tokens);
+        // o_h (T, d) = P v_h
+        host::gemm(false, false, tokens, d, tokens, T(1), p, v, T(0), o + b * tokens * D + h * d,
+                   {ld_p, ld_qkv, D});
+      }
+    }
+  }
+
+  static void backward(host::Kernels<T>&, std::size_t samples, std::size_t tokens,
+                       std::size_t heads, std::size_t d, const T* qkv, const T* probs,
+                       const T* dout, T* dqkv, T* scratch) {
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+    const T scale = T(1) / std::sqrt(static_cast<T>(d));
+    for (std::size_t b = 0; b < samples; ++b) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t head = b * tokens * ld_qkv + h * d;
+        const T* q = qkv + head;
+        const T* k = q + D;
+        const T* v = q + 2 * D;
+        T* dq = dqkv + head;
+        T* dk = dq + D;
+        T* dv = dq + 2 * D;
+        const T* p = probs + b * tokens * ld_p + h * tokens;
+        const T* dout_h = dout + b * tokens * D + h * d;
+        T* ds = scratch;  // (T, T): dP, then dS in place
+        host::gemm(false, true, tokens, tokens, d, T(1), dout_h, v, T(0), ds, {D, ld_qkv, tokens});
+        host::gemm(true, false, tokens, d, tokens, T(1), p, dout_h, T(0), dv, {ld_p, D, ld_qkv});
+        for (std::size_t t = 0; t < tokens; ++t)
+          softmax_backward(p + t * ld_p, ds + t * tokens, t + 1, tokens);
+        host::gemm(false, false, tokens, d, tokens, scale, ds, k, T(0), dq,
+                   {tokens, ld_qkv, ld_qkv});
+        host::gemm(true, false, tokens, d, tokens, scale, ds, q, T(0), dk,
+                   {tokens, ld_qkv, ld_qkv});
+      }
+    }
+  }
+
+ private:
+  // row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
+  static void causal_softmax(T* row, std::size_t n, std::size_t len) {
+    const T max = *std::max_element(row, row + n);
+    T sum = 0;
+    for (std::size_t j = 0; j < n; ++j) sum += row[j] = std::exp(row[j] - max);
+    const T inv = T(1) / sum;
+    for (std::size_t j = 0; j < n; ++j) row[j] *= inv;
+    std::fill(row + n, row + len, T(0));
+  }
+  // g[0, n) <- p .* (g - sum(g .* p)) over the unmasked keys, g[n, len) <- 0
+  static void softmax_backward(const T* p, T* g, std::size_t n, std::size_t len) {
+    T dot = 0;
+    for (std::size_t j = 0; j < n; ++j) dot += g[j] * p[j];
+    for (std::size_t j = 0; j < n; ++j) g[j] = p[j] * (g[j] - dot);
+    std::fill(g + n, g + len, T(0));
+  }
+};
+
+}  // namespace gpipe

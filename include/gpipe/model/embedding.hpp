@@ -1,0 +1,69 @@
+#pragma once
+// Embedding<V, T, D>: GPT-2's token + position embedding, the first layer of a token model.
+//   y(b, t, :) = wte[id(b, t), :] + wpe[t, :]      wte (V, D) "wte.weight", wpe (T, D) "wpe.weight"
+// Its input rows are token ids, one per row, carried as floats (exact below 2^24); a sample is T
+// consecutive rows, so row r is position r % T (micro-batches start at sample boundaries).
+// The ids are constant, so the input gradient is zero; W scatter-adds dy into the rows of wte
+// that the ids name, in a deterministic order, and sums dy over samples into wpe.
+//
+// Fixing T makes the pipeline a token model (Pipeline::tokens_per_sample = T); it must be the
+// pipeline's first layer.
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe {
+
+// The kernels of Embedding, per backend (LayerKernels<EmbeddingOp, Ctx>):
+//   forward(ctx, rows, T, D, ids (rows), wte (V, D), wpe (T, D), y (rows, D))
+//   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=)
+struct EmbeddingOp {};
+
+template <std::size_t V, std::size_t T, std::size_t D>
+struct Embedding {
+  static_assert(V > 0 && T > 0 && D > 0, "gpipe: Embedding needs positive sizes");
+  static_assert(V <= (std::size_t{1} << 24),
+                "gpipe: Embedding's token ids travel as floats, exact up to 2^24 = 16777216");
+
+  static constexpr std::size_t vocab_size = V;
+  static constexpr std::size_t tokens_per_sample = T;
+  static constexpr std::size_t in_features = 1;  // the token id
+  static constexpr std::size_t out_features = D;
+  static constexpr std::size_t num_params = V * D + T * D;
+  static constexpr std::size_t stash_per_row = 0;
+  static constexpr std::size_t grad_stash_per_row = 0;
+
+  static constexpr std::array<ParamSpec, 2> param_specs() {
+    return {ParamSpec{.name = "wte.weight", .shape = {V, D}, .rank = 2, .offset = 0},
+            ParamSpec{.name = "wpe.weight", .shape = {T, D}, .rank = 2, .offset = V * D}};
+  }
+
+  // GPT-2's scale: standard deviation 0.02 (uniform in +-0.02 sqrt 3, as Rng draws uniformly).
+  static void init(std::span<float> params, Rng& rng) {
+    const float bound = 0.02f * std::sqrt(3.0f);
+    for (float& p : params) p = rng.uniform(-bound, bound);
+  }
+
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    LayerKernels<EmbeddingOp, Ctx>::forward(ctx, a.rows, T, D, a.x, a.params, a.params + V * D,
+                                            a.y);
+  }
+  // d(loss)/d(id) = 0: y is piecewise constant in the id.
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.fill(a.rows, typename Ctx::value_type(0), a.dx);
+  }
+  template <class Ctx>
+  static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
+    LayerKernels<EmbeddingOp, Ctx>::backward_weight(ctx, a.rows, T, D, a.x, a.dy, a.grads,
+                                                    a.grads + V * D);
+  }
+};
+
+}  // namespace gpipe

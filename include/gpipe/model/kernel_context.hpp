@@ -1,0 +1,84 @@
+#pragma once
+// What layers run on: a backend's kernel context, and the kernels a layer brings for a backend.
+//
+// kernel_context<Ctx>: the primitives every backend's per-device context provides
+// (gpipe::host::Kernels<T>, gpipe::cuda::Kernels). Pointers are memory of the context's device;
+// every operation is issued in the device's stream order. Layers are written against these
+// primitives, and where they need more, against their own LayerKernels.
+//
+// LayerKernels<Op, Ctx>: the kernels of one layer's operations (Op, a tag type the layer names)
+// on the backend whose context is Ctx. The primary template is declared here once and never
+// defined; each backend specializes it for the layers it runs (the library's own in
+// backend/host/layers/ and backend/cuda/layers/), and a layer written outside the library
+// specializes it for its own tag, on the host and, in a .cu file, for gpipe::cuda::Kernels, whose
+// stream() and blas() its kernels are launched on. The layer then calls
+//   LayerKernels<MyOp, Ctx>::forward(ctx, ...)
+// and a backend without the specialization fails to compile at that call, naming MyOp and Ctx.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpipe {
+
+// The scalar type and the device.
+template <class Ctx>
+concept kernel_context_base = requires(const Ctx& k) {
+  typename Ctx::value_type;
+  { k.device() } -> std::convertible_to<std::size_t>;
+};
+
+// C(m, n) = alpha op(A) op(B) + beta C, row-major; y(rows, cols) += bias; db += column sums of dy.
+template <class Ctx>
+concept has_blas = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
+                            const typename Ctx::value_type* a, typename Ctx::value_type* c) {
+  k.gemm(false, true, n, n, n, s, a, a, s, c);
+  k.bias_add(n, n, a, c);
+  k.bias_grad(n, n, a, c);
+};
+
+// y = a + b, y += x, dst = src, dst = value.
+template <class Ctx>
+concept has_vector_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
+                                  const typename Ctx::value_type* a, typename Ctx::value_type* c) {
+  k.add(n, a, a, c);
+  k.accumulate(n, a, c);
+  k.copy(n, a, c);
+  k.fill(n, s, c);
+};
+
+// Copies between host memory and the device's memory, of floats and of class ids.
+template <class Ctx>
+concept has_transfers = requires(Ctx& k, std::size_t n, const float* f, float* g,
+                                 const std::int32_t* i, std::int32_t* j) {
+  k.upload(n, f, g);
+  k.download(n, f, g);
+  k.upload(n, i, j);
+  k.download(n, i, j);
+};
+
+// The losses' and optimizers' kernels (the primitives of model/loss.hpp and optim/).
+template <class Ctx>
+concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
+                                    const typename Ctx::value_type* a, typename Ctx::value_type* c,
+                                    const std::int32_t* ids) {
+  k.softmax_cross_entropy(n, n, a, ids, s, c, c);
+  k.mse(n, a, a, s, c, c);
+  k.sgd_update(n, c, a, c, 0.1, 0.9, 0.0, 0.0, false, true);
+  k.adamw_update(n, c, a, c, c, 0.1, 0.9, 0.999, 1e-8, 0.0, std::size_t{1});
+};
+
+template <class Ctx>
+concept kernel_context = kernel_context_base<Ctx> && has_blas<Ctx> && has_vector_ops<Ctx> &&
+                         has_transfers<Ctx> && has_training_ops<Ctx>;
+
+// LayerKernels<Op, Ctx>: see the top of this file. Declared, never defined.
+template <class Op, class Ctx>
+struct LayerKernels;
+
+// has_layer_kernels<Op, Ctx>: the backend of Ctx has kernels for Op (its LayerKernels
+// specialization is visible here).
+template <class Op, class Ctx>
+concept has_layer_kernels = requires { sizeof(LayerKernels<Op, Ctx>); };
+
+}  // namespace gpipe

@@ -1,0 +1,51 @@
+#pragma once
+// TransformerBlock<D, H>: GPT-2's pre-norm block, as nanoGPT's Block without dropout:
+//   x = x + attn(ln_1(x)),   attn = CausalSelfAttention<D, H>
+//   y = x + mlp(ln_2(x)),    mlp = c_fc Linear<D, 4D>, GELUTanh, c_proj Linear<4D, D>
+// One entry of nn.Sequential, with nanoGPT's names: "i.ln_1.weight", "i.attn.c_attn.weight"
+// (3D, D), "i.attn.c_proj.weight" (D, D), "i.ln_2.weight", "i.mlp.c_fc.weight" (4D, D),
+// "i.mlp.c_proj.weight" (D, 4D), each with its ".bias". Parameters start as PyTorch's modules do
+// (Linear: uniform in +-1/sqrt(in); LayerNorm: 1 and 0).
+
+#include <cstddef>
+
+#include "gpipe/model/activation.hpp"
+#include "gpipe/model/attention.hpp"
+#include "gpipe/model/detail/chain.hpp"
+#include "gpipe/model/layer_norm.hpp"
+#include "gpipe/model/linear.hpp"
+#include "gpipe/model/residual.hpp"
+
+namespace gpipe {
+namespace detail {
+
+template <std::size_t D, std::size_t H, std::size_t T>
+using TransformerBody =
+    Chain<ResidualOf<bind_chain_t<D, T, LayerNorm<D>, CausalSelfAttention<D, H>>>,
+          ResidualOf<bind_chain_t<D, T, LayerNorm<D>, Linear<D, 4 * D>, GELUTanh, Linear<4 * D, D>>>>;
+
+template <std::size_t D, std::size_t H, std::size_t T>
+struct TransformerBlockOf : TransformerBody<D, H, T> {
+  static constexpr std::size_t sequential_size = 1;
+  static constexpr std::size_t tokens_per_sample = T;
+  static constexpr auto param_specs() {
+    return named_specs<TransformerBody<D, H, T>, 12>(
+        {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"});
+  }
+};
+
+}  // namespace detail
+
+template <std::size_t D, std::size_t H>
+struct TransformerBlock {
+  static_assert(D > 0 && H > 0 && D % H == 0,
+                "gpipe: TransformerBlock's width D must be a multiple of its heads H");
+  using sequence_generic = void;
+  static constexpr std::size_t natural_in_features = D;
+  template <std::size_t T>
+  using with_tokens = detail::TransformerBlockOf<D, H, T>;
+};
+
+}  // namespace gpipe
