@@ -6,18 +6,46 @@ models as torch.nn.Sequential (a Residual is an nn.Sequential whose forward adds
 its children are named "i.j" as in gpipe), loads gpipe's parameters with load_state_dict
 (strict), runs forward and backward in float64 and checks gpipe's loss and every gradient, then
 two steps of torch.optim.AdamW / SGD against gpipe's parameters after the same two steps.
-Exits 77 (CTest: skipped) when torch or safetensors is not installed.
+The same for a GPT against a nanoGPT-style model (token + position embedding, pre-norm blocks
+with causal self-attention and a tanh-GELU MLP, final LayerNorm, linear head), for every split,
+schedule, micro-batch count and remat policy that pytorch_dump_step writes.
+Exits 77 (CTest: skipped) when torch is not installed. safetensors files are read with the
+safetensors package where it is installed, else by the small reader below.
 """
+import glob
+import json
+import math
+import os
+import struct
 import subprocess
 import sys
 import tempfile
 
 try:
     import torch
-    from safetensors.torch import load_file
 except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"skipped: {e} (pip install torch safetensors to run this check)")
+    print(f"skipped: {e} (apt-get install python3-torch, or pip install torch, to run this check)")
     sys.exit(77)
+
+try:
+    from safetensors.torch import load_file
+except ImportError:
+    def load_file(path):
+        """F32 tensors of a safetensors file: an 8-byte little-endian header size, a JSON
+        header {name: {dtype, shape, data_offsets}}, then the data."""
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(size))
+            data = f.read()
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
+            begin, end = info["data_offsets"]
+            flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+            out[name] = flat.reshape(info["shape"]).clone()
+        return out
 
 
 class Residual(torch.nn.Sequential):
@@ -41,6 +69,133 @@ def models():
             lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01,
                                            nesterov=True)),
     }
+
+
+class Embedding(torch.nn.Module):
+    """nanoGPT's wte + wpe."""
+
+    def __init__(self, vocab, tokens, width):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, width)
+        self.wpe = torch.nn.Embedding(tokens, width)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(positions)
+
+
+class CausalSelfAttention(torch.nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = torch.nn.Linear(width, 3 * width)
+        self.c_proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.c_fc = torch.nn.Linear(width, 4 * width)
+        self.c_proj = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.c_proj(torch.nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(width, eps=1e-5)
+        self.attn = CausalSelfAttention(width, heads)
+        self.ln_2 = torch.nn.LayerNorm(width, eps=1e-5)
+        self.mlp = Mlp(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def check_gpt(tmp):
+    """The GPT of pytorch_dump_step (V = 11, T = 5, D = 12, H = 3, 3 blocks) in float64 against
+    every configuration's loss and gradients, and two AdamW steps. Returns the failures."""
+    V, T, D, H = 11, 5, 12, 3
+    nn = torch.nn
+
+    def fresh():
+        model = nn.Sequential(Embedding(V, T, D), Block(D, H), Block(D, H), Block(D, H),
+                              nn.LayerNorm(D, eps=1e-5), nn.Linear(D, V))
+        model.load_state_dict(load_file(f"{tmp}/params_gpt.safetensors"), strict=True)
+        return model.double()
+
+    batch = load_file(f"{tmp}/batch_gpt.safetensors")
+    x, y = batch["x"].long(), batch["y"].long()
+
+    def loss_of(model):
+        return nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+
+    model = fresh()
+    loss = loss_of(model)
+    loss.backward()
+    failures = 0
+    runs = sorted(glob.glob(f"{tmp}/grads_gpt_*.safetensors"))
+    worst_loss = worst_grad = 0.0
+    for path in runs:
+        tag = os.path.basename(path)[len("grads_"):-len(".safetensors")]
+        gpipe_loss = float(open(f"{tmp}/loss_{tag}.txt").read())
+        loss_error = abs(gpipe_loss - loss.item()) / abs(loss.item())
+        grads = load_file(path)
+        grad_error = 0.0
+        for pname, p in model.named_parameters():
+            scale = p.grad.abs().max().item() or 1.0
+            grad_error = max(grad_error, (grads[pname].double() - p.grad).abs().max().item() / scale)
+        ok = loss_error < 1e-6 and grad_error < 2e-5
+        failures += not ok
+        worst_loss, worst_grad = max(worst_loss, loss_error), max(worst_grad, grad_error)
+        if not ok:
+            print(f"  {tag}: loss rel error {loss_error:.1e}, worst gradient {grad_error:.1e}  FAILED")
+    print(f"gpt: {len(runs)} configurations (K, schedule, M, remat), loss torch {loss.item():.7f}; "
+          f"worst rel error: loss {worst_loss:.1e}, gradients {worst_grad:.1e}")
+    failures += len(runs) != 54
+
+    model = fresh()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss_of(model).backward()
+        optimizer.step()
+    stepped = load_file(f"{tmp}/stepped_gpt.safetensors")
+    # The key thirds of c_attn's bias have a gradient of exactly 0 (q . b_k is the same for every
+    # key of a query, and softmax ignores it), so both gradients are rounding noise, which
+    # AdamW's g / sqrt(v) turns into steps of up to lr in either direction. Those entries are
+    # checked against that bound: 2 steps of lr = 1e-2.
+    for pname, p in model.named_parameters():
+        got, want = stepped[pname].double(), p.detach()
+        if pname.endswith("attn.c_attn.bias"):
+            keys = slice(D, 2 * D)
+            key_drift = (got[keys] - want[keys]).abs().max().item()
+            ok = key_drift <= 2 * 1e-2 * 1.001
+            failures += not ok
+            if not ok:
+                print(f"  gpt after 2 AdamW steps {pname}[D:2D]: drift {key_drift:.1e}  FAILED")
+            got, want = torch.cat([got[:D], got[2 * D:]]), torch.cat([want[:D], want[2 * D:]])
+        scale = want.abs().max().item() or 1.0
+        error = (got - want).abs().max().item() / scale
+        ok = error < 1e-5
+        failures += not ok
+        if not ok:
+            print(f"  gpt after 2 AdamW steps {pname}: max rel error {error:.1e}  FAILED")
+    print(f"gpt: two AdamW steps checked on {len(stepped)} tensors")
+    return failures
 
 
 def main():
@@ -83,6 +238,7 @@ def main():
                 failures += not ok
                 print(f"  after 2 steps {pname:12s} max rel error {error:.1e}"
                       f"{'' if ok else '  FAILED'}")
+        failures += check_gpt(tmp)
     print("passed" if failures == 0 else f"{failures} FAILED")
     return 0 if failures == 0 else 1
 

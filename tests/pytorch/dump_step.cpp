@@ -5,7 +5,12 @@
 // <dir>/stepped_<name>.safetensors (AdamW for the first model, SGD with Nesterov momentum and
 // weight decay for the second), for a cross-entropy model with Residual and LayerNorm on 3 stages
 // and an MSE model on 2 stages, both with micro-batches that do not divide the batch and remat
-// always. Usage: pytorch_dump_step <dir>
+// always. For a GPT (Embedding, TransformerBlock, LayerNorm, Linear head) it writes
+// params_gpt.safetensors, batch_gpt.safetensors (tokens x and targets y, as floats) and, for every
+// split K in {1, 2, 4}, schedule, M in {1, 2, 3} and remat never / always,
+// grads_gpt_<K>_<schedule>_<M>_<remat>.safetensors and loss_gpt_<...>.txt, and
+// stepped_gpt.safetensors after two AdamW steps (K = 4, 1F1B, M = 3, remat always).
+// Usage: pytorch_dump_step <dir>
 
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +30,72 @@ using CrossEntropyModel = gpipe::Pipeline<
                  gpipe::Linear<32, 7>>>;
 using MseModel = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<12, 24>, gpipe::GELU>,
                                  gpipe::Stage<gpipe::LayerNorm<24>, gpipe::Linear<24, 5>>>;
+
+constexpr std::size_t V = 11, T = 5, D = 12, H = 3, samples = 4;
+using Emb = gpipe::Embedding<V, T, D>;
+using Block = gpipe::TransformerBlock<D, H>;
+using Gpt1 = gpipe::Pipeline<
+    gpipe::Stage<Emb, Block, Block, Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
+using Gpt2 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>,
+                             gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
+using Gpt4 = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                             gpipe::Stage<gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
+
+void write_loss(const std::filesystem::path& path, float loss) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", static_cast<double>(loss));
+  std::ofstream(path) << text;
+}
+
+template <class Model, class Schedule>
+void dump_gpt_step(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
+                   const std::vector<std::int32_t>& targets, const char* schedule) {
+  for (std::size_t m : {1u, 2u, 3u}) {
+    for (gpipe::Remat remat : {gpipe::Remat::never, gpipe::Remat::always}) {
+      gpipe::host::Backend backend(Model::num_stages);
+      gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, Schedule> trainer(
+          backend, {.micro_batches = m, .remat = remat, .seed = 13});
+      const float loss = trainer.forward_backward(tokens, targets);
+      const std::string tag = "gpt_" + std::to_string(Model::num_stages) + "_" + schedule + "_" +
+                              std::to_string(m) + "_" + std::string(gpipe::to_string(remat));
+      trainer.save_gradients(dir / ("grads_" + tag + ".safetensors"));
+      write_loss(dir / ("loss_" + tag + ".txt"), loss);
+    }
+  }
+}
+
+template <class Model>
+void dump_gpt_schedules(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
+                        const std::vector<std::int32_t>& targets) {
+  dump_gpt_step<Model, gpipe::GPipe>(dir, tokens, targets, "gpipe");
+  dump_gpt_step<Model, gpipe::OneFOneB>(dir, tokens, targets, "1f1b");
+  dump_gpt_step<Model, gpipe::ZeroBubbleH1>(dir, tokens, targets, "zbh1");
+}
+
+void dump_gpt(const std::filesystem::path& dir) {
+  gpipe::Rng rng(17);
+  std::vector<std::int32_t> tokens(samples * T), targets(samples * T);
+  for (std::int32_t& t : tokens) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  for (std::int32_t& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  const std::vector<float> x(tokens.begin(), tokens.end()), y(targets.begin(), targets.end());
+  const std::vector<gpipe::io::TensorView> batch{{"x", {samples, T}, x}, {"y", {samples, T}, y}};
+  gpipe::io::save_safetensors(dir / "batch_gpt.safetensors", batch);
+  dump_gpt_schedules<Gpt1>(dir, tokens, targets);
+  dump_gpt_schedules<Gpt2>(dir, tokens, targets);
+  dump_gpt_schedules<Gpt4>(dir, tokens, targets);
+
+  gpipe::host::Backend backend(4);
+  gpipe::Trainer<Gpt4, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB> trainer(
+      backend, {.micro_batches = 3, .remat = gpipe::Remat::always, .seed = 13});
+  trainer.save(dir / "params_gpt.safetensors");
+  const gpipe::optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1});
+  trainer.forward_backward(tokens, targets);
+  trainer.step(adamw);
+  trainer.zero_grad();
+  trainer.forward_backward(tokens, targets);
+  trainer.step(adamw);
+  trainer.save(dir / "stepped_gpt.safetensors");
+}
 
 template <class Model, class Loss, class Optimizer>
 void dump(const std::filesystem::path& dir, const std::string& name, std::size_t rows,
@@ -51,9 +122,7 @@ void dump(const std::filesystem::path& dir, const std::string& name, std::size_t
   gpipe::io::save_safetensors(dir / ("batch_" + name + ".safetensors"), batch);
   const float loss = trainer.forward_backward(x, y);
   trainer.save_gradients(dir / ("grads_" + name + ".safetensors"));
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", static_cast<double>(loss));
-  std::ofstream(dir / ("loss_" + name + ".txt")) << text;
+  write_loss(dir / ("loss_" + name + ".txt"), loss);
   // Two optimizer steps from here: the first on these gradients, the second on fresh ones.
   trainer.step(optimizer);
   trainer.zero_grad();
@@ -76,6 +145,7 @@ int main(int argc, char** argv) try {
   dump<MseModel, gpipe::MSELoss>(
       dir, "mse", 11,
       gpipe::optim::SGD({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true}));
+  dump_gpt(dir);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

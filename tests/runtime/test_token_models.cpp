@@ -1,0 +1,190 @@
+// A GPT on the pipeline (host backend): for K in {1, 2, 4} stages, every schedule, M in {1, 2, 3}
+// and remat never / always, the loss and every gradient equal the unpipelined double-precision
+// model; predict returns its logits; micro-batches split between samples; the memory model
+// predicts the measured activation peak; bad token input is a clear gpipe::Error.
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/memory_model.hpp"
+#include "support/errors.hpp"
+#include "support/reference_model.hpp"
+
+namespace {
+
+using namespace gpipe;
+using namespace gpipe::test;
+
+constexpr std::size_t V = 7, T = 4, D = 8, H = 2;
+constexpr std::size_t samples = 5;  // M = 2, 3 do not divide it
+using Emb = Embedding<V, T, D>;
+using Block = TransformerBlock<D, H>;
+using Head = Linear<D, V>;
+
+// One layer sequence, split three ways: the same names and, from one seed, the same parameters.
+using Gpt1 = Pipeline<Stage<Emb, Block, Block, Block, LayerNorm<D>, Head>>;
+using Gpt2 = Pipeline<Stage<Emb, Block, Block>, Stage<Block, LayerNorm<D>, Head>>;
+using Gpt4 = Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block>, Stage<LayerNorm<D>, Head>>;
+
+static_assert(Gpt4::is_token_model && Gpt4::tokens_per_sample == T && Gpt4::vocab_size == V);
+static_assert(Gpt4::in_features == 1 && Gpt4::out_features == V);
+static_assert(!Pipeline<Stage<Linear<3, 4>>>::is_token_model);
+
+std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::int32_t> out(n);
+  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  return out;
+}
+
+std::vector<float> as_rows(const std::vector<std::int32_t>& tokens) {
+  return {tokens.begin(), tokens.end()};
+}
+
+const std::vector<std::int32_t> tokens = random_tokens(samples * T, 1);
+const std::vector<std::int32_t> targets = random_tokens(samples * T, 2);
+
+// Float pipelined runs against the double reference: relative to each tensor's largest entry.
+constexpr double gradient_tolerance = 2e-6;
+constexpr double loss_tolerance = 1e-6;
+
+template <class Model, class Schedule>
+void check_against_reference(std::size_t m, Remat remat) {
+  CAPTURE(Model::num_stages);
+  CAPTURE(m);
+  CAPTURE(to_string(remat));
+  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
+  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
+      backend, {.micro_batches = m, .remat = remat, .seed = 3});
+  const float loss = trainer.forward_backward(tokens, targets);
+  const ReferenceResult ref =
+      reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), as_rows(tokens), targets);
+  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
+  const NamedTensors grads = gradients_of(trainer);
+  REQUIRE(grads.size() == ref.gradients.size());
+  for (const auto& entry : grads) {
+    const std::string& name = entry.first;
+    CAPTURE(name);
+    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
+  }
+}
+
+template <class Schedule>
+void check_schedule() {
+  for (std::size_t m : {1u, 2u, 3u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      if constexpr (Schedule::chunks_per_device == 1) {
+        check_against_reference<Gpt1, Schedule>(m, remat);
+        check_against_reference<Gpt2, Schedule>(m, remat);
+      }
+      check_against_reference<Gpt4, Schedule>(m, remat);
+    }
+  }
+}
+
+// f() throws a gpipe::Error whose message contains `part`.
+template <class F>
+void check_error(F&& f, std::string_view part) {
+  const std::string message = error_of(f);
+  CAPTURE(message);
+  CHECK(contains(message, part));
+}
+
+}  // namespace
+
+TEST_SUITE("token models") {
+  TEST_CASE("every split of a GPT into stages has the same parameters from one seed") {
+    host::Backend backend(4);
+    Trainer<Gpt1, SoftmaxCrossEntropy, host::Backend> one(backend, {.seed = 3});
+    Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> four(backend, {.seed = 3});
+    CHECK(parameters_of(one) == parameters_of(four));
+    CHECK(Gpt4::parameters().front().name == "0.wte.weight");
+    CHECK(Gpt4::parameters()[1].name == "0.wpe.weight");
+    CHECK(Gpt4::parameters()[2].name == "1.ln_1.weight");
+    CHECK(Gpt4::parameters().back().name == "5.bias");
+  }
+
+  TEST_CASE("a pipelined GPT step equals the unpipelined model: GPipe") { check_schedule<GPipe>(); }
+  TEST_CASE("a pipelined GPT step equals the unpipelined model: 1F1B") {
+    check_schedule<OneFOneB>();
+  }
+  TEST_CASE("a pipelined GPT step equals the unpipelined model: ZB-H1") {
+    check_schedule<ZeroBubbleH1>();
+  }
+  TEST_CASE("a pipelined GPT step equals the unpipelined model: interleaved, 2 stages a device") {
+    check_schedule<Interleaved<2>>();
+  }
+
+  TEST_CASE("predict returns the unpipelined model's logits for every token") {
+    host::Backend backend(4);
+    Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 3});
+    const std::vector<float> logits = trainer.predict(tokens);
+    REQUIRE(logits.size() == samples * T * V);
+    Trainer<Gpt1, SoftmaxCrossEntropy, host::Backend> single(backend, {.micro_batches = 1});
+    const std::vector<float> single_logits = single.predict(tokens);
+    CHECK(relative_error(std::vector<double>(logits.begin(), logits.end()),
+                         std::vector<double>(single_logits.begin(), single_logits.end())) < 1e-6);
+    // A sample's logits do not depend on the other samples in its batch.
+    const std::vector<std::int32_t> first(tokens.begin(), tokens.begin() + T);
+    const std::vector<float> alone = trainer.predict(first);
+    CHECK(relative_error(std::vector<double>(alone.begin(), alone.end()),
+                         std::vector<double>(logits.begin(), logits.begin() + T * V)) < 1e-6);
+  }
+
+  TEST_CASE("the memory model predicts a GPT's activation peak exactly") {
+    for (std::size_t m : {1u, 2u, 3u}) {
+      for (Remat remat : {Remat::never, Remat::always}) {
+        CAPTURE(m);
+        CAPTURE(to_string(remat));
+        host::Backend backend(4);
+        Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend, OneFOneB> trainer(
+            backend, {.micro_batches = m, .remat = remat});
+        const auto predicted = predict_memory<Gpt4>(trainer.schedule(), samples * T, remat);
+        backend.reset_peak();
+        trainer.forward_backward(tokens, targets);
+        for (std::size_t d = 0; d < 4; ++d) {
+          CAPTURE(d);
+          const MemoryStats stats = backend.memory_stats(d);
+          CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+          CHECK(stats.peak <= predicted[d].total_bound());
+        }
+      }
+    }
+  }
+
+  TEST_CASE("bad token input is a gpipe::Error that says what was expected") {
+    host::Backend backend(2);
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 2});
+    std::vector<std::int32_t> bad = tokens;
+    bad[6] = static_cast<std::int32_t>(V);
+    check_error(
+        [&] { trainer.forward_backward(bad, targets); },
+        "token 6 (sample 1, position 2) is 7, expected an id in [0, 7)");
+    bad[6] = -1;
+    check_error([&] { trainer.predict(bad); }, "is -1, expected an id in [0, 7)");
+    const std::vector<std::int32_t> partial(tokens.begin(), tokens.begin() + T + 1);
+    check_error([&] { trainer.forward_backward(partial, targets); },
+                      "5 tokens, which is not a positive number of whole samples of T = 4");
+    const std::vector<std::int32_t> one_sample(tokens.begin(), tokens.begin() + T);
+    const std::vector<std::int32_t> one_target(targets.begin(), targets.begin() + T);
+    check_error([&] { trainer.forward_backward(one_sample, one_target); },
+                      "1 samples, fewer than micro_batches = 2");
+    check_error([&] { trainer.forward_backward(tokens, one_target); },
+                      "y has 4 targets, expected 20 (20 tokens x 1)");
+    std::vector<std::int32_t> bad_target = targets;
+    bad_target[3] = 9;
+    check_error([&] { trainer.forward_backward(tokens, bad_target); },
+                      "target 3 is 9, expected a class id in [0, 7)");
+    check_error([&] { trainer.predict(std::vector<std::int32_t>{}); },
+                      "0 tokens, which is not a positive number of whole samples");
+    // Nothing was left behind: a good step still works and matches a fresh trainer.
+    CHECK(std::isfinite(trainer.forward_backward(tokens, targets)));
+  }
+}
