@@ -1,0 +1,87 @@
+// One training step of a GPT-2-shaped model on the host backend, in tokens per second, for K = 1,
+// 2 and 4 stages and several micro-batch counts (1F1B). bench/pytorch_gpt_step.py times the same
+// model and step in PyTorch; scripts/bench-vs-pytorch --gpt runs both in alternating rounds.
+//   model   GPT-2's shapes with 4 blocks: V = 50304, T = 256, D = 768, H = 12; batch 4 samples
+//           (1024 tokens); token + position embedding, 4 pre-norm blocks, LayerNorm, LM head
+//   step    zero_grad + forward_backward (no optimizer update)
+//   splits  K = 1: everything on one device; K = 2: [embedding, 2 blocks] [2 blocks, head];
+//           K = 4: [embedding, block] [block] [block] [block, head] (the head is the largest
+//           stage: 2 x 38.6 M of the model's 67 M parameters sit in the embedding and the head)
+// Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1 of this run), bubble.
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <gpipe/gpipe.hpp>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t V = 50304, T = 256, D = 768, H = 12, samples = 4;
+using Emb = gpipe::Embedding<V, T, D>;
+using Block = gpipe::TransformerBlock<D, H>;
+using Norm = gpipe::LayerNorm<D>;
+using Head = gpipe::Linear<D, V>;
+
+template <std::size_t K>
+struct GptFor;
+template <>
+struct GptFor<1> {
+  using type = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block, Norm, Head>>;
+};
+template <>
+struct GptFor<2> {
+  using type =
+      gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>, gpipe::Stage<Block, Block, Norm, Head>>;
+};
+template <>
+struct GptFor<4> {
+  using type = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                               gpipe::Stage<Block, Norm, Head>>;
+};
+
+double baseline_ms = 0;  // K = 1, M = 1, which runs first
+
+template <std::size_t K>
+void BM_GptStep(benchmark::State& state) {
+  using Model = typename GptFor<K>::type;
+  const auto m = static_cast<std::size_t>(state.range(1));
+  gpipe::host::Backend backend(K);
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB> trainer(
+      backend, {.micro_batches = m, .seed = 1});
+  gpipe::Rng rng(2);
+  std::vector<std::int32_t> x(samples * T), y(samples * T);
+  for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    trainer.zero_grad();
+    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double step_ms = 1e3 * seconds / static_cast<double>(state.iterations());
+  if (K == 1 && m == 1) baseline_ms = step_ms;
+  state.counters["step_ms"] = step_ms;
+  state.counters["tokens_per_s"] = static_cast<double>(samples * T) / (step_ms / 1e3);
+  if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
+  state.counters["bubble"] = trainer.last_step().bubble_fraction;
+}
+
+void register_all() {
+  auto add = [](auto bench, std::vector<std::int64_t> ks, std::vector<std::int64_t> ms) {
+    benchmark::RegisterBenchmark("BM_GptStep<1F1B>", bench)
+        ->ArgNames({"K", "M"})
+        ->ArgsProduct({ks, ms})
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  };
+  add(BM_GptStep<1>, {1}, {1});
+  add(BM_GptStep<2>, {2}, {1, 2, 4});
+  add(BM_GptStep<4>, {4}, {1, 2, 4});
+}
+
+[[maybe_unused]] const bool registered = (register_all(), true);
+
+}  // namespace
