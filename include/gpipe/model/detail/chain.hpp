@@ -63,15 +63,11 @@ struct token_count_check<model_tokens<A>, layer_tokens<B>> {
   static constexpr bool value = A == B;
 };
 
-// Shows up as sequence_layer_needs_tokens<L>: L (attention, a Transformer block) acts on whole
+// Shows up as sequence_layer_needs_tokens<L, 0>: L (attention, a Transformer block) acts on whole
 // samples of T tokens, which only a pipeline that starts with Embedding<V, T, D> has.
-template <class L>
-struct sequence_layer_needs_tokens {
-  static constexpr bool value = false;
-};
 template <class L, std::size_t T>
-struct check_sequence_tokens {
-  static_assert(T > 0 || sequence_layer_needs_tokens<L>::value,
+struct sequence_layer_needs_tokens {
+  static_assert(T > 0,
                 "gpipe: a sequence layer (attention, TransformerBlock) needs token samples: start "
                 "the pipeline with Embedding<V, T, D> (the layer is named in "
                 "sequence_layer_needs_tokens<...>)");
@@ -113,7 +109,7 @@ struct bound_layer<L, N, T> {
 };
 template <sequence_layer L, std::size_t N, std::size_t T>
 struct bound_layer<L, N, T> {
-  static_assert(check_sequence_tokens<L, T>::value);
+  static_assert(sequence_layer_needs_tokens<L, T>::value);
   using type = typename bound_layer<typename L::template with_tokens<(T > 0 ? T : 1)>, N, T>::type;
 };
 template <class L, std::size_t N, std::size_t T>
