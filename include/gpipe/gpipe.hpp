@@ -5,6 +5,7 @@
 #include "gpipe/backend/host.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/io/chrome_trace.hpp"
+#include "gpipe/io/llmc.hpp"
 #include "gpipe/io/safetensors.hpp"
 #include "gpipe/io/svg_timeline.hpp"
 #include "gpipe/model.hpp"
