@@ -32,6 +32,7 @@ using gpipe::test::LayerRun;
 using gpipe::test::relative_error;
 
 using Linear5x3 = Linear<5, 3>;
+using Linear5x3NoBias = Linear<5, 3, false>;
 using Relu6 = ReLU::with_features<6>;
 using Gelu6 = GELU::with_features<6>;
 using LayerNorm7 = LayerNorm<7>;
@@ -103,6 +104,7 @@ bool all_finite(std::span<const double> v) {
 }  // namespace
 
 TYPE_TO_STRING_AS("Linear<5, 3>", Linear5x3);
+TYPE_TO_STRING_AS("Linear<5, 3, false> (no bias)", Linear5x3NoBias);
 TYPE_TO_STRING_AS("ReLU at width 6", Relu6);
 TYPE_TO_STRING_AS("GELU at width 6", Gelu6);
 TYPE_TO_STRING_AS("LayerNorm<7>", LayerNorm7);
@@ -116,7 +118,7 @@ TYPE_TO_STRING_AS(
     CheckpointedStage);
 
 #define GPIPE_BUILTIN_LAYERS                                                                 \
-  Linear5x3, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, CheckpointMlp, \
+  Linear5x3, Linear5x3NoBias, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, CheckpointMlp, \
       CheckpointedStage
 
 static_assert(gpipe::layer_for<Linear5x3, gpipe::host::Kernels<double>>);

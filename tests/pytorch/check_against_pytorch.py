@@ -125,6 +125,55 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def check_tied_gpt(tmp):
+    """GPT-2's tying: the LM head (no bias) shares wte's tensor. gpipe's file holds it once, as
+    0.wte.weight; its gradient is the sum of both uses; two SGD steps. Returns the failures."""
+    V, T, D, H = 11, 5, 12, 3
+    nn = torch.nn
+    model = nn.Sequential(Embedding(V, T, D), Block(D, H), Block(D, H), Block(D, H),
+                          nn.LayerNorm(D, eps=1e-5), nn.Linear(D, V, bias=False))
+    model[5].weight = model[0].wte.weight
+    missing, unexpected = model.load_state_dict(load_file(f"{tmp}/params_tied_gpt.safetensors"),
+                                                strict=False)
+    failures = int(missing != ["5.weight"] or unexpected != [])
+    model = model.double()
+    assert model[5].weight is model[0].wte.weight
+    batch = load_file(f"{tmp}/batch_gpt.safetensors")
+    x, y = batch["x"].long(), batch["y"].long()
+
+    def loss_of():
+        return nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+
+    loss = loss_of()
+    loss.backward()
+    gpipe_loss = float(open(f"{tmp}/loss_tied_gpt.txt").read())
+    loss_error = abs(gpipe_loss - loss.item()) / abs(loss.item())
+    grads = load_file(f"{tmp}/grads_tied_gpt.safetensors")
+    failures += sorted(grads) != sorted(n for n, _ in model.named_parameters())
+    grad_error = 0.0
+    for pname, p in model.named_parameters():
+        scale = p.grad.abs().max().item() or 1.0
+        grad_error = max(grad_error, (grads[pname].double() - p.grad).abs().max().item() / scale)
+    failures += loss_error > 1e-6 or grad_error > 2e-5
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    optimizer.step()
+    optimizer.zero_grad()
+    loss_of().backward()
+    optimizer.step()
+    stepped = load_file(f"{tmp}/stepped_tied_gpt.safetensors")
+    step_error = 0.0
+    for pname, p in model.named_parameters():
+        got, want = stepped[pname].double(), p.detach()
+        tensor_error = (got - want).abs().max().item() / (want.abs().max().item() or 1.0)
+        if tensor_error > 1e-5:
+            print(f"  tied gpt after 2 SGD steps {pname}: max rel error {tensor_error:.1e}  FAILED")
+        step_error = max(step_error, tensor_error)
+    failures += step_error > 1e-5
+    print(f"tied gpt: loss rel error {loss_error:.1e}, worst gradient {grad_error:.1e}, "
+          f"after 2 SGD steps {step_error:.1e}{'' if failures == 0 else '  FAILED'}")
+    return failures
+
+
 def check_gpt(tmp):
     """The GPT of pytorch_dump_step (V = 11, T = 5, D = 12, H = 3, 3 blocks) in float64 against
     every configuration's loss and gradients, and two AdamW steps. Returns the failures."""
@@ -239,6 +288,7 @@ def main():
                 print(f"  after 2 steps {pname:12s} max rel error {error:.1e}"
                       f"{'' if ok else '  FAILED'}")
         failures += check_gpt(tmp)
+        failures += check_tied_gpt(tmp)
     print("passed" if failures == 0 else f"{failures} FAILED")
     return 0 if failures == 0 else 1
 

@@ -9,7 +9,9 @@
 // params_gpt.safetensors, batch_gpt.safetensors (tokens x and targets y, as floats) and, for every
 // split K in {1, 2, 4}, schedule, M in {1, 2, 3} and remat never / always,
 // grads_gpt_<K>_<schedule>_<M>_<remat>.safetensors and loss_gpt_<...>.txt, and
-// stepped_gpt.safetensors after two AdamW steps (K = 4, 1F1B, M = 3, remat always).
+// stepped_gpt.safetensors after two AdamW steps (K = 4, 1F1B, M = 3, remat always); and the same
+// for a GPT whose bias-free LM head is tied to the token embedding (*_tied_gpt.*), with two SGD
+// steps.
 // Usage: pytorch_dump_step <dir>
 
 #include <cstdint>
@@ -72,6 +74,33 @@ void dump_gpt_schedules(const std::filesystem::path& dir, const std::vector<std:
   dump_gpt_step<Model, gpipe::ZeroBubbleH1>(dir, tokens, targets, "zbh1");
 }
 
+// GPT-2's weight tying: the bias-free LM head is the token embedding (first and last stage).
+using TiedGpt4 =
+    gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                    gpipe::Stage<gpipe::LayerNorm<D>, gpipe::Linear<D, V, false>>>;
+
+void dump_tied_gpt(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
+                   const std::vector<std::int32_t>& targets) {
+  gpipe::host::Backend backend(4);
+  gpipe::Trainer<TiedGpt4, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB>
+      trainer(backend, {.micro_batches = 3,
+                        .remat = gpipe::Remat::always,
+                        .seed = 13,
+                        .ties = {{.parameter = "5.weight", .to = "0.wte.weight"}}});
+  trainer.save(dir / "params_tied_gpt.safetensors");
+  write_loss(dir / "loss_tied_gpt.txt", trainer.forward_backward(tokens, targets));
+  trainer.save_gradients(dir / "grads_tied_gpt.safetensors");
+  // SGD here: its update is linear in the gradient, so two steps compare as closely as the
+  // gradients do (AdamW's g / sqrt(v) gives each element the relative error of its own gradient,
+  // large where a gradient is small; the untied GPT above checks AdamW).
+  const gpipe::optim::SGD sgd({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+  trainer.step(sgd);
+  trainer.zero_grad();
+  trainer.forward_backward(tokens, targets);
+  trainer.step(sgd);
+  trainer.save(dir / "stepped_tied_gpt.safetensors");
+}
+
 void dump_gpt(const std::filesystem::path& dir) {
   gpipe::Rng rng(17);
   std::vector<std::int32_t> tokens(samples * T), targets(samples * T);
@@ -95,6 +124,7 @@ void dump_gpt(const std::filesystem::path& dir) {
   trainer.forward_backward(tokens, targets);
   trainer.step(adamw);
   trainer.save(dir / "stepped_gpt.safetensors");
+  dump_tied_gpt(dir, tokens, targets);
 }
 
 template <class Model, class Loss, class Optimizer>

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
+#include "gpipe/io/safetensors.hpp"
 #include "gpipe/runtime/memory_model.hpp"
 #include "support/errors.hpp"
 #include "support/reference_model.hpp"
@@ -186,5 +187,98 @@ TEST_SUITE("token models") {
                       "0 tokens, which is not a positive number of whole samples");
     // Nothing was left behind: a good step still works and matches a fresh trainer.
     CHECK(std::isfinite(trainer.forward_backward(tokens, targets)));
+  }
+}
+
+namespace {
+
+// GPT-2's tying: the LM head (no bias) is the token embedding, across the first and last stage.
+using TiedHead = Linear<D, V, false>;
+using TiedGpt1 = Pipeline<Stage<Emb, Block, Block, Block, LayerNorm<D>, TiedHead>>;
+using TiedGpt4 =
+    Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block>, Stage<LayerNorm<D>, TiedHead>>;
+using TiedTrainer4 = Trainer<TiedGpt4, SoftmaxCrossEntropy, host::Backend, OneFOneB>;
+const std::vector<TiedTrainer4::Tie> gpt2_ties{{.parameter = "5.weight", .to = "0.wte.weight"}};
+
+}  // namespace
+
+TEST_SUITE("token models") {
+  TEST_CASE("a tied LM head and embedding hold one tensor and the sum of both gradients") {
+    host::Backend backend(4);
+    for (std::size_t m : {1u, 3u}) {
+      CAPTURE(m);
+      TiedTrainer4 trainer(backend, {.micro_batches = m, .seed = 3, .ties = gpt2_ties});
+      const NamedTensors params = parameters_of(trainer);
+      REQUIRE(params.at("5.weight") == params.at("0.wte.weight"));
+      // The untied reference at the same (equal) tensors: d loss / d shared = the sum of both.
+      const ReferenceResult ref = reference_step<TiedGpt1, SoftmaxCrossEntropy>(
+          params, as_rows(tokens), targets);
+      const float loss = trainer.forward_backward(tokens, targets);
+      CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
+      std::vector<double> shared = ref.gradients.at("0.wte.weight");
+      for (std::size_t i = 0; i < shared.size(); ++i) shared[i] += ref.gradients.at("5.weight")[i];
+      const NamedTensors grads = gradients_of(trainer);
+      CHECK(relative_error(grads.at("0.wte.weight"), shared) < gradient_tolerance);
+      CHECK(grads.at("5.weight") == grads.at("0.wte.weight"));
+      CHECK(relative_error(grads.at("0.wpe.weight"), ref.gradients.at("0.wpe.weight")) <
+            gradient_tolerance);
+
+      // A second step without zero_grad adds each step's sum once.
+      trainer.forward_backward(tokens, targets);
+      std::vector<double> twice = shared;
+      for (double& g : twice) g *= 2;
+      CHECK(relative_error(gradients_of(trainer).at("0.wte.weight"), twice) < gradient_tolerance);
+      CHECK(gradients_of(trainer).at("5.weight") == gradients_of(trainer).at("0.wte.weight"));
+
+      // An optimizer step keeps the two equal.
+      trainer.step(optim::AdamW({.lr = 1e-2, .weight_decay = 0.1}));
+      const NamedTensors stepped = parameters_of(trainer);
+      CHECK(stepped.at("5.weight") == stepped.at("0.wte.weight"));
+      CHECK(stepped.at("0.wte.weight") != params.at("0.wte.weight"));
+    }
+  }
+
+  TEST_CASE("a tied tensor is saved once and loads back into both") {
+    host::Backend backend(4);
+    TiedTrainer4 trainer(backend, {.seed = 3, .ties = gpt2_ties});
+    trainer.save("tied.safetensors");
+    const auto saved = io::load_safetensors("tied.safetensors");
+    CHECK(saved.count("0.wte.weight") == 1);
+    CHECK(saved.count("5.weight") == 0);
+    TiedTrainer4 other(backend, {.seed = 4, .ties = gpt2_ties});
+    other.load("tied.safetensors");
+    CHECK(parameters_of(other) == parameters_of(trainer));
+    // set_parameter on either name sets the shared tensor.
+    std::vector<float> ones(V * D, 1.0f);
+    other.set_parameter("5.weight", ones);
+    CHECK(other.parameter("0.wte.weight") == ones);
+    // A file that holds both names with different values is refused.
+    Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> untied(backend, {.seed = 3});
+    std::vector<float> head(V * D, 0.5f);
+    untied.set_parameter("5.weight", head);
+    untied.save("both.safetensors");
+    check_error([&] {
+      Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> tied(
+          backend, {.seed = 3, .ties = {{.parameter = "5.weight", .to = "0.wte.weight"}}});
+      tied.load("both.safetensors");
+    },
+                "\"5.weight\" is tied to \"0.wte.weight\", but the file holds different values");
+  }
+
+  TEST_CASE("a tie that cannot hold is a gpipe::Error at construction") {
+    host::Backend backend(4);
+    using Untied = Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend>;
+    check_error([&] { Untied(backend, {.ties = {{.parameter = "5.bias", .to = "0.wte.weight"}}}); },
+                "their shapes differ ([7] and [7, 8])");
+    check_error([&] { Untied(backend, {.ties = {{.parameter = "9.weight", .to = "0.wte.weight"}}}); },
+                "the model has no parameter \"9.weight\"");
+    check_error([&] { Untied(backend, {.ties = {{.parameter = "5.weight", .to = "5.weight"}}}); },
+                "cannot be tied to itself");
+    check_error(
+        [&] {
+          Untied(backend, {.ties = {{.parameter = "5.weight", .to = "0.wte.weight"},
+                                    {.parameter = "5.weight", .to = "0.wte.weight"}}});
+        },
+        "is already tied to \"0.wte.weight\"");
   }
 }

@@ -23,7 +23,10 @@ inline constexpr std::int32_t llmc_tokens_magic = 20240520;
 inline constexpr std::int32_t llmc_tokens_version = 1;
 inline constexpr std::size_t llmc_header_ints = 256;
 
-namespace detail {
+}  // namespace gpipe::io
+
+// Helpers live in gpipe::detail: a gpipe::io::detail would hide it from the other io headers.
+namespace gpipe::detail {
 
 inline std::uint32_t read_le32(const unsigned char* p) {
   return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
@@ -34,7 +37,9 @@ inline void put_le32(std::vector<unsigned char>& out, std::uint32_t v) {
   for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<unsigned char>(v >> shift));
 }
 
-}  // namespace detail
+}  // namespace gpipe::detail
+
+namespace gpipe::io {
 
 // The token ids of an llm.c shard.
 inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& path) {
@@ -47,9 +52,9 @@ inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& p
   if (bytes.size() < header_bytes)
     throw Error(where + "has " + std::to_string(bytes.size()) +
                 " bytes, fewer than an llm.c token shard's 1024-byte header");
-  const auto magic = static_cast<std::int32_t>(detail::read_le32(bytes.data()));
-  const auto version = static_cast<std::int32_t>(detail::read_le32(bytes.data() + 4));
-  const auto count = static_cast<std::int32_t>(detail::read_le32(bytes.data() + 8));
+  const auto magic = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data()));
+  const auto version = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 4));
+  const auto count = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 8));
   if (magic != llmc_tokens_magic)
     throw Error(where + "magic number " + std::to_string(magic) + ", expected " +
                 std::to_string(llmc_tokens_magic) + " (an llm.c token shard)");
@@ -81,7 +86,7 @@ inline void save_llmc_tokens(const std::filesystem::path& path,
   header[0] = static_cast<std::uint32_t>(llmc_tokens_magic);
   header[1] = static_cast<std::uint32_t>(llmc_tokens_version);
   header[2] = static_cast<std::uint32_t>(tokens.size());
-  for (std::uint32_t v : header) detail::put_le32(bytes, v);
+  for (std::uint32_t v : header) gpipe::detail::put_le32(bytes, v);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] > 0xffff)
       throw Error("gpipe: token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +

@@ -1,5 +1,6 @@
 #pragma once
 // Linear<In, Out>: y = x W^T + b, as torch.nn.Linear. weight (Out, In), bias (Out).
+// Linear<In, Out, false>: y = x W^T, as torch.nn.Linear(bias=False) (GPT-2's LM head); weight only.
 
 #include <array>
 #include <cmath>
@@ -10,19 +11,23 @@
 
 namespace gpipe {
 
-template <std::size_t In, std::size_t Out>
+template <std::size_t In, std::size_t Out, bool Bias = true>
 struct Linear {
   static_assert(In > 0 && Out > 0, "gpipe: Linear needs positive sizes");
 
   static constexpr std::size_t in_features = In;
   static constexpr std::size_t out_features = Out;
-  static constexpr std::size_t num_params = Out * In + Out;
+  static constexpr std::size_t num_params = Out * In + (Bias ? Out : 0);
   static constexpr std::size_t stash_per_row = 0;
   static constexpr std::size_t grad_stash_per_row = 0;
 
-  static constexpr std::array<ParamSpec, 2> param_specs() {
-    return {ParamSpec{.name = "weight", .shape = {Out, In}, .rank = 2, .offset = 0},
-            ParamSpec{.name = "bias", .shape = {Out, 0}, .rank = 1, .offset = Out * In}};
+  static constexpr auto param_specs() {
+    constexpr ParamSpec weight{.name = "weight", .shape = {Out, In}, .rank = 2, .offset = 0};
+    if constexpr (Bias)
+      return std::array<ParamSpec, 2>{
+          weight, ParamSpec{.name = "bias", .shape = {Out, 0}, .rank = 1, .offset = Out * In}};
+    else
+      return std::array<ParamSpec, 1>{weight};
   }
 
   // PyTorch's default: kaiming_uniform_(a = sqrt 5) for the weight and U(-1/sqrt In, 1/sqrt In)
@@ -36,12 +41,15 @@ struct Linear {
   // host backend fuses the bias into its GEMM), else a GEMM and a bias pass.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    const auto* bias = a.params + Out * In;
-    if constexpr (requires { ctx.linear_forward(a.rows, In, Out, a.x, a.params, bias, a.y); }) {
-      ctx.linear_forward(a.rows, In, Out, a.x, a.params, bias, a.y);
+    if constexpr (!Bias) {
+      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
+    } else if constexpr (requires {
+                           ctx.linear_forward(a.rows, In, Out, a.x, a.params, a.params, a.y);
+                         }) {
+      ctx.linear_forward(a.rows, In, Out, a.x, a.params, a.params + Out * In, a.y);
     } else {
       ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
-      ctx.bias_add(a.rows, Out, bias, a.y);
+      ctx.bias_add(a.rows, Out, a.params + Out * In, a.y);
     }
   }
 
@@ -55,7 +63,7 @@ struct Linear {
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);
-    ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
+    if constexpr (Bias) ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
   }
 };
 

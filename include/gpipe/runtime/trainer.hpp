@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "gpipe/error.hpp"
@@ -61,10 +62,21 @@ class Trainer {
     std::vector<ComputeTiming> devices;
   };
 
+  // Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
+  // embedding, on the last and the first stage). Both are kept equal: at initialization, load,
+  // set_parameter and after every optimizer step. Each forward_backward sums the two gradients
+  // (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
+  // tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
+  struct Tie {
+    std::string parameter;
+    std::string to;
+  };
+
   struct Options {
     std::size_t micro_batches = 1;
     Remat remat = Remat::never;
     std::uint64_t seed = 0;
+    std::vector<Tie> ties = {};
   };
 
   static constexpr std::size_t num_stages = Model::num_stages;
@@ -87,7 +99,9 @@ class Trainer {
       grads_.push_back(
           backend_.template allocate<float>(d, Model::stage_num_params[s], MemoryKind::gradients));
     }
+    resolve_ties();
     initialize(options.seed);
+    sync_tied_parameters();
     zero_grad();
   }
   Trainer(const Trainer&) = delete;
@@ -186,6 +200,7 @@ class Trainer {
                        t = optimizer_steps_](auto& k) { optimizer.update(k, n, p, g, st, t); });
     }
     backend_.synchronize();
+    sync_tied_parameters();
   }
 
   // Every parameter tensor: name, shape, stage.
@@ -193,21 +208,24 @@ class Trainer {
 
   std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
   std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
+  // Sets a parameter; for a tied one, the tensor it shares with its partner.
   void set_parameter(std::string_view name, std::span<const float> values) {
     const ParameterInfo& info = find(name);
     detail::require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
                                                     std::to_string(info.size) + " elements, got " +
                                                     std::to_string(values.size()));
-    write(params_, info, values);
+    write(params_, *leader_of(info), values);
     backend_.synchronize();
+    sync_tied_parameters();
   }
 
   // Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
-  // load_state_dict with strict=True).
+  // load_state_dict with strict=True); a tied parameter may be left out.
   void load(const std::filesystem::path& path) {
     const auto tensors = io::load_safetensors(path);
     for (const ParameterInfo& info : infos_) {
       const auto it = tensors.find(info.name);
+      if (it == tensors.end() && leader_of(info) != &info) continue;
       detail::require(it != tensors.end(),
                       path.string() + " has no tensor \"" + info.name + "\" that the model needs");
       detail::require(it->second.shape == info.shape,
@@ -219,9 +237,16 @@ class Trainer {
       detail::require(
           has(name), path.string() + " has a tensor \"" + name + "\" that the model does not have");
     }
+    for (const auto& [follower, leader] : ties_) {
+      const auto it = tensors.find(follower->name);
+      detail::require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
+                      path.string() + ": \"" + follower->name + "\" is tied to \"" +
+                          leader->name + "\", but the file holds different values for them");
+    }
     for (const ParameterInfo& info : infos_)
-      write(params_, info, tensors.find(info.name)->second.data);
+      if (leader_of(info) == &info) write(params_, info, tensors.find(info.name)->second.data);
     backend_.synchronize();
+    sync_tied_parameters();
   }
   void save(const std::filesystem::path& path) const { save_all(params_, path); }
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
@@ -242,10 +267,14 @@ class Trainer {
 
     detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
                                                     grads_);
+    // A tied pair holds the same gradient sum; the follower's copy restarts from 0 so that the
+    // sum after the step counts every earlier step once.
+    for (const auto& tie : ties_) fill(grads_, *tie.first, 0.0f);
     take_timing();  // start this step's count afresh
     const MicroBatchSplit split{rows, options_.micro_batches, tokens_per_sample};
     const double total = executor.run({.x = x, .y = y, .split = split, .remat = options_.remat});
     last_step_ = measure_step(take_timing());
+    sum_tied_gradients();
     return static_cast<float>(total / Loss::normalizer(rows, out));
   }
 
@@ -362,14 +391,69 @@ class Trainer {
                     });
   }
 
+  // Every tensor once: a tied parameter is saved under its partner's name only.
   void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path) const {
+    std::vector<const ParameterInfo*> saved;
+    for (const ParameterInfo& info : infos_)
+      if (leader_of(info) == &info) saved.push_back(&info);
     std::vector<std::vector<float>> data;
-    data.reserve(infos_.size());
-    for (const ParameterInfo& info : infos_) data.push_back(read(where, info));
+    data.reserve(saved.size());
+    for (const ParameterInfo* info : saved) data.push_back(read(where, *info));
     std::vector<io::TensorView> views;
-    for (std::size_t i = 0; i < infos_.size(); ++i)
-      views.push_back({infos_[i].name, infos_[i].shape, data[i]});
+    for (std::size_t i = 0; i < saved.size(); ++i)
+      views.push_back({saved[i]->name, saved[i]->shape, data[i]});
     io::save_safetensors(path, views);
+  }
+
+  // Checks options_.ties and resolves their names: every tie joins two distinct parameters of
+  // one shape, a parameter follows at most one other, and a followed one follows none.
+  void resolve_ties() {
+    for (const Tie& tie : options_.ties) {
+      const ParameterInfo& follower = find(tie.parameter);
+      const ParameterInfo& leader = find(tie.to);
+      const std::string what = "tie of \"" + tie.parameter + "\" to \"" + tie.to + "\": ";
+      detail::require(&follower != &leader, what + "a parameter cannot be tied to itself");
+      detail::require(follower.shape == leader.shape,
+                      what + "their shapes differ (" + shape_string(follower.shape) + " and " +
+                          shape_string(leader.shape) + ")");
+      for (const auto& [f, l] : ties_) {
+        detail::require(f != &follower, what + "\"" + tie.parameter +
+                                            "\" is already tied to \"" + l->name + "\"");
+        detail::require(f != &leader && l != &follower,
+                        what + "chains of ties are not supported: tie every parameter to the "
+                               "same one");
+      }
+      ties_.emplace_back(&follower, &leader);
+    }
+  }
+  // The parameter that holds info's values in files: its tie partner, or itself.
+  const ParameterInfo* leader_of(const ParameterInfo& info) const {
+    for (const auto& [follower, leader] : ties_)
+      if (follower == &info) return leader;
+    return &info;
+  }
+  void sync_tied_parameters() {
+    for (const auto& [follower, leader] : ties_) {
+      const std::vector<float> values = read(params_, *leader);
+      write(params_, *follower, values);
+      backend_.synchronize();
+    }
+  }
+  void sum_tied_gradients() {
+    for (const auto& [follower, leader] : ties_) {
+      std::vector<float> total = read(grads_, *leader);
+      const std::vector<float> other = read(grads_, *follower);
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
+      write(grads_, *leader, total);
+      write(grads_, *follower, total);
+      backend_.synchronize();
+    }
+  }
+  void fill(std::vector<Buffer<float>>& where, const ParameterInfo& info, float value) {
+    backend_.submit(device_of_stage(info.stage), {"fill tied gradient", info.stage},
+                    [value, n = info.size, dst = where[info.stage].data() + info.offset](auto& k) {
+                      k.fill(n, value, dst);
+                    });
   }
 
   static std::string shape_string(const std::vector<std::size_t>& shape) {
@@ -388,6 +472,7 @@ class Trainer {
   const std::type_info* optimizer_type_ = nullptr;
   StepStats last_step_;
   std::size_t optimizer_steps_ = 0;
+  std::vector<std::pair<const ParameterInfo*, const ParameterInfo*>> ties_;  // (follower, leader)
 };
 
 }  // namespace gpipe
