@@ -10,6 +10,7 @@
 #include "gpipe/io/svg_timeline.hpp"
 #include "gpipe/model.hpp"
 #include "gpipe/optim.hpp"
+#include "gpipe/runtime/llmc.hpp"
 #include "gpipe/runtime/memory_model.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trace_stats.hpp"

@@ -1,13 +1,16 @@
-// llm.c's token shards: files written by an independent Python writer (tests/io/write_llmc_files.py,
-// run by CTest before this test, into its working directory) read back exactly, malformed ones
-// (magic, version, token count, truncated header) are each a gpipe::Error, and gpipe's writer
-// makes the same bytes as the Python writer.
+// llm.c's files, written by an independent Python writer (tests/io/write_llmc_files.py, run by
+// CTest before this test, into its working directory): token shards read back exactly; a GPT-2
+// checkpoint loads into gpipe's GPT layout (every tensor where the writer says it belongs, the
+// head tied to wte, leading rows for a smaller vocabulary or T) and saves back byte for byte;
+// malformed files and models that do not fit are each a gpipe::Error saying what differs.
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -67,5 +70,101 @@ TEST_SUITE("io llm.c") {
     check_error("long.bin", "the header says 1003 tokens (2006 bytes) but 2007 bytes follow");
     check_error("truncated_header.bin", "has 100 bytes, fewer than an llm.c token shard's");
     check_error("missing.bin", "cannot open");
+  }
+}
+
+// ---- GPT-2 checkpoints -----------------------------------------------------------------------
+
+#include "gpipe/gpipe.hpp"
+
+namespace {
+
+// The Python writer's checkpoint: maxT 8, V 10, L 2, NH 2, C 4, Vp 12.
+using Block = gpipe::TransformerBlock<4, 2>;
+template <std::size_t V, std::size_t T, class Head, class... Blocks>
+using Gpt = gpipe::Pipeline<gpipe::Stage<gpipe::Embedding<V, T, 4>, Blocks...>,
+                            gpipe::Stage<gpipe::LayerNorm<4>, Head>>;
+using Padded = Gpt<12, 8, gpipe::Linear<4, 12, false>, Block, Block>;  // V = Vp, T = maxT
+using Trimmed = Gpt<10, 6, gpipe::Linear<4, 10>, Block, Block>;        // V, T < maxT, head bias
+template <class Model>
+using TrainerOf = gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend>;
+
+std::map<std::string, std::vector<float>> expected_checkpoint() {
+  std::ifstream in("gpt2_expected.txt");
+  REQUIRE_MESSAGE(in, "gpt2_expected.txt missing: run through CTest, which writes the files first");
+  std::map<std::string, std::vector<float>> out;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string name;
+    fields >> name;
+    for (double v; fields >> v;) out[name].push_back(static_cast<float>(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("io llm.c") {
+  TEST_CASE("an llm.c GPT-2 checkpoint loads into gpipe's GPT layout, head tied to wte") {
+    const auto expected = expected_checkpoint();
+    REQUIRE(expected.size() == 2 + 2 * 12 + 2);
+    gpipe::host::Backend backend(2);
+    TrainerOf<Padded> trainer(
+        backend, {.ties = {{.parameter = "4.weight", .to = "0.wte.weight"}}});
+    gpipe::load_llmc_gpt2(trainer, "gpt2.bin");
+    for (const auto& [name, values] : expected) {
+      CAPTURE(name);
+      CHECK(trainer.parameter(name) == values);
+    }
+    CHECK(trainer.parameter("4.weight") == expected.at("0.wte.weight"));
+
+    // Written back, it is the same file, byte for byte (V = 10 of the 12 padded rows).
+    gpipe::save_llmc_gpt2(trainer, "mine_gpt2.bin", 10);
+    CHECK(bytes_of("mine_gpt2.bin") == bytes_of("gpt2.bin"));
+  }
+
+  TEST_CASE("a model with the true vocabulary and shorter samples takes the leading rows") {
+    const auto expected = expected_checkpoint();
+    gpipe::host::Backend backend(2);
+    TrainerOf<Trimmed> trainer(backend, {});
+    gpipe::load_llmc_gpt2(trainer, "gpt2.bin");
+    const auto& wte = expected.at("0.wte.weight");
+    const auto& wpe = expected.at("0.wpe.weight");
+    CHECK(trainer.parameter("0.wte.weight") == std::vector<float>(wte.begin(), wte.begin() + 40));
+    CHECK(trainer.parameter("0.wpe.weight") == std::vector<float>(wpe.begin(), wpe.begin() + 24));
+    CHECK(trainer.parameter("4.weight") == trainer.parameter("0.wte.weight"));
+    CHECK(trainer.parameter("4.bias") == std::vector<float>(10, 0.0f));
+    CHECK(trainer.parameter("2.mlp.c_fc.weight") == expected.at("2.mlp.c_fc.weight"));
+    // Its head is not tied: after a step it differs from wte and cannot be written as llm.c's.
+    std::vector<float> head = trainer.parameter("4.weight");
+    head[0] += 1;
+    trainer.set_parameter("4.weight", head);
+    CHECK(contains(error_of([&] { gpipe::save_llmc_gpt2(trainer, "untied.bin"); }),
+                   "ties the LM head to wte: \"4.weight\" must equal \"0.wte.weight\""));
+  }
+
+  TEST_CASE("a checkpoint that does not fit the model or the format is a gpipe::Error") {
+    gpipe::host::Backend backend(2);
+    TrainerOf<Gpt<12, 8, gpipe::Linear<4, 12>, Block>> one_block(backend, {});
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(one_block, "gpt2.bin"); }),
+                   "the checkpoint has 2 layers, the model 1 Transformer blocks"));
+    TrainerOf<Gpt<12, 8, gpipe::Linear<4, 12>, gpipe::TransformerBlock<4, 1>,
+                  gpipe::TransformerBlock<4, 1>>>
+        one_head(backend, {});
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(one_head, "gpt2.bin"); }),
+                   "the checkpoint has 2 heads, the model's blocks 1"));
+    TrainerOf<Gpt<11, 8, gpipe::Linear<4, 11>, Block, Block>> odd_vocab(backend, {});
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(odd_vocab, "gpt2.bin"); }),
+                   "the model's vocabulary is 11, the checkpoint's 10 (padded 12)"));
+    TrainerOf<Gpt<12, 9, gpipe::Linear<4, 12>, Block, Block>> long_samples(backend, {});
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(long_samples, "gpt2.bin"); }),
+                   "the model's samples are 9 tokens, longer than the checkpoint's maxT = 8"));
+    TrainerOf<Padded> padded(backend, {});
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(padded, "gpt2_bad_magic.bin"); }),
+                   "magic number 20240520, expected 20240326"));
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(padded, "gpt2_bf16.bin"); }),
+                   "version 5, expected 3"));
+    CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(padded, "gpt2_short.bin"); }),
+                   "does not match the 2300 bytes that follow it (it describes 2304)"));
   }
 }

@@ -1,21 +1,30 @@
 #pragma once
-// llm.c's token shards (the files its data preparation scripts write, e.g. fineweb_train_*.bin):
+// llm.c's file formats: token shards and GPT-2 checkpoints.
+//
+// Token shards (the files its data preparation scripts write, e.g. fineweb_train_*.bin):
 //   int32[256] header, little-endian: [0] = 20240520 (magic), [1] = 1 (version), [2] = n tokens,
 //   the rest 0; then n uint16 token ids, little-endian.
 // load_llmc_tokens checks magic, version and that the file holds exactly the header and n ids;
 // anything else is a gpipe::Error naming the file and what was expected.
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpipe/error.hpp"
+
+// Checkpoint tensors are copied to and from memory as they are.
+static_assert(std::endian::native == std::endian::little,
+              "gpipe's llm.c I/O assumes a little-endian host");
 
 namespace gpipe::io {
 
@@ -93,6 +102,167 @@ inline void save_llmc_tokens(const std::filesystem::path& path,
                   ", which an llm.c shard (uint16) cannot hold");
     bytes.push_back(static_cast<unsigned char>(tokens[i] & 0xff));
     bytes.push_back(static_cast<unsigned char>(tokens[i] >> 8));
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("gpipe: cannot write " + path.string());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw Error("gpipe: writing " + path.string() + " failed");
+}
+
+}  // namespace gpipe::io
+
+// llm.c's GPT-2 checkpoints (gpt2_124M.bin and what train_gpt2 writes), fp32 version 3:
+//   int32[256] header: [0] = 20240326 (magic), [1] = 3 (version), [2] = maxT, [3] = V,
+//   [4] = L, [5] = NH, [6] = C, [7] = Vp (V padded, e.g. 50257 -> 50304); the rest 0.
+//   Then 16 fp32 tensors, each grouped across the L layers where it is per layer:
+//     wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C),
+//     attprojw (L, C, C), attprojb (L, C), ln2w (L, C), ln2b (L, C), fcw (L, 4C, C),
+//     fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C).
+// The LM head is wte itself (tied). Here the tensors carry the names of gpipe's GPT layout
+// (layer 0 Embedding, layers 1..L TransformerBlock, layer L + 1 LayerNorm): "0.wte.weight",
+// "0.wpe.weight", "<l + 1>.ln_1.weight", "<l + 1>.attn.c_attn.weight", ..., "<L + 1>.weight",
+// "<L + 1>.bias"; wte keeps its Vp rows.
+namespace gpipe::io {
+
+inline constexpr std::int32_t llmc_gpt2_magic = 20240326;
+inline constexpr std::int32_t llmc_gpt2_version = 3;
+
+struct LlmcGpt2Config {
+  std::size_t max_seq_len = 0;        // maxT
+  std::size_t vocab_size = 0;         // V
+  std::size_t num_layers = 0;         // L
+  std::size_t num_heads = 0;          // NH
+  std::size_t channels = 0;           // C
+  std::size_t padded_vocab_size = 0;  // Vp >= V
+};
+
+struct LlmcTensor {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::vector<float> data;
+};
+
+struct LlmcGpt2Checkpoint {
+  LlmcGpt2Config config;
+  std::vector<LlmcTensor> tensors;  // in file order, the per-layer tensors one per layer
+};
+
+// The tensors a checkpoint of `c` holds, (name, shape) in file order.
+inline std::vector<std::pair<std::string, std::vector<std::size_t>>> llmc_gpt2_layout(
+    const LlmcGpt2Config& c) {
+  const std::size_t C = c.channels, L = c.num_layers;
+  std::vector<std::pair<std::string, std::vector<std::size_t>>> out;
+  out.push_back({"0.wte.weight", {c.padded_vocab_size, C}});
+  out.push_back({"0.wpe.weight", {c.max_seq_len, C}});
+  const std::vector<std::pair<std::string, std::vector<std::size_t>>> per_layer{
+      {"ln_1.weight", {C}},
+      {"ln_1.bias", {C}},
+      {"attn.c_attn.weight", {3 * C, C}},
+      {"attn.c_attn.bias", {3 * C}},
+      {"attn.c_proj.weight", {C, C}},
+      {"attn.c_proj.bias", {C}},
+      {"ln_2.weight", {C}},
+      {"ln_2.bias", {C}},
+      {"mlp.c_fc.weight", {4 * C, C}},
+      {"mlp.c_fc.bias", {4 * C}},
+      {"mlp.c_proj.weight", {C, 4 * C}},
+      {"mlp.c_proj.bias", {C}}};
+  for (const auto& [leaf, shape] : per_layer)
+    for (std::size_t l = 0; l < L; ++l) out.push_back({std::to_string(l + 1) + "." + leaf, shape});
+  out.push_back({std::to_string(L + 1) + ".weight", {C}});
+  out.push_back({std::to_string(L + 1) + ".bias", {C}});
+  return out;
+}
+
+inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("gpipe: cannot open " + path.string());
+  const std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
+                                         std::istreambuf_iterator<char>()};
+  const std::string where = "gpipe: " + path.string() + ": ";
+  constexpr std::size_t header_bytes = llmc_header_ints * 4;
+  if (bytes.size() < header_bytes)
+    throw Error(where + "has " + std::to_string(bytes.size()) +
+                " bytes, fewer than an llm.c checkpoint's 1024-byte header");
+  auto header = [&](std::size_t i) {
+    return static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 4 * i));
+  };
+  if (header(0) != llmc_gpt2_magic)
+    throw Error(where + "magic number " + std::to_string(header(0)) + ", expected " +
+                std::to_string(llmc_gpt2_magic) + " (an llm.c GPT-2 checkpoint)");
+  if (header(1) != llmc_gpt2_version)
+    throw Error(where + "version " + std::to_string(header(1)) + ", expected " +
+                std::to_string(llmc_gpt2_version) + " (fp32 with a padded vocabulary)");
+  for (std::size_t i = 2; i < 8; ++i)
+    if (header(i) <= 0)
+      throw Error(where + "header entry " + std::to_string(i) + " is " +
+                  std::to_string(header(i)) + ", expected a positive size");
+  LlmcGpt2Checkpoint out;
+  LlmcGpt2Config& c = out.config;
+  c.max_seq_len = static_cast<std::size_t>(header(2));
+  c.vocab_size = static_cast<std::size_t>(header(3));
+  c.num_layers = static_cast<std::size_t>(header(4));
+  c.num_heads = static_cast<std::size_t>(header(5));
+  c.channels = static_cast<std::size_t>(header(6));
+  c.padded_vocab_size = static_cast<std::size_t>(header(7));
+  if (c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0)
+    throw Error(where + "inconsistent header: V = " + std::to_string(c.vocab_size) +
+                ", Vp = " + std::to_string(c.padded_vocab_size) + ", C = " +
+                std::to_string(c.channels) + ", NH = " + std::to_string(c.num_heads));
+  // Sizes come from the file: count with saturation at `cap` floats (no overflow).
+  constexpr std::size_t cap = std::size_t{1} << 60;
+  std::size_t floats = 0;
+  const auto layout = llmc_gpt2_layout(c);
+  for (const auto& [name, shape] : layout) {
+    std::size_t n = 1;
+    for (std::size_t d : shape) n = n > cap / d ? cap : n * d;
+    floats = floats > cap - n ? cap : floats + n;
+  }
+  if (bytes.size() - header_bytes != 4 * floats)
+    throw Error(where + "the header (maxT " + std::to_string(c.max_seq_len) + ", Vp " +
+                std::to_string(c.padded_vocab_size) + ", L " + std::to_string(c.num_layers) +
+                ", C " + std::to_string(c.channels) + ") does not match the " +
+                std::to_string(bytes.size() - header_bytes) + " bytes that follow it (it describes " +
+                (floats == cap ? std::string("more than 2^62") : std::to_string(4 * floats)) + ")");
+  const unsigned char* p = bytes.data() + header_bytes;
+  for (const auto& [name, shape] : layout) {
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    LlmcTensor t{name, shape, std::vector<float>(n)};
+    std::memcpy(t.data.data(), p, 4 * n);  // little-endian fp32 (checked at the top of the file)
+    p += 4 * n;
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Writes a checkpoint whose tensors are those of llmc_gpt2_layout(config), by name, in any order.
+inline void save_llmc_gpt2(const std::filesystem::path& path, const LlmcGpt2Checkpoint& ckpt) {
+  const LlmcGpt2Config& c = ckpt.config;
+  std::vector<unsigned char> bytes;
+  std::array<std::uint32_t, llmc_header_ints> header{};
+  header[0] = static_cast<std::uint32_t>(llmc_gpt2_magic);
+  header[1] = static_cast<std::uint32_t>(llmc_gpt2_version);
+  const std::array<std::size_t, 6> sizes{c.max_seq_len, c.vocab_size,         c.num_layers,
+                                         c.num_heads,   c.channels, c.padded_vocab_size};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0 || sizes[i] > 0x7fffffff)
+      throw Error("gpipe: llm.c checkpoint header entry " + std::to_string(i + 2) + " is " +
+                  std::to_string(sizes[i]) + ", expected a positive 32-bit size");
+    header[i + 2] = static_cast<std::uint32_t>(sizes[i]);
+  }
+  for (std::uint32_t v : header) gpipe::detail::put_le32(bytes, v);
+  for (const auto& [name, shape] : llmc_gpt2_layout(c)) {
+    const LlmcTensor* t = nullptr;
+    for (const LlmcTensor& candidate : ckpt.tensors)
+      if (candidate.name == name) t = &candidate;
+    if (t == nullptr) throw Error("gpipe: the llm.c checkpoint needs a tensor \"" + name + "\"");
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    if (t->shape != shape || t->data.size() != n)
+      throw Error("gpipe: tensor \"" + name + "\" does not have the shape the llm.c layout gives");
+    const auto* raw = reinterpret_cast<const unsigned char*>(t->data.data());
+    bytes.insert(bytes.end(), raw, raw + 4 * n);
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw Error("gpipe: cannot write " + path.string());

@@ -26,6 +26,7 @@ using TransformerBody =
 
 template <std::size_t D, std::size_t H, std::size_t T>
 struct TransformerBlockOf : TransformerBody<D, H, T> {
+  static constexpr std::size_t heads = H;
   static constexpr std::size_t sequential_size = 1;
   static constexpr std::size_t tokens_per_sample = T;
   static constexpr auto param_specs() {
