@@ -198,7 +198,7 @@ using TiedGpt1 = Pipeline<Stage<Emb, Block, Block, Block, LayerNorm<D>, TiedHead
 using TiedGpt4 =
     Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block>, Stage<LayerNorm<D>, TiedHead>>;
 using TiedTrainer4 = Trainer<TiedGpt4, SoftmaxCrossEntropy, host::Backend, OneFOneB>;
-const std::vector<TiedTrainer4::Tie> gpt2_ties{{.parameter = "5.weight", .to = "0.wte.weight"}};
+const std::vector<Tie> gpt2_ties{{.parameter = "5.weight", .to = "0.wte.weight"}};
 
 }  // namespace
 

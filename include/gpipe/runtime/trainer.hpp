@@ -37,6 +37,16 @@
 
 namespace gpipe {
 
+// Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
+// embedding, on the last and the first stage). Both are kept equal: at initialization, load,
+// set_parameter and after every optimizer step. Each forward_backward sums the two gradients
+// (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
+// tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
+struct Tie {
+  std::string parameter;
+  std::string to;
+};
+
 template <class Model, class Loss, class Backend, class ScheduleKind = GPipe>
 class Trainer {
   static_assert(Model::num_stages % ScheduleKind::chunks_per_device == 0,
@@ -62,15 +72,7 @@ class Trainer {
     std::vector<ComputeTiming> devices;
   };
 
-  // Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
-  // embedding, on the last and the first stage). Both are kept equal: at initialization, load,
-  // set_parameter and after every optimizer step. Each forward_backward sums the two gradients
-  // (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
-  // tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
-  struct Tie {
-    std::string parameter;
-    std::string to;
-  };
+  using Tie = gpipe::Tie;
 
   struct Options {
     std::size_t micro_batches = 1;

@@ -1,0 +1,73 @@
+#pragma once
+// Embedding on the CUDA backend. Forward: one thread per output element. W: one thread per
+// column c, which walks the rows in order and adds dy(r, c) into dwte(id_r, c) and
+// dwpe(r % T, c): no atomics, so the sums are the same, in the same order, every run (and the
+// host reference's order, gpipe/backend/host/layers/embedding.hpp).
+
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
+#error "gpipe/backend/cuda/layers/embedding.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels.cuh"
+#include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/model/embedding.hpp"
+#include "gpipe/model/kernel_context.hpp"
+
+namespace gpipe::cuda {
+
+// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :); ids are floats holding whole numbers
+__global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, std::size_t width,
+                                         const float* ids, const float* wte, const float* wpe,
+                                         float* y) {
+  for (std::size_t i = detail::global_thread(); i < rows * width; i += detail::grid_threads()) {
+    const std::size_t r = i / width, c = i % width;
+    const auto id = static_cast<std::size_t>(lrintf(ids[r]));
+    y[i] = wte[id * width + c] + wpe[(r % tokens) * width + c];
+  }
+}
+
+// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c): thread c, rows in order
+__global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t tokens,
+                                                 std::size_t width, const float* ids,
+                                                 const float* dy, float* dwte, float* dwpe) {
+  for (std::size_t c = detail::global_thread(); c < width; c += detail::grid_threads()) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto id = static_cast<std::size_t>(lrintf(ids[r]));
+      const float g = dy[r * width + c];
+      dwte[id * width + c] += g;
+      dwpe[(r % tokens) * width + c] += g;
+    }
+  }
+}
+
+}  // namespace gpipe::cuda
+
+namespace gpipe {
+
+template <>
+struct LayerKernels<EmbeddingOp, cuda::Kernels> {
+  static void forward(cuda::Kernels& k, std::size_t rows, std::size_t tokens, std::size_t width,
+                      const float* ids, const float* wte, const float* wpe, float* y) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel, cuda::detail::grid_for(rows * width),
+                      cuda::detail::block_size, k.stream())
+    (rows, tokens, width, ids, wte, wpe, y);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
+  }
+  static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t tokens,
+                              std::size_t width, const float* ids, const float* dy, float* dwte,
+                              float* dwpe) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_weight_kernel, cuda::detail::grid_for(width, 128),
+                      128, k.stream())
+    (rows, tokens, width, ids, dy, dwte, dwpe);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
+  }
+};
+
+}  // namespace gpipe

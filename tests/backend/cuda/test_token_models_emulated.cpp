@@ -1,0 +1,7 @@
+// Token models on the CUDA backend (tests/cuda/test_token_models.cu: a GPT against the double
+// reference, a tied head, predict against the host), compiled by the host compiler and run on the
+// emulated CUDA runtime and cuBLAS of tests/support/cuda_emulation.hpp.
+
+#include "support/cuda_emulation.hpp"
+// The emulated runtime first: it defines what the CUDA headers leave to nvcc.
+#include "cuda/test_token_models.cu"
