@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host.hpp"
 #include "gpipe/cuda.cuh"
 #include "support/conformance_cuda_kernels.hpp"
 #include "support/cuda_factory.cuh"

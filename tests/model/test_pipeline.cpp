@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host.hpp"
 #include "gpipe/model.hpp"
 #include "support/finite_difference.hpp"
 

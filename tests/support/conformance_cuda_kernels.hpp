@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
-#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host.hpp"
 #include "gpipe/model/layer.hpp"
 #include "support/reference_model.hpp"
 

@@ -16,7 +16,7 @@
 #include <span>
 #include <vector>
 
-#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host.hpp"
 #include "gpipe/model/layer.hpp"
 #include "support/relative_error.hpp"
 

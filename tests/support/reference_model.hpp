@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host.hpp"
 #include "gpipe/model.hpp"
 #include "support/relative_error.hpp"
 

@@ -8,6 +8,7 @@
 
 #include "gpipe/backend/cuda/backend.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
+#include "gpipe/backend/cuda/layers/activation.cuh"
 #include "gpipe/backend/cuda/layers/attention.cuh"
 #include "gpipe/backend/cuda/layers/embedding.cuh"
 #include "gpipe/backend/cuda/layers/gelu_tanh.cuh"

@@ -29,47 +29,29 @@ struct Elementwise : ParameterFree {
   }
 };
 
-struct ReluOp {
-  template <class Ctx, class T>
-  static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
-    ctx.relu_forward(n, x, y);
-  }
-  template <class Ctx, class T>
-  static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
-    ctx.relu_backward(n, x, dy, dx);
-  }
-};
-
-struct GeluOp {
-  template <class Ctx, class T>
-  static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
-    ctx.gelu_forward(n, x, y);
-  }
-  template <class Ctx, class T>
-  static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
-    ctx.gelu_backward(n, x, dy, dx);
-  }
-};
-
 }  // namespace detail
 
-// The kernels of GELUTanh, per backend: LayerKernels<GeluTanhOp, Ctx>::forward(ctx, n, x, y) and
-// ::backward(ctx, n, x, dy, dx).
-struct GeluTanhOp {
+// The kernels of ReLU, GELU and GELUTanh, per backend: LayerKernels<Op, Ctx>::forward(ctx, n, x,
+// y) and ::backward(ctx, n, x, dy, dx), elementwise over n values.
+template <class Op>
+struct ElementwiseOp {
   template <class Ctx, class T>
   static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
-    LayerKernels<GeluTanhOp, Ctx>::forward(ctx, n, x, y);
+    LayerKernels<Op, Ctx>::forward(ctx, n, x, y);
   }
   template <class Ctx, class T>
   static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
-    LayerKernels<GeluTanhOp, Ctx>::backward(ctx, n, x, dy, dx);
+    LayerKernels<Op, Ctx>::backward(ctx, n, x, dy, dx);
   }
 };
+struct ReluOp : ElementwiseOp<ReluOp> {};
+struct GeluOp : ElementwiseOp<GeluOp> {};
+struct GeluTanhOp : ElementwiseOp<GeluTanhOp> {};
 
 // y = max(x, 0)
 struct ReLU {
   template <std::size_t N>
-  using with_features = detail::Elementwise<detail::ReluOp, N>;
+  using with_features = detail::Elementwise<ReluOp, N>;
   using width_generic = void;
   static constexpr std::size_t natural_in_features = 0;
 };
@@ -77,7 +59,7 @@ struct ReLU {
 // y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 struct GELU {
   template <std::size_t N>
-  using with_features = detail::Elementwise<detail::GeluOp, N>;
+  using with_features = detail::Elementwise<GeluOp, N>;
   using width_generic = void;
   static constexpr std::size_t natural_in_features = 0;
 };

@@ -6,9 +6,16 @@
 #include <cstddef>
 #include <span>
 
+#include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer.hpp"
 
 namespace gpipe {
+
+// The kernels of LayerNorm, per backend (LayerKernels<LayerNormOp, Ctx>), on (rows, cols):
+//   forward(ctx, rows, cols, eps, x, gamma, beta, y, stats (rows, 2) = (mean, rstd))
+//   backward_input(ctx, rows, cols, x, dy, gamma, stats, dx)
+//   backward_weight(ctx, rows, cols, x, dy, stats, dgamma +=, dbeta +=)
+struct LayerNormOp {};
 
 template <std::size_t N>
 struct LayerNorm {
@@ -32,15 +39,18 @@ struct LayerNorm {
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    ctx.layer_norm_forward(a.rows, N, eps, a.x, a.params, a.params + N, a.y, a.stash);
+    LayerKernels<LayerNormOp, Ctx>::forward(ctx, a.rows, N, eps, a.x, a.params, a.params + N, a.y,
+                                            a.stash);
   }
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    ctx.layer_norm_backward_input(a.rows, N, a.x, a.dy, a.params, a.stash, a.dx);
+    LayerKernels<LayerNormOp, Ctx>::backward_input(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
+                                                   a.dx);
   }
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
-    ctx.layer_norm_backward_weight(a.rows, N, a.x, a.dy, a.stash, a.grads, a.grads + N);
+    LayerKernels<LayerNormOp, Ctx>::backward_weight(ctx, a.rows, N, a.x, a.dy, a.stash, a.grads,
+                                                    a.grads + N);
   }
 };
 

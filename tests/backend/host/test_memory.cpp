@@ -75,6 +75,25 @@ TEST_SUITE("backend host memory") {
     CHECK(b.data()[99] == 99.0f);
   }
 
+  TEST_CASE("a freed block serves the next request of its size, counted as a new allocation") {
+    DeviceAllocator allocator(0, 0);
+    Buffer<float> a(allocator, 1000);
+    float* const first = a.data();
+    a.reset();
+    CHECK(allocator.stats().current == 0);
+    Buffer<float> other(allocator, 999);  // another size: a block of its own
+    CHECK(other.data() != first);
+    Buffer<float> again(allocator, 1000);
+    CHECK(again.data() == first);
+    CHECK(allocator.stats().current == 1999 * sizeof(float));
+    Buffer<float> second(allocator, 1000);  // the cached block is taken: a new one
+    CHECK(second.data() != first);
+    again.reset();
+    second.reset();
+    allocator.release_cached();
+    CHECK(allocator.stats().current == 999 * sizeof(float));
+  }
+
   TEST_CASE("reset() releases a buffer's bytes once, and a second reset() does nothing") {
     DeviceAllocator allocator(0, 0);
     Buffer<float> b(allocator, 8);

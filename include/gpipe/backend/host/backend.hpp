@@ -16,6 +16,11 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/layers/activation.hpp"
+#include "gpipe/backend/host/layers/attention.hpp"
+#include "gpipe/backend/host/layers/embedding.hpp"
+#include "gpipe/backend/host/layers/gelu_tanh.hpp"
+#include "gpipe/backend/host/layers/layer_norm.hpp"
 #include "gpipe/backend/host/memory.hpp"
 #include "gpipe/backend/host/stream.hpp"
 #include "gpipe/error.hpp"

@@ -1,9 +1,11 @@
 #pragma once
 // gpipe::host::Kernels<T>: the host backend's kernel context, the set of primitive operations
-// that layers, losses and optimizers are written against. A backend's stream hands its kernel
-// context to each piece of work; every backend provides a context with these members (the CUDA
-// backend's enqueues the same operations on its stream). Pointers are device memory of the
-// context's device; on the host that is ordinary memory.
+// that layers, losses and optimizers are written against (gpipe::kernel_context,
+// model/kernel_context.hpp). A backend's stream hands its kernel context to each piece of work;
+// the CUDA backend's enqueues the same operations on its stream. Pointers are device memory of
+// the context's device; on the host that is ordinary memory. The relu, gelu and layer_norm
+// members are this backend's kernels for those layers, which reach them through their
+// LayerKernels specializations (layers/); they are not part of the concept.
 //
 // Kernels<double> exists for the finite-difference tests and the double-precision reference.
 //

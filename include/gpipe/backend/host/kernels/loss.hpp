@@ -11,23 +11,24 @@ namespace gpipe::host {
 
 // logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
 // loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
+// One exp per logit, in T (expf for float, as the CUDA kernel), summed in double; the row's
+// exps wait in dlogits for the sum.
 template <class T>
 void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                            const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
   double total = 0;
   for (std::size_t r = 0; r < rows; ++r) {
     const T* z = logits + r * classes;
-    double max = z[0];
+    T* g = dlogits + r * classes;
+    T max = z[0];
     for (std::size_t c = 1; c < classes; ++c) max = z[c] > max ? z[c] : max;
     double sum = 0;
-    for (std::size_t c = 0; c < classes; ++c) sum += std::exp(z[c] - max);
-    const double log_sum = std::log(sum) + max;
+    for (std::size_t c = 0; c < classes; ++c) sum += g[c] = std::exp(z[c] - max);
     const auto t = static_cast<std::size_t>(targets[r]);
-    total += log_sum - z[t];
-    for (std::size_t c = 0; c < classes; ++c) {
-      const double p = std::exp(z[c] - log_sum);
-      dlogits[r * classes + c] = static_cast<T>(grad_scale * (p - (c == t ? 1.0 : 0.0)));
-    }
+    total += std::log(sum) + max - z[t];
+    const T scale = static_cast<T>(grad_scale / sum);
+    for (std::size_t c = 0; c < classes; ++c) g[c] *= scale;
+    g[t] -= grad_scale;
   }
   loss_sum[0] = static_cast<T>(total);
 }
