@@ -1,6 +1,6 @@
 // One training step of a GPT-2-shaped model on the host backend, in tokens per second, for K = 1,
 // 2 and 4 stages and several micro-batch counts (1F1B). bench/pytorch_gpt_step.py times the same
-// model and step in PyTorch; scripts/bench-vs-pytorch --gpt runs both in alternating rounds.
+// model and step in PyTorch (run the two one after the other; BENCHMARKS.md has both).
 //   model   GPT-2's shapes with 4 blocks: V = 50304, T = 256, D = 768, H = 12; batch 4 samples
 //           (1024 tokens); token + position embedding, 4 pre-norm blocks, LayerNorm, LM head
 //   step    zero_grad + forward_backward (no optimizer update)

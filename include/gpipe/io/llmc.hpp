@@ -46,30 +46,51 @@ inline void put_le32(std::vector<unsigned char>& out, std::uint32_t v) {
   for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<unsigned char>(v >> shift));
 }
 
+// The bytes of the llm.c file `path` (an llm.c <what>), whose int32[256] header starts with
+// `magic` and `version` (the format `version_means`); throws a gpipe::Error naming the file for a
+// short header, another magic number or another version.
+inline std::vector<unsigned char> read_llmc_file(const std::filesystem::path& path,
+                                                 std::int32_t magic, std::int32_t version,
+                                                 const std::string& what,
+                                                 const std::string& version_means) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("gpipe: cannot open " + path.string());
+  std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
+                                   std::istreambuf_iterator<char>()};
+  const std::string where = "gpipe: " + path.string() + ": ";
+  if (bytes.size() < 1024)
+    throw Error(where + "has " + std::to_string(bytes.size()) + " bytes, fewer than an llm.c " +
+                what + "'s 1024-byte header");
+  const auto got_magic = static_cast<std::int32_t>(read_le32(bytes.data()));
+  const auto got_version = static_cast<std::int32_t>(read_le32(bytes.data() + 4));
+  if (got_magic != magic)
+    throw Error(where + "magic number " + std::to_string(got_magic) + ", expected " +
+                std::to_string(magic) + " (an llm.c " + what + ")");
+  if (got_version != version)
+    throw Error(where + "version " + std::to_string(got_version) + ", expected " +
+                std::to_string(version) + " (" + version_means + ")");
+  return bytes;
+}
+
+inline void write_llmc_file(const std::filesystem::path& path,
+                            const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("gpipe: cannot write " + path.string());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw Error("gpipe: writing " + path.string() + " failed");
+}
+
 }  // namespace gpipe::detail
 
 namespace gpipe::io {
 
 // The token ids of an llm.c shard.
 inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("gpipe: cannot open " + path.string());
-  const std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
-                                         std::istreambuf_iterator<char>()};
+  const std::vector<unsigned char> bytes = gpipe::detail::read_llmc_file(
+      path, llmc_tokens_magic, llmc_tokens_version, "token shard", "uint16 tokens");
   const std::string where = "gpipe: " + path.string() + ": ";
   constexpr std::size_t header_bytes = llmc_header_ints * 4;
-  if (bytes.size() < header_bytes)
-    throw Error(where + "has " + std::to_string(bytes.size()) +
-                " bytes, fewer than an llm.c token shard's 1024-byte header");
-  const auto magic = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data()));
-  const auto version = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 4));
   const auto count = static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 8));
-  if (magic != llmc_tokens_magic)
-    throw Error(where + "magic number " + std::to_string(magic) + ", expected " +
-                std::to_string(llmc_tokens_magic) + " (an llm.c token shard)");
-  if (version != llmc_tokens_version)
-    throw Error(where + "version " + std::to_string(version) + ", expected " +
-                std::to_string(llmc_tokens_version) + " (uint16 tokens)");
   if (count < 0) throw Error(where + "the header says " + std::to_string(count) + " tokens");
   const std::size_t n = static_cast<std::size_t>(count);
   if (bytes.size() - header_bytes != 2 * n)
@@ -103,10 +124,7 @@ inline void save_llmc_tokens(const std::filesystem::path& path,
     bytes.push_back(static_cast<unsigned char>(tokens[i] & 0xff));
     bytes.push_back(static_cast<unsigned char>(tokens[i] >> 8));
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("gpipe: cannot write " + path.string());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw Error("gpipe: writing " + path.string() + " failed");
+  gpipe::detail::write_llmc_file(path, bytes);
 }
 
 }  // namespace gpipe::io
@@ -175,24 +193,14 @@ inline std::vector<std::pair<std::string, std::vector<std::size_t>>> llmc_gpt2_l
 }
 
 inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("gpipe: cannot open " + path.string());
-  const std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
-                                         std::istreambuf_iterator<char>()};
+  const std::vector<unsigned char> bytes =
+      gpipe::detail::read_llmc_file(path, llmc_gpt2_magic, llmc_gpt2_version, "GPT-2 checkpoint",
+                                    "fp32 with a padded vocabulary");
   const std::string where = "gpipe: " + path.string() + ": ";
   constexpr std::size_t header_bytes = llmc_header_ints * 4;
-  if (bytes.size() < header_bytes)
-    throw Error(where + "has " + std::to_string(bytes.size()) +
-                " bytes, fewer than an llm.c checkpoint's 1024-byte header");
   auto header = [&](std::size_t i) {
     return static_cast<std::int32_t>(gpipe::detail::read_le32(bytes.data() + 4 * i));
   };
-  if (header(0) != llmc_gpt2_magic)
-    throw Error(where + "magic number " + std::to_string(header(0)) + ", expected " +
-                std::to_string(llmc_gpt2_magic) + " (an llm.c GPT-2 checkpoint)");
-  if (header(1) != llmc_gpt2_version)
-    throw Error(where + "version " + std::to_string(header(1)) + ", expected " +
-                std::to_string(llmc_gpt2_version) + " (fp32 with a padded vocabulary)");
   for (std::size_t i = 2; i < 8; ++i)
     if (header(i) <= 0)
       throw Error(where + "header entry " + std::to_string(i) + " is " +
@@ -264,10 +272,7 @@ inline void save_llmc_gpt2(const std::filesystem::path& path, const LlmcGpt2Chec
     const auto* raw = reinterpret_cast<const unsigned char*>(t->data.data());
     bytes.insert(bytes.end(), raw, raw + 4 * n);
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error("gpipe: cannot write " + path.string());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw Error("gpipe: writing " + path.string() + " failed");
+  gpipe::detail::write_llmc_file(path, bytes);
 }
 
 }  // namespace gpipe::io
