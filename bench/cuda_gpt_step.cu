@@ -44,9 +44,8 @@ void BM_gpt_step(benchmark::State& state) {
   constexpr std::size_t K = Model::num_stages;
   gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB> trainer(
-      backend, {.micro_batches = M,
-                .seed = 1,
-                .ties = {{.parameter = "6.weight", .to = "0.wte.weight"}}});
+      backend,
+      {.micro_batches = M, .seed = 1, .ties = {{.parameter = "6.weight", .to = "0.wte.weight"}}});
   gpipe::Rng rng(2);
   std::vector<std::int32_t> x(samples * T), y(samples * T);
   for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);

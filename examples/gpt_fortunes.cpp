@@ -31,8 +31,8 @@ using Block = gpipe::TransformerBlock<D, H>;
 using Gpt = gpipe::Pipeline<gpipe::Stage<gpipe::Embedding<V, T, D>, Block>, gpipe::Stage<Block>,
                             gpipe::Stage<Block>,
                             gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
-using Trainer = gpipe::Trainer<Gpt, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend,
-                               gpipe::OneFOneB>;
+using Trainer =
+    gpipe::Trainer<Gpt, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB>;
 
 std::vector<std::int32_t> read_bytes(const std::vector<std::filesystem::path>& files) {
   std::vector<std::int32_t> out;
@@ -134,9 +134,10 @@ int main(int argc, char** argv) try {
                        " bytes; it needs at least " + std::to_string(40 * (T + 1)));
   std::printf("%zu bytes of text from %zu files: %zu to train on, %zu held out\n", text.size(),
               files.size(), split, text.size() - split);
-  std::printf("GPT: %zu parameters, %zu stages on %zu host devices, T = %zu, batch %zu x %zu "
-              "tokens, %zu micro-batches, 1F1B\n",
-              Gpt::num_params, Gpt::num_stages, Gpt::num_stages, T, batch, T, micro_batches);
+  std::printf(
+      "GPT: %zu parameters, %zu stages on %zu host devices, T = %zu, batch %zu x %zu "
+      "tokens, %zu micro-batches, 1F1B\n",
+      Gpt::num_params, Gpt::num_stages, Gpt::num_stages, T, batch, T, micro_batches);
 
   gpipe::host::Backend backend(Gpt::num_stages);
   Trainer trainer(backend, {.micro_batches = micro_batches, .seed = 1});
@@ -161,10 +162,11 @@ int main(int argc, char** argv) try {
     ++since;
     if (step % every == 0 || step == steps) {
       last_validation = validation_loss(trainer, text, split);
-      std::printf("step %5zu  train loss %.3f  validation loss %.3f  %6.0f tokens/s  bubble %.0f%%\n",
-                  step, loss_sum / static_cast<double>(since), last_validation,
-                  static_cast<double>(since * batch * T) / seconds,
-                  100 * bubble_sum / static_cast<double>(since));
+      std::printf(
+          "step %5zu  train loss %.3f  validation loss %.3f  %6.0f tokens/s  bubble %.0f%%\n", step,
+          loss_sum / static_cast<double>(since), last_validation,
+          static_cast<double>(since * batch * T) / seconds,
+          100 * bubble_sum / static_cast<double>(since));
       loss_sum = bubble_sum = seconds = 0;
       since = 0;
     }

@@ -1,4 +1,4 @@
-// expect: sequence layer .attention, TransformerBlock. needs token samples.*sequence_layer_needs_tokens<gpipe::TransformerBlock<8, 2>, 0>
+// expect: needs token samples.*sequence_layer_needs_tokens<gpipe::TransformerBlock<8, 2>, 0>
 // A Transformer block acts on whole samples of T tokens, which only a pipeline that starts with
 // Embedding<V, T, D> has; in an MLP the error says so and names the block.
 #include <gpipe/model.hpp>

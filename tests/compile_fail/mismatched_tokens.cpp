@@ -14,7 +14,8 @@ struct EightTokens : gpipe::ParameterFree {
     ctx.copy(a.rows * 16, a.x, a.y);
   }
   template <class Ctx>
-  static void backward_input(Ctx& ctx, const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
+  static void backward_input(Ctx& ctx,
+                             const gpipe::BackwardInputArgs<typename Ctx::value_type>& a) {
     ctx.copy(a.rows * 16, a.dy, a.dx);
   }
 };

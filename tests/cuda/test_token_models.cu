@@ -84,8 +84,8 @@ TEST_SUITE("token models on the CUDA backend") {
   }
 
   TEST_CASE("a tied LM head on the CUDA backend holds the sum of both gradients") {
-    check_against_reference<TiedGpt4, TiedGpt1>(
-        3, Remat::never, {{.parameter = "4.weight", .to = "0.wte.weight"}});
+    check_against_reference<TiedGpt4, TiedGpt1>(3, Remat::never,
+                                                {{.parameter = "4.weight", .to = "0.wte.weight"}});
   }
 
   TEST_CASE("predict on the CUDA backend gives the host backend's logits") {

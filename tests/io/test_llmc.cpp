@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -109,8 +109,7 @@ TEST_SUITE("io llm.c") {
     const auto expected = expected_checkpoint();
     REQUIRE(expected.size() == 2 + 2 * 12 + 2);
     gpipe::host::Backend backend(2);
-    TrainerOf<Padded> trainer(
-        backend, {.ties = {{.parameter = "4.weight", .to = "0.wte.weight"}}});
+    TrainerOf<Padded> trainer(backend, {.ties = {{.parameter = "4.weight", .to = "0.wte.weight"}}});
     gpipe::load_llmc_gpt2(trainer, "gpt2.bin");
     for (const auto& [name, values] : expected) {
       CAPTURE(name);

@@ -117,9 +117,9 @@ TYPE_TO_STRING_AS(
     "Stage<Linear<4, 8>, Checkpoint<GELU, LayerNorm<8>, Residual<...>>, Linear<8, 3>>",
     CheckpointedStage);
 
-#define GPIPE_BUILTIN_LAYERS                                                                 \
-  Linear5x3, Linear5x3NoBias, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, CheckpointMlp, \
-      CheckpointedStage
+#define GPIPE_BUILTIN_LAYERS                                                                   \
+  Linear5x3, Linear5x3NoBias, Relu6, Gelu6, LayerNorm7, ResidualMlp, ResidualNorm, StageChain, \
+      CheckpointMlp, CheckpointedStage
 
 static_assert(gpipe::layer_for<Linear5x3, gpipe::host::Kernels<double>>);
 static_assert(gpipe::layer_for<StageChain, gpipe::host::Kernels<double>>);

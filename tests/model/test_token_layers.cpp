@@ -75,7 +75,8 @@ std::vector<double> attention_by_definition(const std::vector<double>& qkv, std:
         std::vector<long double> score(t + 1);
         for (std::size_t u = 0; u <= t; ++u) {
           long double dot = 0;
-          for (std::size_t i = 0; i < d; ++i) dot += at(b * T + t, 0, h, i) * at(b * T + u, 1, h, i);
+          for (std::size_t i = 0; i < d; ++i)
+            dot += at(b * T + t, 0, h, i) * at(b * T + u, 1, h, i);
           score[u] = dot / std::sqrt(static_cast<long double>(d));
         }
         const long double max = *std::max_element(score.begin(), score.end());
@@ -163,13 +164,15 @@ TEST_SUITE("token model layers") {
     const std::vector<double> x{-4, -2.5, -1, -0.5, -1e-3, 0, 1e-3, 0.25, 0.5, 1, 2, 3.5};
     std::vector<double> y(x.size());
     gpipe::host::Kernels<double> k;
-    gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<double>>::forward(k, x.size(),
-                                                                                  x.data(), y.data());
+    gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<double>>::forward(
+        k, x.size(), x.data(), y.data());
     for (std::size_t i = 0; i < x.size(); ++i) {
       CAPTURE(x[i]);
       const long double v = x[i];
-      const long double u = std::sqrt(2.0L / std::numbers::pi_v<long double>) * (v + 0.044715L * v * v * v);
-      CHECK(y[i] == doctest::Approx(static_cast<double>(0.5L * v * (1 + std::tanh(u)))).epsilon(1e-15));
+      const long double u =
+          std::sqrt(2.0L / std::numbers::pi_v<long double>) * (v + 0.044715L * v * v * v);
+      CHECK(y[i] ==
+            doctest::Approx(static_cast<double>(0.5L * v * (1 + std::tanh(u)))).epsilon(1e-15));
       CHECK(std::abs(y[i] - 0.5 * x[i] * (1 + std::erf(x[i] / std::numbers::sqrt2))) < 1e-3);
     }
   }
@@ -177,9 +180,9 @@ TEST_SUITE("token model layers") {
   TEST_CASE("TransformerBlock names its parameters as nanoGPT does") {
     const auto specs = Block::param_specs();
     const std::vector<std::string_view> names{
-        "ln_1.weight",      "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",      "ln_2.bias",
-        "mlp.c_fc.weight",  "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
     REQUIRE(specs.size() == names.size());
     std::size_t offset = 0;
     for (std::size_t k = 0; k < specs.size(); ++k) {
@@ -213,7 +216,8 @@ TEST_SUITE("token model layers") {
 
   TEST_CASE("Embedding's W matches central differences and adds repeated ids up") {
     Rng rng(10);
-    const std::vector<double> params = gpipe::test::uniform_values(rng, Emb::num_params, -1.0f, 1.0f);
+    const std::vector<double> params =
+        gpipe::test::uniform_values(rng, Emb::num_params, -1.0f, 1.0f);
     const std::vector<double> c = gpipe::test::uniform_values(rng, rows * 4, -1.0f, 1.0f);
     const std::vector<double> ids{4, 0, 4, 2, 4, 1};  // id 4 three times, id 3 never
     const auto check = gpipe::test::check_gradients<Emb>(ids, params, c, rows, 1e-6);

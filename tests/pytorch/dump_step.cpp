@@ -75,9 +75,8 @@ void dump_gpt_schedules(const std::filesystem::path& dir, const std::vector<std:
 }
 
 // GPT-2's weight tying: the bias-free LM head is the token embedding (first and last stage).
-using TiedGpt4 =
-    gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
-                    gpipe::Stage<gpipe::LayerNorm<D>, gpipe::Linear<D, V, false>>>;
+using TiedGpt4 = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                                 gpipe::Stage<gpipe::LayerNorm<D>, gpipe::Linear<D, V, false>>>;
 
 void dump_tied_gpt(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
                    const std::vector<std::int32_t>& targets) {

@@ -5,9 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cmath>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -165,26 +165,25 @@ TEST_SUITE("token models") {
     Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 2});
     std::vector<std::int32_t> bad = tokens;
     bad[6] = static_cast<std::int32_t>(V);
-    check_error(
-        [&] { trainer.forward_backward(bad, targets); },
-        "token 6 (sample 1, position 2) is 7, expected an id in [0, 7)");
+    check_error([&] { trainer.forward_backward(bad, targets); },
+                "token 6 (sample 1, position 2) is 7, expected an id in [0, 7)");
     bad[6] = -1;
     check_error([&] { trainer.predict(bad); }, "is -1, expected an id in [0, 7)");
     const std::vector<std::int32_t> partial(tokens.begin(), tokens.begin() + T + 1);
     check_error([&] { trainer.forward_backward(partial, targets); },
-                      "5 tokens, which is not a positive number of whole samples of T = 4");
+                "5 tokens, which is not a positive number of whole samples of T = 4");
     const std::vector<std::int32_t> one_sample(tokens.begin(), tokens.begin() + T);
     const std::vector<std::int32_t> one_target(targets.begin(), targets.begin() + T);
     check_error([&] { trainer.forward_backward(one_sample, one_target); },
-                      "1 samples, fewer than micro_batches = 2");
+                "1 samples, fewer than micro_batches = 2");
     check_error([&] { trainer.forward_backward(tokens, one_target); },
-                      "y has 4 targets, expected 20 (20 tokens x 1)");
+                "y has 4 targets, expected 20 (20 tokens x 1)");
     std::vector<std::int32_t> bad_target = targets;
     bad_target[3] = 9;
     check_error([&] { trainer.forward_backward(tokens, bad_target); },
-                      "target 3 is 9, expected a class id in [0, 7)");
+                "target 3 is 9, expected a class id in [0, 7)");
     check_error([&] { trainer.predict(std::vector<std::int32_t>{}); },
-                      "0 tokens, which is not a positive number of whole samples");
+                "0 tokens, which is not a positive number of whole samples");
     // Nothing was left behind: a good step still works and matches a fresh trainer.
     CHECK(std::isfinite(trainer.forward_backward(tokens, targets)));
   }
@@ -211,8 +210,8 @@ TEST_SUITE("token models") {
       const NamedTensors params = parameters_of(trainer);
       REQUIRE(params.at("5.weight") == params.at("0.wte.weight"));
       // The untied reference at the same (equal) tensors: d loss / d shared = the sum of both.
-      const ReferenceResult ref = reference_step<TiedGpt1, SoftmaxCrossEntropy>(
-          params, as_rows(tokens), targets);
+      const ReferenceResult ref =
+          reference_step<TiedGpt1, SoftmaxCrossEntropy>(params, as_rows(tokens), targets);
       const float loss = trainer.forward_backward(tokens, targets);
       CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
       std::vector<double> shared = ref.gradients.at("0.wte.weight");
@@ -257,12 +256,13 @@ TEST_SUITE("token models") {
     std::vector<float> head(V * D, 0.5f);
     untied.set_parameter("5.weight", head);
     untied.save("both.safetensors");
-    check_error([&] {
-      Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> tied(
-          backend, {.seed = 3, .ties = {{.parameter = "5.weight", .to = "0.wte.weight"}}});
-      tied.load("both.safetensors");
-    },
-                "\"5.weight\" is tied to \"0.wte.weight\", but the file holds different values");
+    check_error(
+        [&] {
+          Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend> tied(
+              backend, {.seed = 3, .ties = {{.parameter = "5.weight", .to = "0.wte.weight"}}});
+          tied.load("both.safetensors");
+        },
+        "\"5.weight\" is tied to \"0.wte.weight\", but the file holds different values");
   }
 
   TEST_CASE("a tie that cannot hold is a gpipe::Error at construction") {
@@ -270,8 +270,9 @@ TEST_SUITE("token models") {
     using Untied = Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend>;
     check_error([&] { Untied(backend, {.ties = {{.parameter = "5.bias", .to = "0.wte.weight"}}}); },
                 "their shapes differ ([7] and [7, 8])");
-    check_error([&] { Untied(backend, {.ties = {{.parameter = "9.weight", .to = "0.wte.weight"}}}); },
-                "the model has no parameter \"9.weight\"");
+    check_error(
+        [&] { Untied(backend, {.ties = {{.parameter = "9.weight", .to = "0.wte.weight"}}}); },
+        "the model has no parameter \"9.weight\"");
     check_error([&] { Untied(backend, {.ties = {{.parameter = "5.weight", .to = "5.weight"}}}); },
                 "cannot be tied to itself");
     check_error(

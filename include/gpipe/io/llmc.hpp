@@ -76,7 +76,8 @@ inline void write_llmc_file(const std::filesystem::path& path,
                             const std::vector<unsigned char>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw Error("gpipe: cannot write " + path.string());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   if (!out) throw Error("gpipe: writing " + path.string() + " failed");
 }
 
@@ -100,7 +101,8 @@ inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& p
   std::vector<std::int32_t> tokens(n);
   const unsigned char* p = bytes.data() + header_bytes;
   for (std::size_t i = 0; i < n; ++i)
-    tokens[i] = static_cast<std::int32_t>(std::uint32_t{p[2 * i]} | std::uint32_t{p[2 * i + 1]} << 8);
+    tokens[i] =
+        static_cast<std::int32_t>(std::uint32_t{p[2 * i]} | std::uint32_t{p[2 * i + 1]} << 8);
   return tokens;
 }
 
@@ -203,8 +205,8 @@ inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
   };
   for (std::size_t i = 2; i < 8; ++i)
     if (header(i) <= 0)
-      throw Error(where + "header entry " + std::to_string(i) + " is " +
-                  std::to_string(header(i)) + ", expected a positive size");
+      throw Error(where + "header entry " + std::to_string(i) + " is " + std::to_string(header(i)) +
+                  ", expected a positive size");
   LlmcGpt2Checkpoint out;
   LlmcGpt2Config& c = out.config;
   c.max_seq_len = static_cast<std::size_t>(header(2));
@@ -215,8 +217,8 @@ inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
   c.padded_vocab_size = static_cast<std::size_t>(header(7));
   if (c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0)
     throw Error(where + "inconsistent header: V = " + std::to_string(c.vocab_size) +
-                ", Vp = " + std::to_string(c.padded_vocab_size) + ", C = " +
-                std::to_string(c.channels) + ", NH = " + std::to_string(c.num_heads));
+                ", Vp = " + std::to_string(c.padded_vocab_size) +
+                ", C = " + std::to_string(c.channels) + ", NH = " + std::to_string(c.num_heads));
   // Sizes come from the file: count with saturation at `cap` floats (no overflow).
   constexpr std::size_t cap = std::size_t{1} << 60;
   std::size_t floats = 0;
@@ -230,7 +232,8 @@ inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
     throw Error(where + "the header (maxT " + std::to_string(c.max_seq_len) + ", Vp " +
                 std::to_string(c.padded_vocab_size) + ", L " + std::to_string(c.num_layers) +
                 ", C " + std::to_string(c.channels) + ") does not match the " +
-                std::to_string(bytes.size() - header_bytes) + " bytes that follow it (it describes " +
+                std::to_string(bytes.size() - header_bytes) +
+                " bytes that follow it (it describes " +
                 (floats == cap ? std::string("more than 2^62") : std::to_string(4 * floats)) + ")");
   const unsigned char* p = bytes.data() + header_bytes;
   for (const auto& [name, shape] : layout) {
@@ -251,8 +254,8 @@ inline void save_llmc_gpt2(const std::filesystem::path& path, const LlmcGpt2Chec
   std::array<std::uint32_t, llmc_header_ints> header{};
   header[0] = static_cast<std::uint32_t>(llmc_gpt2_magic);
   header[1] = static_cast<std::uint32_t>(llmc_gpt2_version);
-  const std::array<std::size_t, 6> sizes{c.max_seq_len, c.vocab_size,         c.num_layers,
-                                         c.num_heads,   c.channels, c.padded_vocab_size};
+  const std::array<std::size_t, 6> sizes{c.max_seq_len, c.vocab_size, c.num_layers,
+                                         c.num_heads,   c.channels,   c.padded_vocab_size};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0 || sizes[i] > 0x7fffffff)
       throw Error("gpipe: llm.c checkpoint header entry " + std::to_string(i + 2) + " is " +

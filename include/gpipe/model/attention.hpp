@@ -48,8 +48,8 @@ struct CausalAttentionCore : ParameterFree {
   }
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    LayerKernels<CausalAttentionOp, Ctx>::backward(ctx, a.rows / T, T, H, D / H, a.x, a.stash,
-                                                   a.dy, a.dx, a.workspace);
+    LayerKernels<CausalAttentionOp, Ctx>::backward(ctx, a.rows / T, T, H, D / H, a.x, a.stash, a.dy,
+                                                   a.dx, a.workspace);
   }
 };
 

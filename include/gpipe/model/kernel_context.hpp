@@ -70,7 +70,7 @@ concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_t
 
 template <class Ctx>
 concept kernel_context = kernel_context_base<Ctx> && has_blas<Ctx> && has_vector_ops<Ctx> &&
-                         has_transfers<Ctx> && has_training_ops<Ctx>;
+    has_transfers<Ctx> && has_training_ops<Ctx>;
 
 // LayerKernels<Op, Ctx>: see the top of this file. Declared, never defined.
 template <class Op, class Ctx>
@@ -79,6 +79,8 @@ struct LayerKernels;
 // has_layer_kernels<Op, Ctx>: the backend of Ctx has kernels for Op (its LayerKernels
 // specialization is visible here).
 template <class Op, class Ctx>
-concept has_layer_kernels = requires { sizeof(LayerKernels<Op, Ctx>); };
+concept has_layer_kernels = requires {
+  sizeof(LayerKernels<Op, Ctx>);
+};
 
 }  // namespace gpipe

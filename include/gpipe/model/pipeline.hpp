@@ -4,7 +4,8 @@
 //   Pipeline<Stage<A, B>, Stage<C>>::stage_t<1>      = the bound chain of stage 1 (a gpipe::layer)
 //   Pipeline<...>::layer_offset[s]                   = global index of stage s's first layer
 //   Pipeline<...>::tokens_per_sample                 = rows per sample: T of a token model
-//                                                      (one starting with Embedding<V, T, D>), else 1
+//                                                      (one starting with Embedding<V, T, D>), else
+//                                                      1
 // Parameters are named as in a PyTorch nn.Sequential over all layers of all stages in order:
 // "i.weight", "i.bias", and "i.j.weight" for a child j of a composite layer i.
 
@@ -59,7 +60,8 @@ struct Pipeline {
   // A token model starts with a layer that fixes T tokens per sample (Embedding<V, T, D>): its
   // rows are tokens, T consecutive rows make a sample, and micro-batches split between samples.
   static constexpr bool is_token_model = first_stage::tokens_per_sample > 0;
-  static constexpr std::size_t tokens_per_sample = is_token_model ? first_stage::tokens_per_sample : 1;
+  static constexpr std::size_t tokens_per_sample =
+      is_token_model ? first_stage::tokens_per_sample : 1;
 
   // Token ids a token model takes: [0, vocab_size), its Embedding's V.
   static constexpr std::size_t vocab_size = [] {

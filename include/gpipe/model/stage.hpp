@@ -26,8 +26,7 @@ struct Stage {
   using first_layer = std::tuple_element_t<0, std::tuple<Layers...>>;
 
   // T that the stage's first layer fixes (an Embedding's), 0 if none.
-  static constexpr std::size_t tokens_per_sample =
-      detail::tokens_per_sample_v<first_layer>;
+  static constexpr std::size_t tokens_per_sample = detail::tokens_per_sample_v<first_layer>;
 
   template <std::size_t N, std::size_t T = 0>
   using bound = detail::bind_chain_t<N, T, Layers...>;

@@ -20,9 +20,9 @@ namespace gpipe {
 namespace detail {
 
 template <std::size_t D, std::size_t H, std::size_t T>
-using TransformerBody =
-    Chain<ResidualOf<bind_chain_t<D, T, LayerNorm<D>, CausalSelfAttention<D, H>>>,
-          ResidualOf<bind_chain_t<D, T, LayerNorm<D>, Linear<D, 4 * D>, GELUTanh, Linear<4 * D, D>>>>;
+using TransformerBody = Chain<
+    ResidualOf<bind_chain_t<D, T, LayerNorm<D>, CausalSelfAttention<D, H>>>,
+    ResidualOf<bind_chain_t<D, T, LayerNorm<D>, Linear<D, 4 * D>, GELUTanh, Linear<4 * D, D>>>>;
 
 template <std::size_t D, std::size_t H, std::size_t T>
 struct TransformerBlockOf : TransformerBody<D, H, T> {
@@ -31,9 +31,9 @@ struct TransformerBlockOf : TransformerBody<D, H, T> {
   static constexpr std::size_t tokens_per_sample = T;
   static constexpr auto param_specs() {
     return named_specs<TransformerBody<D, H, T>, 12>(
-        {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"});
+        {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+         "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+         "mlp.c_proj.weight", "mlp.c_proj.bias"});
   }
 };
 

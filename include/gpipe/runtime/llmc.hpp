@@ -91,7 +91,8 @@ void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
     const ParameterInfo* info = detail::find_parameter(infos, t.name);
     detail::require(info != nullptr, where + "the model has no parameter \"" + t.name +
                                          "\" (it needs gpipe's GPT layout: Embedding, " +
-                                         std::to_string(L) + " TransformerBlocks, LayerNorm, head)");
+                                         std::to_string(L) +
+                                         " TransformerBlocks, LayerNorm, head)");
     const std::size_t cols = t.shape.back();
     std::size_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
     if (t.name == "0.wte.weight") {
@@ -102,10 +103,10 @@ void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
       rows = info->shape[0];
       wte = &t.data;
     } else if (t.name == "0.wpe.weight") {
-      detail::require(info->shape[0] <= c.max_seq_len,
-                      where + "the model's samples are " + std::to_string(info->shape[0]) +
-                          " tokens, longer than the checkpoint's maxT = " +
-                          std::to_string(c.max_seq_len));
+      detail::require(
+          info->shape[0] <= c.max_seq_len,
+          where + "the model's samples are " + std::to_string(info->shape[0]) +
+              " tokens, longer than the checkpoint's maxT = " + std::to_string(c.max_seq_len));
       rows = info->shape[0];
     }
     const std::vector<std::size_t> shape =
@@ -164,15 +165,15 @@ void save_llmc_gpt2(const Trainer& trainer, const std::filesystem::path& path,
                       ".weight\" must equal \"0.wte.weight\" (tie them in the Trainer's options)");
   if (detail::find_parameter(infos, head + ".bias") != nullptr) {
     const std::vector<float> bias = trainer.parameter(head + ".bias");
-    detail::require(std::all_of(bias.begin(), bias.end(), [](float b) { return b == 0.0f; }),
-                    "an llm.c checkpoint has no LM head bias, but \"" + head +
-                        ".bias\" is not zero");
+    detail::require(
+        std::all_of(bias.begin(), bias.end(), [](float b) { return b == 0.0f; }),
+        "an llm.c checkpoint has no LM head bias, but \"" + head + ".bias\" is not zero");
   }
   for (const auto& [name, shape] : io::llmc_gpt2_layout(c)) {
     const ParameterInfo* info = detail::find_parameter(infos, name);
-    detail::require(info != nullptr && info->shape == shape,
-                    "the model's \"" + name + "\" does not have the llm.c shape " +
-                        detail::shape_text(shape));
+    detail::require(
+        info != nullptr && info->shape == shape,
+        "the model's \"" + name + "\" does not have the llm.c shape " + detail::shape_text(shape));
     ckpt.tensors.push_back({name, shape, trainer.parameter(name)});
   }
   io::save_llmc_gpt2(path, ckpt);

@@ -16,8 +16,7 @@ struct MicroBatchSplit {
 
   constexpr std::size_t samples() const { return rows / sample_rows; }
   constexpr std::size_t size(std::size_t mb) const {
-    return sample_rows *
-           (samples() / micro_batches + (mb < samples() % micro_batches ? 1 : 0));
+    return sample_rows * (samples() / micro_batches + (mb < samples() % micro_batches ? 1 : 0));
   }
   constexpr std::size_t begin(std::size_t mb) const {
     const std::size_t extra = samples() % micro_batches;

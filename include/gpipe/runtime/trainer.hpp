@@ -116,9 +116,8 @@ class Trainer {
 
   // x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
   // floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
-  float forward_backward(std::span<const float> x, std::span<const target_type> y)
-  requires(!Model::is_token_model)
-  {
+  float forward_backward(std::span<const float> x,
+                         std::span<const target_type> y) requires(!Model::is_token_model) {
     constexpr std::size_t in = Model::in_features;
     detail::require(x.size() % in == 0, "x has " + std::to_string(x.size()) +
                                             " floats, which is not a multiple of "
@@ -135,18 +134,15 @@ class Trainer {
 
   // Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
   // Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
-  float forward_backward(std::span<const std::int32_t> tokens, std::span<const target_type> targets)
-  requires Model::is_token_model
-  {
+  float forward_backward(std::span<const std::int32_t> tokens,
+                         std::span<const target_type> targets) requires Model::is_token_model {
     const std::vector<float> x = token_rows(tokens, options_.micro_batches);
     return run_step(x, targets, tokens.size());
   }
 
   // Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
   // pipelined through the stages; gradients are untouched.
-  std::vector<float> predict(std::span<const float> x)
-  requires(!Model::is_token_model)
-  {
+  std::vector<float> predict(std::span<const float> x) requires(!Model::is_token_model) {
     constexpr std::size_t in = Model::in_features;
     detail::require(x.size() % in == 0 && !x.empty(), "x has " + std::to_string(x.size()) +
                                                           " floats, expected a positive multiple "
@@ -157,9 +153,7 @@ class Trainer {
   }
 
   // Token models: the logits (B T, out_features) of every token of (B, T) token ids.
-  std::vector<float> predict(std::span<const std::int32_t> tokens)
-  requires Model::is_token_model
-  {
+  std::vector<float> predict(std::span<const std::int32_t> tokens) requires Model::is_token_model {
     const std::vector<float> x = token_rows(tokens, 1);
     return run_predict(x, tokens.size());
   }
@@ -242,8 +236,8 @@ class Trainer {
     for (const auto& [follower, leader] : ties_) {
       const auto it = tensors.find(follower->name);
       detail::require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
-                      path.string() + ": \"" + follower->name + "\" is tied to \"" +
-                          leader->name + "\", but the file holds different values for them");
+                      path.string() + ": \"" + follower->name + "\" is tied to \"" + leader->name +
+                          "\", but the file holds different values for them");
     }
     for (const ParameterInfo& info : infos_)
       if (leader_of(info) == &info) write(params_, info, tensors.find(info.name)->second.data);
@@ -285,8 +279,8 @@ class Trainer {
     const std::size_t samples = rows / tokens_per_sample;
     detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
                                                     grads_);
-    executor.run_forward(
-        x, {rows, std::min(samples, options_.micro_batches), tokens_per_sample}, out);
+    executor.run_forward(x, {rows, std::min(samples, options_.micro_batches), tokens_per_sample},
+                         out);
     return out;
   }
 
@@ -415,15 +409,16 @@ class Trainer {
       const ParameterInfo& leader = find(tie.to);
       const std::string what = "tie of \"" + tie.parameter + "\" to \"" + tie.to + "\": ";
       detail::require(&follower != &leader, what + "a parameter cannot be tied to itself");
-      detail::require(follower.shape == leader.shape,
-                      what + "their shapes differ (" + shape_string(follower.shape) + " and " +
-                          shape_string(leader.shape) + ")");
+      detail::require(follower.shape == leader.shape, what + "their shapes differ (" +
+                                                          shape_string(follower.shape) + " and " +
+                                                          shape_string(leader.shape) + ")");
       for (const auto& [f, l] : ties_) {
-        detail::require(f != &follower, what + "\"" + tie.parameter +
-                                            "\" is already tied to \"" + l->name + "\"");
+        detail::require(f != &follower,
+                        what + "\"" + tie.parameter + "\" is already tied to \"" + l->name + "\"");
         detail::require(f != &leader && l != &follower,
-                        what + "chains of ties are not supported: tie every parameter to the "
-                               "same one");
+                        what +
+                            "chains of ties are not supported: tie every parameter to the "
+                            "same one");
       }
       ties_.emplace_back(&follower, &leader);
     }

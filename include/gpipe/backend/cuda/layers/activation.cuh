@@ -44,14 +44,12 @@ struct LayerKernels<LayerNormOp, cuda::Kernels> {
                       float* stats) {
     k.layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats);
   }
-  static void backward_input(cuda::Kernels& k, std::size_t rows, std::size_t cols,
-                             const float* x, const float* dy, const float* gamma,
-                             const float* stats, float* dx) {
+  static void backward_input(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
+                             const float* dy, const float* gamma, const float* stats, float* dx) {
     k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
   }
-  static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t cols,
-                              const float* x, const float* dy, const float* stats, float* dgamma,
-                              float* dbeta) {
+  static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
+                              const float* dy, const float* stats, float* dgamma, float* dbeta) {
     k.layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
   }
 };

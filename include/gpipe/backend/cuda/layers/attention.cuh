@@ -24,9 +24,9 @@
 namespace gpipe::cuda {
 
 // Thread (b, h, t): P(b, h, t, :) = causal softmax(q_t . k_t' scale), o(b, t, h) = P v.
-__global__ void attention_forward_kernel(std::size_t samples, std::size_t tokens,
-                                         std::size_t heads, std::size_t d, float scale,
-                                         const float* qkv, float* probs, float* o) {
+__global__ void attention_forward_kernel(std::size_t samples, std::size_t tokens, std::size_t heads,
+                                         std::size_t d, float scale, const float* qkv, float* probs,
+                                         float* o) {
   const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
   for (std::size_t i = detail::global_thread(); i < samples * heads * tokens;
        i += detail::grid_threads()) {
@@ -49,7 +49,8 @@ __global__ void attention_forward_kernel(std::size_t samples, std::size_t tokens
     float* out = o + (b * tokens + t) * D + h * d;
     for (std::size_t j = 0; j < d; ++j) {
       float acc = 0.0f;
-      for (std::size_t u = 0; u <= t; ++u) acc += p[u] * qkv[(b * tokens + u) * ld_qkv + 2 * D + h * d + j];
+      for (std::size_t u = 0; u <= t; ++u)
+        acc += p[u] * qkv[(b * tokens + u) * ld_qkv + 2 * D + h * d + j];
       out[j] = acc;
     }
   }
@@ -80,7 +81,8 @@ __global__ void attention_backward_query_kernel(std::size_t samples, std::size_t
     float* dq = dqkv + (b * tokens + t) * ld_qkv + h * d;
     for (std::size_t j = 0; j < d; ++j) {
       float acc = 0.0f;
-      for (std::size_t u = 0; u <= t; ++u) acc += row[u] * qkv[(b * tokens + u) * ld_qkv + D + h * d + j];
+      for (std::size_t u = 0; u <= t; ++u)
+        acc += row[u] * qkv[(b * tokens + u) * ld_qkv + D + h * d + j];
       dq[j] = scale * acc;
     }
   }
@@ -116,8 +118,8 @@ namespace gpipe {
 
 template <>
 struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
-  static void forward(cuda::Kernels& k, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const float* qkv, float* probs, float* o) {
+  static void forward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
+                      std::size_t d, const float* qkv, float* probs, float* o) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     GPIPE_CUDA_LAUNCH(cuda::attention_forward_kernel,
@@ -126,9 +128,9 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
     GPIPE_CUDA_CHECK_LAUNCH("attention_forward_kernel");
   }
   // scratch: (samples T, T) floats, as the layer's workspace (T per row) provides.
-  static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens,
-                       std::size_t heads, std::size_t d, const float* qkv, const float* probs,
-                       const float* dout, float* dqkv, float* scratch) {
+  static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
+                       std::size_t d, const float* qkv, const float* probs, const float* dout,
+                       float* dqkv, float* scratch) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const unsigned grid = cuda::detail::grid_for(samples * tokens, 128);

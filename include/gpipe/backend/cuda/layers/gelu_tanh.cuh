@@ -28,7 +28,8 @@ __global__ void gelu_tanh_forward_kernel(std::size_t n, const float* x, float* y
   detail::map<V>(
       n,
       [](float v) {
-        return 0.5f * v * (1.0f + tanhf(detail::sqrt_2_over_pi * (v + detail::gelu_tanh_a * v * v * v)));
+        return 0.5f * v *
+               (1.0f + tanhf(detail::sqrt_2_over_pi * (v + detail::gelu_tanh_a * v * v * v)));
       },
       y, x);
 }
@@ -61,8 +62,7 @@ struct LayerKernels<GeluTanhOp, cuda::Kernels> {
                        float* dx) {
     cuda::detail::launch_map<cuda::gelu_tanh_backward_kernel<4>,
                              cuda::gelu_tanh_backward_kernel<1>>(
-        "gelu_tanh_backward_kernel", n, cuda::detail::aligned<4>(x, dy, dx), k.stream(), x, dy,
-        dx);
+        "gelu_tanh_backward_kernel", n, cuda::detail::aligned<4>(x, dy, dx), k.stream(), x, dy, dx);
   }
 };
 

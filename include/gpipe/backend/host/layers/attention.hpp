@@ -16,8 +16,8 @@ namespace gpipe {
 
 template <class T>
 struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
-  static void forward(host::Kernels<T>&, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const T* qkv, T* probs, T* o) {
+  static void forward(host::Kernels<T>&, std::size_t samples, std::size_t tokens, std::size_t heads,
+                      std::size_t d, const T* qkv, T* probs, T* o) {
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
     const T scale = T(1) / std::sqrt(static_cast<T>(d));
     for (std::size_t b = 0; b < samples; ++b) {

@@ -12,8 +12,8 @@ namespace gpipe {
 
 template <class T>
 struct LayerKernels<LayerNormOp, host::Kernels<T>> {
-  static void forward(host::Kernels<T>&, std::size_t rows, std::size_t cols, double eps,
-                      const T* x, const T* gamma, const T* beta, T* y, T* stats) {
+  static void forward(host::Kernels<T>&, std::size_t rows, std::size_t cols, double eps, const T* x,
+                      const T* gamma, const T* beta, T* y, T* stats) {
     host::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats);
   }
   static void backward_input(host::Kernels<T>&, std::size_t rows, std::size_t cols, const T* x,
