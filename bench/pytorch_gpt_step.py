@@ -2,7 +2,7 @@
 """PyTorch's side of bench_gpt_step: the same GPT-2-shaped model and step, timed on the CPU.
 
 Model: V = 50304, T = 256, D = 768, H = 12, 4 pre-norm blocks (nanoGPT's Block without dropout,
-tanh GELU), final LayerNorm, untied LM head; batch 4 samples; cross-entropy over all tokens.
+tanh GELU), final LayerNorm, untied LM head; batch 8 samples; cross-entropy over all tokens.
 A step is `model.zero_grad(); loss = cross_entropy(...); loss.backward()`, as bench_gpt_step times
 `trainer.zero_grad(); trainer.forward_backward(tokens, targets)`.
 
@@ -30,7 +30,7 @@ def main():
         print(json.dumps({"skipped": f"torch is not importable: {error}"}))
         return 0
     nn = torch.nn
-    V, T, D, H, B = 50304, 256, 768, 12, 4
+    V, T, D, H, B = 50304, 256, 768, 12, 8
 
     class Attention(nn.Module):
         def __init__(self):

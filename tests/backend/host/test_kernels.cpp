@@ -3,18 +3,23 @@
 // against a plain double-precision triple loop for every transpose combination, alpha and beta,
 // and odd shapes; the SIMD
 // elementwise kernels against their scalar definitions at every length around the pack width
-// (tails), in place where the contract allows; and that a GEMM runs on its caller's thread
-// alone without changing the caller's OpenMP setting.
+// (tails), in place where the contract allows; the SIMD exp and tanh against double over their
+// whole float range, packs against scalars bit for bit, and the float GELUTanh, softmax
+// cross-entropy and attention kernels built on them against double definitions; and that a GEMM
+// runs on its caller's thread alone without changing the caller's OpenMP setting.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <thread>
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/model/layer.hpp"
 #include "support/relative_error.hpp"
 
@@ -143,6 +148,91 @@ TEST_SUITE("backend host kernels") {
       CHECK(y == std::vector<float>(n, 2.5f));
       k.copy(n, x.data(), y.data());
       CHECK(y == x);
+    }
+  }
+
+  TEST_CASE("SIMD exp and tanh: within their error bounds everywhere, packs equal to scalars") {
+    namespace simd = gpipe::host::simd;
+    double exp_error = 0, tanh_error = 0;
+    std::size_t points = 0;
+    // every float in [-90, 90] whose exponent step is small: about 2^20 points, dense near 0
+    for (float x = -90; x < 90; ++points) {
+      const float e = simd::exp(x), t = simd::tanh(x);
+      if (x >= -86.9f && x <= 88.72f) {
+        const double ref = std::exp(static_cast<double>(x));
+        exp_error = std::max(exp_error, std::fabs(e - ref) / ref);
+      }
+      tanh_error = std::max(tanh_error, std::fabs(t - std::tanh(static_cast<double>(x))));
+      const simd::Pack<float> pack = simd::Pack<float>{} + x;
+      const auto packed_e = simd::exp(pack), packed_t = simd::tanh(pack);
+      for (std::size_t lane = 0; lane < simd::width_v<float>; ++lane) {
+        if (packed_e[lane] != e || packed_t[lane] != t) FAIL("a pack differs from scalar at " << x);
+      }
+      const float step = std::max(std::fabs(x) * 2e-6f, 1e-6f);
+      x = std::nextafter(x + step, 100.0f);
+    }
+    CHECK(points > 100000);
+    CHECK(exp_error < 2e-7);
+    CHECK(tanh_error < 2e-7);
+    const float inf = std::numeric_limits<float>::infinity();
+    CHECK(simd::exp(0.0f) == 1.0f);
+    CHECK(simd::exp(-87.0f) == 0.0f);
+    CHECK(simd::exp(-inf) == 0.0f);
+    CHECK(simd::exp(88.8f) == inf);
+    CHECK(simd::exp(inf) == inf);
+    CHECK(std::isnan(simd::exp(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(simd::tanh(0.0f) == 0.0f);
+    CHECK(simd::tanh(50.0f) == 1.0f);
+    CHECK(simd::tanh(-inf) == -1.0f);
+  }
+
+  TEST_CASE("float GELUTanh matches its double definition at every tail length") {
+    using Kernels = gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<float>>;
+    gpipe::host::Kernels<float> k;
+    const double c = std::sqrt(2.0 / std::acos(-1.0)), a = 0.044715;
+    for (std::size_t n = 0; n <= 37; ++n) {
+      CAPTURE(n);
+      std::vector<float> x(n), dy = random_floats(n, 8), y(n), dx(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = -6.0f + 12.0f * static_cast<float>(i) / 37.0f;
+      Kernels::forward(k, n, x.data(), y.data());
+      Kernels::backward(k, n, x.data(), dy.data(), dx.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        const double v = x[i], th = std::tanh(c * (v + a * v * v * v));
+        const double slope = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * c * (1 + 3 * a * v * v);
+        CHECK(std::fabs(y[i] - 0.5 * v * (1 + th)) <= 1e-6 * (1 + std::fabs(v)));
+        CHECK(std::fabs(dx[i] - dy[i] * slope) <= 1e-6 * (1 + std::fabs(v)));
+      }
+    }
+  }
+
+  TEST_CASE("float softmax cross-entropy matches double, any class count") {
+    gpipe::host::Kernels<float> k;
+    for (std::size_t classes : {1u, 3u, 4u, 257u, 1027u, 50304u}) {
+      CAPTURE(classes);
+      const std::size_t rows = 3;
+      std::vector<float> logits = random_floats(rows * classes, 9), dlogits(rows * classes);
+      for (float& z : logits) z *= 12.0f;
+      logits[classes / 2] = 40.0f;  // a dominant class, and a target far below it
+      const std::vector<std::int32_t> targets{0, static_cast<std::int32_t>(classes - 1),
+                                              static_cast<std::int32_t>(classes / 3)};
+      float loss = 0;
+      const float scale = 0.25f;
+      k.softmax_cross_entropy(rows, classes, logits.data(), targets.data(), scale, dlogits.data(),
+                              &loss);
+      std::vector<double> expected(rows * classes);
+      double expected_loss = 0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        const float* z = logits.data() + r * classes;
+        double max = z[0], sum = 0;
+        for (std::size_t c = 0; c < classes; ++c) max = std::max<double>(max, z[c]);
+        for (std::size_t c = 0; c < classes; ++c) sum += std::exp(z[c] - max);
+        expected_loss += std::log(sum) + max - z[targets[r]];
+        for (std::size_t c = 0; c < classes; ++c)
+          expected[r * classes + c] =
+              scale * (std::exp(z[c] - max) / sum - (static_cast<std::int32_t>(c) == targets[r]));
+      }
+      CHECK(std::fabs(loss - expected_loss) <= 1e-6 * std::fabs(expected_loss));
+      CHECK(relative_error(dlogits, expected) < 1e-6);
     }
   }
 

@@ -1,6 +1,7 @@
 #pragma once
-// The emulated cuBLAS: handles bound to a GPU and a stream, and cublasSgemm as a column-major FP32
-// reference run in stream order (TF32 math rounds the operands first).
+// The emulated cuBLAS: handles bound to a GPU and a stream, and cublasSgemm and
+// cublasSgemmStridedBatched as a column-major FP32 reference run in stream order (TF32 math
+// rounds the operands first).
 
 #include <cublas_v2.h>
 
@@ -68,14 +69,20 @@ const char* cublasGetStatusName(cublasStatus_t status) {
 }
 const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
 
-// C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
-cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
-                              int m, int n, int k, const float* alpha, const float* a, int lda,
-                              const float* b, int ldb, const float* beta, float* c, int ldc) {
-  using namespace gpipe::test::cuda_emulation;
+}  // extern "C"
+
+namespace gpipe::test::cuda_emulation {
+
+// For each of `batch` problems i: C_i(m, n) = alpha op(A_i)(m, k) op(B_i)(k, n) + beta C_i,
+// column-major, X_i = X + i stride_x.
+inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cublasOperation_t ta,
+                                    cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                                    const float* a, int lda, long long stride_a, const float* b,
+                                    int ldb, long long stride_b, const float* beta, float* c,
+                                    int ldc, long long stride_c, int batch) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, trans_a ? k : m) ||
       ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (handle->gpu != current_gpu() ||
@@ -87,34 +94,64 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cubla
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   run_on(handle->stream, [=, gpu = handle->gpu] {
-    for (const void* p :
-         {static_cast<const void*>(a), static_cast<const void*>(b), static_cast<const void*>(c)}) {
-      const int owner = gpu_of_memory(p);
-      if (owner < 0) throw std::runtime_error("cublasSgemm on memory that is not device memory");
-      if (!may_access(gpu, owner))
-        throw std::runtime_error("cublasSgemm on GPU " + std::to_string(gpu) +
-                                 " with memory of GPU " + std::to_string(owner) +
-                                 ", which it may not access");
-    }
-    auto at = [&](std::size_t i, std::size_t p) {
-      const float v = trans_a ? a[p + i * static_cast<std::size_t>(lda)]
-                              : a[i + p * static_cast<std::size_t>(lda)];
-      return tf32 ? to_tf32(v) : v;
-    };
-    auto bt = [&](std::size_t p, std::size_t j) {
-      const float v = trans_b ? b[j + p * static_cast<std::size_t>(ldb)]
-                              : b[p + j * static_cast<std::size_t>(ldb)];
-      return tf32 ? to_tf32(v) : v;
-    };
-    for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
-      for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
-        float sum = 0;
-        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) sum += at(i, p) * bt(p, j);
-        float& out = c[i + j * static_cast<std::size_t>(ldc)];
-        out = be == 0.0f ? al * sum : al * sum + be * out;
+    for (int i = 0; i < batch; ++i) {
+      const float* ai = a + i * stride_a;
+      const float* bi = b + i * stride_b;
+      float* ci = c + i * stride_c;
+      for (const void* p : {static_cast<const void*>(ai), static_cast<const void*>(bi),
+                            static_cast<const void*>(ci)}) {
+        const int owner = gpu_of_memory(p);
+        if (owner < 0)
+          throw std::runtime_error(std::string(name) + " on memory that is not device memory");
+        if (!may_access(gpu, owner))
+          throw std::runtime_error(std::string(name) + " on GPU " + std::to_string(gpu) +
+                                   " with memory of GPU " + std::to_string(owner) +
+                                   ", which it may not access");
       }
+      auto at = [&](std::size_t r, std::size_t p) {
+        const float v = trans_a ? ai[p + r * static_cast<std::size_t>(lda)]
+                                : ai[r + p * static_cast<std::size_t>(lda)];
+        return tf32 ? to_tf32(v) : v;
+      };
+      auto bt = [&](std::size_t p, std::size_t j) {
+        const float v = trans_b ? bi[j + p * static_cast<std::size_t>(ldb)]
+                                : bi[p + j * static_cast<std::size_t>(ldb)];
+        return tf32 ? to_tf32(v) : v;
+      };
+      for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
+        for (std::size_t r = 0; r < static_cast<std::size_t>(m); ++r) {
+          float sum = 0;
+          for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p) sum += at(r, p) * bt(p, j);
+          float& out = ci[r + j * static_cast<std::size_t>(ldc)];
+          out = be == 0.0f ? al * sum : al * sum + be * out;
+        }
+    }
   });
   return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace gpipe::test::cuda_emulation
+
+extern "C" {
+
+// C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                              int m, int n, int k, const float* alpha, const float* a, int lda,
+                              const float* b, int ldb, const float* beta, float* c, int ldc) {
+  return gpipe::test::cuda_emulation::sgemm_batched("cublasSgemm", handle, ta, tb, m, n, k, alpha,
+                                                    a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+}
+
+// The same for `batch` problems, operand i at X + i stride_x.
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t ta,
+                                         cublasOperation_t tb, int m, int n, int k,
+                                         const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb,
+                                         long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch) {
+  return gpipe::test::cuda_emulation::sgemm_batched("cublasSgemmStridedBatched", handle, ta, tb, m,
+                                                    n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                                    beta, c, ldc, stride_c, batch);
 }
 
 }  // extern "C"

@@ -16,6 +16,7 @@
 
 #include <climits>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 
 #include "gpipe/backend/cuda/error.cuh"
@@ -46,6 +47,34 @@ inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t 
   GPIPE_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ni, mi, ki, &alpha, b, ldb, a,
                                  lda, &beta, c, ni));
+}
+
+// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows
+// are ld apart.
+struct BatchedOperand {
+  const float* data;
+  std::size_t ld, stride;
+};
+
+// For i < batch: C_i(m, n) = alpha op(A_i) op(B_i) + beta C_i, shapes as for gemm, rows of each
+// operand ld apart (views into wider matrices: one head of q, k, v). One
+// cublasSgemmStridedBatched call; k > 0.
+inline void gemm_strided_batched(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m,
+                                 std::size_t n, std::size_t k, float alpha, BatchedOperand a,
+                                 BatchedOperand b, float beta, float* c, std::size_t ldc,
+                                 std::size_t stride_c, std::size_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  for (std::size_t v : {m, n, k, a.ld, b.ld, ldc, batch})
+    if (v > INT_MAX)
+      throw Error("gpipe: batched gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                  std::to_string(k) + ") x " + std::to_string(batch) +
+                  " exceeds cuBLAS's 32-bit dimensions");
+  GPIPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.data,
+      static_cast<int>(b.ld), static_cast<long long>(b.stride), a.data, static_cast<int>(a.ld),
+      static_cast<long long>(a.stride), &beta, c, static_cast<int>(ldc),
+      static_cast<long long>(stride_c), static_cast<int>(batch)));
 }
 
 }  // namespace gpipe::cuda

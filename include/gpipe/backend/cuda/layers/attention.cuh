@@ -1,10 +1,14 @@
 #pragma once
-// The causal attention core on the CUDA backend: plain kernels, one thread per query row or key
-// row of one head, the maths and storage of the host reference
-// (gpipe/backend/host/layers/attention.hpp): the probabilities are kept per query row (row
-// length H T, zero above the diagonal), and backward goes head by head through a (samples, T, T)
-// scratch of dS. Deterministic: every sum runs in one thread, in key or query order.
-// Not tuned: a flash-style kernel with tiles in shared memory is the next step.
+// The causal attention core on the CUDA backend, the algorithm of the host's
+// (gpipe/backend/host/layers/attention.hpp) on cuBLAS strided-batched GEMMs:
+//   forward, per sample, batched over heads: S = scale q k^T into the probabilities' rows (row
+//     length H T), then a causal softmax, one warp per row, then o = P v;
+//   backward, per head, batched over samples: dP = do v^T into the (samples, T, T) scratch and
+//     dv = P^T do, then dS = P .* (dP - rowsum(dP .* P)) one warp per row, then dq = scale dS k
+//     and dk = scale dS^T q.
+// The (T, T) products are computed whole and the masked part set to 0, as on the host.
+// Deterministic: cuBLAS gives the same bits on the same GPU, and each row's sums run in a fixed
+// order (per lane, then a fixed shuffle tree).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/layers/attention.cuh is CUDA code: compile it with nvcc"
@@ -18,97 +22,47 @@
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/kernels/gemm.cuh"
 #include "gpipe/model/attention.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
 namespace gpipe::cuda {
 
-// Thread (b, h, t): P(b, h, t, :) = causal softmax(q_t . k_t' scale), o(b, t, h) = P v.
-__global__ void attention_forward_kernel(std::size_t samples, std::size_t tokens, std::size_t heads,
-                                         std::size_t d, float scale, const float* qkv, float* probs,
-                                         float* o) {
-  const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
-  for (std::size_t i = detail::global_thread(); i < samples * heads * tokens;
-       i += detail::grid_threads()) {
-    const std::size_t b = i / (heads * tokens), h = i / tokens % heads, t = i % tokens;
-    const float* q = qkv + (b * tokens + t) * ld_qkv + h * d;
-    float* p = probs + (b * tokens + t) * ld_p + h * tokens;
+inline constexpr int attention_warps_per_block = 8;
+
+// One warp per row r < rows of P, rows `tokens` long; the row's query position is (r / heads) %
+// tokens (P is (samples, T, H, T)). Entries u <= t become the softmax of the row's entries
+// u <= t, entries above become 0.
+__global__ void attention_causal_softmax_kernel(std::size_t rows, std::size_t tokens,
+                                                std::size_t heads, float* probs) {
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t r = detail::global_thread() / 32; r < rows; r += detail::grid_threads() / 32) {
+    const std::size_t t = r / heads % tokens;
+    float* p = probs + r * tokens;
     float max = -INFINITY;
-    for (std::size_t u = 0; u <= t; ++u) {
-      const float* k = qkv + (b * tokens + u) * ld_qkv + D + h * d;
-      float s = 0.0f;
-      for (std::size_t j = 0; j < d; ++j) s += q[j] * k[j];
-      p[u] = s * scale;
-      max = fmaxf(max, p[u]);
-    }
+    for (std::size_t u = lane; u <= t; u += 32) max = fmaxf(max, p[u]);
+    max = detail::warp_max(max);
     float sum = 0.0f;
-    for (std::size_t u = 0; u <= t; ++u) sum += p[u] = expf(p[u] - max);
-    const float inv = 1.0f / sum;
-    for (std::size_t u = 0; u <= t; ++u) p[u] *= inv;
-    for (std::size_t u = t + 1; u < tokens; ++u) p[u] = 0.0f;
-    float* out = o + (b * tokens + t) * D + h * d;
-    for (std::size_t j = 0; j < d; ++j) {
-      float acc = 0.0f;
-      for (std::size_t u = 0; u <= t; ++u)
-        acc += p[u] * qkv[(b * tokens + u) * ld_qkv + 2 * D + h * d + j];
-      out[j] = acc;
-    }
+    for (std::size_t u = lane; u <= t; u += 32) sum += p[u] = expf(p[u] - max);
+    const float inv = 1.0f / detail::warp_sum(sum);
+    for (std::size_t u = lane; u < tokens; u += 32) p[u] = u <= t ? p[u] * inv : 0.0f;
   }
 }
 
-// Head h, thread (b, t): dS(b, t, :) = P .* (dP - rowsum(dP .* P)) with dP = do_t . v_t', and
-// dq_t = scale dS(b, t, :) k.
-__global__ void attention_backward_query_kernel(std::size_t samples, std::size_t tokens,
-                                                std::size_t heads, std::size_t d, std::size_t h,
-                                                float scale, const float* qkv, const float* probs,
-                                                const float* dout, float* dqkv, float* ds) {
-  const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
-  for (std::size_t i = detail::global_thread(); i < samples * tokens; i += detail::grid_threads()) {
-    const std::size_t b = i / tokens, t = i % tokens;
-    const float* p = probs + (b * tokens + t) * ld_p + h * tokens;
-    const float* g = dout + (b * tokens + t) * D + h * d;
-    float* row = ds + i * tokens;
+// Head h, one warp per row (b, t) of the scratch ds (samples T, T) holding dP: entries u <= t
+// become P (dP - sum_u' dP P), entries above 0. P's row is probs + (b T + t) H T + h T.
+__global__ void attention_softmax_backward_kernel(std::size_t rows, std::size_t tokens,
+                                                  std::size_t heads, std::size_t h,
+                                                  const float* probs, float* ds) {
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t r = detail::global_thread() / 32; r < rows; r += detail::grid_threads() / 32) {
+    const std::size_t t = r % tokens;
+    const float* p = probs + r * heads * tokens + h * tokens;
+    float* g = ds + r * tokens;
     float dot = 0.0f;
-    for (std::size_t u = 0; u <= t; ++u) {
-      const float* v = qkv + (b * tokens + u) * ld_qkv + 2 * D + h * d;
-      float dp = 0.0f;
-      for (std::size_t j = 0; j < d; ++j) dp += g[j] * v[j];
-      row[u] = dp;
-      dot += dp * p[u];
-    }
-    for (std::size_t u = 0; u <= t; ++u) row[u] = p[u] * (row[u] - dot);
-    for (std::size_t u = t + 1; u < tokens; ++u) row[u] = 0.0f;
-    float* dq = dqkv + (b * tokens + t) * ld_qkv + h * d;
-    for (std::size_t j = 0; j < d; ++j) {
-      float acc = 0.0f;
-      for (std::size_t u = 0; u <= t; ++u)
-        acc += row[u] * qkv[(b * tokens + u) * ld_qkv + D + h * d + j];
-      dq[j] = scale * acc;
-    }
-  }
-}
-
-// Head h, thread (b, t'): dk_t' = scale sum_{t >= t'} dS(b, t, t') q_t,
-// dv_t' = sum_{t >= t'} P(b, h, t, t') do_t.
-__global__ void attention_backward_key_kernel(std::size_t samples, std::size_t tokens,
-                                              std::size_t heads, std::size_t d, std::size_t h,
-                                              float scale, const float* qkv, const float* probs,
-                                              const float* dout, float* dqkv, const float* ds) {
-  const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
-  for (std::size_t i = detail::global_thread(); i < samples * tokens; i += detail::grid_threads()) {
-    const std::size_t b = i / tokens, u = i % tokens;
-    float* dk = dqkv + (b * tokens + u) * ld_qkv + D + h * d;
-    float* dv = dk + D;
-    for (std::size_t j = 0; j < d; ++j) {
-      float k_acc = 0.0f, v_acc = 0.0f;
-      for (std::size_t t = u; t < tokens; ++t) {
-        const std::size_t row = b * tokens + t;
-        k_acc += ds[row * tokens + u] * qkv[row * ld_qkv + h * d + j];
-        v_acc += probs[row * ld_p + h * tokens + u] * dout[row * D + h * d + j];
-      }
-      dk[j] = scale * k_acc;
-      dv[j] = v_acc;
-    }
+    for (std::size_t u = lane; u <= t; u += 32) dot += g[u] * p[u];
+    dot = detail::warp_sum(dot);
+    for (std::size_t u = lane; u < tokens; u += 32) g[u] = u <= t ? p[u] * (g[u] - dot) : 0.0f;
   }
 }
 
@@ -122,25 +76,62 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
                       std::size_t d, const float* qkv, float* probs, float* o) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    GPIPE_CUDA_LAUNCH(cuda::attention_forward_kernel,
-                      cuda::detail::grid_for(samples * heads * tokens, 128), 128, k.stream())
-    (samples, tokens, heads, d, scale, qkv, probs, o);
-    GPIPE_CUDA_CHECK_LAUNCH("attention_forward_kernel");
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+    for (std::size_t b = 0; b < samples; ++b) {
+      const float* q = qkv + b * tokens * ld_qkv;
+      float* p = probs + b * tokens * ld_p;
+      // S_h (T, T) = scale q_h k_h^T, head h at column h d of q and k, h T of P
+      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, scale, {q, ld_qkv, d},
+                                 {q + D, ld_qkv, d}, 0.0f, p, ld_p, tokens, heads);
+    }
+    const std::size_t rows = samples * tokens * heads;
+    GPIPE_CUDA_LAUNCH(cuda::attention_causal_softmax_kernel,
+                      cuda::detail::grid_for(rows, cuda::attention_warps_per_block),
+                      32 * cuda::attention_warps_per_block, k.stream())
+    (rows, tokens, heads, probs);
+    GPIPE_CUDA_CHECK_LAUNCH("attention_causal_softmax_kernel");
+    for (std::size_t b = 0; b < samples; ++b) {
+      // o_h (T, d) = P_h v_h
+      cuda::gemm_strided_batched(k.blas(), false, false, tokens, d, tokens, 1.0f,
+                                 {probs + b * tokens * ld_p, ld_p, tokens},
+                                 {qkv + b * tokens * ld_qkv + 2 * D, ld_qkv, d}, 0.0f,
+                                 o + b * tokens * D, D, d, heads);
+    }
   }
+
   // scratch: (samples T, T) floats, as the layer's workspace (T per row) provides.
   static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
                        std::size_t d, const float* qkv, const float* probs, const float* dout,
                        float* dqkv, float* scratch) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const unsigned grid = cuda::detail::grid_for(samples * tokens, 128);
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+    const std::size_t qkv_stride = tokens * ld_qkv, tt = tokens * tokens, rows = samples * tokens;
     for (std::size_t h = 0; h < heads; ++h) {
-      GPIPE_CUDA_LAUNCH(cuda::attention_backward_query_kernel, grid, 128, k.stream())
-      (samples, tokens, heads, d, h, scale, qkv, probs, dout, dqkv, scratch);
-      GPIPE_CUDA_CHECK_LAUNCH("attention_backward_query_kernel");
-      GPIPE_CUDA_LAUNCH(cuda::attention_backward_key_kernel, grid, 128, k.stream())
-      (samples, tokens, heads, d, h, scale, qkv, probs, dout, dqkv, scratch);
-      GPIPE_CUDA_CHECK_LAUNCH("attention_backward_key_kernel");
+      const float* q = qkv + h * d;
+      const float* kh = q + D;
+      const float* v = q + 2 * D;
+      float* dq = dqkv + h * d;
+      float* dk = dq + D;
+      float* dv = dq + 2 * D;
+      const cuda::BatchedOperand p{probs + h * tokens, ld_p, tokens * ld_p};
+      const cuda::BatchedOperand g{dout + h * d, D, tokens * D};
+      // dP (T, T) = do_h v_h^T;  dv_h = P^T do_h
+      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, 1.0f, g,
+                                 {v, ld_qkv, qkv_stride}, 0.0f, scratch, tokens, tt, samples);
+      cuda::gemm_strided_batched(k.blas(), true, false, tokens, d, tokens, 1.0f, p, g, 0.0f, dv,
+                                 ld_qkv, qkv_stride, samples);
+      GPIPE_CUDA_LAUNCH(cuda::attention_softmax_backward_kernel,
+                        cuda::detail::grid_for(rows, cuda::attention_warps_per_block),
+                        32 * cuda::attention_warps_per_block, k.stream())
+      (rows, tokens, heads, h, probs, scratch);
+      GPIPE_CUDA_CHECK_LAUNCH("attention_softmax_backward_kernel");
+      // dq_h = scale dS k_h;  dk_h = scale dS^T q_h
+      const cuda::BatchedOperand ds{scratch, tokens, tt};
+      cuda::gemm_strided_batched(k.blas(), false, false, tokens, d, tokens, scale, ds,
+                                 {kh, ld_qkv, qkv_stride}, 0.0f, dq, ld_qkv, qkv_stride, samples);
+      cuda::gemm_strided_batched(k.blas(), true, false, tokens, d, tokens, scale, ds,
+                                 {q, ld_qkv, qkv_stride}, 0.0f, dk, ld_qkv, qkv_stride, samples);
     }
   }
 };

@@ -7,12 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpipe/backend/host/kernels/simd.hpp"
+#include "gpipe/backend/host/kernels/softmax.hpp"
+
 namespace gpipe::host {
 
 // logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
 // loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
-// One exp per logit, in T (expf for float, as the CUDA kernel), summed in double; the row's
-// exps wait in dlogits for the sum.
+// One exp per logit (float: simd::exp, within 2e-7 of e^x), summed in double; the row's exps
+// wait in dlogits for the sum.
 template <class T>
 void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                            const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
@@ -20,14 +23,13 @@ void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logit
   for (std::size_t r = 0; r < rows; ++r) {
     const T* z = logits + r * classes;
     T* g = dlogits + r * classes;
-    T max = z[0];
-    for (std::size_t c = 1; c < classes; ++c) max = z[c] > max ? z[c] : max;
-    double sum = 0;
-    for (std::size_t c = 0; c < classes; ++c) sum += g[c] = std::exp(z[c] - max);
+    const T max = detail::row_max(z, classes);
+    const double sum = detail::exp_shifted(z, max, classes, g);
     const auto t = static_cast<std::size_t>(targets[r]);
     total += std::log(sum) + max - z[t];
     const T scale = static_cast<T>(grad_scale / sum);
-    for (std::size_t c = 0; c < classes; ++c) g[c] *= scale;
+    simd::transform(
+        classes, [scale](auto e) { return e * scale; }, g, g);
     g[t] -= grad_scale;
   }
   loss_sum[0] = static_cast<T>(total);

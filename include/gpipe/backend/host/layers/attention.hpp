@@ -9,6 +9,8 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
+#include "gpipe/backend/host/kernels/simd.hpp"
+#include "gpipe/backend/host/kernels/softmax.hpp"
 #include "gpipe/model/attention.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
@@ -68,11 +70,10 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
  private:
   // row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
   static void causal_softmax(T* row, std::size_t n, std::size_t len) {
-    const T max = *std::max_element(row, row + n);
-    T sum = 0;
-    for (std::size_t j = 0; j < n; ++j) sum += row[j] = std::exp(row[j] - max);
-    const T inv = T(1) / sum;
-    for (std::size_t j = 0; j < n; ++j) row[j] *= inv;
+    const T max = detail::row_max(row, n);
+    const T inv = static_cast<T>(1 / detail::exp_shifted(row, max, n, row));
+    host::simd::transform(
+        n, [inv](auto e) { return e * inv; }, row, row);
     std::fill(row + n, row + len, T(0));
   }
   // g[0, n) <- p .* (g - sum(g .* p)) over the unmasked keys, g[n, len) <- 0
