@@ -1,7 +1,8 @@
 #pragma once
 // The schedule layer: schedules as data (op.hpp), the generators and their tag types (GPipe
 // fill-drain, 1F1B, interleaved 1F1B, ZB-H1), the validator that proves a schedule runnable (at
-// run time, or while compiling: compile_time.hpp), and the simulator that times it. All of it is
+// run time, or while compiling: compile_time.hpp; with buffered or rendezvous sends, and
+// order_for_rendezvous for the second), and the simulator that times it. All of it is
 // constexpr and independent of backends and models.
 
 #include "gpipe/schedule/compile_time.hpp"
@@ -9,6 +10,7 @@
 #include "gpipe/schedule/interleaved.hpp"
 #include "gpipe/schedule/one_f_one_b.hpp"
 #include "gpipe/schedule/op.hpp"
+#include "gpipe/schedule/rendezvous.hpp"
 #include "gpipe/schedule/simulator.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/schedule/zero_bubble.hpp"

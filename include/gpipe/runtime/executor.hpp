@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/backend/concepts.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/op.hpp"
@@ -58,6 +59,9 @@ class Executor {
   using Kernels = typename Backend::Kernels;
   using target_type = typename Loss::target_type;
   static constexpr std::size_t K = Model::num_stages;
+  static_assert(stage_transport<Transport, Kernels>,
+                "gpipe: a backend's transport needs receive(kernels, src, dst, n) and sends "
+                "(backend/concepts.hpp)");
 
   struct Step {
     std::span<const float> x;        // (N, in_features), host memory

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpipe/backend/concepts.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/io/safetensors.hpp"
 #include "gpipe/model/layer.hpp"
@@ -33,7 +34,9 @@
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/rendezvous.hpp"
 #include "gpipe/schedule/validator.hpp"
+#include "gpipe/transport/select.hpp"
 
 namespace gpipe {
 
@@ -47,7 +50,7 @@ struct Tie {
   std::string to;
 };
 
-template <class Model, class Loss, class Backend, class ScheduleKind = GPipe>
+template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe>
 class Trainer {
   static_assert(Model::num_stages % ScheduleKind::chunks_per_device == 0,
                 "gpipe: the schedule puts chunks_per_device stages on each device; the number of "
@@ -82,6 +85,8 @@ class Trainer {
   };
 
   static constexpr std::size_t num_stages = Model::num_stages;
+  // How the backend's transport completes a send: the schedule is ordered and validated for it.
+  static constexpr Sends sends = transport::transport_for<Backend>::sends;
   static constexpr std::size_t num_devices = Model::num_stages / ScheduleKind::chunks_per_device;
 
   Trainer(Backend& backend, Options options)
@@ -92,7 +97,8 @@ class Trainer {
                         std::to_string(num_devices) + " devices but the backend has only " +
                         std::to_string(backend.num_devices()));
     schedule_ = ScheduleKind::make(num_devices, options.micro_batches);
-    require_valid(schedule_);
+    if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
+    require_valid(schedule_, sends);
     issue_order_ = issue_order(schedule_);
     for (std::size_t s = 0; s < num_stages; ++s) {
       const std::size_t d = device_of_stage(s);

@@ -31,6 +31,16 @@
 //   send_gradient(s, mb)   after backward_input(s, mb)
 //   backward_weight(s, mb) after backward_input(s, mb)
 // The activations stashed for (s, mb) are live from forward(s, mb) to backward_weight(s, mb).
+//
+// Rendezvous sends (Sends::rendezvous). Between processes, or between GPUs over NCCL, a send
+// cannot be buffered: it completes only together with its matching recv. A device then posts
+// the whole run of consecutive sends and recvs at the head of its list as one group (one
+// ncclGroupStart/End, or MPI nonblocking calls completed together) and moves past the group
+// once the partner of every op in it has been posted by the partner's device (or has already
+// completed with it). Compute ops between two transfers split them into separate groups. A
+// transfer between two stages of the same device is a local copy and stays buffered.
+// Generated schedules are valid under both rules; validate(schedule, Sends::rendezvous) checks
+// a schedule for the second.
 
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +60,16 @@ enum class OpKind : std::uint8_t {
 };
 
 inline constexpr std::size_t num_op_kinds = 7;
+
+// How a send completes (see "Execution" and "Rendezvous sends" above).
+enum class Sends : std::uint8_t {
+  buffered,    // a send never blocks: one process, the data stays where the receiver reads it
+  rendezvous,  // a send completes with its recv; consecutive transfers are posted as a group
+};
+
+constexpr std::string_view to_string(Sends sends) {
+  return sends == Sends::buffered ? "buffered" : "rendezvous";
+}
 
 constexpr std::string_view to_string(OpKind kind) {
   switch (kind) {

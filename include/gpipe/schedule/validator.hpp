@@ -1,9 +1,10 @@
 #pragma once
 // validate(schedule) proves a schedule runnable under the contract of schedule/op.hpp before any
 // device runs it: a schedule that passes has every op exactly once, each op's inputs produced
-// earlier, and per-device lists that cannot deadlock with blocking recvs and buffered sends. It is
-// constexpr, so a schedule generated for a compile-time M is checked in a static_assert; the same
-// code checks run-time schedules.
+// earlier, and per-device lists that cannot deadlock with blocking recvs and buffered sends;
+// validate(schedule, Sends::rendezvous) proves the lists deadlock-free when every send waits for
+// its recv (transfers between processes, NCCL). It is constexpr, so a schedule generated for a
+// compile-time M is checked in a static_assert; the same code checks run-time schedules.
 //
 // Checks run in this order and the first failure is reported, with the first offending op in
 // (device, position) order within a check:
@@ -15,7 +16,9 @@
 //   unmatched_send  a send whose matching recv is in no list
 //   missing_op      a required op in no list (position: the end of its device's list)
 //   dependency      an op whose same-device prerequisite comes later in the list
-//   deadlock        no device can progress; the blocked recv of the lowest unfinished device
+//   deadlock        no device can progress; the blocked recv (rendezvous: the first transfer
+//                   of the blocked group whose partner is not posted) of the lowest unfinished
+//                   device
 
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +87,12 @@ struct ValidationResult {
   std::string_view reason{};  // the broken rule, in words
 
   constexpr explicit operator bool() const { return ok; }
+};
+
+// Where an op sits in a schedule: ops[device][position].
+struct OpPlace {
+  std::size_t device = 0;
+  std::size_t position = 0;
 };
 
 namespace detail {
@@ -191,6 +200,13 @@ constexpr Prerequisites prerequisites_of(OpKind kind, std::size_t stage, std::si
   }
 }
 
+// Where the partner of the transfer at ops[device][position] is: its device and position.
+constexpr OpPlace partner_place(const Schedule& schedule, const OpIndex& index, std::size_t device,
+                                const Op& op) {
+  const Peer peer = peer_of(op.kind, schedule.stage_of(device, op.chunk));
+  return {schedule.device_of_stage(peer.stage), index.at(peer.stage, op.micro_batch, peer.kind)};
+}
+
 // Runs the per-device lists with blocking recvs and buffered sends, calling visit(device,
 // position) on every op that can run, in an order that respects both (a recv after its send).
 // Returns, per device, how many leading ops ran: all of them unless the lists deadlock. Requires
@@ -206,9 +222,8 @@ constexpr std::vector<std::size_t> execute(const Schedule& schedule, const OpInd
       for (; next[device] < ops.size(); ++next[device]) {
         const Op& op = ops[next[device]];
         if (is_recv(op.kind)) {
-          const Peer peer = peer_of(op.kind, schedule.stage_of(device, op.chunk));
-          const std::size_t sent_at = index.at(peer.stage, op.micro_batch, peer.kind);
-          if (sent_at >= next[schedule.device_of_stage(peer.stage)]) break;
+          const OpPlace sender = partner_place(schedule, index, device, op);
+          if (sender.position >= next[sender.device]) break;
         }
         visit(device, next[device]);
         progressed = true;
@@ -216,6 +231,66 @@ constexpr std::vector<std::size_t> execute(const Schedule& schedule, const OpInd
     }
   }
   return next;
+}
+
+// The end of the group of transfers that starts at ops[position] (position itself when the op
+// there is a compute op or the list's end).
+constexpr std::size_t group_end(const std::vector<Op>& ops, std::size_t position) {
+  while (position < ops.size() && !is_compute(ops[position].kind)) ++position;
+  return position;
+}
+
+// Under rendezvous sends, whether the transfer at ops[device][p], in the group the device has
+// posted, is matched: its partner lies before the end of its own device's current group (posted
+// now, or completed with this one earlier). A partner on the same device is a local copy,
+// buffered: a send is always matched, a recv once its send comes earlier in the list.
+constexpr bool rendezvous_matched(const Schedule& schedule, const OpIndex& index,
+                                  const std::vector<std::size_t>& next, std::size_t device,
+                                  std::size_t p) {
+  const Op& op = schedule.ops[device][p];
+  const OpPlace partner = partner_place(schedule, index, device, op);
+  if (partner.device == device) return is_send(op.kind) || partner.position < p;
+  return partner.position < group_end(schedule.ops[partner.device], next[partner.device]);
+}
+
+// The same as execute under rendezvous sends (schedule/op.hpp): compute ops run when reached;
+// a device at a group of transfers moves past the whole group once every transfer in it is
+// matched.
+template <class Visit>
+constexpr std::vector<std::size_t> execute_rendezvous(const Schedule& schedule,
+                                                      const OpIndex& index, Visit&& visit) {
+  std::vector<std::size_t> next(schedule.num_devices, 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (std::size_t device = 0; device < schedule.num_devices; ++device) {
+      const std::vector<Op>& ops = schedule.ops[device];
+      while (next[device] < ops.size()) {
+        if (is_compute(ops[next[device]].kind)) {
+          visit(device, next[device]++);
+          progressed = true;
+          continue;
+        }
+        const std::size_t end = group_end(ops, next[device]);
+        bool matched = true;
+        for (std::size_t p = next[device]; p < end && matched; ++p)
+          matched = rendezvous_matched(schedule, index, next, device, p);
+        if (!matched) break;
+        for (; next[device] < end; ++next[device]) visit(device, next[device]);
+        progressed = true;
+      }
+    }
+  }
+  return next;
+}
+
+// The first transfer of the group that blocks `device` whose partner is not posted: the op
+// the deadlock report names.
+constexpr std::size_t first_unmatched(const Schedule& schedule, const OpIndex& index,
+                                      const std::vector<std::size_t>& next, std::size_t device) {
+  const std::size_t end = group_end(schedule.ops[device], next[device]);
+  for (std::size_t p = next[device]; p < end; ++p)
+    if (!rendezvous_matched(schedule, index, next, device, p)) return p;
+  return next[device];
 }
 
 constexpr ValidationResult schedule_error(std::string_view reason) {
@@ -237,7 +312,8 @@ constexpr ValidationResult op_error(ValidationError error, std::size_t device, s
 }
 
 // validate(), leaving the filled index behind for the simulator.
-constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& index) {
+constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& index,
+                                         Sends sends = Sends::buffered) {
   if (schedule.num_devices == 0) return schedule_error("num_devices is 0");
   if (schedule.num_micro_batches == 0) return schedule_error("num_micro_batches is 0");
   if (schedule.num_chunks == 0) return schedule_error("num_chunks is 0");
@@ -335,13 +411,24 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
     }
   }
 
-  const std::vector<std::size_t> ran = execute(schedule, index, [](std::size_t, std::size_t) {});
+  const auto ignore = [](std::size_t, std::size_t) {};
+  std::vector<std::size_t> ran;
+  if (sends == Sends::buffered) {
+    ran = execute(schedule, index, ignore);
+  } else {
+    ran = execute_rendezvous(schedule, index, ignore);
+  }
   for (std::size_t d = 0; d < num_devices; ++d) {
     if (ran[d] == schedule.ops[d].size()) continue;
-    const Op& op = schedule.ops[d][ran[d]];
+    const std::size_t at =
+        sends == Sends::buffered ? ran[d] : first_unmatched(schedule, index, ran, d);
+    const Op& op = schedule.ops[d][at];
     const Peer peer = peer_of(op.kind, schedule.stage_of(d, op.chunk));
     ValidationResult result =
-        op_error(ValidationError::deadlock, d, ran[d], op, "no device can progress");
+        op_error(ValidationError::deadlock, d, at, op,
+                 sends == Sends::buffered
+                     ? "no device can progress"
+                     : "no device can progress (rendezvous sends: each send waits for its recv)");
     result.other = {peer.kind, op.micro_batch,
                     static_cast<std::uint32_t>(schedule.chunk_of_stage(peer.stage))};
     result.other_device = schedule.device_of_stage(peer.stage);
@@ -362,19 +449,16 @@ inline std::string describe_place(std::size_t device, std::size_t position) {
 
 }  // namespace detail
 
-// Checks `schedule` against the contract of schedule/op.hpp; see the top of this file.
-constexpr ValidationResult validate(const Schedule& schedule) {
+// Checks `schedule` against the contract of schedule/op.hpp, with sends completing as `sends`
+// says; see the top of this file.
+constexpr ValidationResult validate(const Schedule& schedule, Sends sends = Sends::buffered) {
   detail::OpIndex index;
-  return detail::validate_into(schedule, index);
+  return detail::validate_into(schedule, index, sends);
 }
 
 // (device, position) of every op of a valid schedule, in an order in which every recv comes
 // after its matching send: the order in which to issue ops to streams whose event waits must
 // follow their records (as CUDA's do). Throws Error for an invalid schedule.
-struct OpPlace {
-  std::size_t device = 0;
-  std::size_t position = 0;
-};
 constexpr std::vector<OpPlace> issue_order(const Schedule& schedule) {
   detail::OpIndex index;
   const ValidationResult result = detail::validate_into(schedule, index);
@@ -422,9 +506,9 @@ inline std::string describe(const ValidationResult& result) {
   }
 }
 
-// Throws Error(describe(validate(schedule))) unless the schedule is valid.
-inline void require_valid(const Schedule& schedule) {
-  const ValidationResult result = validate(schedule);
+// Throws Error(describe(validate(schedule, sends))) unless the schedule is valid.
+inline void require_valid(const Schedule& schedule, Sends sends = Sends::buffered) {
+  const ValidationResult result = validate(schedule, sends);
   if (!result) throw Error("gpipe: " + describe(result));
 }
 

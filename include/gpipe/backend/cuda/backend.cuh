@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/backend/concepts.hpp"
 #include "gpipe/backend/cuda/device.cuh"
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
@@ -611,3 +612,5 @@ class Backend {
 };
 
 }  // namespace gpipe::cuda
+
+static_assert(gpipe::backend<gpipe::cuda::Backend>);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/backend/concepts.hpp"
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/layers/activation.hpp"
 #include "gpipe/backend/host/layers/attention.hpp"
@@ -145,3 +146,5 @@ class Backend {
 };
 
 }  // namespace gpipe::host
+
+static_assert(gpipe::backend<gpipe::host::Backend>);

@@ -1,0 +1,79 @@
+#pragma once
+// The seams between the runtime and a backend, written down as concepts: what the Trainer and its
+// executor call on a Backend, and on the Transport that hands activations and gradients between
+// its devices. The kernel context a layer's code runs with is gpipe::kernel_context
+// (model/kernel_context.hpp). gpipe::host::Backend and gpipe::cuda::Backend satisfy these (their
+// headers check it); a new backend is written against them.
+//
+//   backend<B>               devices 0..num_devices()-1, each an in-order stream of work with its
+//                            own counted memory:
+//     B::Kernels             the kernel context work runs with (a kernel_context)
+//     B::Event               recorded on one device's stream, waited for on another's
+//     B::Buffer<T>           owning device memory: data(), size(), reset(); movable
+//     B::name                "host", "cuda", ...
+//     num_devices(), memory_stats(d), reset_peak()
+//     allocate<T>(d, count, kind)   memory on device d, counted under kind
+//     submit(d, label, work)        work(Kernels&) runs on d's stream, in submission order; a
+//                                   failure is reported by synchronize() with the label
+//     record(d, event), wait(d, event)
+//     synchronize()          waits for all work; rethrows the first failure
+//     cancel()               drops work not yet run and releases every wait
+//     set_tracing(on), take_trace(), take_timing()
+//   stage_transport<T, Kernels>  how a stage's output reaches the next stage's device:
+//     T::receive(k, src, dst, n)   on the receiver's stream, after its wait for the sender's
+//                                  event: dst (its memory) <- src (the sender's)
+//     T::sends               Sends::buffered when a send never blocks (one process: the
+//                            receiver reads the sender's memory); Sends::rendezvous when a send
+//                            completes only with its recv (between processes, NCCL across
+//                            ranks): the Trainer then runs order_for_rendezvous(schedule) and
+//                            validates it under that rule (schedule/op.hpp).
+
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/schedule/op.hpp"
+
+namespace gpipe {
+
+template <class Buffer>
+concept device_buffer = std::movable<Buffer> && std::default_initializable<Buffer> &&
+    requires(Buffer& b, const Buffer& cb) {
+  cb.data();
+  { cb.size() } -> std::convertible_to<std::size_t>;
+  b.reset();
+};
+
+template <class B>
+concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel label,
+                           const typename B::Event& event) {
+  requires kernel_context<typename B::Kernels>;
+  requires device_buffer<typename B::template Buffer<float>>;
+  requires std::default_initializable<typename B::Event>;
+  { B::name } -> std::convertible_to<std::string_view>;
+  { cb.num_devices() } -> std::convertible_to<std::size_t>;
+  { cb.memory_stats(device) } -> std::same_as<MemoryStats>;
+  b.reset_peak();
+  {
+    b.template allocate<float>(device, device, MemoryKind::other)
+    } -> std::same_as<typename B::template Buffer<float>>;
+  b.submit(device, label, [](typename B::Kernels&) {});
+  b.record(device, event);
+  b.wait(device, event);
+  b.synchronize();
+  b.cancel();
+  b.set_tracing(true);
+  { b.take_trace() } -> std::same_as<std::vector<TraceEvent>>;
+  { b.take_timing() } -> std::same_as<std::vector<ComputeTiming>>;
+};
+
+template <class T, class Kernels>
+concept stage_transport = requires(Kernels& k, const float* src, float* dst, std::size_t n) {
+  T::receive(k, src, dst, n);
+  { T::sends } -> std::convertible_to<Sends>;
+};
+
+}  // namespace gpipe
