@@ -19,6 +19,14 @@
 //     synchronize()          waits for all work; rethrows the first failure
 //     cancel()               drops work not yet run and releases every wait
 //     set_tracing(on), take_trace(), take_timing()
+//   multi_process_backend<B>  a backend whose devices live in several processes (mpi::Backend):
+//     is_local(d)            whether this process runs device d; the runtime issues only the
+//                            ops, allocations and parameter work of its own devices
+//     send(d, label, peer, tag, buffer)   on local device d: hands `buffer` (taken over when the
+//                            work runs) to device `peer`; a send never blocks the device
+//     receive(d, label, peer, tag, buffer, count, kind)   on local device d: `buffer` <- count
+//                            floats from `peer`, allocated there as `kind`
+//     broadcast(d, values)   collective, between steps: every process gets d's values
 //   stage_transport<T, Kernels>  how a stage's output reaches the next stage's device:
 //     T::receive(k, src, dst, n)   on the receiver's stream, after its wait for the sender's
 //                                  event: dst (its memory) <- src (the sender's)
@@ -30,6 +38,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -69,6 +78,36 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
   { b.take_trace() } -> std::same_as<std::vector<TraceEvent>>;
   { b.take_timing() } -> std::same_as<std::vector<ComputeTiming>>;
 };
+
+template <class B>
+concept multi_process_backend = backend<B> &&
+    requires(B& b, const B& cb, std::size_t device, WorkLabel label,
+             typename B::template Buffer<float>& buffer, std::span<float> values) {
+  { cb.is_local(device) } -> std::convertible_to<bool>;
+  b.send(device, label, device, device, buffer);
+  b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
+  b.broadcast(device, values);
+};
+
+namespace detail {
+
+// Whether this process runs `device` (always, for a backend of one process).
+template <class B>
+bool is_local(const B& backend, std::size_t device) {
+  if constexpr (multi_process_backend<B>) {
+    return backend.is_local(device);
+  } else {
+    return true;
+  }
+}
+
+// Every process gets `device`'s values (nothing to do in one process).
+template <class B>
+void broadcast_from(B& backend, std::size_t device, std::span<float> values) {
+  if constexpr (multi_process_backend<B>) backend.broadcast(device, values);
+}
+
+}  // namespace detail
 
 template <class T, class Kernels>
 concept stage_transport = requires(Kernels& k, const float* src, float* dst, std::size_t n) {

@@ -15,7 +15,11 @@
 //   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
 // and two events, recorded by send_activation and send_gradient.
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
-// schedule's order of execution. Memory kinds: what is kept from a forward until a backward
+// schedule's order of execution.
+// A multi_process_backend (backend/concepts.hpp) runs one device per process: each process issues
+// only its own device's ops, a send hands its buffer to the backend (which frees it once sent)
+// and a recv allocates and fills the receiver's buffer; message tags name (sending stage,
+// micro-batch, direction). Memory kinds: what is kept from a forward until a backward
 // (input, stash, the loss gradient) counts as activations; everything else as workspace.
 
 #include <cstddef>
@@ -84,15 +88,19 @@ class Executor {
     slots_ = std::vector<Slot>(K * M);
     std::vector<float> losses(M);
     const std::size_t last_device = schedule_.device_of_stage(K - 1);
+    const bool has_loss = is_local(backend_, last_device);
     try {
-      loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
+      if (has_loss)
+        loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
       // Every record is issued before the waits for it: a CUDA stream that waits on an event
       // not yet recorded does not wait at all.
       for (const OpPlace& place : order_)
-        issue(place.device, schedule_.ops[place.device][place.position]);
-      backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
-        k.download(M, loss_.data(), losses.data());
-      });
+        if (is_local(backend_, place.device))
+          issue(place.device, schedule_.ops[place.device][place.position]);
+      if (has_loss)
+        backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
+          k.download(M, loss_.data(), losses.data());
+        });
     } catch (...) {
       // Work already issued may wait for events that will now never be recorded: cancel it
       // before the slots it uses go away.
@@ -113,7 +121,8 @@ class Executor {
   }
 
   // Forward only (inference): out (N, out_features) <- the model at x, micro-batches pipelined
-  // through the stages with the fill part of the schedule; nothing is stashed.
+  // through the stages with the fill part of the schedule; nothing is stashed. With several
+  // processes, `out` is written on the last stage's.
   void run_forward(std::span<const float> x, MicroBatchSplit split, std::span<float> out) {
     const std::size_t M = split.micro_batches;
     slots_ = std::vector<Slot>(K * M);
@@ -121,9 +130,15 @@ class Executor {
       for (std::size_t mb = 0; mb < M; ++mb) {
         for (std::size_t s = 0; s < K; ++s) {
           const std::size_t device = schedule_.device_of_stage(s);
+          if (!is_local(backend_, device)) continue;
           const WorkLabel label{
               .what = "forward (inference)", .stage = s, .micro_batch = mb, .compute = true};
-          if (s > 0) {
+          if constexpr (multi_process_backend<Backend>) {
+            if (s > 0)
+              backend_.receive(device, label, schedule_.device_of_stage(s - 1),
+                               message_tag(s - 1, mb, M, false), slot(s, mb, M).input,
+                               split.size(mb) * stage_in_features(s), MemoryKind::activations);
+          } else if (s > 0) {
             backend_.wait(device, slot(s - 1, mb, M).activation_ready);
             submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input,
                            MemoryKind::activations);
@@ -131,7 +146,13 @@ class Executor {
           visit_stage<K>(s, [&](auto S) {
             submit_inference<decltype(S)::value>(device, label, x, split, mb, out);
           });
-          if (s + 1 < K) backend_.record(device, slot(s, mb, M).activation_ready);
+          if constexpr (multi_process_backend<Backend>) {
+            if (s + 1 < K)
+              backend_.send(device, label, schedule_.device_of_stage(s + 1),
+                            message_tag(s, mb, M, false), slot(s, mb, M).output);
+          } else if (s + 1 < K) {
+            backend_.record(device, slot(s, mb, M).activation_ready);
+          }
         }
       }
     } catch (...) {
@@ -164,11 +185,56 @@ class Executor {
     step_ = nullptr;
   }
 
+  // The tag of stage s's message for micro-batch mb: its output (activation) or its input
+  // gradient.
+  static std::size_t message_tag(std::size_t s, std::size_t mb, std::size_t M, bool gradient) {
+    return (s * M + mb) * 2 + (gradient ? 1 : 0);
+  }
+  static std::size_t stage_in_features(std::size_t s) {
+    std::size_t features = 0;
+    visit_stage<K>(
+        s, [&](auto S) { features = Model::template stage_t<decltype(S)::value>::in_features; });
+    return features;
+  }
+  static std::size_t stage_out_features(std::size_t s) {
+    std::size_t features = 0;
+    visit_stage<K>(
+        s, [&](auto S) { features = Model::template stage_t<decltype(S)::value>::out_features; });
+    return features;
+  }
+
+  // The transfers between processes: sends and recvs are messages, each side frees its own.
+  void issue_message(std::size_t device, const Op& op, std::size_t s, WorkLabel label) {
+    const std::size_t mb = op.micro_batch, M = step_->split.micro_batches;
+    const std::size_t rows = step_->split.size(mb);
+    switch (op.kind) {
+      case OpKind::send_activation:
+        return backend_.send(device, label, schedule_.device_of_stage(s + 1),
+                             message_tag(s, mb, M, false), slot(s, mb).output);
+      case OpKind::send_gradient:
+        return backend_.send(device, label, schedule_.device_of_stage(s - 1),
+                             message_tag(s, mb, M, true), slot(s, mb).grad_input);
+      case OpKind::recv_activation:
+        return backend_.receive(device, label, schedule_.device_of_stage(s - 1),
+                                message_tag(s - 1, mb, M, false), slot(s, mb).input,
+                                rows * stage_in_features(s), MemoryKind::activations);
+      case OpKind::recv_gradient:
+        return backend_.receive(device, label, schedule_.device_of_stage(s + 1),
+                                message_tag(s + 1, mb, M, true), slot(s, mb).grad_output,
+                                rows * stage_out_features(s), MemoryKind::workspace);
+      default:
+        return;
+    }
+  }
+
   void issue(std::size_t device, const Op& op) {
     const std::size_t s = schedule_.stage_of(device, op.chunk);
     const std::size_t mb = op.micro_batch;
     const WorkLabel label{
         .what = to_string(op.kind), .stage = s, .micro_batch = mb, .compute = is_compute(op.kind)};
+    if constexpr (multi_process_backend<Backend>) {
+      if (!is_compute(op.kind)) return issue_message(device, op, s, label);
+    }
     switch (op.kind) {
       case OpKind::forward:
         return visit_stage<K>(

@@ -102,6 +102,12 @@ class Trainer {
     issue_order_ = issue_order(schedule_);
     for (std::size_t s = 0; s < num_stages; ++s) {
       const std::size_t d = device_of_stage(s);
+      // Another process's stage keeps no memory here (a multi_process_backend).
+      if (!local(s)) {
+        params_.emplace_back();
+        grads_.emplace_back();
+        continue;
+      }
       params_.push_back(
           backend_.template allocate<float>(d, Model::stage_num_params[s], MemoryKind::parameters));
       grads_.push_back(
@@ -169,6 +175,7 @@ class Trainer {
 
   void zero_grad() {
     for (std::size_t s = 0; s < num_stages; ++s) {
+      if (!local(s)) continue;
       backend_.submit(
           device_of_stage(s), {"zero_grad", s},
           [g = grads_[s].data(), n = grads_[s].size()](auto& k) { k.fill(n, 0.0f, g); });
@@ -185,6 +192,10 @@ class Trainer {
     if (optimizer_type_ != &typeid(Optimizer)) {
       optimizer_state_.clear();
       for (std::size_t s = 0; s < num_stages; ++s) {
+        if (!local(s)) {
+          optimizer_state_.emplace_back();
+          continue;
+        }
         const std::size_t n = Optimizer::state_per_param * Model::stage_num_params[s];
         optimizer_state_.push_back(
             backend_.template allocate<float>(device_of_stage(s), n, MemoryKind::optimizer_state));
@@ -196,6 +207,7 @@ class Trainer {
     }
     ++optimizer_steps_;
     for (std::size_t s = 0; s < num_stages; ++s) {
+      if (!local(s)) continue;
       backend_.submit(device_of_stage(s), {"optimizer step", s},
                       [&optimizer, p = params_[s].data(), g = grads_[s].data(),
                        st = optimizer_state_[s].data(), n = params_[s].size(),
@@ -208,6 +220,8 @@ class Trainer {
   // Every parameter tensor: name, shape, stage.
   const std::vector<ParameterInfo>& parameter_info() const { return infos_; }
 
+  // A parameter or gradient of this process's stages (with a multi_process_backend, another
+  // process's stage is an Error naming its owner).
   std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
   std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
   // Sets a parameter; for a tied one, the tensor it shares with its partner.
@@ -222,7 +236,8 @@ class Trainer {
   }
 
   // Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
-  // load_state_dict with strict=True); a tied parameter may be left out.
+  // load_state_dict with strict=True); a tied parameter may be left out. With several processes
+  // each reads the file and keeps its own stages' tensors.
   void load(const std::filesystem::path& path) {
     const auto tensors = io::load_safetensors(path);
     for (const ParameterInfo& info : infos_) {
@@ -246,10 +261,13 @@ class Trainer {
                           "\", but the file holds different values for them");
     }
     for (const ParameterInfo& info : infos_)
-      if (leader_of(info) == &info) write(params_, info, tensors.find(info.name)->second.data);
+      if (leader_of(info) == &info && local(info.stage))
+        write(params_, info, tensors.find(info.name)->second.data);
     backend_.synchronize();
     sync_tied_parameters();
   }
+  // The model's parameters (gradients) as one safetensors file. With several processes, every
+  // process calls it (each stage's owner sends its tensors) and the first device's writes it.
   void save(const std::filesystem::path& path) const { save_all(params_, path); }
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
 
@@ -277,7 +295,10 @@ class Trainer {
     const double total = executor.run({.x = x, .y = y, .split = split, .remat = options_.remat});
     last_step_ = measure_step(take_timing());
     sum_tied_gradients();
-    return static_cast<float>(total / Loss::normalizer(rows, out));
+    float loss = static_cast<float>(total / Loss::normalizer(rows, out));
+    // the last stage's process has it
+    detail::broadcast_from(backend_, device_of_stage(num_stages - 1), std::span<float>(&loss, 1));
+    return loss;
   }
 
   std::vector<float> run_predict(std::span<const float> x, std::size_t rows) {
@@ -287,6 +308,7 @@ class Trainer {
                                                     grads_);
     executor.run_forward(x, {rows, std::min(samples, options_.micro_batches), tokens_per_sample},
                          out);
+    detail::broadcast_from(backend_, device_of_stage(num_stages - 1), std::span<float>(out));
     return out;
   }
 
@@ -356,6 +378,7 @@ class Trainer {
     }
     (std::make_index_sequence<num_stages>{});
     for (std::size_t s = 0; s < num_stages; ++s) {
+      if (!local(s)) continue;
       backend_.submit(
           device_of_stage(s), {"initialize", s},
           [&h = host[s], p = params_[s].data()](auto& k) { k.upload(h.size(), h.data(), p); });
@@ -374,8 +397,18 @@ class Trainer {
     throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
   }
 
+  // Whether this process holds stage s (always, in one process).
+  bool local(std::size_t s) const { return detail::is_local(backend_, device_of_stage(s)); }
+  void require_local(const ParameterInfo& info) const {
+    detail::require(local(info.stage), "parameter \"" + info.name + "\" is on stage " +
+                                           std::to_string(info.stage) + ", device " +
+                                           std::to_string(device_of_stage(info.stage)) +
+                                           ", which another process runs");
+  }
+
   std::vector<float> read(const std::vector<Buffer<float>>& where,
                           const ParameterInfo& info) const {
+    require_local(info);
     std::vector<float> out(info.size);
     backend_.submit(device_of_stage(info.stage), {"read parameter", info.stage},
                     [&out, src = where[info.stage].data() + info.offset](auto& k) {
@@ -387,6 +420,7 @@ class Trainer {
   // Issues the copy; the caller synchronizes before `values` goes away.
   void write(std::vector<Buffer<float>>& where, const ParameterInfo& info,
              std::span<const float> values) {
+    require_local(info);
     backend_.submit(device_of_stage(info.stage), {"write parameter", info.stage},
                     [values, dst = where[info.stage].data() + info.offset](auto& k) {
                       k.upload(values.size(), values.data(), dst);
@@ -400,7 +434,11 @@ class Trainer {
       if (leader_of(info) == &info) saved.push_back(&info);
     std::vector<std::vector<float>> data;
     data.reserve(saved.size());
-    for (const ParameterInfo* info : saved) data.push_back(read(where, *info));
+    for (const ParameterInfo* info : saved) {
+      data.push_back(local(info->stage) ? read(where, *info) : std::vector<float>(info->size));
+      detail::broadcast_from(backend_, device_of_stage(info->stage), std::span<float>(data.back()));
+    }
+    if (!detail::is_local(backend_, 0)) return;
     std::vector<io::TensorView> views;
     for (std::size_t i = 0; i < saved.size(); ++i)
       views.push_back({saved[i]->name, saved[i]->shape, data[i]});
@@ -426,6 +464,12 @@ class Trainer {
                             "chains of ties are not supported: tie every parameter to the "
                             "same one");
       }
+      detail::require(local(follower.stage) == local(leader.stage),
+                      what + "the two are in different processes (stages " +
+                          std::to_string(follower.stage) + " and " + std::to_string(leader.stage) +
+                          "); ties across processes are not "
+                          "supported yet");
+      if (!local(follower.stage)) continue;  // both elsewhere: that process keeps them equal
       ties_.emplace_back(&follower, &leader);
     }
   }
@@ -453,6 +497,7 @@ class Trainer {
     }
   }
   void fill(std::vector<Buffer<float>>& where, const ParameterInfo& info, float value) {
+    require_local(info);
     backend_.submit(device_of_stage(info.stage), {"fill tied gradient", info.stage},
                     [value, n = info.size, dst = where[info.stage].data() + info.offset](auto& k) {
                       k.fill(n, value, dst);

@@ -16,8 +16,9 @@
 // compute op of its list, or post its recv early, in the group where the receiving device is
 // stalled. Both only move transfers (no dependency breaks: nothing on a device waits for its own
 // send, and a recv only moves ahead of the op that needs it), each move takes one transfer
-// strictly one way, so the loop ends; order_for_rendezvous tries both and keeps the one the
-// simulator times faster.
+// strictly one way, so the loop ends. An early recv can leave the lists deadlocked even with
+// buffered sends; that repair then gives up. order_for_rendezvous tries both and keeps the
+// valid one the simulator times faster.
 //
 // What it costs (simulated, equal op costs, free transfers; bubble buffered -> rendezvous):
 // K = 2, V = 2, M = 8: 0.059 -> 0.158; K = 4, V = 2, M = 8: 0.158 -> 0.294; K = 8, V = 2,
@@ -28,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,12 +47,14 @@ enum class RendezvousRepair : std::uint8_t {
   post_recv,   // move the recv earlier, into the group its (stalled) device has posted
 };
 
-constexpr Schedule repair_for_rendezvous(Schedule schedule, RendezvousRepair repair) {
+// `schedule` (valid with buffered sends) repaired for rendezvous sends, or nothing when the
+// repair cannot: a send that no later position saves, lists that stall at recvs alone, or a move
+// that leaves the lists invalid with buffered sends (an early recv can).
+constexpr std::optional<Schedule> repair_for_rendezvous(Schedule schedule,
+                                                        RendezvousRepair repair) {
   for (;;) {
     OpIndex index;
-    const ValidationResult result = validate_into(schedule, index);
-    if (!result.ok)
-      throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(result));
+    if (!validate_into(schedule, index).ok) return std::nullopt;
     const std::vector<std::size_t> next =
         execute_rendezvous(schedule, index, [](std::size_t, std::size_t) {});
     bool finished = true, moved = false;
@@ -62,9 +66,7 @@ constexpr Schedule repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
       for (std::size_t p = next[d]; p < end && !moved; ++p) {
         if (!is_send(ops[p].kind) || rendezvous_matched(schedule, index, next, d, p)) continue;
         if (repair == RendezvousRepair::delay_send) {
-          if (end == ops.size())
-            throw Error("gpipe: order_for_rendezvous: the " + describe_op(ops[p]) + " at " +
-                        describe_place(d, p) + " waits for a recv that no later position reaches");
+          if (end == ops.size()) return std::nullopt;
           const Op send = ops[p];
           ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(p));
           // the compute op that ended the group is now at end - 1: the send goes right after it
@@ -83,9 +85,7 @@ constexpr Schedule repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
       }
     }
     if (finished) return schedule;
-    if (!moved)
-      throw Error("gpipe: order_for_rendezvous: the lists stall at recvs alone; " +
-                  describe(validate(schedule, Sends::rendezvous)));
+    if (!moved) return std::nullopt;
   }
 }
 
@@ -93,12 +93,22 @@ constexpr Schedule repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
 
 // `schedule` (valid with buffered sends), reordered to run with rendezvous sends; unchanged when
 // it already does. Of the two repairs above, the one whose result the simulator times faster
-// with equal op costs. Throws Error for an invalid schedule.
+// with equal op costs. Throws Error for an invalid schedule, or one neither repair saves.
 constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
-  if (validate(schedule, Sends::rendezvous).ok) return schedule;
-  Schedule delayed = detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::delay_send);
-  Schedule posted = detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::post_recv);
-  return simulate(posted).makespan < simulate(delayed).makespan ? posted : delayed;
+  if (const ValidationResult buffered = validate(schedule); !buffered.ok)
+    throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(buffered));
+  const ValidationResult as_is = validate(schedule, Sends::rendezvous);
+  if (as_is.ok) return schedule;
+  const std::optional<Schedule> delayed =
+      detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::delay_send);
+  const std::optional<Schedule> posted =
+      detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::post_recv);
+  if (delayed && posted)
+    return simulate(*posted).makespan < simulate(*delayed).makespan ? *posted : *delayed;
+  if (delayed) return *delayed;
+  if (posted) return *posted;
+  throw Error("gpipe: no reordering of transfers runs this schedule with rendezvous sends: " +
+              describe(as_is));
 }
 
 }  // namespace gpipe

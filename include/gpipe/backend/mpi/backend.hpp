@@ -1,0 +1,254 @@
+#pragma once
+// gpipe::mpi::Backend: one host device per MPI rank. Rank r of the communicator owns device r of
+// the schedule (so stage s of a K-device pipeline runs on rank s % K); the Trainer, the schedules
+// and the model types are the ones of one process. Each rank issues only its own device's ops;
+// activations and gradients cross between ranks as MPI point-to-point messages:
+//   send     MPI_Isend from the sender's output buffer, on its device's worker; the buffer stays
+//            with the pending send and is freed on the sender once the send completes (checked
+//            at every later transfer and at synchronize), so a send never blocks its device
+//   receive  MPI_Recv into memory the receiver allocates, on its worker
+// The loss and predict's output live on the last stage's rank; the Trainer broadcasts them so
+// that every rank returns the same values.
+//
+//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // or gpipe::mpi::Session
+//   gpipe::mpi::Backend backend(MPI_COMM_WORLD);                        // world size = K
+//   gpipe::Trainer<Model, Loss, gpipe::mpi::Backend, gpipe::OneFOneB> trainer(backend, {...});
+//
+// MPI is called from the rank's device worker during a step and from the calling thread between
+// steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
+// Not yet (see the README's "Many processes"): data-parallel replicas, save/parameter() of a
+// stage on another rank, ties across ranks, and a bound on the wait for a rank that died.
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/backend/host/backend.hpp"
+#include "gpipe/error.hpp"
+
+namespace gpipe::detail {
+
+inline void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw Error(std::string("gpipe: ") + call + " failed: " + std::string(text, length));
+}
+
+}  // namespace gpipe::detail
+
+namespace gpipe::mpi {
+
+// MPI_Init_thread / MPI_Finalize for a program's lifetime, unless MPI is already initialized.
+class Session {
+ public:
+  Session(int& argc, char**& argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    detail::check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided),
+                      "MPI_Init_thread");
+    owns_ = true;
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() {
+    if (owns_) MPI_Finalize();
+  }
+
+ private:
+  bool owns_ = false;
+};
+
+class Backend {
+ public:
+  using Kernels = host::Kernels<float>;
+  using Event = host::Event;
+  template <class T>
+  using Buffer = host::Buffer<T>;
+  using Work = host::Stream::Work;
+  using Options = host::BackendOptions;
+
+  static constexpr std::string_view name = "mpi";
+
+  explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
+      : comm_(comm), local_(1, options) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    detail::require(initialized != 0,
+                    "mpi::Backend needs MPI initialized (MPI_Init_thread, or a "
+                    "gpipe::mpi::Session)");
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    detail::require(provided >= MPI_THREAD_SERIALIZED,
+                    "mpi::Backend needs MPI initialized with at least MPI_THREAD_SERIALIZED "
+                    "(the rank's device worker calls MPI during a step)");
+    int rank = 0, size = 0;
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
+    rank_ = static_cast<std::size_t>(rank);
+    size_ = static_cast<std::size_t>(size);
+    int found = 0;
+    int* tag_ub = nullptr;
+    detail::check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
+    max_tag_ = found != 0 && tag_ub != nullptr ? static_cast<std::size_t>(*tag_ub) : 32767;
+  }
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  ~Backend() {
+    try {
+      local_.cancel();
+    } catch (...) {  // a destructor reports nothing
+    }
+    complete_sends();
+  }
+
+  // One device per rank: the schedule's device d is rank d.
+  std::size_t num_devices() const { return size_; }
+  std::size_t rank() const { return rank_; }
+  bool is_local(std::size_t device) const { return device == rank_; }
+  MPI_Comm communicator() const { return comm_; }
+
+  MemoryStats memory_stats(std::size_t device) const { return local_.memory_stats(local(device)); }
+  void reset_peak() { local_.reset_peak(); }
+
+  template <class T>
+  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
+    return local_.template allocate<T>(local(device), count, kind);
+  }
+  void submit(std::size_t device, WorkLabel label, Work work) {
+    local_.submit(local(device), label, std::move(work));
+  }
+  void record(std::size_t device, const Event& event) { local_.record(local(device), event); }
+  void wait(std::size_t device, const Event& event) { local_.wait(local(device), event); }
+
+  // On `device` (this rank's), after the work before it: sends src's `src.size()` floats to
+  // `peer`'s rank with `tag`, and takes src over until the send completes.
+  void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
+            Buffer<float>& src) {
+    check_peer(peer, tag);
+    submit(device, label, [this, peer, tag, &src](Kernels&) {
+      Pending pending{MPI_REQUEST_NULL, std::move(src)};
+      detail::check_mpi(
+          MPI_Isend(pending.buffer.data(), count_of(pending.buffer.size()), MPI_FLOAT,
+                    static_cast<int>(peer), static_cast<int>(tag), comm_, &pending.request),
+          "MPI_Isend");
+      std::lock_guard lock(mu_);
+      pending_.push_back(std::move(pending));
+      release_completed_sends();
+    });
+  }
+  // On `device`, after the work before it: dst <- `count` floats from `peer`'s rank with `tag`,
+  // into memory allocated here (counted as `kind`).
+  void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
+               Buffer<float>& dst, std::size_t count, MemoryKind kind) {
+    check_peer(peer, tag);
+    submit(device, label, [this, device, peer, tag, &dst, count, kind](Kernels&) {
+      dst = allocate<float>(device, count, kind);
+      MPI_Status status;
+      detail::check_mpi(MPI_Recv(dst.data(), count_of(count), MPI_FLOAT, static_cast<int>(peer),
+                                 static_cast<int>(tag), comm_, &status),
+                        "MPI_Recv");
+      int received = 0;
+      MPI_Get_count(&status, MPI_FLOAT, &received);
+      if (static_cast<std::size_t>(received) != count)
+        throw Error("gpipe: rank " + std::to_string(rank_) + " expected " + std::to_string(count) +
+                    " floats from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                    "), got " + std::to_string(received));
+      std::lock_guard lock(mu_);
+      release_completed_sends();
+    });
+  }
+
+  // Collective, between steps: every rank gets values from the rank of `device`.
+  void broadcast(std::size_t device, std::span<float> values) {
+    detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_FLOAT,
+                                static_cast<int>(device), comm_),
+                      "MPI_Bcast");
+  }
+
+  void set_tracing(bool on) { local_.set_tracing(on); }
+  std::vector<TraceEvent> take_trace() { return local_.take_trace(); }
+  // This rank's device, at its index in the schedule; the others' entries are empty.
+  std::vector<ComputeTiming> take_timing() {
+    std::vector<ComputeTiming> all(size_);
+    all[rank_] = local_.take_timing().front();
+    return all;
+  }
+
+  void cancel() {
+    local_.cancel();
+    complete_sends();
+  }
+  // Waits for this rank's work and its sends; rethrows the first failure.
+  void synchronize() {
+    local_.synchronize();
+    complete_sends();
+  }
+
+ private:
+  struct Pending {
+    MPI_Request request;
+    Buffer<float> buffer;
+  };
+
+  std::size_t local(std::size_t device) const {
+    detail::require(device < size_, "device " + std::to_string(device) +
+                                        " does not exist; the communicator has " +
+                                        std::to_string(size_) + " ranks, one device each");
+    detail::require(device == rank_, "device " + std::to_string(device) + " belongs to rank " +
+                                         std::to_string(device) + ", not to this rank (" +
+                                         std::to_string(rank_) + ")");
+    return 0;
+  }
+  void check_peer(std::size_t peer, std::size_t tag) const {
+    detail::require(peer < size_, "rank " + std::to_string(peer) + " does not exist (size " +
+                                      std::to_string(size_) + ")");
+    detail::require(tag <= max_tag_,
+                    "message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB = " +
+                        std::to_string(max_tag_) + " (too many stages x micro-batches)");
+  }
+  static int count_of(std::size_t n) {
+    detail::require(n <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
+                    "a message of " + std::to_string(n) + " floats exceeds MPI's int count");
+    return static_cast<int>(n);
+  }
+  // Frees the buffers of sends that have completed; called with mu_ held.
+  void release_completed_sends() {
+    for (std::size_t i = 0; i < pending_.size();) {
+      int done = 0;
+      detail::check_mpi(MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) {
+        pending_[i] = std::move(pending_.back());
+        pending_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+  // Waits for every pending send (their receivers run the same schedule) and frees them.
+  void complete_sends() {
+    std::lock_guard lock(mu_);
+    for (Pending& p : pending_) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
+    pending_.clear();
+  }
+
+  MPI_Comm comm_;
+  std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
+  std::mutex mu_;
+  std::vector<Pending> pending_;
+  host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_
+};
+
+}  // namespace gpipe::mpi

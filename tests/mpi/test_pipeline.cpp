@@ -1,0 +1,145 @@
+// The MPI backend under mpirun (tests/CMakeLists.txt runs it on 2, 3 and 4 ranks): with one
+// rank per device, every schedule gives bit for bit the loss, the gradients of each rank's own
+// stages, the predictions and the parameters after an optimizer step that the same Trainer gives
+// in one process on the host backend with as many devices; save writes the one-process file
+// byte for byte; a stage of another rank is a clear error.
+//
+// Each rank runs the one-process reference itself (same seed, same data), so nothing but the
+// checked values crosses between ranks. CHECK only (no REQUIRE): a rank that left a test case
+// early would leave the others waiting in a collective.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "gpipe/mpi.hpp"
+#include "support/models.hpp"
+
+namespace {
+
+using namespace gpipe;
+using namespace gpipe::test;
+
+// Eight stages, for interleaved 1F1B with V = 2 on four ranks.
+using Model8 = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>, Stage<L5>, Stage<L6>,
+                        Stage<Linear<5, 5>>>;
+
+constexpr std::size_t rows = 16;
+constexpr std::uint64_t seed = 7;
+
+std::vector<char> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+template <class Model, class Kind>
+void check_against_one_process(mpi::Backend& backend) {
+  using Loss = SoftmaxCrossEntropy;
+  constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
+  CHECK(backend.num_devices() == devices);
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 3);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 11);
+  for (std::size_t m : {1u, 3u, 8u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(Kind::name);
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(backend.rank());
+      host::Backend one_process(devices);
+      Trainer<Model, Loss, host::Backend, Kind> reference(
+          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
+      Trainer<Model, Loss, mpi::Backend, Kind> trainer(
+          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+      CHECK(trainer.schedule() == reference.schedule());
+
+      CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+      std::size_t mine = 0;
+      for (const ParameterInfo& info : trainer.parameter_info()) {
+        if (!backend.is_local(trainer.device_of_stage(info.stage))) {
+          CHECK_THROWS_WITH_AS((void)trainer.gradient(info.name),
+                               doctest::Contains("another process"), Error);
+          continue;
+        }
+        CAPTURE(info.name);
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+        ++mine;
+      }
+      CHECK(mine > 0);
+      CHECK(trainer.predict(x) == reference.predict(x));
+
+      const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+      trainer.step(sgd);
+      reference.step(sgd);
+      for (const ParameterInfo& info : trainer.parameter_info())
+        if (backend.is_local(trainer.device_of_stage(info.stage)))
+          CHECK(trainer.parameter(info.name) == reference.parameter(info.name));
+
+      // one file for the whole model, written by device 0's rank, equal to one process's
+      const std::string name = "saved_" + std::to_string(devices) + ".safetensors";
+      trainer.save(name);
+      if (backend.rank() == 0) {
+        reference.save("reference_" + name);
+        CHECK(file_bytes(name) == file_bytes("reference_" + name));
+      }
+      MPI_Barrier(backend.communicator());
+      trainer.load(name);  // each rank keeps its own stages
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
+  mpi::Backend backend;
+  switch (backend.num_devices()) {
+    case 2:
+      check_against_one_process<Model2, GPipe>(backend);
+      check_against_one_process<Model2, OneFOneB>(backend);
+      check_against_one_process<Model2, ZeroBubbleH1>(backend);
+      check_against_one_process<Model4, Interleaved<2>>(backend);
+      break;
+    case 3:
+      check_against_one_process<Model3, GPipe>(backend);
+      check_against_one_process<Model3, OneFOneB>(backend);
+      check_against_one_process<Model3, ZeroBubbleH1>(backend);
+      break;
+    case 4:
+      check_against_one_process<Model4, GPipe>(backend);
+      check_against_one_process<Model4, OneFOneB>(backend);
+      check_against_one_process<Model4, ZeroBubbleH1>(backend);
+      check_against_one_process<Model8, Interleaved<2>>(backend);
+      break;
+    default:
+      FAIL("run with 2, 3 or 4 ranks, got " << backend.num_devices());
+  }
+}
+
+TEST_CASE("a model whose device count differs from the world size is a clear error") {
+  mpi::Backend backend;
+  using Five = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>>;
+  CHECK_THROWS_WITH_AS((Trainer<Five, SoftmaxCrossEntropy, mpi::Backend>(backend, {})),
+                       doctest::Contains("backend has only"), Error);
+}
+
+int main(int argc, char** argv) {
+  mpi::Session session(argc, argv);
+  doctest::Context context(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
+  int failed = context.run() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_failed && !failed)
+    std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
+  return any_failed;
+}
