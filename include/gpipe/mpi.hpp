@@ -4,8 +4,7 @@
 // rank per pipeline device:
 //
 //   int main(int argc, char** argv) {
-//     gpipe::mpi::Session session(argc, argv);          // MPI_Init_thread ... MPI_Finalize
-//     gpipe::mpi::Backend backend;                      // MPI_COMM_WORLD: rank r is device r
+//     gpipe::mpi::Backend backend(argc, argv);          // MPI_COMM_WORLD: rank r is device r
 //     gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::mpi::Backend, gpipe::OneFOneB>
 //         trainer(backend, {.micro_batches = 8});
 //     float loss = trainer.forward_backward(x, y);      // the same on every rank

@@ -123,6 +123,25 @@ TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   }
 }
 
+TEST_CASE("the backend from argc and argv: the world, and what it does not do yet") {
+  int argc = 1;
+  char name[] = "test_mpi_pipeline";
+  char* args[] = {name, nullptr};
+  char** argv = args;
+  mpi::Backend backend(argc, argv);  // MPI is up already: it is left to main's Session
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CHECK(backend.world_size() == static_cast<std::size_t>(size));
+  CHECK(backend.num_devices() == static_cast<std::size_t>(size));
+  CHECK(backend.rank() == static_cast<std::size_t>(rank));
+  CHECK_THROWS_WITH_AS(mpi::Backend(argc, argv, {.data_parallel = 2}),
+                       doctest::Contains("data_parallel = 2 is not implemented yet"), Error);
+  const std::size_t other = (backend.rank() + 1) % backend.num_devices();
+  CHECK_THROWS_WITH_AS((void)backend.allocate<float>(other, 4),
+                       doctest::Contains("belongs to rank"), Error);
+}
+
 TEST_CASE("a model whose device count differs from the world size is a clear error") {
   mpi::Backend backend;
   using Five = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>>;

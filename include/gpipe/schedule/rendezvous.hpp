@@ -29,7 +29,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,14 +46,20 @@ enum class RendezvousRepair : std::uint8_t {
   post_recv,   // move the recv earlier, into the group its (stalled) device has posted
 };
 
-// `schedule` (valid with buffered sends) repaired for rendezvous sends, or nothing when the
-// repair cannot: a send that no later position saves, lists that stall at recvs alone, or a move
-// that leaves the lists invalid with buffered sends (an early recv can).
-constexpr std::optional<Schedule> repair_for_rendezvous(Schedule schedule,
-                                                        RendezvousRepair repair) {
+// A repair's outcome (not std::optional: nvcc's front end takes an optional of a class with a
+// vector for a non-literal type in constexpr code).
+struct Repaired {
+  bool ok = false;
+  Schedule schedule{};
+};
+
+// `schedule` (valid with buffered sends) repaired for rendezvous sends; not ok when the repair
+// cannot: a send that no later position saves, lists that stall at recvs alone, or a move that
+// leaves the lists invalid with buffered sends (an early recv can).
+constexpr Repaired repair_for_rendezvous(Schedule schedule, RendezvousRepair repair) {
   for (;;) {
     OpIndex index;
-    if (!validate_into(schedule, index).ok) return std::nullopt;
+    if (!validate_into(schedule, index).ok) return {};
     const std::vector<std::size_t> next =
         execute_rendezvous(schedule, index, [](std::size_t, std::size_t) {});
     bool finished = true, moved = false;
@@ -66,7 +71,7 @@ constexpr std::optional<Schedule> repair_for_rendezvous(Schedule schedule,
       for (std::size_t p = next[d]; p < end && !moved; ++p) {
         if (!is_send(ops[p].kind) || rendezvous_matched(schedule, index, next, d, p)) continue;
         if (repair == RendezvousRepair::delay_send) {
-          if (end == ops.size()) return std::nullopt;
+          if (end == ops.size()) return {};
           const Op send = ops[p];
           ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(p));
           // the compute op that ended the group is now at end - 1: the send goes right after it
@@ -84,8 +89,8 @@ constexpr std::optional<Schedule> repair_for_rendezvous(Schedule schedule,
         moved = true;
       }
     }
-    if (finished) return schedule;
-    if (!moved) return std::nullopt;
+    if (finished) return {true, schedule};
+    if (!moved) return {};
   }
 }
 
@@ -99,14 +104,16 @@ constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
     throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(buffered));
   const ValidationResult as_is = validate(schedule, Sends::rendezvous);
   if (as_is.ok) return schedule;
-  const std::optional<Schedule> delayed =
+  const detail::Repaired delayed =
       detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::delay_send);
-  const std::optional<Schedule> posted =
+  const detail::Repaired posted =
       detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::post_recv);
-  if (delayed && posted)
-    return simulate(*posted).makespan < simulate(*delayed).makespan ? *posted : *delayed;
-  if (delayed) return *delayed;
-  if (posted) return *posted;
+  if (delayed.ok && posted.ok)
+    return simulate(posted.schedule).makespan < simulate(delayed.schedule).makespan
+               ? posted.schedule
+               : delayed.schedule;
+  if (delayed.ok) return delayed.schedule;
+  if (posted.ok) return posted.schedule;
   throw Error("gpipe: no reordering of transfers runs this schedule with rendezvous sends: " +
               describe(as_is));
 }

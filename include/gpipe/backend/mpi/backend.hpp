@@ -10,14 +10,17 @@
 // The loss and predict's output live on the last stage's rank; the Trainer broadcasts them so
 // that every rank returns the same values.
 //
-//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);  // or gpipe::mpi::Session
-//   gpipe::mpi::Backend backend(MPI_COMM_WORLD);                        // world size = K
+//   gpipe::mpi::Backend backend(argc, argv);   // MPI_COMM_WORLD, initialized here if need be;
+//                                              // launched as `mpirun -n K ./train`
+//   gpipe::mpi::Backend backend(comm);         // or on a communicator of the caller's
 //   gpipe::Trainer<Model, Loss, gpipe::mpi::Backend, gpipe::OneFOneB> trainer(backend, {...});
 //
 // MPI is called from the rank's device worker during a step and from the calling thread between
 // steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
-// Not yet (see the README's "Many processes"): data-parallel replicas, save/parameter() of a
-// stage on another rank, ties across ranks, and a bound on the wait for a rank that died.
+// Not yet (see the README's "Many processes"): data-parallel replicas (Options::data_parallel
+// other than 1 is an Error), parameter() of a stage on another rank, ties across ranks, a
+// failure on one rank ending the step on every rank, and a bound on the wait for a rank that
+// died.
 
 #include <mpi.h>
 
@@ -71,6 +74,11 @@ class Session {
   bool owns_ = false;
 };
 
+struct BackendOptions {
+  std::size_t data_parallel = 1;    // replicas of the pipeline: world size = data_parallel x K
+  std::size_t device_capacity = 0;  // bytes of this rank's device; 0 = no cap
+};
+
 class Backend {
  public:
   using Kernels = host::Kernels<float>;
@@ -78,31 +86,22 @@ class Backend {
   template <class T>
   using Buffer = host::Buffer<T>;
   using Work = host::Stream::Work;
-  using Options = host::BackendOptions;
+  using Options = BackendOptions;
 
   static constexpr std::string_view name = "mpi";
 
+  // MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
+  // finalizes it when the backend goes.
+  Backend(int& argc, char**& argv, Options options = {})
+      : session_(std::make_unique<Session>(argc, argv)),
+        comm_(MPI_COMM_WORLD),
+        local_(1, {.device_capacity = options.device_capacity}) {
+    start(options);
+  }
+  // On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
-      : comm_(comm), local_(1, options) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    detail::require(initialized != 0,
-                    "mpi::Backend needs MPI initialized (MPI_Init_thread, or a "
-                    "gpipe::mpi::Session)");
-    int provided = 0;
-    MPI_Query_thread(&provided);
-    detail::require(provided >= MPI_THREAD_SERIALIZED,
-                    "mpi::Backend needs MPI initialized with at least MPI_THREAD_SERIALIZED "
-                    "(the rank's device worker calls MPI during a step)");
-    int rank = 0, size = 0;
-    detail::check_mpi(MPI_Comm_rank(comm_, &rank), "MPI_Comm_rank");
-    detail::check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
-    rank_ = static_cast<std::size_t>(rank);
-    size_ = static_cast<std::size_t>(size);
-    int found = 0;
-    int* tag_ub = nullptr;
-    detail::check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
-    max_tag_ = found != 0 && tag_ub != nullptr ? static_cast<std::size_t>(*tag_ub) : 32767;
+      : comm_(comm), local_(1, {.device_capacity = options.device_capacity}) {
+    start(options);
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -116,6 +115,7 @@ class Backend {
 
   // One device per rank: the schedule's device d is rank d.
   std::size_t num_devices() const { return size_; }
+  std::size_t world_size() const { return size_; }
   std::size_t rank() const { return rank_; }
   bool is_local(std::size_t device) const { return device == rank_; }
   MPI_Comm communicator() const { return comm_; }
@@ -203,6 +203,32 @@ class Backend {
     Buffer<float> buffer;
   };
 
+  void start(const Options& options) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    detail::require(initialized != 0,
+                    "mpi::Backend(comm) needs MPI initialized (MPI_Init_thread, or construct "
+                    "it from argc, argv)");
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    detail::require(provided >= MPI_THREAD_SERIALIZED,
+                    "mpi::Backend needs MPI initialized with at least MPI_THREAD_SERIALIZED "
+                    "(the rank's device worker calls MPI during a step)");
+    int rank = 0, size = 0;
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
+    rank_ = static_cast<std::size_t>(rank);
+    size_ = static_cast<std::size_t>(size);
+    int found = 0;
+    int* tag_ub = nullptr;
+    detail::check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
+    max_tag_ = found != 0 && tag_ub != nullptr ? static_cast<std::size_t>(*tag_ub) : 32767;
+    detail::require(options.data_parallel == 1,
+                    "mpi::Backend: data_parallel = " + std::to_string(options.data_parallel) +
+                        " is not implemented yet; one pipeline over all " + std::to_string(size_) +
+                        " ranks (data_parallel = 1) is");
+  }
+
   std::size_t local(std::size_t device) const {
     detail::require(device < size_, "device " + std::to_string(device) +
                                         " does not exist; the communicator has " +
@@ -244,6 +270,7 @@ class Backend {
     pending_.clear();
   }
 
+  std::unique_ptr<Session> session_;  // set when this backend initialized MPI: finalized last
   MPI_Comm comm_;
   std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
   std::mutex mu_;
