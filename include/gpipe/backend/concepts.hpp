@@ -26,7 +26,12 @@
 //                            work runs) to device `peer`; a send never blocks the device
 //     receive(d, label, peer, tag, buffer, count, kind)   on local device d: `buffer` <- count
 //                            floats from `peer`, allocated there as `kind`
-//     broadcast(d, values)   collective, between steps: every process gets d's values
+//     broadcast(d, values)   collective, between steps: every process of the pipeline gets d's
+//                            values
+//     rank()                 this process's place in the world (rank 0 writes files)
+//   data_parallel_backend<B>  a multi_process_backend with R replicas of the pipeline:
+//     replicas(), replica()  R, and which one this process belongs to
+//     allreduce_sum(values)  collective over the replicas, between steps: values <- their sum
 //   stage_transport<T, Kernels>  how a stage's output reaches the next stage's device:
 //     T::receive(k, src, dst, n)   on the receiver's stream, after its wait for the sender's
 //                                  event: dst (its memory) <- src (the sender's)
@@ -88,6 +93,15 @@ concept multi_process_backend = backend<B> &&
   b.send(device, label, device, device, buffer);
   b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
   b.broadcast(device, values);
+  { cb.rank() } -> std::convertible_to<std::size_t>;
+};
+
+template <class B>
+concept data_parallel_backend = multi_process_backend<B> &&
+    requires(B& b, const B& cb, std::span<float> values) {
+  { cb.replicas() } -> std::convertible_to<std::size_t>;
+  { cb.replica() } -> std::convertible_to<std::size_t>;
+  b.allreduce_sum(values);
 };
 
 namespace detail {
@@ -106,6 +120,34 @@ bool is_local(const B& backend, std::size_t device) {
 template <class B>
 void broadcast_from(B& backend, std::size_t device, std::span<float> values) {
   if constexpr (multi_process_backend<B>) backend.broadcast(device, values);
+}
+
+// Whether this process writes the files of a collective save (the only one, or rank 0).
+template <class B>
+bool writes_files(const B& backend) {
+  if constexpr (multi_process_backend<B>) {
+    return backend.rank() == 0;
+  } else {
+    return true;
+  }
+}
+
+// The replicas of the pipeline (1 but for a data_parallel_backend) and this process's.
+template <class B>
+std::size_t replicas_of(const B& backend) {
+  if constexpr (data_parallel_backend<B>) {
+    return backend.replicas();
+  } else {
+    return 1;
+  }
+}
+template <class B>
+std::size_t replica_of(const B& backend) {
+  if constexpr (data_parallel_backend<B>) {
+    return backend.replica();
+  } else {
+    return 0;
+  }
 }
 
 }  // namespace detail

@@ -72,6 +72,8 @@ class Executor {
     std::span<const target_type> y;  // (N, targets per row), host memory
     MicroBatchSplit split;
     Remat remat = Remat::never;
+    std::size_t loss_rows = 0;  // the loss is the mean over this many rows (0: split.rows); a
+                                // data-parallel replica's step holds part of the mini-batch
   };
 
   // params[s], grads[s]: stage s's flat parameter and gradient arrays on its device.
@@ -346,7 +348,8 @@ class Executor {
         backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
     sl.grad_output = backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
-    const auto scale = static_cast<float>(1.0 / Loss::normalizer(step.split.rows, out));
+    const std::size_t loss_rows = step.loss_rows != 0 ? step.loss_rows : step.split.rows;
+    const auto scale = static_cast<float>(1.0 / Loss::normalizer(loss_rows, out));
     Loss::apply(k, rows, out, sl.output.data(), targets.data(), scale, sl.grad_output.data(),
                 loss_.data() + mb);
     sl.output.reset();

@@ -96,6 +96,17 @@ class Trainer {
                     "the model has " + std::to_string(num_stages) + " stages on " +
                         std::to_string(num_devices) + " devices but the backend has only " +
                         std::to_string(backend.num_devices()));
+    if constexpr (multi_process_backend<Backend>)
+      detail::require(backend.num_devices() == num_devices,
+                      "the model has " + std::to_string(num_stages) + " stages on " +
+                          std::to_string(num_devices) +
+                          " devices, but the backend's pipeline "
+                          "has " +
+                          std::to_string(backend.num_devices()) + " (world size " +
+                          std::to_string(backend.world_size()) + " = " +
+                          std::to_string(detail::replicas_of(backend)) +
+                          " replicas x devices): launch replicas x " + std::to_string(num_devices) +
+                          " ranks");
     schedule_ = ScheduleKind::make(num_devices, options.micro_batches);
     if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
     require_valid(schedule_, sends);
@@ -285,20 +296,77 @@ class Trainer {
                         std::to_string(per_row) + ")");
     Loss::check(y, out);
 
+    // A data-parallel replica runs its share of the samples, as evenly as they go.
+    const std::size_t replicas = detail::replicas_of(backend_);
+    const MicroBatchSplit shares{rows, replicas, tokens_per_sample};
+    const std::size_t replica = detail::replica_of(backend_);
+    const std::size_t mine = shares.size(replica), first = shares.begin(replica);
+    if (replicas > 1)
+      detail::require(shares.size(replicas - 1) / tokens_per_sample >= options_.micro_batches,
+                      "the batch has " + std::to_string(shares.samples()) +
+                          " samples: " + std::to_string(replicas) +
+                          " replicas x micro_batches = " + std::to_string(options_.micro_batches) +
+                          " need at least " + std::to_string(replicas * options_.micro_batches));
+    const auto my_x = x.subspan(first * Model::in_features, mine * Model::in_features);
+    const auto my_y = y.subspan(first * per_row, mine * per_row);
+
     detail::Executor<Model, Loss, Backend> executor(backend_, schedule_, issue_order_, params_,
                                                     grads_);
     // A tied pair holds the same gradient sum; the follower's copy restarts from 0 so that the
     // sum after the step counts every earlier step once.
     for (const auto& tie : ties_) fill(grads_, *tie.first, 0.0f);
+    std::vector<Buffer<float>> earlier = set_aside_gradients(replicas);
     take_timing();  // start this step's count afresh
-    const MicroBatchSplit split{rows, options_.micro_batches, tokens_per_sample};
-    const double total = executor.run({.x = x, .y = y, .split = split, .remat = options_.remat});
+    const MicroBatchSplit split{mine, options_.micro_batches, tokens_per_sample};
+    const double total = executor.run(
+        {.x = my_x, .y = my_y, .split = split, .remat = options_.remat, .loss_rows = rows});
     last_step_ = measure_step(take_timing());
+    sum_over_replicas(earlier);
     sum_tied_gradients();
     float loss = static_cast<float>(total / Loss::normalizer(rows, out));
-    // the last stage's process has it
+    // the last stage's process has its replica's part; the replicas' parts add up
     detail::broadcast_from(backend_, device_of_stage(num_stages - 1), std::span<float>(&loss, 1));
+    if constexpr (data_parallel_backend<Backend>)
+      if (replicas > 1) backend_.allreduce_sum(std::span<float>(&loss, 1));
     return loss;
+  }
+
+  // With several replicas each step's gradients are summed over them, and only the step's: the
+  // gradients accumulated before it (equal on every replica) wait here meanwhile, and the step
+  // starts from zero. Returns them (empty with one replica).
+  std::vector<Buffer<float>> set_aside_gradients(std::size_t replicas) {
+    std::vector<Buffer<float>> earlier(num_stages);
+    if (replicas == 1) return earlier;
+    for (std::size_t s = 0; s < num_stages; ++s) {
+      if (!local(s)) continue;
+      const std::size_t d = device_of_stage(s), n = grads_[s].size();
+      earlier[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
+      backend_.submit(d, {"set gradients aside", s},
+                      [n, g = grads_[s].data(), e = earlier[s].data()](auto& k) {
+                        k.copy(n, g, e);
+                        k.fill(n, 0.0f, g);
+                      });
+    }
+    // a tie's follower restarts from 0 (see above): nothing of it waits
+    for (const auto& tie : ties_) fill(earlier, *tie.first, 0.0f);
+    backend_.synchronize();
+    return earlier;
+  }
+  // The step's gradients summed over the replicas, plus what was set aside before it.
+  void sum_over_replicas(std::vector<Buffer<float>>& earlier) {
+    if constexpr (data_parallel_backend<Backend>) {
+      if (detail::replicas_of(backend_) == 1) return;
+      for (std::size_t s = 0; s < num_stages; ++s) {
+        if (!local(s)) continue;
+        backend_.allreduce_sum(std::span<float>(grads_[s].data(), grads_[s].size()));
+        backend_.submit(device_of_stage(s), {"add earlier gradients", s},
+                        [n = grads_[s].size(), g = grads_[s].data(),
+                         e = earlier[s].data()](auto& k) { k.accumulate(n, e, g); });
+      }
+      backend_.synchronize();
+    } else {
+      (void)earlier;
+    }
   }
 
   std::vector<float> run_predict(std::span<const float> x, std::size_t rows) {
@@ -438,7 +506,7 @@ class Trainer {
       data.push_back(local(info->stage) ? read(where, *info) : std::vector<float>(info->size));
       detail::broadcast_from(backend_, device_of_stage(info->stage), std::span<float>(data.back()));
     }
-    if (!detail::is_local(backend_, 0)) return;
+    if (!detail::writes_files(backend_)) return;
     std::vector<io::TensorView> views;
     for (std::size_t i = 0; i < saved.size(); ++i)
       views.push_back({saved[i]->name, saved[i]->shape, data[i]});

@@ -1,8 +1,10 @@
 #pragma once
-// gpipe::mpi::Backend: one host device per MPI rank. Rank r of the communicator owns device r of
-// the schedule (so stage s of a K-device pipeline runs on rank s % K); the Trainer, the schedules
-// and the model types are the ones of one process. Each rank issues only its own device's ops;
-// activations and gradients cross between ranks as MPI point-to-point messages:
+// gpipe::mpi::Backend: one host device per MPI rank. With R = Options::data_parallel replicas
+// of a K-device pipeline (world size R K), rank r is device r % K of replica r / K, so stage s
+// runs on the ranks with r % K == s % K; the Trainer, the schedules and the model types are the
+// ones of one process. Replica i takes its share of the mini-batch, and the gradients are
+// summed over the replicas after each step (allreduce_sum). Each rank issues only its own device's
+// ops; activations and gradients cross between ranks as MPI point-to-point messages:
 //   send     MPI_Isend from the sender's output buffer, on its device's worker; the buffer stays
 //            with the pending send and is freed on the sender once the send completes (checked
 //            at every later transfer and at synchronize), so a send never blocks its device
@@ -17,10 +19,9 @@
 //
 // MPI is called from the rank's device worker during a step and from the calling thread between
 // steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
-// Not yet (see the README's "Many processes"): data-parallel replicas (Options::data_parallel
-// other than 1 is an Error), parameter() of a stage on another rank, ties across ranks, a
-// failure on one rank ending the step on every rank, and a bound on the wait for a rank that
-// died.
+// Not yet (see the README's "Many processes"): the gradient sum overlapped with the step (it
+// runs after it), parameter() of a stage on another rank, ties across ranks, a failure on one
+// rank ending the step on every rank, and a bound on the wait for a rank that died.
 
 #include <mpi.h>
 
@@ -111,13 +112,18 @@ class Backend {
     } catch (...) {  // a destructor reports nothing
     }
     complete_sends();
+    free_communicators();
   }
 
-  // One device per rank: the schedule's device d is rank d.
-  std::size_t num_devices() const { return size_; }
+  // One device per rank: world rank r is device r % K of replica r / K (K = world size /
+  // data_parallel).
+  std::size_t num_devices() const { return devices_; }
   std::size_t world_size() const { return size_; }
   std::size_t rank() const { return rank_; }
-  bool is_local(std::size_t device) const { return device == rank_; }
+  std::size_t device() const { return device_; }
+  std::size_t replicas() const { return replicas_; }
+  std::size_t replica() const { return replica_; }
+  bool is_local(std::size_t device) const { return device == device_; }
   MPI_Comm communicator() const { return comm_; }
 
   MemoryStats memory_stats(std::size_t device) const { return local_.memory_stats(local(device)); }
@@ -142,7 +148,7 @@ class Backend {
       Pending pending{MPI_REQUEST_NULL, std::move(src)};
       detail::check_mpi(
           MPI_Isend(pending.buffer.data(), count_of(pending.buffer.size()), MPI_FLOAT,
-                    static_cast<int>(peer), static_cast<int>(tag), comm_, &pending.request),
+                    static_cast<int>(peer), static_cast<int>(tag), pipeline_, &pending.request),
           "MPI_Isend");
       std::lock_guard lock(mu_);
       pending_.push_back(std::move(pending));
@@ -158,7 +164,7 @@ class Backend {
       dst = allocate<float>(device, count, kind);
       MPI_Status status;
       detail::check_mpi(MPI_Recv(dst.data(), count_of(count), MPI_FLOAT, static_cast<int>(peer),
-                                 static_cast<int>(tag), comm_, &status),
+                                 static_cast<int>(tag), pipeline_, &status),
                         "MPI_Recv");
       int received = 0;
       MPI_Get_count(&status, MPI_FLOAT, &received);
@@ -171,19 +177,27 @@ class Backend {
     });
   }
 
-  // Collective, between steps: every rank gets values from the rank of `device`.
+  // Collective over this replica's ranks, between steps: each gets the values of `device`'s.
   void broadcast(std::size_t device, std::span<float> values) {
     detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_FLOAT,
-                                static_cast<int>(device), comm_),
+                                static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
+  }
+  // Collective over the replicas (the ranks of the same device in every replica), between
+  // steps: values <- their sum over the replicas, in place. values is host memory or memory of
+  // this rank's device (the same thing here).
+  void allreduce_sum(std::span<float> values) {
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), count_of(values.size()), MPI_FLOAT,
+                                    MPI_SUM, replicas_comm_),
+                      "MPI_Allreduce");
   }
 
   void set_tracing(bool on) { local_.set_tracing(on); }
   std::vector<TraceEvent> take_trace() { return local_.take_trace(); }
   // This rank's device, at its index in the schedule; the others' entries are empty.
   std::vector<ComputeTiming> take_timing() {
-    std::vector<ComputeTiming> all(size_);
-    all[rank_] = local_.take_timing().front();
+    std::vector<ComputeTiming> all(devices_);
+    all[device_] = local_.take_timing().front();
     return all;
   }
 
@@ -223,24 +237,43 @@ class Backend {
     int* tag_ub = nullptr;
     detail::check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
     max_tag_ = found != 0 && tag_ub != nullptr ? static_cast<std::size_t>(*tag_ub) : 32767;
-    detail::require(options.data_parallel == 1,
-                    "mpi::Backend: data_parallel = " + std::to_string(options.data_parallel) +
-                        " is not implemented yet; one pipeline over all " + std::to_string(size_) +
-                        " ranks (data_parallel = 1) is");
+    detail::require(options.data_parallel >= 1 && size_ % options.data_parallel == 0,
+                    "mpi::Backend: the world has " + std::to_string(size_) +
+                        " ranks, which is not data_parallel = " +
+                        std::to_string(options.data_parallel) + " replicas x K devices");
+    replicas_ = options.data_parallel;
+    devices_ = size_ / replicas_;
+    replica_ = rank_ / devices_;
+    device_ = rank_ % devices_;
+    // the ranks of one replica (rank = device) and the ranks of one device (rank = replica)
+    MPI_Comm pipeline = MPI_COMM_NULL, replicas = MPI_COMM_NULL;
+    detail::check_mpi(
+        MPI_Comm_split(comm_, static_cast<int>(replica_), static_cast<int>(device_), &pipeline),
+        "MPI_Comm_split");
+    detail::check_mpi(
+        MPI_Comm_split(comm_, static_cast<int>(device_), static_cast<int>(replica_), &replicas),
+        "MPI_Comm_split");
+    pipeline_ = pipeline;
+    replicas_comm_ = replicas;
+  }
+  void free_communicators() {
+    for (MPI_Comm* c : {&pipeline_, &replicas_comm_})
+      if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 
   std::size_t local(std::size_t device) const {
-    detail::require(device < size_, "device " + std::to_string(device) +
-                                        " does not exist; the communicator has " +
-                                        std::to_string(size_) + " ranks, one device each");
-    detail::require(device == rank_, "device " + std::to_string(device) + " belongs to rank " +
-                                         std::to_string(device) + ", not to this rank (" +
-                                         std::to_string(rank_) + ")");
+    detail::require(device < devices_, "device " + std::to_string(device) +
+                                           " does not exist; the pipeline has " +
+                                           std::to_string(devices_) + " devices, a rank each");
+    detail::require(device == device_, "device " + std::to_string(device) + " belongs to rank " +
+                                           std::to_string(replica_ * devices_ + device) +
+                                           ", not to this rank (" + std::to_string(rank_) + ")");
     return 0;
   }
   void check_peer(std::size_t peer, std::size_t tag) const {
-    detail::require(peer < size_, "rank " + std::to_string(peer) + " does not exist (size " +
-                                      std::to_string(size_) + ")");
+    detail::require(peer < devices_, "device " + std::to_string(peer) +
+                                         " does not exist (the pipeline has " +
+                                         std::to_string(devices_) + ")");
     detail::require(tag <= max_tag_,
                     "message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB = " +
                         std::to_string(max_tag_) + " (too many stages x micro-batches)");
@@ -272,7 +305,10 @@ class Backend {
 
   std::unique_ptr<Session> session_;  // set when this backend initialized MPI: finalized last
   MPI_Comm comm_;
+  MPI_Comm pipeline_ = MPI_COMM_NULL;       // this replica's ranks; rank = device
+  MPI_Comm replicas_comm_ = MPI_COMM_NULL;  // this device's rank in every replica
   std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
+  std::size_t replicas_ = 1, devices_ = 1, replica_ = 0, device_ = 0;
   std::mutex mu_;
   std::vector<Pending> pending_;
   host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_
