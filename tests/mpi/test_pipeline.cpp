@@ -4,7 +4,11 @@
 // in one process on the host backend with as many devices; save writes the one-process file
 // byte for byte; a stage of another rank is a clear error. With data-parallel replicas (R x K
 // ranks) two steps without zero_grad, their losses and every rank's gradients match the one
-// process run on the whole batch (to float rounding: the sums run in another order).
+// process run on the whole batch (to float rounding: the sums run in another order). A throw on
+// rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
+// micro-batch and the original message, and the next step runs normally. With
+// GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
+// CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
 // Each rank runs the one-process reference itself (same seed, same data), so nothing but the
 // checked values crosses between ranks. CHECK only (no REQUIRE): a rank that left a test case
@@ -15,9 +19,11 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "gpipe/mpi.hpp"
+#include "support/faulty_layer.hpp"
 #include "support/models.hpp"
 #include "support/relative_error.hpp"
 
@@ -144,7 +151,61 @@ void check_data_parallel(std::size_t replicas) {
   }
 }
 
+// The message of what `f` throws ("" if nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+template <class Kind>
+void check_fault_ends_the_step_everywhere(mpi::Backend& backend) {
+  const std::vector<float> x = random_inputs(faulty_batch, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(faulty_batch, 3, 2);
+  for (Fault fault : {Fault::forward, Fault::backward_input}) {
+    CAPTURE(Kind::name);
+    CAPTURE(backend.rank());
+    Trainer<FaultyModel, SoftmaxCrossEntropy, mpi::Backend, Kind> trainer(
+        backend, {.micro_batches = faulty_micro_batches, .seed = 1});
+    injected_fault = fault;
+    const std::string message = error_of([&] { (void)trainer.forward_backward(x, y); });
+    injected_fault = Fault::none;
+    CAPTURE(message);
+    CHECK(message.starts_with("gpipe: rank 1 failed: stage 1 (device 1), micro-batch 2, "));
+    CHECK(message.ends_with(fault == Fault::forward ? "injected forward failure"
+                                                    : "injected backward failure"));
+    // the trainer goes on: the next step is the one-process step
+    host::Backend one_process(3);
+    Trainer<FaultyModel, SoftmaxCrossEntropy, host::Backend, Kind> reference(
+        one_process, {.micro_batches = faulty_micro_batches, .seed = 1});
+    trainer.zero_grad();
+    CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+  }
+}
+
+// Identity that kills its process (rank 1's) in the forward of micro-batch 2.
+struct KillingIdentity : FaultyIdentity<8> {
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    if (a.rows == faulty_rows) std::raise(SIGKILL);
+    ctx.copy(a.rows * 8, a.x, a.y);
+  }
+};
+using KillingModel = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 8>, KillingIdentity, ReLU>,
+                              Stage<Linear<8, 3>>>;
+
 }  // namespace
+
+TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
+  mpi::Backend backend;
+  if (backend.num_devices() != 3) return;  // FaultyModel has three stages
+  check_fault_ends_the_step_everywhere<GPipe>(backend);
+  check_fault_ends_the_step_everywhere<OneFOneB>(backend);
+}
 
 TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   mpi::Backend backend;
@@ -211,6 +272,15 @@ TEST_CASE("a model whose device count differs from the world size is a clear err
 
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
+  if (std::getenv("GPIPE_MPI_KILL_RANK") != nullptr) {  // see the top of this file
+    mpi::Backend backend;
+    Trainer<KillingModel, SoftmaxCrossEntropy, mpi::Backend, OneFOneB> trainer(
+        backend, {.micro_batches = faulty_micro_batches});
+    (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
+                                   random_classes(faulty_batch, 3, 2));
+    std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
+    return 0;
+  }
   doctest::Context context(argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

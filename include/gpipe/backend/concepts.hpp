@@ -28,6 +28,8 @@
 //                            floats from `peer`, allocated there as `kind`
 //     broadcast(d, values)   collective, between steps: every process of the pipeline gets d's
 //                            values
+//     finish_step()          collective, ends a step (instead of synchronize): the processes
+//                            agree whether any failed, and all throw the same Error if one did
 //     rank()                 this process's place in the world (rank 0 writes files)
 //   data_parallel_backend<B>  a multi_process_backend with R replicas of the pipeline:
 //     replicas(), replica()  R, and which one this process belongs to
@@ -93,6 +95,7 @@ concept multi_process_backend = backend<B> &&
   b.send(device, label, device, device, buffer);
   b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
   b.broadcast(device, values);
+  b.finish_step();
   { cb.rank() } -> std::convertible_to<std::size_t>;
 };
 

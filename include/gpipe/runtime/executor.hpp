@@ -111,7 +111,7 @@ class Executor {
       throw;
     }
     try {
-      backend_.synchronize();
+      finish();
     } catch (...) {
       clear();
       throw;
@@ -163,7 +163,7 @@ class Executor {
       throw;
     }
     try {
-      backend_.synchronize();
+      finish();
     } catch (...) {
       slots_.clear();
       throw;
@@ -185,6 +185,15 @@ class Executor {
     slots_.clear();
     loss_ = {};
     step_ = nullptr;
+  }
+
+  // Waits for the step's work; with several processes, they agree whether any failed.
+  void finish() {
+    if constexpr (multi_process_backend<Backend>) {
+      backend_.finish_step();
+    } else {
+      backend_.synchronize();
+    }
   }
 
   // The tag of stage s's message for micro-batch mb: its output (activation) or its input

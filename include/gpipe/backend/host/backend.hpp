@@ -30,6 +30,9 @@ namespace gpipe::host {
 
 struct BackendOptions {
   std::size_t device_capacity = 0;  // bytes per device; 0 = no cap
+  // The number the first device goes by in errors, traces and out-of-memory messages (the
+  // devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
+  std::size_t first_device = 0;
 };
 
 class Backend {
@@ -50,8 +53,9 @@ class Backend {
     allocators_.reserve(num_devices);
     streams_.reserve(num_devices);
     for (std::size_t d = 0; d < num_devices; ++d) {
-      allocators_.push_back(std::make_unique<DeviceAllocator>(d, options.device_capacity));
-      streams_.push_back(std::make_unique<Stream>(d, group_, epoch_));
+      const std::size_t named = options.first_device + d;
+      allocators_.push_back(std::make_unique<DeviceAllocator>(named, options.device_capacity));
+      streams_.push_back(std::make_unique<Stream>(named, group_, epoch_));
     }
   }
   Backend(const Backend&) = delete;

@@ -25,6 +25,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -32,6 +33,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,6 +80,9 @@ class Session {
 struct BackendOptions {
   std::size_t data_parallel = 1;    // replicas of the pipeline: world size = data_parallel x K
   std::size_t device_capacity = 0;  // bytes of this rank's device; 0 = no cap
+  // How long a rank waits for a message before it fails the step: a peer that died (or hangs)
+  // ends the step here within this time. A peer that throws ends it at once.
+  std::chrono::seconds peer_timeout{600};
 };
 
 class Backend {
@@ -96,12 +101,15 @@ class Backend {
   Backend(int& argc, char**& argv, Options options = {})
       : session_(std::make_unique<Session>(argc, argv)),
         comm_(MPI_COMM_WORLD),
-        local_(1, {.device_capacity = options.device_capacity}) {
+        local_(1, {.device_capacity = options.device_capacity,
+                   .first_device = device_in(comm_, options)}) {
     start(options);
   }
   // On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
-      : comm_(comm), local_(1, {.device_capacity = options.device_capacity}) {
+      : comm_(comm),
+        local_(1, {.device_capacity = options.device_capacity,
+                   .first_device = device_in(comm_, options)}) {
     start(options);
   }
   Backend(const Backend&) = delete;
@@ -133,8 +141,17 @@ class Backend {
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return local_.template allocate<T>(local(device), count, kind);
   }
+  // Work that throws tells every other rank at once (a fault message), so that a rank waiting
+  // for this one's data stops waiting; the step then fails everywhere (finish_step).
   void submit(std::size_t device, WorkLabel label, Work work) {
-    local_.submit(local(device), label, std::move(work));
+    local_.submit(local(device), label, [this, work = std::move(work)](Kernels& k) {
+      try {
+        work(k);
+      } catch (...) {
+        if (!stopped_for_peer_) announce_failure();
+        throw;
+      }
+    });
   }
   void record(std::size_t device, const Event& event) { local_.record(local(device), event); }
   void wait(std::size_t device, const Event& event) { local_.wait(local(device), event); }
@@ -143,13 +160,12 @@ class Backend {
   // `peer`'s rank with `tag`, and takes src over until the send completes.
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
             Buffer<float>& src) {
-    check_peer(peer, tag);
-    submit(device, label, [this, peer, tag, &src](Kernels&) {
+    const int message_tag = step_tag(peer, tag);
+    submit(device, label, [this, peer, message_tag, &src](Kernels&) {
       Pending pending{MPI_REQUEST_NULL, std::move(src)};
-      detail::check_mpi(
-          MPI_Isend(pending.buffer.data(), count_of(pending.buffer.size()), MPI_FLOAT,
-                    static_cast<int>(peer), static_cast<int>(tag), pipeline_, &pending.request),
-          "MPI_Isend");
+      detail::check_mpi(MPI_Isend(pending.buffer.data(), count_of(pending.buffer.size()), MPI_FLOAT,
+                                  static_cast<int>(peer), message_tag, pipeline_, &pending.request),
+                        "MPI_Isend");
       std::lock_guard lock(mu_);
       pending_.push_back(std::move(pending));
       release_completed_sends();
@@ -159,13 +175,15 @@ class Backend {
   // into memory allocated here (counted as `kind`).
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
                Buffer<float>& dst, std::size_t count, MemoryKind kind) {
-    check_peer(peer, tag);
-    submit(device, label, [this, device, peer, tag, &dst, count, kind](Kernels&) {
+    const int message_tag = step_tag(peer, tag);
+    submit(device, label, [this, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
       dst = allocate<float>(device, count, kind);
-      MPI_Status status;
-      detail::check_mpi(MPI_Recv(dst.data(), count_of(count), MPI_FLOAT, static_cast<int>(peer),
-                                 static_cast<int>(tag), pipeline_, &status),
-                        "MPI_Recv");
+      MPI_Request request = MPI_REQUEST_NULL;
+      detail::check_mpi(MPI_Irecv(dst.data(), count_of(count), MPI_FLOAT, static_cast<int>(peer),
+                                  message_tag, pipeline_, &request),
+                        "MPI_Irecv");
+      const MPI_Status status = wait_for(request, "a message from device " + std::to_string(peer) +
+                                                      " (tag " + std::to_string(tag) + ")");
       int received = 0;
       MPI_Get_count(&status, MPI_FLOAT, &received);
       if (static_cast<std::size_t>(received) != count)
@@ -205,10 +223,45 @@ class Backend {
     local_.cancel();
     complete_sends();
   }
-  // Waits for this rank's work and its sends; rethrows the first failure.
+  // Waits for this rank's work and its sends; rethrows the first failure on this rank.
   void synchronize() {
     local_.synchronize();
     complete_sends();
+  }
+
+  // Collective, at the end of a step (the executor calls it instead of synchronize): waits for
+  // this rank's work, then the ranks agree whether any of them failed. If one did, every rank
+  // throws the same Error: the rank, and the failure as that rank saw it (stage, micro-batch and
+  // the original message). The next step's messages carry other tags than this one's.
+  void finish_step() {
+    std::string message;
+    try {
+      synchronize();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    // 2: this rank failed first-hand; 1: it stopped because another did
+    const bool failed = !message.empty();
+    struct {
+      int failed;
+      int rank;
+    } mine{failed ? (stopped_for_peer_ ? 1 : 2) : 0, static_cast<int>(rank_)}, worst{};
+    detail::check_mpi(MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, comm_),
+                      "MPI_Allreduce");
+    int announced = announced_ ? 1 : 0, announcements = 0;
+    detail::check_mpi(MPI_Allreduce(&announced, &announcements, 1, MPI_INT, MPI_SUM, comm_),
+                      "MPI_Allreduce");
+    drain_fault_messages(static_cast<std::size_t>(announcements - announced));
+    ++step_;
+    stopped_for_peer_ = announced_ = false;
+    if (worst.failed == 0) return;
+    int length = static_cast<int>(message.size());
+    detail::check_mpi(MPI_Bcast(&length, 1, MPI_INT, worst.rank, comm_), "MPI_Bcast");
+    message.resize(static_cast<std::size_t>(length));
+    detail::check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, worst.rank, comm_), "MPI_Bcast");
+    constexpr std::string_view prefix = "gpipe: ";
+    if (message.starts_with(prefix)) message.erase(0, prefix.size());
+    throw Error("gpipe: rank " + std::to_string(worst.rank) + " failed: " + message);
   }
 
  private:
@@ -216,6 +269,84 @@ class Backend {
     MPI_Request request;
     Buffer<float> buffer;
   };
+
+  // This rank's device index in its pipeline, for the labels of its one host device (0 where
+  // start() will refuse the setup).
+  static std::size_t device_in(MPI_Comm comm, const Options& options) {
+    int initialized = 0, rank = 0, size = 0;
+    MPI_Initialized(&initialized);
+    if (initialized == 0 || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS ||
+        MPI_Comm_size(comm, &size) != MPI_SUCCESS || options.data_parallel == 0 ||
+        static_cast<std::size_t>(size) % options.data_parallel != 0)
+      return 0;
+    return static_cast<std::size_t>(rank) %
+           (static_cast<std::size_t>(size) / options.data_parallel);
+  }
+
+  // Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
+  // modulo epochs, so that a failed step's unreceived messages never meet a later step's
+  // receives; MPI_TAG_UB itself is the fault message's.
+  static constexpr std::size_t epochs = 8;
+  int step_tag(std::size_t peer, std::size_t tag) const {
+    check_peer(peer, tag);
+    return static_cast<int>(tag * epochs + step_ % epochs);
+  }
+  int fault_tag() const { return static_cast<int>(max_tag_); }
+
+  // Tells every other rank that this one failed (a zero-byte message each; sent once a step).
+  void announce_failure() {
+    if (announced_) return;
+    announced_ = true;
+    for (std::size_t r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(nullptr, 0, MPI_BYTE, static_cast<int>(r), fault_tag(), comm_, &request) ==
+          MPI_SUCCESS)
+        MPI_Request_free(&request);  // completes by itself; nothing to keep
+    }
+  }
+  // Whether a fault message has arrived (consumed, and remembered until the step ends).
+  bool peer_failed() {
+    if (fault_seen_) return true;
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, fault_tag(), comm_, &flag, &status);
+    if (flag == 0) return false;
+    MPI_Recv(nullptr, 0, MPI_BYTE, status.MPI_SOURCE, fault_tag(), comm_, MPI_STATUS_IGNORE);
+    ++faults_received_;
+    fault_seen_ = true;
+    return true;
+  }
+  // Receives the fault messages of this step not yet consumed (`expected` in all).
+  void drain_fault_messages(std::size_t expected) {
+    for (; faults_received_ < expected; ++faults_received_)
+      MPI_Recv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, fault_tag(), comm_, MPI_STATUS_IGNORE);
+    faults_received_ = 0;
+    fault_seen_ = false;
+  }
+
+  // Waits for `request`, polling, until it completes, another rank reports a failure, or
+  // Options::peer_timeout passes; the last two cancel it and throw.
+  MPI_Status wait_for(MPI_Request& request, const std::string& what) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      MPI_Status status;
+      detail::check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
+      if (done) return status;
+      const bool failed = peer_failed();
+      const bool late = std::chrono::steady_clock::now() - start > peer_timeout_;
+      if (failed || late) {
+        MPI_Cancel(&request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+        stopped_for_peer_ = true;
+        throw Error(failed ? "stopped waiting for " + what + ": another rank failed"
+                           : "no " + what + " within " + std::to_string(peer_timeout_.count()) +
+                                 " s (Options::peer_timeout): is that rank alive?");
+      }
+      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
   void start(const Options& options) {
     int initialized = 0;
@@ -237,6 +368,7 @@ class Backend {
     int* tag_ub = nullptr;
     detail::check_mpi(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
     max_tag_ = found != 0 && tag_ub != nullptr ? static_cast<std::size_t>(*tag_ub) : 32767;
+    peer_timeout_ = options.peer_timeout;
     detail::require(options.data_parallel >= 1 && size_ % options.data_parallel == 0,
                     "mpi::Backend: the world has " + std::to_string(size_) +
                         " ranks, which is not data_parallel = " +
@@ -274,7 +406,7 @@ class Backend {
     detail::require(peer < devices_, "device " + std::to_string(peer) +
                                          " does not exist (the pipeline has " +
                                          std::to_string(devices_) + ")");
-    detail::require(tag <= max_tag_,
+    detail::require(tag * epochs + epochs - 1 < max_tag_,
                     "message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB = " +
                         std::to_string(max_tag_) + " (too many stages x micro-batches)");
   }
@@ -296,11 +428,25 @@ class Backend {
       }
     }
   }
-  // Waits for every pending send (their receivers run the same schedule) and frees them.
+  // Waits for every pending send (their receivers run the same schedule) and frees them. After
+  // a failure (here or elsewhere) a send may never be received: it is let go, its buffer kept
+  // until the backend goes (MPI may still read it).
   void complete_sends() {
     std::lock_guard lock(mu_);
-    for (Pending& p : pending_) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
-    pending_.clear();
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0; !pending_.empty(); ++polls) {
+      release_completed_sends();
+      if (pending_.empty()) break;
+      if (announced_ || peer_failed() || std::chrono::steady_clock::now() - start > peer_timeout_) {
+        for (Pending& p : pending_) {
+          MPI_Request_free(&p.request);
+          abandoned_.push_back(std::move(p.buffer));
+        }
+        pending_.clear();
+        break;
+      }
+      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   std::unique_ptr<Session> session_;  // set when this backend initialized MPI: finalized last
@@ -309,6 +455,13 @@ class Backend {
   MPI_Comm replicas_comm_ = MPI_COMM_NULL;  // this device's rank in every replica
   std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
   std::size_t replicas_ = 1, devices_ = 1, replica_ = 0, device_ = 0;
+  std::chrono::seconds peer_timeout_{600};
+  std::size_t step_ = 0;           // steps finished: selects the tags' epoch
+  bool announced_ = false;         // this rank failed this step and told the others
+  bool stopped_for_peer_ = false;  // this rank's work stopped because another rank failed
+  bool fault_seen_ = false;        // a fault message arrived this step
+  std::size_t faults_received_ = 0;
+  std::vector<Buffer<float>> abandoned_;  // buffers of sends let go after a failure
   std::mutex mu_;
   std::vector<Pending> pending_;
   host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_

@@ -16,17 +16,18 @@ namespace gpipe::detail {
 template <class T>
 T row_max(const T* z, std::size_t n) {
   T max = z[0];
-  std::size_t c = 0;
+  std::size_t tail = 0;  // where the scalar loop starts
   if constexpr (std::is_same_v<T, float>) {
     constexpr std::size_t w = host::simd::width_v<float>;
+    tail = n - n % w;
     host::simd::Pack<float> packed = host::simd::Pack<float>{} + max;
-    for (; c + w <= n; c += w) {
+    for (std::size_t c = 0; c < tail; c += w) {
       const auto v = host::simd::load(z + c);
       packed = v > packed ? v : packed;
     }
     for (std::size_t lane = 0; lane < w; ++lane) max = packed[lane] > max ? packed[lane] : max;
   }
-  for (; c < n; ++c) max = z[c] > max ? z[c] : max;
+  for (std::size_t c = tail; c < n; ++c) max = z[c] > max ? z[c] : max;
   return max;
 }
 
@@ -35,22 +36,23 @@ T row_max(const T* z, std::size_t n) {
 template <class T>
 double exp_shifted(const T* z, T shift, std::size_t n, T* out) {
   double sum = 0;
-  std::size_t c = 0;
   if constexpr (std::is_same_v<T, float>) {
     namespace simd = host::simd;
     constexpr std::size_t w = simd::width_v<float>, run = 256;
-    while (c + w <= n) {
+    const std::size_t tail = n - n % w;
+    for (std::size_t start = 0; start < tail; start += run) {
       simd::Pack<float> partial{};
-      for (const std::size_t end = std::min(n - n % w, c + run); c < end; c += w) {
+      const std::size_t end = std::min(tail, start + run);
+      for (std::size_t c = start; c < end; c += w) {
         const auto e = simd::exp(simd::load(z + c) - shift);
         simd::store(out + c, e);
         partial += e;
       }
       for (std::size_t lane = 0; lane < w; ++lane) sum += partial[lane];
     }
-    for (; c < n; ++c) sum += out[c] = simd::exp(z[c] - shift);
+    for (std::size_t c = tail; c < n; ++c) sum += out[c] = simd::exp(z[c] - shift);
   } else {
-    for (; c < n; ++c) sum += out[c] = std::exp(z[c] - shift);
+    for (std::size_t c = 0; c < n; ++c) sum += out[c] = std::exp(z[c] - shift);
   }
   return sum;
 }
