@@ -8,7 +8,7 @@
 //   send     MPI_Isend from the sender's output buffer, on its device's worker; the buffer stays
 //            with the pending send and is freed on the sender once the send completes (checked
 //            at every later transfer and at synchronize), so a send never blocks its device
-//   receive  MPI_Recv into memory the receiver allocates, on its worker
+//   receive  MPI_Irecv into memory the receiver allocates, waited for on its worker
 // The loss and predict's output live on the last stage's rank; the Trainer broadcasts them so
 // that every rank returns the same values.
 //
@@ -19,9 +19,11 @@
 //
 // MPI is called from the rank's device worker during a step and from the calling thread between
 // steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
+// Failures: work that throws tells every other rank at once; receives poll for that (and give
+// up after Options::peer_timeout); finish_step, collective at the end of every step, makes all
+// ranks throw the same Error naming the failing rank. A rank that dies ends the job (mpirun).
 // Not yet (see the README's "Many processes"): the gradient sum overlapped with the step (it
-// runs after it), parameter() of a stage on another rank, ties across ranks, a failure on one
-// rank ending the step on every rank, and a bound on the wait for a rank that died.
+// runs after it), parameter() of a stage on another rank, ties across ranks.
 
 #include <mpi.h>
 
