@@ -207,6 +207,83 @@ TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the nex
   check_fault_ends_the_step_everywhere<OneFOneB>(backend);
 }
 
+TEST_CASE("a failure while one rank issues its part of a step ends the step on every rank") {
+  const std::vector<float> x = random_inputs(faulty_batch, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(faulty_batch, 3, 2);
+  using Faulty = Trainer<FaultyModel, SoftmaxCrossEntropy, mpi::Backend, OneFOneB>;
+  // What the last stage's rank holds once the trainer is built: its parameters and gradients.
+  std::size_t built = 0;
+  {
+    mpi::Backend backend;
+    if (backend.num_devices() != 3) return;  // FaultyModel has three stages
+    Faulty trainer(backend, {.micro_batches = faulty_micro_batches, .seed = 1});
+    built = backend.memory_stats(backend.device()).current;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Rank 2 has room for one float more: the step's loss buffer (a float per micro-batch, taken
+  // by the thread that issues the step, before any work runs) does not fit.
+  mpi::Backend backend(MPI_COMM_WORLD, {.device_capacity = rank == 2 ? built + sizeof(float) : 0});
+  Faulty trainer(backend, {.micro_batches = faulty_micro_batches, .seed = 1});
+  const std::string message = error_of([&] { (void)trainer.forward_backward(x, y); });
+  CAPTURE(rank);
+  CAPTURE(message);
+  CHECK(message.starts_with("gpipe: rank 2 failed: "));
+  CHECK(message.find("exceeds the capacity") != std::string::npos);
+}
+
+TEST_CASE("one trace and one step timing for all ranks, on one clock") {
+  mpi::Backend backend;
+  const std::size_t K = backend.num_devices();
+  if (K != 2 && K != 4) return;
+  const std::vector<float> x = random_inputs(rows, Model4::in_features, 3);
+  const std::vector<std::int32_t> y = random_classes(rows, Model4::out_features, 11);
+  const auto check = [&]<class Model>(Model*) {
+    constexpr std::size_t M = 4;
+    Trainer<Model, SoftmaxCrossEntropy, mpi::Backend, OneFOneB> trainer(
+        backend, {.micro_batches = M, .seed = seed});
+    backend.set_tracing(true);
+    (void)trainer.forward_backward(x, y);
+    backend.set_tracing(false);
+    const std::vector<TraceEvent> events = backend.take_trace();
+    // every rank has every rank's forwards and backwards
+    std::vector<std::vector<const TraceEvent*>> forward(K, std::vector<const TraceEvent*>(M));
+    std::vector<std::vector<const TraceEvent*>> backward(K, std::vector<const TraceEvent*>(M));
+    for (const TraceEvent& e : events) {
+      if (e.label.what == "forward") forward.at(e.device).at(e.label.micro_batch) = &e;
+      if (e.label.what == "backward_input") backward.at(e.device).at(e.label.micro_batch) = &e;
+      if (e.label.compute) CHECK(e.label.stage == e.device);
+    }
+    // One clock: a stage's op of a micro-batch starts after the op it waits for on another
+    // rank ended (its message was sent after that).
+    for (std::size_t d = 0; d < K; ++d) {
+      for (std::size_t mb = 0; mb < M; ++mb) {
+        CAPTURE(d);
+        CAPTURE(mb);
+        CHECK(forward[d][mb] != nullptr);
+        CHECK(backward[d][mb] != nullptr);
+        if (forward[d][mb] == nullptr || backward[d][mb] == nullptr) continue;
+        if (d > 0 && forward[d - 1][mb] == nullptr) continue;
+        if (d + 1 < K && backward[d + 1][mb] == nullptr) continue;
+        if (d > 0) CHECK(forward[d][mb]->start_us >= forward[d - 1][mb]->end_us);
+        if (d + 1 < K) CHECK(backward[d][mb]->start_us >= backward[d + 1][mb]->end_us);
+      }
+    }
+    // every rank reports the whole pipeline's step, the same on all
+    const auto& step = trainer.last_step();
+    CHECK(step.devices.size() == K);
+    double mine[2] = {step.makespan_us, step.busy_us}, first[2] = {mine[0], mine[1]};
+    MPI_Bcast(first, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    CHECK(mine[0] == first[0]);
+    CHECK(mine[1] == first[1]);
+    for (const ComputeTiming& t : step.devices) CHECK(t.ops == 3 * M);
+    CHECK(step.bubble_fraction > 0);
+    CHECK(step.bubble_fraction < 1);
+  };
+  if (K == 2) check(static_cast<Model2*>(nullptr));
+  if (K == 4) check(static_cast<Model4*>(nullptr));
+}
+
 TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   mpi::Backend backend;
   switch (backend.num_devices()) {

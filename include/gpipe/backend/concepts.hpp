@@ -30,6 +30,8 @@
 //                            values
 //     finish_step()          collective, ends a step (instead of synchronize): the processes
 //                            agree whether any failed, and all throw the same Error if one did
+//     abort_step(failure)    collective, ends a step whose issuing threw `failure` on this
+//                            process: tells the others, cancels, and throws the agreed Error
 //     rank()                 this process's place in the world (rank 0 writes files)
 //   data_parallel_backend<B>  a multi_process_backend with R replicas of the pipeline:
 //     replicas(), replica()  R, and which one this process belongs to
@@ -45,6 +47,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -96,6 +99,7 @@ concept multi_process_backend = backend<B> &&
   b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
   b.broadcast(device, values);
   b.finish_step();
+  b.abort_step(std::exception_ptr{});
   { cb.rank() } -> std::convertible_to<std::size_t>;
 };
 

@@ -23,6 +23,7 @@
 // (input, stash, the loss gradient) counts as activations; everything else as workspace.
 
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -105,10 +106,8 @@ class Executor {
         });
     } catch (...) {
       // Work already issued may wait for events that will now never be recorded: cancel it
-      // before the slots it uses go away.
-      backend_.cancel();
-      clear();
-      throw;
+      // before the slots it uses go away (and with several processes, end the step on all).
+      abandon([this] { clear(); });
     }
     try {
       finish();
@@ -158,9 +157,7 @@ class Executor {
         }
       }
     } catch (...) {
-      backend_.cancel();
-      slots_.clear();
-      throw;
+      abandon([this] { slots_.clear(); });
     }
     try {
       finish();
@@ -185,6 +182,25 @@ class Executor {
     slots_.clear();
     loss_ = {};
     step_ = nullptr;
+  }
+
+  // Issuing the step threw: cancels what was issued, then `cleanup()`, then rethrows; with
+  // several processes, the others are told and every process throws the same Error.
+  template <class Cleanup>
+  [[noreturn]] void abandon(Cleanup cleanup) {
+    const std::exception_ptr failure = std::current_exception();
+    if constexpr (multi_process_backend<Backend>) {
+      try {
+        backend_.abort_step(failure);
+      } catch (...) {
+        cleanup();
+        throw;
+      }
+    } else {
+      backend_.cancel();
+      cleanup();
+      std::rethrow_exception(failure);
+    }
   }
 
   // Waits for the step's work; with several processes, they agree whether any failed.

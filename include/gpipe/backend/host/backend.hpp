@@ -64,6 +64,8 @@ class Backend {
   ~Backend() { streams_.clear(); }
 
   std::size_t num_devices() const { return streams_.size(); }
+  // What the microseconds of traces and timings count from: the backend's construction.
+  Stream::Clock::time_point epoch() const { return epoch_; }
 
   MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
   void reset_peak() {

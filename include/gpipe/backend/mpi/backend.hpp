@@ -21,17 +21,27 @@
 // steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
 // Failures: work that throws tells every other rank at once; receives poll for that (and give
 // up after Options::peer_timeout); finish_step, collective at the end of every step, makes all
-// ranks throw the same Error naming the failing rank. A rank that dies ends the job (mpirun).
+// ranks throw the same Error naming the failing rank. A failure while a rank issues its part
+// of a step (before its work runs) takes the same way (abort_step). A rank that dies ends the
+// job (mpirun).
+// Time: every rank's traces and timings count from one origin (align_clocks); take_trace()
+// merges all ranks' work into one trace and take_timing() gives every rank the whole
+// pipeline's timing (both collective), so a Trainer's last_step() is the pipeline's.
 // Not yet (see the README's "Many processes"): the gradient sum overlapped with the step (it
 // runs after it), parameter() of a stage on another rank, ties across ranks.
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -212,13 +222,46 @@ class Backend {
                       "MPI_Allreduce");
   }
 
+  // Traces and timings count microseconds from one origin on every rank (see align_clocks).
   void set_tracing(bool on) { local_.set_tracing(on); }
-  std::vector<TraceEvent> take_trace() { return local_.take_trace(); }
-  // This rank's device, at its index in the schedule; the others' entries are empty.
+  // Collective over the world: every rank gets the work of every rank since the last call, one
+  // merged trace ordered by start time, each event's device being its rank (with one replica,
+  // the pipeline device). The events' `what` stays valid while the backend lives.
+  std::vector<TraceEvent> take_trace() {
+    std::vector<char> mine;
+    for (TraceEvent e : local_.take_trace()) {
+      e.device = rank_;
+      e.start_us += clock_offset_us_;
+      e.end_us += clock_offset_us_;
+      put_event(mine, e);
+    }
+    const std::vector<char> all = all_gather(mine, comm_);
+    std::vector<TraceEvent> events;
+    for (std::size_t at = 0; at < all.size();) events.push_back(get_event(all, at));
+    std::sort(events.begin(), events.end(),
+              [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+    return events;
+  }
+  // Collective over this replica's ranks: the compute time of each of its devices since the
+  // last call (every rank gets all of them), so that a Trainer's last_step() covers the whole
+  // pipeline on every rank.
   std::vector<ComputeTiming> take_timing() {
-    std::vector<ComputeTiming> all(devices_);
-    all[device_] = local_.take_timing().front();
-    return all;
+    ComputeTiming t = local_.take_timing().front();
+    if (t.ops > 0) {
+      t.first_start_us += clock_offset_us_;
+      t.last_end_us += clock_offset_us_;
+    }
+    const double mine[4] = {t.busy_us, t.first_start_us, t.last_end_us, static_cast<double>(t.ops)};
+    std::vector<double> all(4 * devices_);
+    detail::check_mpi(MPI_Allgather(mine, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, pipeline_),
+                      "MPI_Allgather");
+    std::vector<ComputeTiming> out(devices_);
+    for (std::size_t d = 0; d < devices_; ++d)
+      out[d] = {.busy_us = all[4 * d],
+                .first_start_us = all[4 * d + 1],
+                .last_end_us = all[4 * d + 2],
+                .ops = static_cast<std::size_t>(all[4 * d + 3])};
+    return out;
   }
 
   void cancel() {
@@ -239,9 +282,153 @@ class Backend {
     std::string message;
     try {
       synchronize();
-    } catch (const std::exception& e) {
-      message = e.what();
+    } catch (...) {
+      message = message_of(std::current_exception());
     }
+    agree(std::move(message));
+  }
+  // Collective, instead of finish_step, when issuing this rank's part of a step failed before
+  // its work could (an allocation of the issuing thread, say): tells the other ranks at once,
+  // drops the work issued so far, and joins the agreement; throws the agreed Error.
+  [[noreturn]] void abort_step(std::exception_ptr failure) {
+    announce_failure();
+    try {
+      cancel();
+    } catch (...) {  // the failure to report is `failure`
+    }
+    agree(message_of(failure));
+    throw Error("gpipe: rank " + std::to_string(rank_) + " failed");  // agree threw already
+  }
+
+ private:
+  struct Pending {
+    MPI_Request request;
+    Buffer<float> buffer;
+  };
+
+  // This rank's device index in its pipeline, for the labels of its one host device (0 where
+  // start() will refuse the setup).
+  static std::size_t device_in(MPI_Comm comm, const Options& options) {
+    int initialized = 0, rank = 0, size = 0;
+    MPI_Initialized(&initialized);
+    if (initialized == 0 || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS ||
+        MPI_Comm_size(comm, &size) != MPI_SUCCESS || options.data_parallel == 0 ||
+        static_cast<std::size_t>(size) % options.data_parallel != 0)
+      return 0;
+    return static_cast<std::size_t>(rank) %
+           (static_cast<std::size_t>(size) / options.data_parallel);
+  }
+
+  // One origin for every rank's clock: clock_offset_us_ turns this rank's microseconds since its
+  // host backend's epoch into microseconds since the origin. When all ranks share a machine
+  // they share steady_clock (CLOCK_MONOTONIC on Linux) and the origin is rank 0's epoch, exactly;
+  // across machines it is the end of a barrier, as exact as the barrier's ranks leave it at
+  // once (microseconds on shared memory, tens of microseconds over a network).
+  void align_clocks() {
+    MPI_Comm node = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                      "MPI_Comm_split_type");
+    int node_size = 0, one_machine = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    const int mine = static_cast<std::size_t>(node_size) == size_ ? 1 : 0;
+    detail::check_mpi(MPI_Allreduce(&mine, &one_machine, 1, MPI_INT, MPI_MIN, comm_),
+                      "MPI_Allreduce");
+    using Clock = host::Stream::Clock;
+    const auto epoch = local_.epoch();
+    if (one_machine != 0) {
+      long long first =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(epoch.time_since_epoch()).count();
+      const long long own = first;
+      detail::check_mpi(MPI_Bcast(&first, 1, MPI_LONG_LONG, 0, comm_), "MPI_Bcast");
+      clock_offset_us_ = static_cast<double>(own - first) / 1000.0;
+    } else {
+      detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+      clock_offset_us_ = -std::chrono::duration<double, std::micro>(Clock::now() - epoch).count();
+    }
+  }
+
+  // A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
+  static void put_event(std::vector<char>& out, const TraceEvent& e) {
+    const std::uint64_t fields[4] = {e.device, e.label.stage, e.label.micro_batch,
+                                     (e.label.internal ? 1u : 0u) | (e.label.compute ? 2u : 0u)};
+    const double times[2] = {e.start_us, e.end_us};
+    const std::uint64_t length = e.label.what.size();
+    const auto append = [&out](const void* p, std::size_t n) {
+      const char* c = static_cast<const char*>(p);
+      out.insert(out.end(), c, c + n);
+    };
+    append(fields, sizeof fields);
+    append(times, sizeof times);
+    append(&length, sizeof length);
+    append(e.label.what.data(), e.label.what.size());
+  }
+  TraceEvent get_event(const std::vector<char>& in, std::size_t& at) {
+    std::uint64_t fields[4];
+    double times[2];
+    std::uint64_t length = 0;
+    const auto take = [&](void* p, std::size_t n) {
+      std::memcpy(p, in.data() + at, n);
+      at += n;
+    };
+    take(fields, sizeof fields);
+    take(times, sizeof times);
+    take(&length, sizeof length);
+    const std::string what(in.data() + at, length);
+    at += length;
+    const std::string_view interned = *labels_.insert(what).first;
+    return {.device = fields[0],
+            .label = {.what = interned,
+                      .stage = fields[1],
+                      .micro_batch = fields[2],
+                      .internal = (fields[3] & 1u) != 0,
+                      .compute = (fields[3] & 2u) != 0},
+            .start_us = times[0],
+            .end_us = times[1]};
+  }
+  // Collective over `comm`: every rank's bytes, concatenated in rank order.
+  static std::vector<char> all_gather(const std::vector<char>& mine, MPI_Comm comm) {
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    const int count = count_of(mine.size());
+    std::vector<int> counts(static_cast<std::size_t>(size)), offsets(counts.size());
+    detail::check_mpi(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm),
+                      "MPI_Allgather");
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      offsets[r] = count_of(total);
+      total += static_cast<std::size_t>(counts[r]);
+    }
+    std::vector<char> all(total);
+    detail::check_mpi(MPI_Allgatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(),
+                                     offsets.data(), MPI_CHAR, comm),
+                      "MPI_Allgatherv");
+    return all;
+  }
+
+  // Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
+  // modulo epochs, so that a failed step's unreceived messages never meet a later step's
+  // receives; MPI_TAG_UB itself is the fault message's.
+  static constexpr std::size_t epochs = 8;
+  int step_tag(std::size_t peer, std::size_t tag) const {
+    check_peer(peer, tag);
+    return static_cast<int>(tag * epochs + step_ % epochs);
+  }
+  int fault_tag() const { return static_cast<int>(max_tag_); }
+
+  static std::string message_of(std::exception_ptr failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      if (*e.what() != '\0') return e.what();
+    } catch (...) {
+    }
+    return "an exception without a message";
+  }
+  // The agreement that ends every step: `message` is this rank's failure ("" if none). Returns
+  // when no rank failed; otherwise every rank throws the Error of the rank that failed
+  // first-hand (the lowest such rank), carrying its message.
+  void agree(std::string message) {
     // 2: this rank failed first-hand; 1: it stopped because another did
     const bool failed = !message.empty();
     struct {
@@ -265,35 +452,6 @@ class Backend {
     if (message.starts_with(prefix)) message.erase(0, prefix.size());
     throw Error("gpipe: rank " + std::to_string(worst.rank) + " failed: " + message);
   }
-
- private:
-  struct Pending {
-    MPI_Request request;
-    Buffer<float> buffer;
-  };
-
-  // This rank's device index in its pipeline, for the labels of its one host device (0 where
-  // start() will refuse the setup).
-  static std::size_t device_in(MPI_Comm comm, const Options& options) {
-    int initialized = 0, rank = 0, size = 0;
-    MPI_Initialized(&initialized);
-    if (initialized == 0 || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS ||
-        MPI_Comm_size(comm, &size) != MPI_SUCCESS || options.data_parallel == 0 ||
-        static_cast<std::size_t>(size) % options.data_parallel != 0)
-      return 0;
-    return static_cast<std::size_t>(rank) %
-           (static_cast<std::size_t>(size) / options.data_parallel);
-  }
-
-  // Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
-  // modulo epochs, so that a failed step's unreceived messages never meet a later step's
-  // receives; MPI_TAG_UB itself is the fault message's.
-  static constexpr std::size_t epochs = 8;
-  int step_tag(std::size_t peer, std::size_t tag) const {
-    check_peer(peer, tag);
-    return static_cast<int>(tag * epochs + step_ % epochs);
-  }
-  int fault_tag() const { return static_cast<int>(max_tag_); }
 
   // Tells every other rank that this one failed (a zero-byte message each; sent once a step).
   void announce_failure() {
@@ -389,6 +547,7 @@ class Backend {
         "MPI_Comm_split");
     pipeline_ = pipeline;
     replicas_comm_ = replicas;
+    align_clocks();
   }
   void free_communicators() {
     for (MPI_Comm* c : {&pipeline_, &replicas_comm_})
@@ -463,7 +622,9 @@ class Backend {
   bool stopped_for_peer_ = false;  // this rank's work stopped because another rank failed
   bool fault_seen_ = false;        // a fault message arrived this step
   std::size_t faults_received_ = 0;
-  std::vector<Buffer<float>> abandoned_;  // buffers of sends let go after a failure
+  double clock_offset_us_ = 0;                 // see align_clocks
+  std::set<std::string, std::less<>> labels_;  // the `what` of events from other ranks
+  std::vector<Buffer<float>> abandoned_;       // buffers of sends let go after a failure
   std::mutex mu_;
   std::vector<Pending> pending_;
   host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_
