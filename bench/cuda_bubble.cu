@@ -78,7 +78,10 @@ void spin(gpipe::cuda::Kernels& k, long us) {
 template <std::size_t N, std::size_t Split>
 struct FixedDuration {
   static constexpr std::size_t in_features = N, out_features = N;
-  static constexpr std::size_t num_params = 0, stash_per_row = 1024, grad_stash_per_row = 0;
+  // A float of grad stash per row: without one, the first stage would skip its backward_input
+  // (no one reads the model's input gradient; model/detail/chain.hpp), and here every device
+  // must do the same work.
+  static constexpr std::size_t num_params = 0, stash_per_row = 1024, grad_stash_per_row = 1;
   static constexpr std::array<gpipe::ParamSpec, 0> param_specs() { return {}; }
   static void init(std::span<float>, gpipe::Rng&) {}
 

@@ -1,11 +1,12 @@
-# cmake -DPROGRAM=<bench_x> -DOUT=<x.json> [-DEXPECT_ANY=<c1,c2,...>]
+# cmake -DPROGRAM=<bench_x> -DOUT=<x.json> [-DEXPECT_ANY=<c1,c2,...>] [-DLAUNCHER=<l1,l2,...>]
 #       -P gpipeCheckBenchmark.cmake [-- <program arguments>...]
 #
 # A benchmark program's smoke test: runs PROGRAM with the arguments after `--`, writing Google Benchmark's JSON to
 # OUT, and fails unless the program exits 0, ran at least one benchmark, no benchmark reported an
 # error, every benchmark ran at least one iteration, every counter is a finite number, and each
 # benchmark has at least one of the counters EXPECT_ANY names (if given). It checks that the
-# program runs and reports, not what it measures.
+# program runs and reports, not what it measures. LAUNCHER, if given, runs the program (mpiexec
+# and its arguments, say).
 
 cmake_minimum_required(VERSION 3.25)
 foreach(_var PROGRAM OUT)
@@ -15,6 +16,7 @@ foreach(_var PROGRAM OUT)
 endforeach()
 
 string(REPLACE "," ";" EXPECT_ANY "${EXPECT_ANY}")
+string(REPLACE "," ";" LAUNCHER "${LAUNCHER}")
 set(_args "")
 set(_after FALSE)
 math(EXPR _last_arg "${CMAKE_ARGC} - 1")
@@ -28,7 +30,7 @@ endforeach()
 
 file(REMOVE "${OUT}")
 execute_process(
-  COMMAND "${PROGRAM}" ${_args} "--benchmark_out=${OUT}" --benchmark_out_format=json
+  COMMAND ${LAUNCHER} "${PROGRAM}" ${_args} "--benchmark_out=${OUT}" --benchmark_out_format=json
   RESULT_VARIABLE _rc)
 if(NOT _rc STREQUAL "0")
   message(FATAL_ERROR "${PROGRAM} exited with ${_rc}")

@@ -1,10 +1,10 @@
 #pragma once
-// What bench_bubble (host) and bench_cuda_bubble (CUDA) share, all but their fixed-duration layer
-// and their backend: the programs' flags (--op_us, --trace_dir); the benchmarks' names and
-// arguments; a pipeline of S stages of one such layer each; and the loop that runs a trainer's
-// steps and reports bubble_measured, bubble_simulated, bubble_theory, overhead_us_per_op and
-// peak_activations_KiB (see bench/bubble.cpp for their definitions), plus an optional traced
-// K = 4, M = 8 step.
+// What bench_bubble (host), bench_mpi_bubble (a rank per device) and bench_cuda_bubble (CUDA)
+// share, all but their fixed-duration layer and their backend: the programs' flags (--op_us,
+// --trace_dir); the benchmarks' names and arguments; a pipeline of S stages of one such layer each;
+// and the loop that runs a trainer's steps and reports bubble_measured, bubble_simulated,
+// bubble_theory, overhead_us_per_op and peak_activations_KiB (see bench/bubble.cpp for their
+// definitions), plus an optional traced K = 4, M = 8 step.
 
 #include <benchmark/benchmark.h>
 
@@ -16,11 +16,14 @@
 #include <cstring>
 #include <filesystem>
 #include <gpipe/backend/common.hpp>
+#include <gpipe/backend/concepts.hpp>
 #include <gpipe/io/chrome_trace.hpp>
 #include <gpipe/io/svg_timeline.hpp>
 #include <gpipe/model.hpp>
+#include <gpipe/runtime/trainer.hpp>
 #include <gpipe/schedule.hpp>
 #include <gpipe/schedule/simulator.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -52,7 +55,7 @@ inline double bubble_theory(std::string_view schedule, double k, double m, doubl
 // it does not know) parses it.
 struct BubbleFlags {
   long op_us;             // --op_us=N: duration of every F, B and W of a whole stage
-  std::string trace_dir;  // --trace_dir=DIR: where to write K = 4, M = 8 timelines ("": nowhere)
+  std::string trace_dir;  // --trace_dir=DIR: where to write M = 8 timelines ("": nowhere)
 };
 // Parses and removes --op_us and --trace_dir (creating DIR); false, after a message on stderr,
 // when --op_us is not a positive number of microseconds.
@@ -81,15 +84,21 @@ inline bool take_bubble_flags(int* argc, char** argv, BubbleFlags& flags) {
 // What differs between the programs besides the backend.
 struct BubbleSetup {
   const BubbleFlags* flags;  // read when the benchmarks run, after the program parsed them
-  std::string trace_stem;    // DIR/<trace_stem><schedule>_k4_m8.svg and .json
+  std::string trace_stem;    // DIR/<trace_stem><schedule>_k<trace_k>_m8.svg and .json
   std::string where;         // "the host backend": ends the timeline's title
   double min_time = 0;       // seconds per benchmark; 0 leaves it to --benchmark_min_time
+  // Steps per benchmark, fixed (0: Google Benchmark decides from the time). Processes that run
+  // one pipeline together must run the same number of steps.
+  long iterations = 0;
+  std::size_t only_k = 0;   // register only this K (0: K in {1, 2, 4, 8})
+  std::size_t trace_k = 4;  // the K of the traced step (with M = 8)
 };
 
 // One benchmark: a Trainer of K·V stages of Layer<V> each (V: the schedule's chunks per device,
 // so Layer<V> takes op_us / V per op) on K devices from make_backend(K), an (M, 4) batch; one
 // warm-up step (thread start-up, memory pools, module loading), then a step per iteration, and
-// the counters. For K = 4, M = 8 with a trace directory it also writes one traced step.
+// the counters. For K = setup.trace_k, M = 8 with a trace directory it also writes one traced
+// step (with several processes: every rank's work, written by rank 0).
 template <class Schedule, std::size_t K, template <std::size_t> class Layer, class MakeBackend>
 void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backend,
                           const BubbleSetup& setup) {
@@ -116,9 +125,17 @@ void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backe
     bubble += step.bubble_fraction;
     overhead += (wall - ideal) / (ideal / mean_op);
   }
-  std::size_t peak = 0;
+  // the devices of this process; with several processes, every process gets the largest
+  float peak = 0;
   for (std::size_t d = 0; d < K; ++d)
-    peak = std::max(peak, backend.memory_stats(d).peak_of(MemoryKind::activations));
+    if (detail::is_local(backend, d))
+      peak = std::max(peak,
+                      static_cast<float>(backend.memory_stats(d).peak_of(MemoryKind::activations)));
+  for (std::size_t d = 0; d < K; ++d) {
+    float of_d = peak;
+    detail::broadcast_from(backend, d, std::span<float>(&of_d, 1));
+    peak = std::max(peak, of_d);
+  }
 
   const auto n = static_cast<double>(state.iterations());
   state.counters["bubble_measured"] = bubble / n;
@@ -130,13 +147,15 @@ void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backe
   state.SetLabel(std::string(Schedule::name));
 
   const std::string& dir = setup.flags->trace_dir;
-  if (!dir.empty() && K == 4 && m == 8) {
+  if (!dir.empty() && K == setup.trace_k && m == 8) {
     backend.set_tracing(true);
     trainer.forward_backward(x, y);
     backend.set_tracing(false);
-    const auto events = backend.take_trace();
-    const std::string name(Schedule::name), path = dir + "/" + setup.trace_stem + name + "_k4_m8";
-    const std::string title = name + ", K = 4, M = 8, measured on " + setup.where;
+    const auto events = backend.take_trace();  // with several processes: all of them, each
+    if (!detail::writes_files(backend)) return;
+    const std::string name(Schedule::name), k = std::to_string(K);
+    const std::string path = dir + "/" + setup.trace_stem + name + "_k" + k + "_m8";
+    const std::string title = name + ", K = " + k + ", M = 8, measured on " + setup.where;
     io::write_svg_timeline(path + ".svg", events, {.title = title, .num_devices = K});
     io::write_chrome_trace(path + ".json", events, {.title = title});
   }
@@ -151,6 +170,7 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
+            if (setup.only_k != 0 && setup.only_k != K) return;
             auto* b =
                 benchmark::RegisterBenchmark(name, [make_backend, setup](benchmark::State& state) {
                   run_bubble_benchmark<Schedule, K, Layer>(state, make_backend, setup);
@@ -160,6 +180,7 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
             if (setup.min_time > 0) b->MinTime(setup.min_time);
+            if (setup.iterations > 0) b->Iterations(setup.iterations);
           }(),
           ...);
     }
