@@ -6,7 +6,11 @@
 // ranks) two steps without zero_grad, their losses and every rank's gradients match the one
 // process run on the whole batch (to float rounding: the sums run in another order). A throw on
 // rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
-// micro-batch and the original message, and the next step runs normally. With
+// micro-batch and the original message, and the next step runs normally; so does a failure
+// while a rank issues its step (its loss buffer out of memory), and a throw in one replica of
+// two (the replicas' gradient sums stay in step). One merged trace of every rank runs on one
+// clock (a message's receiver starts after its sender ended), and every rank's last_step() is
+// the whole pipeline's. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -319,6 +323,48 @@ TEST_CASE("data-parallel replicas of a pipeline give the one-process step on the
   }
   // every world: one replica per rank of a one-stage model (plain data parallelism)
   check_data_parallel<Model1, GPipe>(static_cast<std::size_t>(size));
+}
+
+TEST_CASE("a failed data-parallel step leaves the gradient sums in step: the next one is right") {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) return;  // 2 replicas x 2 devices
+  using Model = Pipeline<Stage<Linear<4, 8>, ReLU>,
+                         Stage<Linear<8, 8>, FaultyIdentity<8>, ReLU, Linear<8, 3>>>;
+  // Shares of 6 and 5 rows, micro-batches of 2, 2, 2 and 2, 2, 1: only replica 1 fails, so
+  // replica 0 may finish its part and start its gradient sums, which replica 1 must then join.
+  constexpr std::size_t batch = 11;
+  const std::vector<float> x = random_inputs(batch, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(batch, 3, 2);
+  mpi::Backend backend(MPI_COMM_WORLD, {.data_parallel = 2});
+  for (Fault fault : {Fault::forward, Fault::backward_input}) {
+    CAPTURE(backend.rank());
+    CAPTURE(static_cast<int>(fault));
+    Trainer<Model, SoftmaxCrossEntropy, mpi::Backend, OneFOneB> trainer(
+        backend, {.micro_batches = faulty_micro_batches, .seed = 1});
+    host::Backend one_process(2);
+    Trainer<Model, SoftmaxCrossEntropy, host::Backend, OneFOneB> reference(
+        one_process, {.micro_batches = faulty_micro_batches, .seed = 1});
+    // a first, good step, so that gradients are set aside during the failed one
+    (void)trainer.forward_backward(x, y);
+    injected_fault = fault;
+    const std::string message = error_of([&] { (void)trainer.forward_backward(x, y); });
+    injected_fault = Fault::none;
+    CAPTURE(message);
+    CHECK(message.starts_with("gpipe: rank 3 failed: stage 1 (device 1), micro-batch 2, "));
+    // Gradients after a failed step are unspecified; from zero, two steps equal one process's.
+    trainer.zero_grad();
+    for (int step = 0; step < 2; ++step) {
+      const float loss = trainer.forward_backward(x, y);
+      const float expected = reference.forward_backward(x, y);
+      CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
+    }
+    for (const ParameterInfo& info : trainer.parameter_info()) {
+      if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
+      CAPTURE(info.name);
+      CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
+    }
+  }
 }
 
 TEST_CASE("the backend from argc and argv: the world, and a replica count that does not fit") {

@@ -36,6 +36,12 @@
 //   data_parallel_backend<B>  a multi_process_backend with R replicas of the pipeline:
 //     replicas(), replica()  R, and which one this process belongs to
 //     allreduce_sum(values)  collective over the replicas, between steps: values <- their sum
+//     expect_reductions(v)   at the start of a step: the arrays (of this process's devices)
+//                            whose sum over the replicas the step computes, in the order the
+//                            sums start
+//     start_reduction(d, label)  on local device d, after the work before it: starts the next
+//                            expected sum (in place); finish_step / abort_step start those not
+//                            started (a failed step) and wait for all of them
 //   stage_transport<T, Kernels>  how a stage's output reaches the next stage's device:
 //     T::receive(k, src, dst, n)   on the receiver's stream, after its wait for the sender's
 //                                  event: dst (its memory) <- src (the sender's)
@@ -105,10 +111,12 @@ concept multi_process_backend = backend<B> &&
 
 template <class B>
 concept data_parallel_backend = multi_process_backend<B> &&
-    requires(B& b, const B& cb, std::span<float> values) {
+    requires(B& b, const B& cb, std::span<float> values, std::size_t device, WorkLabel label) {
   { cb.replicas() } -> std::convertible_to<std::size_t>;
   { cb.replica() } -> std::convertible_to<std::size_t>;
   b.allreduce_sum(values);
+  b.expect_reductions(std::vector<std::span<float>>{});
+  b.start_reduction(device, label);
 };
 
 namespace detail {

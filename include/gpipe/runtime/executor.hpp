@@ -22,6 +22,7 @@
 // micro-batch, direction). Memory kinds: what is kept from a forward until a backward
 // (input, stash, the loss gradient) counts as activations; everything else as workspace.
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <span>
@@ -75,6 +76,10 @@ class Executor {
     Remat remat = Remat::never;
     std::size_t loss_rows = 0;  // the loss is the mean over this many rows (0: split.rows); a
                                 // data-parallel replica's step holds part of the mini-batch
+    // With data-parallel replicas: the step's gradients are summed over them, each stage's as
+    // soon as its last backward_weight is done; the gradients accumulated before the step are
+    // set aside meanwhile and added back after it.
+    bool sum_over_replicas = false;
   };
 
   // params[s], grads[s]: stage s's flat parameter and gradient arrays on its device.
@@ -93,6 +98,8 @@ class Executor {
     const std::size_t last_device = schedule_.device_of_stage(K - 1);
     const bool has_loss = is_local(backend_, last_device);
     try {
+      if constexpr (data_parallel_backend<Backend>)
+        if (step.sum_over_replicas) prepare_gradient_sums();
       if (has_loss)
         loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
       // Every record is issued before the waits for it: a CUDA stream that waits on an event
@@ -111,6 +118,7 @@ class Executor {
     }
     try {
       finish();
+      add_back_earlier_gradients();
     } catch (...) {
       clear();
       throw;
@@ -181,7 +189,64 @@ class Executor {
   void clear() {
     slots_.clear();
     loss_ = {};
+    earlier_.clear();
+    weights_done_.clear();
     step_ = nullptr;
+  }
+
+  // The start of a data-parallel step: tells the backend which gradient sums the step starts
+  // and in what order (the order of each stage's last backward_weight on its device), sets the
+  // gradients accumulated so far aside (on the devices' streams, before the step's work) and
+  // zeroes them, so that the sums add only this step's.
+  void prepare_gradient_sums() {
+    std::vector<std::span<float>> sums;
+    for (std::size_t d = 0; d < schedule_.num_devices; ++d) {
+      if (!is_local(backend_, d)) continue;
+      std::vector<std::pair<std::size_t, std::size_t>> last;  // (position, stage)
+      const auto& ops = schedule_.ops[d];
+      for (std::size_t p = 0; p < ops.size(); ++p) {
+        if (ops[p].kind != OpKind::backward_weight) continue;
+        const std::size_t s = schedule_.stage_of(d, ops[p].chunk);
+        bool seen = false;
+        for (auto& [position, stage] : last)
+          if (stage == s) position = p, seen = true;
+        if (!seen) last.emplace_back(p, s);
+      }
+      std::sort(last.begin(), last.end());
+      for (const auto& [position, s] : last) sums.emplace_back(grads_[s].data(), grads_[s].size());
+    }
+    backend_.expect_reductions(std::move(sums));
+    weights_done_.assign(K, 0);
+    earlier_.resize(K);
+    for (std::size_t s = 0; s < K; ++s) {
+      const std::size_t d = schedule_.device_of_stage(s);
+      if (!is_local(backend_, d)) continue;
+      const std::size_t n = grads_[s].size();
+      earlier_[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
+      backend_.submit(d, {"set gradients aside", s},
+                      [n, g = grads_[s].data(), e = earlier_[s].data()](Kernels& k) {
+                        k.copy(n, g, e);
+                        k.fill(n, 0.0f, g);
+                      });
+    }
+  }
+  // After stage s's backward_weight is issued: its sum over the replicas starts after the last.
+  void after_backward_weight(std::size_t device, std::size_t s) {
+    if constexpr (data_parallel_backend<Backend>) {
+      if (weights_done_.empty() || ++weights_done_[s] != step_->split.micro_batches) return;
+      backend_.start_reduction(device, {"sum gradients over replicas", s});
+    }
+  }
+  // After the sums: the gradients set aside before the step, added back.
+  void add_back_earlier_gradients() {
+    if (earlier_.empty()) return;
+    for (std::size_t s = 0; s < K; ++s) {
+      if (earlier_[s].size() == 0) continue;
+      backend_.submit(schedule_.device_of_stage(s), {"add earlier gradients", s},
+                      [n = grads_[s].size(), g = grads_[s].data(),
+                       e = earlier_[s].data()](Kernels& k) { k.accumulate(n, e, g); });
+    }
+    backend_.synchronize();
   }
 
   // Issuing the step threw: cancels what was issued, then `cleanup()`, then rethrows; with
@@ -270,8 +335,9 @@ class Executor {
         return visit_stage<K>(
             s, [&](auto S) { submit_backward_input<decltype(S)::value>(device, label, mb); });
       case OpKind::backward_weight:
-        return visit_stage<K>(
+        visit_stage<K>(
             s, [&](auto S) { submit_backward_weight<decltype(S)::value>(device, label, mb); });
+        return after_backward_weight(device, s);
       case OpKind::send_activation:
         return backend_.record(device, slot(s, mb).activation_ready);
       case OpKind::send_gradient:
@@ -436,6 +502,8 @@ class Executor {
   const Step* step_ = nullptr;
   std::vector<Slot> slots_;
   Buffer<float> loss_;
+  std::vector<Buffer<float>> earlier_;     // per stage: gradients set aside (data parallel)
+  std::vector<std::size_t> weights_done_;  // per stage: backward_weight ops issued
 };
 
 }  // namespace gpipe::detail

@@ -315,13 +315,16 @@ class Trainer {
     // A tied pair holds the same gradient sum; the follower's copy restarts from 0 so that the
     // sum after the step counts every earlier step once.
     for (const auto& tie : ties_) fill(grads_, *tie.first, 0.0f);
-    std::vector<Buffer<float>> earlier = set_aside_gradients(replicas);
     take_timing();  // start this step's count afresh
     const MicroBatchSplit split{mine, options_.micro_batches, tokens_per_sample};
-    const double total = executor.run(
-        {.x = my_x, .y = my_y, .split = split, .remat = options_.remat, .loss_rows = rows});
+    // with replicas, each stage's gradients are summed over them during the step
+    const double total = executor.run({.x = my_x,
+                                       .y = my_y,
+                                       .split = split,
+                                       .remat = options_.remat,
+                                       .loss_rows = rows,
+                                       .sum_over_replicas = replicas > 1});
     last_step_ = measure_step(take_timing());
-    sum_over_replicas(earlier);
     sum_tied_gradients();
     float loss = static_cast<float>(total / Loss::normalizer(rows, out));
     // the last stage's process has its replica's part; the replicas' parts add up
@@ -329,44 +332,6 @@ class Trainer {
     if constexpr (data_parallel_backend<Backend>)
       if (replicas > 1) backend_.allreduce_sum(std::span<float>(&loss, 1));
     return loss;
-  }
-
-  // With several replicas each step's gradients are summed over them, and only the step's: the
-  // gradients accumulated before it (equal on every replica) wait here meanwhile, and the step
-  // starts from zero. Returns them (empty with one replica).
-  std::vector<Buffer<float>> set_aside_gradients(std::size_t replicas) {
-    std::vector<Buffer<float>> earlier(num_stages);
-    if (replicas == 1) return earlier;
-    for (std::size_t s = 0; s < num_stages; ++s) {
-      if (!local(s)) continue;
-      const std::size_t d = device_of_stage(s), n = grads_[s].size();
-      earlier[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
-      backend_.submit(d, {"set gradients aside", s},
-                      [n, g = grads_[s].data(), e = earlier[s].data()](auto& k) {
-                        k.copy(n, g, e);
-                        k.fill(n, 0.0f, g);
-                      });
-    }
-    // a tie's follower restarts from 0 (see above): nothing of it waits
-    for (const auto& tie : ties_) fill(earlier, *tie.first, 0.0f);
-    backend_.synchronize();
-    return earlier;
-  }
-  // The step's gradients summed over the replicas, plus what was set aside before it.
-  void sum_over_replicas(std::vector<Buffer<float>>& earlier) {
-    if constexpr (data_parallel_backend<Backend>) {
-      if (detail::replicas_of(backend_) == 1) return;
-      for (std::size_t s = 0; s < num_stages; ++s) {
-        if (!local(s)) continue;
-        backend_.allreduce_sum(std::span<float>(grads_[s].data(), grads_[s].size()));
-        backend_.submit(device_of_stage(s), {"add earlier gradients", s},
-                        [n = grads_[s].size(), g = grads_[s].data(),
-                         e = earlier[s].data()](auto& k) { k.accumulate(n, e, g); });
-      }
-      backend_.synchronize();
-    } else {
-      (void)earlier;
-    }
   }
 
   std::vector<float> run_predict(std::span<const float> x, std::size_t rows) {

@@ -2,8 +2,8 @@
 // gpipe::mpi::Backend: one host device per MPI rank. With R = Options::data_parallel replicas
 // of a K-device pipeline (world size R K), rank r is device r % K of replica r / K, so stage s
 // runs on the ranks with r % K == s % K; the Trainer, the schedules and the model types are the
-// ones of one process. Replica i takes its share of the mini-batch, and the gradients are
-// summed over the replicas after each step (allreduce_sum). Each rank issues only its own device's
+// ones of one process. Replica i takes its share of the mini-batch, and each stage's gradients
+// are summed over the replicas during the step (below). Each rank issues only its own device's
 // ops; activations and gradients cross between ranks as MPI point-to-point messages:
 //   send     MPI_Isend from the sender's output buffer, on its device's worker; the buffer stays
 //            with the pending send and is freed on the sender once the send completes (checked
@@ -27,8 +27,11 @@
 // Time: every rank's traces and timings count from one origin (align_clocks); take_trace()
 // merges all ranks' work into one trace and take_timing() gives every rank the whole
 // pipeline's timing (both collective), so a Trainer's last_step() is the pipeline's.
-// Not yet (see the README's "Many processes"): the gradient sum overlapped with the step (it
-// runs after it), parameter() of a stage on another rank, ties across ranks.
+// Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
+// as its stage's last backward is done (expect_reductions, start_reduction) and end in
+// finish_step.
+// Not yet (see the README's "Many processes"): parameter() of a stage on another rank, ties
+// across ranks.
 
 #include <mpi.h>
 
@@ -222,6 +225,27 @@ class Backend {
                       "MPI_Allreduce");
   }
 
+  // The step's gradient sums over the replicas, overlapped with the step: `values` (memory of
+  // this rank's device) in the order start_reduction will start them. Each is an
+  // MPI_Iallreduce over the replicas, started on the device's worker once its stage's last
+  // backward is done and completed by finish_step. A collective cannot be cancelled, so after a
+  // failure finish_step (or abort_step) starts the sums not yet started, on whatever the arrays
+  // hold: every rank starts the same ones, in the same order, every step.
+  void expect_reductions(std::vector<std::span<float>> values) {
+    std::lock_guard lock(mu_);
+    detail::require(reductions_started_ == reductions_.size(),
+                    "mpi::Backend: a step's gradient sums are still open");
+    reductions_ = std::move(values);
+    reductions_started_ = 0;
+    reduction_requests_.clear();
+  }
+  void start_reduction(std::size_t device, WorkLabel label) {
+    submit(device, label, [this](Kernels&) {
+      std::lock_guard lock(mu_);
+      start_next_reduction();
+    });
+  }
+
   // Traces and timings count microseconds from one origin on every rank (see align_clocks).
   void set_tracing(bool on) { local_.set_tracing(on); }
   // Collective over the world: every rank gets the work of every rank since the last call, one
@@ -285,6 +309,11 @@ class Backend {
     } catch (...) {
       message = message_of(std::current_exception());
     }
+    try {
+      complete_reductions();
+    } catch (...) {
+      if (message.empty()) message = message_of(std::current_exception());
+    }
     agree(std::move(message));
   }
   // Collective, instead of finish_step, when issuing this rank's part of a step failed before
@@ -294,6 +323,7 @@ class Backend {
     announce_failure();
     try {
       cancel();
+      complete_reductions();
     } catch (...) {  // the failure to report is `failure`
     }
     agree(message_of(failure));
@@ -576,6 +606,32 @@ class Backend {
                     "a message of " + std::to_string(n) + " floats exceeds MPI's int count");
     return static_cast<int>(n);
   }
+  // Starts the next expected gradient sum, if any is left; called with mu_ held.
+  void start_next_reduction() {
+    if (reductions_started_ == reductions_.size()) return;
+    const std::span<float> values = reductions_[reductions_started_++];
+    MPI_Request request = MPI_REQUEST_NULL;
+    detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data(), count_of(values.size()),
+                                     MPI_FLOAT, MPI_SUM, replicas_comm_, &request),
+                      "MPI_Iallreduce");
+    reduction_requests_.push_back(request);
+  }
+  // Between steps (the worker idle): starts the expected sums not started, then waits for all.
+  // Every rank of the replicas' communicator starts the same sums (see expect_reductions), so
+  // the wait ends unless a rank died, which ends the job.
+  void complete_reductions() {
+    std::lock_guard lock(mu_);
+    while (reductions_started_ < reductions_.size()) start_next_reduction();
+    std::vector<MPI_Request> requests = std::move(reduction_requests_);
+    reduction_requests_.clear();
+    reductions_.clear();
+    reductions_started_ = 0;
+    if (requests.empty()) return;
+    detail::check_mpi(
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall");
+  }
+
   // Frees the buffers of sends that have completed; called with mu_ held.
   void release_completed_sends() {
     for (std::size_t i = 0; i < pending_.size();) {
@@ -627,6 +683,9 @@ class Backend {
   std::vector<Buffer<float>> abandoned_;       // buffers of sends let go after a failure
   std::mutex mu_;
   std::vector<Pending> pending_;
+  std::vector<std::span<float>> reductions_;  // this step's gradient sums (expect_reductions)
+  std::size_t reductions_started_ = 0;
+  std::vector<MPI_Request> reduction_requests_;
   host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_
 };
 
