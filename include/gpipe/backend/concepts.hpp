@@ -28,6 +28,8 @@
 //                            floats from `peer`, allocated there as `kind`
 //     broadcast(d, values)   collective, between steps: every process of the pipeline gets d's
 //                            values
+//     exchange(d, mine, theirs)  between steps, with device d's process (which calls it with
+//                            this one's device): sends mine, receives theirs
 //     finish_step()          collective, ends a step (instead of synchronize): the processes
 //                            agree whether any failed, and all throw the same Error if one did
 //     abort_step(failure)    collective, ends a step whose issuing threw `failure` on this
@@ -104,6 +106,7 @@ concept multi_process_backend = backend<B> &&
   b.send(device, label, device, device, buffer);
   b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
   b.broadcast(device, values);
+  b.exchange(device, std::span<const float>(values), values);
   b.finish_step();
   b.abort_step(std::exception_ptr{});
   { cb.rank() } -> std::convertible_to<std::size_t>;

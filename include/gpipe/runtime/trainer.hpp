@@ -235,15 +235,21 @@ class Trainer {
   // process's stage is an Error naming its owner).
   std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
   std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
-  // Sets a parameter; for a tied one, the tensor it shares with its partner.
+  // Sets a parameter; for a tied one, the tensor it shares with its partner. With several
+  // processes, a parameter of another process's stage is an Error; for a tied pair on two
+  // processes both call it (the leader's writes, the follower's receives).
   void set_parameter(std::string_view name, std::span<const float> values) {
     const ParameterInfo& info = find(name);
     detail::require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
                                                     std::to_string(info.size) + " elements, got " +
                                                     std::to_string(values.size()));
-    write(params_, *leader_of(info), values);
+    const auto* tie = tie_of(info);
+    const ParameterInfo& leader = *leader_of(info);
+    // a pair on two processes: both call it, the leader's writes (the follower's needs no check)
+    if (tie == nullptr || local(leader.stage) || !local(tie->first->stage))
+      write(params_, leader, values);
     backend_.synchronize();
-    sync_tied_parameters();
+    if (tie != nullptr) sync_tie(*tie);
   }
 
   // Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
@@ -314,7 +320,8 @@ class Trainer {
                                                     grads_);
     // A tied pair holds the same gradient sum; the follower's copy restarts from 0 so that the
     // sum after the step counts every earlier step once.
-    for (const auto& tie : ties_) fill(grads_, *tie.first, 0.0f);
+    for (const auto& tie : ties_)
+      if (local(tie.first->stage)) fill(grads_, *tie.first, 0.0f);
     take_timing();  // start this step's count afresh
     const MicroBatchSplit split{mine, options_.micro_batches, tokens_per_sample};
     // with replicas, each stage's gradients are summed over them during the step
@@ -497,13 +504,7 @@ class Trainer {
                             "chains of ties are not supported: tie every parameter to the "
                             "same one");
       }
-      detail::require(local(follower.stage) == local(leader.stage),
-                      what + "the two are in different processes (stages " +
-                          std::to_string(follower.stage) + " and " + std::to_string(leader.stage) +
-                          "); ties across processes are not "
-                          "supported yet");
-      if (!local(follower.stage)) continue;  // both elsewhere: that process keeps them equal
-      ties_.emplace_back(&follower, &leader);
+      ties_.emplace_back(&follower, &leader);  // on every process: files name the tensor once
     }
   }
   // The parameter that holds info's values in files: its tie partner, or itself.
@@ -512,22 +513,59 @@ class Trainer {
       if (follower == &info) return leader;
     return &info;
   }
+  // The follower <- the leader's values. A pair on two processes exchanges them; a pair on
+  // neither is that process's business.
   void sync_tied_parameters() {
-    for (const auto& [follower, leader] : ties_) {
-      const std::vector<float> values = read(params_, *leader);
+    for (const auto& tie : ties_) sync_tie(tie);
+  }
+  void sync_tie(const std::pair<const ParameterInfo*, const ParameterInfo*>& tie) {
+    const auto& [follower, leader] = tie;
+    const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
+    std::vector<float> values;  // outlives the copy that write() issues
+    if (has_follower && has_leader) {
+      values = read(params_, *leader);
       write(params_, *follower, values);
+    } else if (has_leader) {
+      values = read(params_, *leader);
+      exchange_with(follower->stage, values, {});
+    } else if (has_follower) {
+      values.resize(follower->size);
+      exchange_with(leader->stage, {}, values);
+      write(params_, *follower, values);
+    }
+    backend_.synchronize();
+  }
+  // Both tensors <- the sum of both gradients (leader + follower, in that order: one process and
+  // several give the same bits).
+  void sum_tied_gradients() {
+    for (const auto& [follower, leader] : ties_) {
+      const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
+      if (!has_follower && !has_leader) continue;
+      std::vector<float> total(leader->size), other(follower->size);
+      if (has_leader) total = read(grads_, *leader);
+      if (has_follower) other = read(grads_, *follower);
+      if (!has_follower) exchange_with(follower->stage, total, other);
+      if (!has_leader) exchange_with(leader->stage, other, total);
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
+      if (has_leader) write(grads_, *leader, total);
+      if (has_follower) write(grads_, *follower, total);
       backend_.synchronize();
     }
   }
-  void sum_tied_gradients() {
-    for (const auto& [follower, leader] : ties_) {
-      std::vector<float> total = read(grads_, *leader);
-      const std::vector<float> other = read(grads_, *follower);
-      for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
-      write(grads_, *leader, total);
-      write(grads_, *follower, total);
-      backend_.synchronize();
+  // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
+  void exchange_with(std::size_t stage, std::span<const float> mine, std::span<float> theirs) {
+    if constexpr (multi_process_backend<Backend>) {
+      backend_.exchange(device_of_stage(stage), mine, theirs);
+    } else {
+      (void)stage, (void)mine, (void)theirs;  // one process: every stage is local
     }
+  }
+  // The tie that `info` belongs to, either side (nullptr if none).
+  const std::pair<const ParameterInfo*, const ParameterInfo*>* tie_of(
+      const ParameterInfo& info) const {
+    for (const auto& tie : ties_)
+      if (tie.first == &info || tie.second == &info) return &tie;
+    return nullptr;
   }
   void fill(std::vector<Buffer<float>>& where, const ParameterInfo& info, float value) {
     require_local(info);

@@ -30,8 +30,8 @@
 // Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
 // as its stage's last backward is done (expect_reductions, start_reduction) and end in
 // finish_step.
-// Not yet (see the README's "Many processes"): parameter() of a stage on another rank, ties
-// across ranks.
+// Tied parameters on two ranks are kept equal and their gradients summed with exchange().
+// Not yet (see the README's "Many processes"): NCCL between GPUs.
 
 #include <mpi.h>
 
@@ -216,6 +216,24 @@ class Backend {
                                 static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
   }
+  // Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
+  // sends `mine` and receives `theirs` (either may be empty; the sizes must match the peer's).
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
+    check_peer(peer, 0);
+    MPI_Status status;
+    detail::check_mpi(
+        MPI_Sendrecv(mine.data(), count_of(mine.size()), MPI_FLOAT, static_cast<int>(peer), 0,
+                     theirs.data(), count_of(theirs.size()), MPI_FLOAT, static_cast<int>(peer), 0,
+                     exchange_comm_, &status),
+        "MPI_Sendrecv");
+    int received = 0;
+    MPI_Get_count(&status, MPI_FLOAT, &received);
+    detail::require(static_cast<std::size_t>(received) == theirs.size(),
+                    "rank " + std::to_string(rank_) + " expected " + std::to_string(theirs.size()) +
+                        " floats from device " + std::to_string(peer) + " in an exchange, got " +
+                        std::to_string(received));
+  }
+
   // Collective over the replicas (the ranks of the same device in every replica), between
   // steps: values <- their sum over the replicas, in place. values is host memory or memory of
   // this rank's device (the same thing here).
@@ -577,10 +595,11 @@ class Backend {
         "MPI_Comm_split");
     pipeline_ = pipeline;
     replicas_comm_ = replicas;
+    detail::check_mpi(MPI_Comm_dup(pipeline_, &exchange_comm_), "MPI_Comm_dup");
     align_clocks();
   }
   void free_communicators() {
-    for (MPI_Comm* c : {&pipeline_, &replicas_comm_})
+    for (MPI_Comm* c : {&pipeline_, &replicas_comm_, &exchange_comm_})
       if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
   }
 
@@ -670,6 +689,7 @@ class Backend {
   MPI_Comm comm_;
   MPI_Comm pipeline_ = MPI_COMM_NULL;       // this replica's ranks; rank = device
   MPI_Comm replicas_comm_ = MPI_COMM_NULL;  // this device's rank in every replica
+  MPI_Comm exchange_comm_ = MPI_COMM_NULL;  // pipeline_'s ranks, for exchange() between steps
   std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
   std::size_t replicas_ = 1, devices_ = 1, replica_ = 0, device_ = 0;
   std::chrono::seconds peer_timeout_{600};
