@@ -111,6 +111,25 @@ void check_against_one_process(mpi::Backend& backend) {
   }
 }
 
+// Two steps without zero_grad (gradients accumulate over both): the losses and this rank's
+// gradients as one process's on the whole batch, to float rounding (a data-parallel step sums
+// over the replicas in another order).
+template <class Trainer, class Reference>
+void check_two_steps(const mpi::Backend& backend, Trainer& trainer, Reference& reference,
+                     const std::vector<float>& x, const std::vector<std::int32_t>& y) {
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const float loss = trainer.forward_backward(x, y);
+    const float expected = reference.forward_backward(x, y);
+    CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
+  }
+  for (const ParameterInfo& info : trainer.parameter_info()) {
+    if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
+    CAPTURE(info.name);
+    CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
+  }
+}
+
 template <class Model, class Kind>
 void check_data_parallel(std::size_t replicas) {
   using Loss = SoftmaxCrossEntropy;
@@ -133,17 +152,7 @@ void check_data_parallel(std::size_t replicas) {
           one_process, {.micro_batches = m, .remat = remat, .seed = seed});
       Trainer<Model, Loss, mpi::Backend, Kind> trainer(
           backend, {.micro_batches = m, .remat = remat, .seed = seed});
-      for (int step = 0; step < 2; ++step) {  // gradients accumulate over both
-        CAPTURE(step);
-        const float loss = trainer.forward_backward(x, y);
-        const float expected = reference.forward_backward(x, y);
-        CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
-      }
-      for (const ParameterInfo& info : trainer.parameter_info()) {
-        if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
-        CAPTURE(info.name);
-        CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
-      }
+      check_two_steps(backend, trainer, reference, x, y);
       const optim::SGD sgd({.lr = 0.1});
       trainer.step(sgd);
       reference.step(sgd);
@@ -417,16 +426,7 @@ TEST_CASE("a failed data-parallel step leaves the gradient sums in step: the nex
     CHECK(message.starts_with("gpipe: rank 3 failed: stage 1 (device 1), micro-batch 2, "));
     // Gradients after a failed step are unspecified; from zero, two steps equal one process's.
     trainer.zero_grad();
-    for (int step = 0; step < 2; ++step) {
-      const float loss = trainer.forward_backward(x, y);
-      const float expected = reference.forward_backward(x, y);
-      CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
-    }
-    for (const ParameterInfo& info : trainer.parameter_info()) {
-      if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
-      CAPTURE(info.name);
-      CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
-    }
+    check_two_steps(backend, trainer, reference, x, y);
   }
 }
 
