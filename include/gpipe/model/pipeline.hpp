@@ -22,18 +22,19 @@
 namespace gpipe {
 namespace detail {
 
-template <std::size_t N, std::size_t T, class... Stages>
+// Stage I onwards, N features coming into stage I.
+template <std::size_t N, std::size_t T, std::size_t I, class... Stages>
 struct bind_stages;
-template <std::size_t N, std::size_t T>
-struct bind_stages<N, T> {
+template <std::size_t N, std::size_t T, std::size_t I>
+struct bind_stages<N, T, I> {
   using type = std::tuple<>;
 };
-template <std::size_t N, std::size_t T, class S, class... Rest>
-struct bind_stages<N, T, S, Rest...> {
-  using head = typename S::template bound<N, T>;
+template <std::size_t N, std::size_t T, std::size_t I, class S, class... Rest>
+struct bind_stages<N, T, I, S, Rest...> {
+  using head = typename S::template bound<N, T, I>;
   using type = decltype(std::tuple_cat(
       std::declval<std::tuple<head>>(),
-      std::declval<typename bind_stages<head::out_features, T, Rest...>::type>()));
+      std::declval<typename bind_stages<head::out_features, T, I + 1, Rest...>::type>()));
 };
 
 }  // namespace detail
@@ -72,7 +73,7 @@ struct Pipeline {
   }();
 
   using stages = typename detail::bind_stages<first_stage::natural_in_features,
-                                              first_stage::tokens_per_sample, Stages...>::type;
+                                              first_stage::tokens_per_sample, 0, Stages...>::type;
   template <std::size_t S>
   using stage_t = std::tuple_element_t<S, stages>;
 

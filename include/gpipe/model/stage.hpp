@@ -28,8 +28,9 @@ struct Stage {
   // T that the stage's first layer fixes (an Embedding's), 0 if none.
   static constexpr std::size_t tokens_per_sample = detail::tokens_per_sample_v<first_layer>;
 
-  template <std::size_t N, std::size_t T = 0>
-  using bound = detail::bind_chain_t<N, T, Layers...>;
+  // (S: the stage's index in its Pipeline, for errors; detail::no_stage outside one)
+  template <std::size_t N, std::size_t T = 0, std::size_t S = detail::no_stage>
+  using bound = detail::bind_chain_at_t<N, T, S, Layers...>;
 };
 
 namespace detail {

@@ -4,7 +4,8 @@
 // bind_chain_t<N, T, Ls...>: binds each layer spec to the width produced by the one before it
 //   (N for the first) and to the model's tokens per sample T (0: not a token model), and checks
 //   that consecutive widths agree and that every layer that fixes T fixes the model's, naming
-//   both values when they do not.
+//   both values when they do not. bind_chain_at_t<N, T, S, Ls...> does the same for stage S of
+//   a Pipeline, and a width that does not fit also names the stage and the layer's position.
 // Chain<Bs...> over bound layers is itself a layer:
 //   forward:  a_0 = x, a_{i+1} = L_i(a_i), y = a_n; a_1..a_{n-1} and every L_i's stash are kept
 //             in the chain's stash, each tensor contiguous (rows, width);
@@ -30,19 +31,24 @@ template <class... Ts>
 struct type_list {};
 
 // Shows up in the compiler's message as
-// feature_chain_check<out_features<A>, in_features<B>>: a layer or stage produces A features but
-// the next one takes B.
+// feature_chain_check<out_features<A>, in_features<B>, at_stage_layer<S, P>>: A features come
+// into layer P (counted from 0) of stage S, which takes B; a chain outside a Pipeline's stages
+// (the body of a Residual, a Checkpoint or a TransformerBlock) is `in_a_block` instead.
 template <std::size_t N>
 struct out_features {};
 template <std::size_t N>
 struct in_features {};
-template <class Out, class In>
+template <std::size_t S, std::size_t P>
+struct at_stage_layer {};
+struct in_a_block {};
+template <class Out, class In, class Where = in_a_block>
 struct feature_chain_check;
-template <std::size_t A, std::size_t B>
-struct feature_chain_check<out_features<A>, in_features<B>> {
+template <std::size_t A, std::size_t B, class Where>
+struct feature_chain_check<out_features<A>, in_features<B>, Where> {
   static_assert(A == B,
-                "gpipe: feature chain mismatch: the output size of a layer or stage differs from "
-                "the input size of the next one (both are named in feature_chain_check<...>)");
+                "gpipe: feature chain mismatch: a layer takes another width than the layer or "
+                "stage before it produces (feature_chain_check<out_features<produced>, "
+                "in_features<taken>, at_stage_layer<stage, layer>> names both and where)");
   static constexpr bool value = A == B;
 };
 
@@ -90,30 +96,31 @@ constexpr bool tokens_agree() {
     return token_count_check<model_tokens<T>, layer_tokens<tokens_per_sample_v<L>>>::value;
 }
 
-// bound_layer_t<L, N, T>: the concrete layer for spec L when N features come in, in a model of
-// T tokens per sample.
-template <class L, std::size_t N, std::size_t T>
+// bound_layer_t<L, N, T, Where>: the concrete layer for spec L when N features come in, in a
+// model of T tokens per sample; Where names its place in errors.
+template <class L, std::size_t N, std::size_t T, class Where = in_a_block>
 struct bound_layer {
-  static_assert(feature_chain_check<out_features<N>, in_features<L::in_features>>::value);
+  static_assert(feature_chain_check<out_features<N>, in_features<L::in_features>, Where>::value);
   static_assert(tokens_agree<L, T>());
   using type = L;
 };
-template <width_generic_layer L, std::size_t N, std::size_t T>
-struct bound_layer<L, N, T> {
+template <width_generic_layer L, std::size_t N, std::size_t T, class Where>
+struct bound_layer<L, N, T, Where> {
   using type = typename L::template with_features<N>;
 };
-template <width_generic_layer L, std::size_t N, std::size_t T>
+template <width_generic_layer L, std::size_t N, std::size_t T, class Where>
 requires requires { typename L::template with_shape<N, T>; }
-struct bound_layer<L, N, T> {
+struct bound_layer<L, N, T, Where> {
   using type = typename L::template with_shape<N, T>;
 };
-template <sequence_layer L, std::size_t N, std::size_t T>
-struct bound_layer<L, N, T> {
+template <sequence_layer L, std::size_t N, std::size_t T, class Where>
+struct bound_layer<L, N, T, Where> {
   static_assert(sequence_layer_needs_tokens<L, T>::value);
-  using type = typename bound_layer<typename L::template with_tokens<(T > 0 ? T : 1)>, N, T>::type;
+  using type =
+      typename bound_layer<typename L::template with_tokens<(T > 0 ? T : 1)>, N, T, Where>::type;
 };
-template <class L, std::size_t N, std::size_t T>
-using bound_layer_t = typename bound_layer<L, N, T>::type;
+template <class L, std::size_t N, std::size_t T, class Where = in_a_block>
+using bound_layer_t = typename bound_layer<L, N, T, Where>::type;
 
 // natural_in_features_v<L>: the width L takes on its own (0 if only its predecessor can tell).
 template <class L>
@@ -128,26 +135,36 @@ constexpr std::size_t natural_in_features_v<L> = L::natural_in_features;
 template <class... Bs>
 struct Chain;
 
-template <std::size_t N, std::size_t T, class... Ls>
+// Stage: the stage index S, or `no_stage` for a chain outside a Pipeline's stages; P: the
+// position of the first layer of Ls.
+inline constexpr std::size_t no_stage = static_cast<std::size_t>(-1);
+template <std::size_t S, std::size_t P>
+using where_t = std::conditional_t<S == no_stage, in_a_block, at_stage_layer<S, P>>;
+
+template <std::size_t N, std::size_t T, std::size_t S, std::size_t P, class... Ls>
 struct bind_chain;
-template <std::size_t N, std::size_t T>
-struct bind_chain<N, T> {
+template <std::size_t N, std::size_t T, std::size_t S, std::size_t P>
+struct bind_chain<N, T, S, P> {
   using type = Chain<>;
 };
-template <std::size_t N, std::size_t T, class L, class... Rest>
-struct bind_chain<N, T, L, Rest...> {
-  using head = bound_layer_t<L, N, T>;
+template <std::size_t N, std::size_t T, std::size_t S, std::size_t P, class L, class... Rest>
+struct bind_chain<N, T, S, P, L, Rest...> {
+  using head = bound_layer_t<L, N, T, where_t<S, P>>;
   template <class C>
   struct prepend;
   template <class... Bs>
   struct prepend<Chain<Bs...>> {
     using type = Chain<head, Bs...>;
   };
-  using type = typename prepend<typename bind_chain<head::out_features, T, Rest...>::type>::type;
+  using type =
+      typename prepend<typename bind_chain<head::out_features, T, S, P + 1, Rest...>::type>::type;
 };
 // bind_chain_t<N, T, L0, L1, ...> = Chain<L0 at N, L1 at L0's out, ...>, all at T tokens
 template <std::size_t N, std::size_t T, class... Ls>
-using bind_chain_t = typename bind_chain<N, T, Ls...>::type;
+using bind_chain_t = typename bind_chain<N, T, no_stage, 0, Ls...>::type;
+// the same for stage S of a Pipeline (errors name the stage and the layer)
+template <std::size_t N, std::size_t T, std::size_t S, class... Ls>
+using bind_chain_at_t = typename bind_chain<N, T, S, 0, Ls...>::type;
 
 // is_transparent_v<L>: L is a wrapper whose parameters keep the sequential indices of the layers
 // it wraps (param_specs() paths already start with those relative indices), e.g. Checkpoint.
