@@ -1,8 +1,10 @@
-// expect: layer_spec<Layers>.*NotALayer|NotALayer' does not satisfy 'layer_spec'
-// A Stage accepts only layers (gpipe::layer) and width-generic layers: a type that is neither is
-// rejected by the gpipe::layer_spec constraint where the Stage is named, not deep inside it.
+// expect: not a layer: it needs static constexpr std::size_t in_features and out_features
+// A Stage accepts only layers (gpipe::layer), width-generic and sequence layers: a type that is
+// none of them is rejected where the Stage is named, with what it lacks (in_features and
+// out_features), not deep inside the pipeline.
 #include <gpipe/model.hpp>
 
 struct NotALayer {};
 
-using Bad = gpipe::Stage<gpipe::Linear<4, 4>, NotALayer>;
+using Bad = gpipe::Pipeline<gpipe::Stage<gpipe::Linear<4, 4>, NotALayer>>;
+static_assert(Bad::num_stages == 1);

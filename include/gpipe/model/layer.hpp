@@ -182,6 +182,77 @@ concept sequence_layer = requires {
 template <class L>
 concept layer_spec = layer<L> || width_generic_layer<L> || sequence_layer<L>;
 
+namespace detail {
+
+// explain_layer_spec<L>(): true for a layer_spec; otherwise a static_assert that names the first
+// piece L lacks (a Stage checks each of its layers with it, so that the error says what to add).
+template <class L>
+constexpr bool explain_layer_spec() {
+  if constexpr (layer_spec<L>) {
+    return true;
+  } else if constexpr (
+      requires { typename L::width_generic; } || requires { typename L::sequence_generic; }) {
+    static_assert(
+        requires {
+          { L::natural_in_features } -> std::convertible_to<std::size_t>;
+        },
+        "gpipe: a width-generic or sequence layer needs static constexpr std::size_t "
+        "natural_in_features (0 when only the layer before it can tell)");
+    return false;
+  } else if constexpr (!requires {
+                         { L::in_features } -> std::convertible_to<std::size_t>;
+                         { L::out_features } -> std::convertible_to<std::size_t>;
+                       }) {
+    static_assert(
+        requires {
+          { L::in_features } -> std::convertible_to<std::size_t>;
+          { L::out_features } -> std::convertible_to<std::size_t>;
+        },
+        "gpipe: not a layer: it needs static constexpr std::size_t in_features and "
+        "out_features (or `using width_generic = void` and natural_in_features for a layer that "
+        "takes its width from the one before it); see gpipe/model/layer.hpp");
+    return false;
+  } else if constexpr (!has_features<L>) {
+    static_assert(has_features<L>, "gpipe: a layer's in_features and out_features must be > 0");
+    return false;
+  } else if constexpr (!requires {
+                         { L::num_params } -> std::convertible_to<std::size_t>;
+                       }) {
+    static_assert(
+        requires { L::num_params; },
+        "gpipe: a layer needs static constexpr std::size_t num_params (derive from "
+        "gpipe::ParameterFree for a layer without parameters)");
+    return false;
+  } else if constexpr (!requires { L::param_specs(); }) {
+    static_assert(
+        requires { L::param_specs(); },
+        "gpipe: a layer needs static param_specs() (its tensors' names and shapes; "
+        "gpipe::ParameterFree gives an empty one)");
+    return false;
+  } else if constexpr (!requires(std::span<float> p, Rng & rng) { L::init(p, rng); }) {
+    static_assert(
+        requires(std::span<float> p, Rng & rng) { L::init(p, rng); },
+        "gpipe: a layer needs static init(std::span<float> params, gpipe::Rng&)");
+    return false;
+  } else if constexpr (!requires {
+                         { L::stash_per_row } -> std::convertible_to<std::size_t>;
+                       }) {
+    static_assert(
+        requires { L::stash_per_row; },
+        "gpipe: a layer needs static constexpr std::size_t stash_per_row (floats per "
+        "row its forward keeps for its backward; 0 for none)");
+    return false;
+  } else {
+    static_assert(
+        requires { L::grad_stash_per_row; },
+        "gpipe: a layer needs static constexpr std::size_t grad_stash_per_row (floats "
+        "per row its backward_input keeps for its backward_weight; 0 for none)");
+    return false;
+  }
+}
+
+}  // namespace detail
+
 // Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
 struct ParameterFree {
   static constexpr std::size_t num_params = 0;

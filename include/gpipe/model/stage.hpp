@@ -14,9 +14,13 @@
 
 namespace gpipe {
 
-template <layer_spec... Layers>
+// (Layers is not constrained by layer_spec: the body's static_assert names what a layer lacks.)
+template <class... Layers>
 struct Stage {
   static_assert(sizeof...(Layers) > 0, "gpipe: a Stage needs at least one layer");
+  static_assert((detail::explain_layer_spec<Layers>() && ...),
+                "gpipe: every layer of a Stage must be a layer_spec (the error above names what "
+                "it lacks)");
 
   // Entries of nn.Sequential (a Checkpoint counts the layers it wraps).
   static constexpr std::size_t num_layers = (std::size_t{0} + ... + sequential_size_v<Layers>);
