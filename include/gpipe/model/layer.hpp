@@ -251,6 +251,39 @@ constexpr bool explain_layer_spec() {
   }
 }
 
+// explain_layer_for<L, Ctx>(): true when L's operations can run with the kernel context Ctx;
+// otherwise a static_assert that names the first one that cannot (a Trainer checks every layer
+// of its model against its backend's context with it).
+template <class L, class Ctx>
+constexpr bool explain_layer_for() {
+  using T = typename Ctx::value_type;
+  if constexpr (layer_for<L, Ctx>) {
+    return true;
+  } else if constexpr (!requires(Ctx & c, const ForwardArgs<T>& a) { L::forward(c, a); }) {
+    static_assert(
+        requires(Ctx & c, const ForwardArgs<T>& a) { L::forward(c, a); },
+        "gpipe: a layer needs static forward(Ctx&, const ForwardArgs<T>&) callable with "
+        "this backend's kernel context (template <class Ctx> to run on every backend; "
+        "plain loops over the pointers run on the host backend only)");
+    return false;
+  } else if constexpr (!requires(Ctx & c, const BackwardInputArgs<T>& a) {
+                         L::backward_input(c, a);
+                       }) {
+    static_assert(
+        requires(Ctx & c, const BackwardInputArgs<T>& a) { L::backward_input(c, a); },
+        "gpipe: a layer needs static backward_input(Ctx&, const BackwardInputArgs<T>&) "
+        "callable with this backend's kernel context");
+    return false;
+  } else {
+    static_assert(
+        requires(Ctx & c, const BackwardWeightArgs<T>& a) { L::backward_weight(c, a); },
+        "gpipe: a layer needs static backward_weight(Ctx&, const BackwardWeightArgs<T>&) "
+        "callable with this backend's kernel context (gpipe::ParameterFree gives an "
+        "empty one)");
+    return false;
+  }
+}
+
 }  // namespace detail
 
 // Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.

@@ -50,8 +50,21 @@ struct Tie {
   std::string to;
 };
 
+namespace detail {
+// Whether every layer of every stage runs with the kernel context Ctx (see explain_layer_for).
+template <class Model, class Ctx, std::size_t... S>
+constexpr bool model_runs_on(std::index_sequence<S...>) {
+  return (Model::template stage_t<S>::template explain_runs_on<Ctx>() && ...);
+}
+}  // namespace detail
+
 template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe>
 class Trainer {
+  // Every layer of every stage runs on this backend (names the operation a layer lacks, here
+  // rather than deep inside the first forward_backward).
+  static_assert(detail::model_runs_on<Model, typename Backend::Kernels>(
+                    std::make_index_sequence<Model::num_stages>{}),
+                "gpipe: a layer of the model cannot run on this backend (named above)");
   static_assert(Model::num_stages % ScheduleKind::chunks_per_device == 0,
                 "gpipe: the schedule puts chunks_per_device stages on each device; the number of "
                 "stages must be a multiple of it");

@@ -196,6 +196,13 @@ struct Chain {
   static_assert(max_param_depth<Bs...>() < ParamSpec::max_depth,
                 "gpipe: composite layers are nested deeper than ParamSpec::max_depth allows");
 
+  // Whether every layer runs with the kernel context Ctx; a static_assert naming what one lacks
+  // otherwise (detail::explain_layer_for).
+  template <class Ctx>
+  static constexpr bool explain_runs_on() {
+    return (explain_layer_for<Bs, Ctx>() && ...);
+  }
+
   static constexpr std::size_t size = sizeof...(Bs);
   static constexpr std::array<std::size_t, size> ins{Bs::in_features...};
   static constexpr std::array<std::size_t, size> outs{Bs::out_features...};
