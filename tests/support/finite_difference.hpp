@@ -1,170 +1,21 @@
 #pragma once
-// Finite-difference checks of a layer's two backward ops in double precision.
-//
-// A layer L is run on gpipe::host::Kernels<T> through LayerRun<L, T>, which owns every buffer the
-// layer asks for. Buffers the layer must write before anything reads them (y, stash, dx,
-// grad_stash) are NaN before each op, so a layer that reads a value it never wrote, or that
-// accumulates into dx, shows up as NaN. The checked scalar is
-//   f(x, params) = sum_i c_i y_i            so  df/dy = c,
-// and its central differences (f(v + eps e_k) - f(v - eps e_k)) / (2 eps) are compared with
-// backward_input's dx and backward_weight's grads.
+// Finite-difference checks of a layer's two backward ops in double precision: the installed
+// gpipe/testing/gradient_check.hpp (what users test their own layers with), under the tests'
+// namespace.
 
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <limits>
-#include <span>
-#include <vector>
-
-#include "gpipe/backend/host.hpp"
-#include "gpipe/model/layer.hpp"
+#include "gpipe/testing/gradient_check.hpp"
 #include "support/relative_error.hpp"
 
 namespace gpipe::test {
 
-template <class T>
-inline constexpr T nan_v = std::numeric_limits<T>::quiet_NaN();
-
-// One forward / backward_input / backward_weight of layer L over `rows` rows on Kernels<T>.
-// Set x, params (and dy before backward_input); grads start at zero and accumulate.
-template <layer L, class T>
-struct LayerRun {
-  explicit LayerRun(std::size_t rows_)
-      : rows(rows_),
-        x(rows * L::in_features),
-        params(L::num_params),
-        y(rows * L::out_features),
-        stash(rows * L::stash_per_row),
-        dy(rows * L::out_features),
-        dx(rows * L::in_features),
-        grad_stash(rows * L::grad_stash_per_row),
-        grads(L::num_params),
-        workspace(rows * workspace_per_row_v<L>) {}
-
-  std::size_t rows;
-  host::Kernels<T> ctx{};
-  std::vector<T> x;           // (rows, in_features)
-  std::vector<T> params;      // (num_params)
-  std::vector<T> y;           // (rows, out_features)
-  std::vector<T> stash;       // (rows, stash_per_row)
-  std::vector<T> dy;          // (rows, out_features)
-  std::vector<T> dx;          // (rows, in_features)
-  std::vector<T> grad_stash;  // (rows, grad_stash_per_row)
-  std::vector<T> grads;       // (num_params), accumulated from zero
-  std::vector<T> workspace;   // (rows, workspace_per_row), NaN before every op: scratch only
-
-  void forward() {
-    std::ranges::fill(y, nan_v<T>);
-    std::ranges::fill(stash, nan_v<T>);
-    std::ranges::fill(workspace, nan_v<T>);
-    L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data(),
-                                   workspace.data()});
-  }
-  void backward_input() {
-    std::ranges::fill(dx, nan_v<T>);
-    std::ranges::fill(grad_stash, nan_v<T>);
-    std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
-                                                stash.data(), grad_stash.data(), workspace.data()});
-  }
-  // backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
-  void backward_input_without_dx() {
-    std::ranges::fill(grad_stash, nan_v<T>);
-    std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(),
-                                                stash.data(), grad_stash.data(), workspace.data()});
-  }
-  void backward_weight() {
-    std::ranges::fill(workspace, nan_v<T>);
-    L::backward_weight(ctx,
-                       BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(), stash.data(),
-                                             grad_stash.data(), grads.data(), workspace.data()});
-  }
-  // forward, then both backward ops with the dy set.
-  void forward_backward() {
-    forward();
-    backward_input();
-    backward_weight();
-  }
-};
-
-// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double.
-template <layer L>
-double weighted_output(std::span<const double> x, std::span<const double> params,
-                       std::span<const double> c, std::size_t rows) {
-  LayerRun<L, double> run(rows);
-  std::ranges::copy(x, run.x.begin());
-  std::ranges::copy(params, run.params.begin());
-  run.forward();
-  long double sum = 0;
-  for (std::size_t i = 0; i < run.y.size(); ++i) sum += static_cast<long double>(c[i]) * run.y[i];
-  return static_cast<double>(sum);
-}
-
-// d f / d v_k ~ (f(v + eps e_k) - f(v - eps e_k)) / (2 eps) for every k; f takes the whole v.
-template <class F>
-std::vector<double> central_difference(F&& f, std::vector<double> v, double eps) {
-  std::vector<double> g(v.size());
-  for (std::size_t k = 0; k < v.size(); ++k) {
-    const double v0 = v[k];
-    v[k] = v0 + eps;
-    const double up = f(v);
-    v[k] = v0 - eps;
-    const double down = f(v);
-    v[k] = v0;
-    g[k] = (up - down) / (2 * eps);
-  }
-  return g;
-}
-
-// The errors of L's analytic gradients against central differences of f = sum c .* y.
-struct GradientCheck {
-  double dx_error;      // relative_error(dx, numeric d f / d x)
-  double params_error;  // relative_error(grads, numeric d f / d params); 0 without params
-  double max_dx;        // max |numeric d f / d x|, to see that the check is not vacuous
-  double max_grad;      // max |numeric d f / d params|
-};
-
-template <layer L>
-GradientCheck check_gradients(const std::vector<double>& x, const std::vector<double>& params,
-                              const std::vector<double>& c, std::size_t rows, double eps = 1e-6) {
-  LayerRun<L, double> run(rows);
-  run.x = x;
-  run.params = params;
-  run.dy = c;
-  run.forward_backward();
-
-  const auto numeric_dx = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(v, params, c, rows); }, x, eps);
-  const auto numeric_dp = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(x, v, c, rows); }, params, eps);
-  auto max_abs = [](const std::vector<double>& v) {
-    double m = 0;
-    for (double e : v) m = std::max(m, std::abs(e));
-    return m;
-  };
-  return {relative_error(run.dx, numeric_dx),
-          params.empty() ? 0.0 : relative_error(run.grads, numeric_dp), max_abs(numeric_dx),
-          max_abs(numeric_dp)};
-}
-
-// n values uniform in [lo, hi), drawn as float so that they are exact in double too.
-inline std::vector<double> uniform_values(Rng& rng, std::size_t n, float lo, float hi) {
-  std::vector<double> v(n);
-  for (double& e : v) e = rng.uniform(lo, hi);
-  return v;
-}
-
-// L's initial parameters (L::init) plus a uniform perturbation in [-spread, spread), so that
-// parameters initialized to constants (LayerNorm's 1 and 0) are not special; float-exact.
-template <layer L>
-std::vector<double> perturbed_params(Rng& rng, float spread = 0.5f) {
-  std::vector<float> p(L::num_params);
-  L::init(p, rng);
-  std::vector<double> out(L::num_params);
-  for (std::size_t k = 0; k < p.size(); ++k) out[k] = p[k] + rng.uniform(-spread, spread);
-  for (double& e : out) e = static_cast<float>(e);
-  return out;
-}
+using testing::central_difference;
+using testing::check_gradients;
+using testing::check_layer;
+using testing::GradientCheck;
+using testing::LayerRun;
+using testing::nan_v;
+using testing::perturbed_params;
+using testing::uniform_values;
+using testing::weighted_output;
 
 }  // namespace gpipe::test
