@@ -1,12 +1,14 @@
 // Every schedule on the host backend gives the GPipe schedule's loss and gradients (the
 // backend-conformance suite of tests/support/conformance_schedules.hpp), interleaved stages
 // are placed round robin, for training and for inference, and a backend whose transport has
-// rendezvous sends runs the schedule ordered for them (schedule/rendezvous.hpp).
+// rendezvous sends runs the schedule ordered for them (schedule/rendezvous.hpp). A step's
+// bubble breaks down into the schedule's own and the executor's overhead.
 
 #include <doctest/doctest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -82,4 +84,20 @@ TEST_CASE("a transport with rendezvous sends gets the schedule ordered for them,
     CHECK(rendezvous.forward_backward(x, y) == buffered.forward_backward(x, y));
     CHECK(gradients_of(rendezvous) == gradients_of(buffered));
   }
+}
+
+TEST_CASE("bubble_breakdown: the schedule's own bubble from the simulator, the rest overhead") {
+  host::Backend backend(2);
+  Trainer<Model2, SoftmaxCrossEntropy, host::Backend, GPipe> trainer(backend, {.micro_batches = 4});
+  CHECK(trainer.bubble_breakdown().mean_op_us == 0);  // no step yet: nothing to break down
+  (void)trainer.forward_backward(random_inputs(16, Model2::in_features, 1),
+                                 random_classes(16, Model2::out_features, 2));
+  const auto why = trainer.bubble_breakdown();
+  CHECK(why.measured == trainer.last_step().bubble_fraction);
+  CHECK(why.schedule == doctest::Approx(simulate(trainer.schedule()).bubble_fraction));
+  CHECK(why.schedule == doctest::Approx(1.0 / 5));  // (K - 1) / (M + K - 1)
+  CHECK(why.overhead == doctest::Approx(why.measured - why.schedule));
+  CHECK(why.busy_devices == 2);
+  CHECK(why.mean_op_us > 0);
+  CHECK(why.devices_share_cores == (std::thread::hardware_concurrency() == 1));
 }

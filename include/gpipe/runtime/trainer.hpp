@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/gpipe.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
+#include "gpipe/schedule/simulator.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/select.hpp"
 
@@ -196,6 +198,41 @@ class Trainer {
 
   // Timing of the last successful forward_backward (empty if the backend does not time work).
   const StepStats& last_step() const { return last_step_; }
+
+  // What the last step's measured bubble is made of (computed when asked: it runs the schedule's
+  // simulator once).
+  struct BubbleBreakdown {
+    double measured = 0;  // last_step().bubble_fraction: 1 - busy / (devices x makespan)
+    // The schedule's own bubble: its simulation with every op taking the step's mean op time;
+    // what remains at zero executor cost ((K-1)/(M+K-1) for GPipe and 1F1B).
+    double schedule = 0;
+    // measured - schedule: what the executor adds (hand-overs between devices, waiting for a
+    // worker to wake), and devices waiting for a core when they outnumber the cores. Per op it
+    // is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
+    double overhead = 0;
+    double mean_op_us = 0;             // the step's busy time / its compute ops
+    std::size_t busy_devices = 0;      // devices of this process that computed in the step
+    bool devices_share_cores = false;  // host backend: more busy devices than hardware threads
+  };
+  BubbleBreakdown bubble_breakdown() const {
+    BubbleBreakdown out;
+    out.measured = last_step_.bubble_fraction;
+    std::size_t ops = 0;
+    for (const ComputeTiming& t : last_step_.devices) {
+      ops += t.ops;
+      if (t.ops > 0) ++out.busy_devices;
+    }
+    if (ops == 0) return out;
+    out.mean_op_us = last_step_.busy_us / static_cast<double>(ops);
+    const double t = out.mean_op_us;
+    out.schedule = simulate(schedule_, {t, t, t}).bubble_fraction;
+    out.overhead = out.measured - out.schedule;
+    if constexpr (Backend::name == std::string_view("host")) {
+      const unsigned cores = std::thread::hardware_concurrency();
+      out.devices_share_cores = cores != 0 && out.busy_devices > cores;
+    }
+    return out;
+  }
 
   void zero_grad() {
     for (std::size_t s = 0; s < num_stages; ++s) {
