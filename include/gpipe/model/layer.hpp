@@ -184,6 +184,11 @@ concept layer_spec = layer<L> || width_generic_layer<L> || sequence_layer<L>;
 
 namespace detail {
 
+// Always false, but only once instantiated: a static_assert in a branch of `if constexpr` that
+// names the piece a layer lacks (the branch's condition says which).
+template <class...>
+inline constexpr bool lacks = false;
+
 // explain_layer_spec<L>(): true for a layer_spec; otherwise a static_assert that names the first
 // piece L lacks (a Stage checks each of its layers with it, so that the error says what to add).
 template <class L>
@@ -192,63 +197,44 @@ constexpr bool explain_layer_spec() {
     return true;
   } else if constexpr (
       requires { typename L::width_generic; } || requires { typename L::sequence_generic; }) {
-    static_assert(
-        requires {
-          { L::natural_in_features } -> std::convertible_to<std::size_t>;
-        },
-        "gpipe: a width-generic or sequence layer needs static constexpr std::size_t "
-        "natural_in_features (0 when only the layer before it can tell)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a width-generic or sequence layer needs static constexpr std::size_t "
+                  "natural_in_features (0 when only the layer before it can tell)");
   } else if constexpr (!requires {
                          { L::in_features } -> std::convertible_to<std::size_t>;
                          { L::out_features } -> std::convertible_to<std::size_t>;
                        }) {
-    static_assert(
-        requires {
-          { L::in_features } -> std::convertible_to<std::size_t>;
-          { L::out_features } -> std::convertible_to<std::size_t>;
-        },
-        "gpipe: not a layer: it needs static constexpr std::size_t in_features and "
-        "out_features (or `using width_generic = void` and natural_in_features for a layer that "
-        "takes its width from the one before it); see gpipe/model/layer.hpp");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: not a layer: it needs static constexpr std::size_t in_features and "
+                  "out_features (or `using width_generic = void` and natural_in_features for a "
+                  "layer that takes its width from the one before it); see gpipe/model/layer.hpp");
   } else if constexpr (!has_features<L>) {
-    static_assert(has_features<L>, "gpipe: a layer's in_features and out_features must be > 0");
-    return false;
+    static_assert(lacks<L>, "gpipe: a layer's in_features and out_features must be > 0");
   } else if constexpr (!requires {
                          { L::num_params } -> std::convertible_to<std::size_t>;
                        }) {
-    static_assert(
-        requires { L::num_params; },
-        "gpipe: a layer needs static constexpr std::size_t num_params (derive from "
-        "gpipe::ParameterFree for a layer without parameters)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a layer needs static constexpr std::size_t num_params (derive from "
+                  "gpipe::ParameterFree for a layer without parameters)");
   } else if constexpr (!requires { L::param_specs(); }) {
-    static_assert(
-        requires { L::param_specs(); },
-        "gpipe: a layer needs static param_specs() (its tensors' names and shapes; "
-        "gpipe::ParameterFree gives an empty one)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a layer needs static param_specs() (its tensors' names and shapes; "
+                  "gpipe::ParameterFree gives an empty one)");
   } else if constexpr (!requires(std::span<float> p, Rng & rng) { L::init(p, rng); }) {
-    static_assert(
-        requires(std::span<float> p, Rng & rng) { L::init(p, rng); },
-        "gpipe: a layer needs static init(std::span<float> params, gpipe::Rng&)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a layer needs static init(std::span<float> params, gpipe::Rng&)");
   } else if constexpr (!requires {
                          { L::stash_per_row } -> std::convertible_to<std::size_t>;
                        }) {
-    static_assert(
-        requires { L::stash_per_row; },
-        "gpipe: a layer needs static constexpr std::size_t stash_per_row (floats per "
-        "row its forward keeps for its backward; 0 for none)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a layer needs static constexpr std::size_t stash_per_row (floats per "
+                  "row its forward keeps for its backward; 0 for none)");
   } else {
-    static_assert(
-        requires { L::grad_stash_per_row; },
-        "gpipe: a layer needs static constexpr std::size_t grad_stash_per_row (floats "
-        "per row its backward_input keeps for its backward_weight; 0 for none)");
-    return false;
+    static_assert(lacks<L>,
+                  "gpipe: a layer needs static constexpr std::size_t grad_stash_per_row (floats "
+                  "per row its backward_input keeps for its backward_weight; 0 for none)");
   }
+  return false;
 }
 
 // explain_layer_for<L, Ctx>(): true when L's operations can run with the kernel context Ctx;
@@ -260,28 +246,23 @@ constexpr bool explain_layer_for() {
   if constexpr (layer_for<L, Ctx>) {
     return true;
   } else if constexpr (!requires(Ctx & c, const ForwardArgs<T>& a) { L::forward(c, a); }) {
-    static_assert(
-        requires(Ctx & c, const ForwardArgs<T>& a) { L::forward(c, a); },
-        "gpipe: a layer needs static forward(Ctx&, const ForwardArgs<T>&) callable with "
-        "this backend's kernel context (template <class Ctx> to run on every backend; "
-        "plain loops over the pointers run on the host backend only)");
-    return false;
+    static_assert(lacks<L, Ctx>,
+                  "gpipe: a layer needs static forward(Ctx&, const ForwardArgs<T>&) callable with "
+                  "this backend's kernel context (template <class Ctx> to run on every backend; "
+                  "plain loops over the pointers run on the host backend only)");
   } else if constexpr (!requires(Ctx & c, const BackwardInputArgs<T>& a) {
                          L::backward_input(c, a);
                        }) {
-    static_assert(
-        requires(Ctx & c, const BackwardInputArgs<T>& a) { L::backward_input(c, a); },
-        "gpipe: a layer needs static backward_input(Ctx&, const BackwardInputArgs<T>&) "
-        "callable with this backend's kernel context");
-    return false;
+    static_assert(lacks<L, Ctx>,
+                  "gpipe: a layer needs static backward_input(Ctx&, const BackwardInputArgs<T>&) "
+                  "callable with this backend's kernel context");
   } else {
-    static_assert(
-        requires(Ctx & c, const BackwardWeightArgs<T>& a) { L::backward_weight(c, a); },
-        "gpipe: a layer needs static backward_weight(Ctx&, const BackwardWeightArgs<T>&) "
-        "callable with this backend's kernel context (gpipe::ParameterFree gives an "
-        "empty one)");
-    return false;
+    static_assert(lacks<L, Ctx>,
+                  "gpipe: a layer needs static backward_weight(Ctx&, const BackwardWeightArgs<T>&) "
+                  "callable with this backend's kernel context (gpipe::ParameterFree gives an "
+                  "empty one)");
   }
+  return false;
 }
 
 }  // namespace detail

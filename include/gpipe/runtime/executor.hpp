@@ -202,18 +202,17 @@ class Executor {
     std::vector<std::span<float>> sums;
     for (std::size_t d = 0; d < schedule_.num_devices; ++d) {
       if (!is_local(backend_, d)) continue;
-      std::vector<std::pair<std::size_t, std::size_t>> last;  // (position, stage)
+      // the stages of d in the order of their last backward_weight: the first W of each stage
+      // met walking the list backwards, reversed
+      std::vector<std::size_t> order;
       const auto& ops = schedule_.ops[d];
-      for (std::size_t p = 0; p < ops.size(); ++p) {
-        if (ops[p].kind != OpKind::backward_weight) continue;
-        const std::size_t s = schedule_.stage_of(d, ops[p].chunk);
-        bool seen = false;
-        for (auto& [position, stage] : last)
-          if (stage == s) position = p, seen = true;
-        if (!seen) last.emplace_back(p, s);
+      for (auto op = ops.rbegin(); op != ops.rend(); ++op) {
+        if (op->kind != OpKind::backward_weight) continue;
+        const std::size_t s = schedule_.stage_of(d, op->chunk);
+        if (std::find(order.begin(), order.end(), s) == order.end()) order.push_back(s);
       }
-      std::sort(last.begin(), last.end());
-      for (const auto& [position, s] : last) sums.emplace_back(grads_[s].data(), grads_[s].size());
+      for (auto s = order.rbegin(); s != order.rend(); ++s)
+        sums.emplace_back(grads_[*s].data(), grads_[*s].size());
     }
     backend_.expect_reductions(std::move(sums));
     weights_done_.assign(K, 0);

@@ -295,9 +295,10 @@ class Trainer {
                                                     std::to_string(values.size()));
     const auto* tie = tie_of(info);
     const ParameterInfo& leader = *leader_of(info);
-    // a pair on two processes: both call it, the leader's writes (the follower's needs no check)
-    if (tie == nullptr || local(leader.stage) || !local(tie->first->stage))
-      write(params_, leader, values);
+    // The leader's process writes (write() is an Error where it is not local), except that the
+    // follower's process of a pair on two processes only receives, in sync_tie.
+    const bool only_receives = tie != nullptr && !local(leader.stage) && local(tie->first->stage);
+    if (!only_receives) write(params_, leader, values);
     backend_.synchronize();
     if (tie != nullptr) sync_tie(*tie);
   }
