@@ -135,13 +135,17 @@ int train(Backend& backend, const std::string& devices, const Options& options,
   std::printf("trained %d steps in %.1f s (%.0f samples/s)\n", steps, seconds,
               steps * static_cast<double>(batch) / seconds);
   std::printf("test accuracy: %.1f%% on %zu held-out points\n", 100 * acc, test_set.y.size());
-  // Why the measured bubble exceeds the schedule's: this model's ops last microseconds, and the
-  // executor adds about as much to each (hand-overs between devices, workers waking up).
+  // Why the measured bubble exceeds the schedule's: the stages' ops differ in length (stage 0
+  // is one small Linear), and this model's ops last microseconds, about what the executor adds
+  // to each (hand-overs between devices, workers waking up).
   const auto why = trainer.bubble_breakdown();
   std::printf(
-      "last step: measured bubble %.1f%% = the schedule's %.1f%% + %.1f%% executor overhead "
-      "(ops of %.0f us here; the schedule's figure holds for ops of a millisecond or more)\n",
-      100 * why.measured, 100 * why.schedule, 100 * why.overhead, why.mean_op_us);
+      "last step: measured bubble %.1f%% = the schedule's %.1f%% + %.1f%% uneven stages + %.1f%% "
+      "executor overhead\n",
+      100 * why.measured, 100 * why.schedule, 100 * why.imbalance, 100 * why.overhead);
+  std::printf("  mean op per device (us):");
+  for (const double us : why.device_op_us) std::printf(" %.0f", us);
+  std::printf(" (the schedule's figure holds for ops of a millisecond or more)\n");
   if (why.devices_share_cores)
     std::printf("note: %zu devices computed on %u hardware threads: they took turns on cores\n",
                 why.busy_devices, std::thread::hardware_concurrency());

@@ -2,7 +2,7 @@
 // backend-conformance suite of tests/support/conformance_schedules.hpp), interleaved stages
 // are placed round robin, for training and for inference, and a backend whose transport has
 // rendezvous sends runs the schedule ordered for them (schedule/rendezvous.hpp). A step's
-// bubble breaks down into the schedule's own and the executor's overhead.
+// bubble breaks down into the schedule's own, the stages' imbalance and the executor's overhead.
 
 #include <doctest/doctest.h>
 
@@ -96,8 +96,31 @@ TEST_CASE("bubble_breakdown: the schedule's own bubble from the simulator, the r
   CHECK(why.measured == trainer.last_step().bubble_fraction);
   CHECK(why.schedule == doctest::Approx(simulate(trainer.schedule()).bubble_fraction));
   CHECK(why.schedule == doctest::Approx(1.0 / 5));  // (K - 1) / (M + K - 1)
-  CHECK(why.overhead == doctest::Approx(why.measured - why.schedule));
+  REQUIRE(why.device_op_us.size() == 2);
+  const std::vector<OpCosts> per_device{
+      {why.device_op_us[0], why.device_op_us[0], why.device_op_us[0]},
+      {why.device_op_us[1], why.device_op_us[1], why.device_op_us[1]}};
+  CHECK(why.imbalance ==
+        doctest::Approx(simulate(trainer.schedule(), per_device).bubble_fraction - why.schedule));
+  CHECK(why.overhead == doctest::Approx(why.measured - why.schedule - why.imbalance));
   CHECK(why.busy_devices == 2);
   CHECK(why.mean_op_us > 0);
+  CHECK(why.device_op_us[0] > 0);
+  CHECK(why.device_op_us[1] > 0);
   CHECK(why.devices_share_cores == (std::thread::hardware_concurrency() == 1));
+}
+
+TEST_CASE("bubble_breakdown: uneven stages show as imbalance, not as executor overhead") {
+  // Stage 1 does about 250 times stage 0's work per op (two 256 x 256 GEMMs against one 4 x 4).
+  using Uneven = Pipeline<Stage<Linear<4, 4>>,
+                          Stage<Linear<4, 256>, ReLU, Linear<256, 256>, ReLU, Linear<256, 2>>>;
+  host::Backend backend(2);
+  Trainer<Uneven, SoftmaxCrossEntropy, host::Backend, GPipe> trainer(backend, {.micro_batches = 4});
+  (void)trainer.forward_backward(random_inputs(256, 4, 1), random_classes(256, 2, 2));
+  const auto why = trainer.bubble_breakdown();
+  REQUIRE(why.device_op_us.size() == 2);
+  CHECK(why.device_op_us[1] > 10 * why.device_op_us[0]);
+  // Device 0 idles while device 1 works: nearly half the devices' time, over the schedule's 20 %.
+  CHECK(why.imbalance > 0.15);
+  CHECK(why.schedule == doctest::Approx(1.0 / 5));
 }

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -196,4 +197,39 @@ TEST_CASE("a schedule without compute cost has no bubble") {
                                       {.forward = 0, .backward_input = 0, .backward_weight = 0});
   CHECK(r.makespan == 0);
   CHECK(r.bubble_fraction == 0);
+}
+
+// Costs per device: device 1 takes 2 per op, device 0 takes 1. Device 1 is the bottleneck: its
+// forwards run back to back from t = 1 (device 0's first forward) to 1 + 2M, its backwards (B and
+// W, then the gradient is sent; 4 per micro-batch) to 1 + 6M; device 0's B and W of the last
+// gradient add 2. makespan = 3 + 6M, busy = 3M + 6M.
+constexpr double unbalanced_bubble(std::size_t m) {
+  constexpr std::array<OpCosts, 2> costs{
+      equal, OpCosts{.forward = 2, .backward_input = 2, .backward_weight = 2}};
+  const SimulationResult r = simulate(make_gpipe_schedule(2, m), costs);
+  const double md = static_cast<double>(m);
+  return near(r.makespan, 3 + 6 * md) ? r.bubble_fraction : -1;
+}
+static_assert(near(unbalanced_bubble(1), 1 - 9.0 / 18));
+static_assert(near(unbalanced_bubble(4), 1 - 36.0 / 54));  // 1/3, where balanced: 1/5
+static_assert(near(unbalanced_bubble(8), 1 - 72.0 / 102));
+
+TEST_CASE("costs per device: the same costs everywhere give the uniform simulation") {
+  const gpipe::Schedule s = make_gpipe_schedule(3, 4);
+  const std::vector<OpCosts> same(3, OpCosts{.forward = 1, .backward_input = 2, .transfer = 0.5});
+  const SimulationResult per_device = simulate(s, same);
+  const SimulationResult uniform = simulate(s, same[0]);
+  CHECK(per_device.makespan == uniform.makespan);
+  CHECK(per_device.bubble_fraction == uniform.bubble_fraction);
+  CHECK(per_device.finish == uniform.finish);
+}
+
+TEST_CASE("costs per device: one OpCosts per device, non-negative, or gpipe::Error") {
+  const gpipe::Schedule s = make_gpipe_schedule(3, 2);
+  CHECK_THROWS_WITH_AS(simulate(s, std::vector<OpCosts>(2)),
+                       doctest::Contains("op costs for 2 devices; the schedule has 3"),
+                       gpipe::Error);
+  std::vector<OpCosts> costs(3);
+  costs[2].backward_weight = -1;
+  CHECK_THROWS_WITH_AS(simulate(s, costs), doctest::Contains("non-negative"), gpipe::Error);
 }

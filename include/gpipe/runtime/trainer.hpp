@@ -200,18 +200,24 @@ class Trainer {
   const StepStats& last_step() const { return last_step_; }
 
   // What the last step's measured bubble is made of (computed when asked: it runs the schedule's
-  // simulator once).
+  // simulator twice): measured = schedule + imbalance + overhead.
   struct BubbleBreakdown {
     double measured = 0;  // last_step().bubble_fraction: 1 - busy / (devices x makespan)
     // The schedule's own bubble: its simulation with every op taking the step's mean op time;
-    // what remains at zero executor cost ((K-1)/(M+K-1) for GPipe and 1F1B).
+    // what remains at zero executor cost on a balanced pipeline ((K-1)/(M+K-1) for GPipe and
+    // 1F1B).
     double schedule = 0;
-    // measured - schedule: what the executor adds (hand-overs between devices, waiting for a
-    // worker to wake), and devices waiting for a core when they outnumber the cores. Per op it
-    // is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
+    // What uneven stages add: the simulation with each device's ops taking that device's mean op
+    // time (device_op_us), minus `schedule`. A device with more work per op keeps the others
+    // waiting; the executor is not the cause.
+    double imbalance = 0;
+    // measured - schedule - imbalance: what the executor adds (hand-overs between devices, waiting
+    // for a worker to wake), and devices waiting for a core when they outnumber the cores. Per op
+    // it is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
     double overhead = 0;
     double mean_op_us = 0;             // the step's busy time / its compute ops
-    std::size_t busy_devices = 0;      // devices of this process that computed in the step
+    std::vector<double> device_op_us;  // [device] its busy time / its compute ops (0: none ran)
+    std::size_t busy_devices = 0;      // devices of the pipeline that computed in the step
     bool devices_share_cores = false;  // host backend: more busy devices than hardware threads
   };
   BubbleBreakdown bubble_breakdown() const {
@@ -221,12 +227,18 @@ class Trainer {
     for (const ComputeTiming& t : last_step_.devices) {
       ops += t.ops;
       if (t.ops > 0) ++out.busy_devices;
+      out.device_op_us.push_back(t.ops > 0 ? t.busy_us / static_cast<double>(t.ops) : 0.0);
     }
     if (ops == 0) return out;
     out.mean_op_us = last_step_.busy_us / static_cast<double>(ops);
     const double t = out.mean_op_us;
     out.schedule = simulate(schedule_, {t, t, t}).bubble_fraction;
-    out.overhead = out.measured - out.schedule;
+    if (out.device_op_us.size() == schedule_.num_devices) {
+      std::vector<OpCosts> per_device;
+      for (const double d : out.device_op_us) per_device.push_back({d, d, d});
+      out.imbalance = simulate(schedule_, per_device).bubble_fraction - out.schedule;
+    }
+    out.overhead = out.measured - out.schedule - out.imbalance;
     if constexpr (Backend::name == std::string_view("host")) {
       const unsigned cores = std::thread::hardware_concurrency();
       out.devices_share_cores = cores != 0 && out.busy_devices > cores;

@@ -1,8 +1,8 @@
 #pragma once
-// simulate(schedule, costs) predicts what a schedule costs before running it: makespan, bubble
-// fraction and peak live activation stashes per device, plus every op's start and finish for
-// timelines. It is constexpr, so schedules are compared in static_asserts, and it models exactly
-// the execution rules of schedule/op.hpp:
+// simulate(schedule, costs) predicts what a schedule costs before running it (costs the same on
+// every device, or one OpCosts per device): makespan, bubble fraction and peak live activation
+// stashes per device, plus every op's start and finish for timelines. It is constexpr, so schedules
+// are compared in static_asserts, and it models exactly the execution rules of schedule/op.hpp:
 //   - each device runs its list in order; an op starts at max(device free, its data ready);
 //   - forward, backward_input, backward_weight take their cost and keep the device busy;
 //   - sends and recvs take no device time; a recv's data is ready at its send's time + transfer
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,18 +60,26 @@ constexpr double duration(OpKind kind, const OpCosts& costs) {
 
 }  // namespace detail
 
-// Times `schedule` under `costs`. Throws Error (and fails constant evaluation) when the schedule
-// is invalid or a cost is negative or NaN.
-constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
+// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
+// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
+// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is not
+// one OpCosts per device, or a cost is negative or NaN.
+constexpr SimulationResult simulate(const Schedule& schedule, std::span<const OpCosts> per_device) {
   detail::OpIndex index;
   const ValidationResult check = detail::validate_into(schedule, index);
   if (!check) detail::throw_invalid_schedule(check);
-  if (!(costs.forward >= 0 && costs.backward_input >= 0 && costs.backward_weight >= 0 &&
-        costs.transfer >= 0)) {
-    throw Error("gpipe: op costs must be non-negative numbers");
+  const std::size_t num_devices = schedule.num_devices;
+  if (per_device.size() != num_devices) {
+    throw Error("gpipe: simulate got op costs for " + std::to_string(per_device.size()) +
+                " devices; the schedule has " + std::to_string(num_devices));
+  }
+  for (const OpCosts& costs : per_device) {
+    if (!(costs.forward >= 0 && costs.backward_input >= 0 && costs.backward_weight >= 0 &&
+          costs.transfer >= 0)) {
+      throw Error("gpipe: op costs must be non-negative numbers");
+    }
   }
 
-  const std::size_t num_devices = schedule.num_devices;
   SimulationResult result;
   result.busy.assign(num_devices, 0.0);
   result.peak_live_activations.assign(num_devices, 0);
@@ -90,9 +99,9 @@ constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& cos
       const detail::Peer peer = detail::peer_of(op.kind, schedule.stage_of(device, op.chunk));
       const std::size_t sent_at = index.at(peer.stage, op.micro_batch, peer.kind);
       const double sent = result.finish[schedule.device_of_stage(peer.stage)][sent_at];
-      start = std::max(start, sent + costs.transfer);
+      start = std::max(start, sent + per_device[device].transfer);
     }
-    const double cost = detail::duration(op.kind, costs);
+    const double cost = detail::duration(op.kind, per_device[device]);
     result.start[device][position] = start;
     result.finish[device][position] = start + cost;
     result.busy[device] += cost;
@@ -118,6 +127,13 @@ constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& cos
         1.0 - total_busy / (static_cast<double>(num_devices) * result.makespan);
   }
   return result;
+}
+
+// Times `schedule` with the same costs on every device. Throws Error (and fails constant
+// evaluation) when the schedule is invalid or a cost is negative or NaN.
+constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
+  const std::vector<OpCosts> per_device(schedule.num_devices, costs);
+  return simulate(schedule, std::span<const OpCosts>(per_device));
 }
 
 }  // namespace gpipe
