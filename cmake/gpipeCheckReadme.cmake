@@ -6,7 +6,11 @@
 # is put into CONTEXTS/NAME.cpp.in, where @BLOCK@ stands for the block and @PREVIOUS@ for the
 # compiled block before it (for a block that uses the one above); the block's #include lines move
 # to the top of the file. Each file is compiled with -fsyntax-only (instantiating what it uses);
-# the check fails naming the README line of a block that does not compile. A context whose first
+# the check fails naming the README line of a block that does not compile. A ```cpp block whose
+# opening fence follows
+#   <!-- quoted: PATH -->
+# must be a verbatim part of the file PATH (relative to the README's directory), so that a README
+# walking through an example file cannot drift from it. A context whose first
 # line is `// needs: mpi` is skipped, with a message, where CONFIG has no MPI include directories.
 # CONFIG sets GPIPE_CXX_COMPILER, GPIPE_CXX_FLAGS, GPIPE_INCLUDE_DIRS, GPIPE_MPI_INCLUDE_DIRS.
 
@@ -41,9 +45,28 @@ set(_context "")
 set(_in_block FALSE)
 set(_previous "")
 set(_compiled 0)
+set(_quote "")
+set(_quoted 0)
+get_filename_component(_root "${README}" DIRECTORY)
 foreach(_l IN LISTS _lines)
   math(EXPR _line "${_line} + 1")
-  if(_in_block)
+  if(_in_block AND NOT _quote STREQUAL "")
+    if(_l MATCHES "^```")
+      set(_in_block FALSE)
+      _gpipe_unescape(_raw "${_raw}")
+      file(READ "${_root}/${_quote}" _quoted_text)
+      string(FIND "${_quoted_text}" "${_raw}" _at)
+      if(_at EQUAL -1)
+        message(FATAL_ERROR "README.md line ${_start}: the block is not a verbatim part of "
+                            "${_quote} (the file changed, or the README did)")
+      endif()
+      message(STATUS "README line ${_start}: quotes ${_quote}")
+      math(EXPR _quoted "${_quoted} + 1")
+      set(_quote "")
+    else()
+      string(APPEND _raw "${_l}\n")
+    endif()
+  elseif(_in_block)
     if(_l MATCHES "^```")
       set(_in_block FALSE)
       _gpipe_unescape(_block "${_block}")
@@ -85,16 +108,23 @@ foreach(_l IN LISTS _lines)
     endif()
   elseif(_l MATCHES "^<!-- compiled: ([a-z_]+) -->")
     set(_context "${CMAKE_MATCH_1}")
-  elseif(_l MATCHES "^```cpp" AND NOT _context STREQUAL "")
+  elseif(_l MATCHES "^<!-- quoted: ([A-Za-z0-9_./-]+) -->")
+    set(_quote "${CMAKE_MATCH_1}")
+    if(NOT EXISTS "${_root}/${_quote}")
+      message(FATAL_ERROR "README.md line ${_line}: quotes ${_quote}, which does not exist")
+    endif()
+  elseif(_l MATCHES "^```cpp" AND NOT (_context STREQUAL "" AND _quote STREQUAL ""))
     set(_in_block TRUE)
     math(EXPR _start "${_line} + 1")
     set(_block "")
     set(_includes "")
+    set(_raw "")
   elseif(NOT _l STREQUAL "")
     set(_context "")  # a marker belongs to the block right below it
+    set(_quote "")
   endif()
 endforeach()
 if(_compiled EQUAL 0)
   message(FATAL_ERROR "README.md: no block marked <!-- compiled: ... --> was compiled")
 endif()
-message(STATUS "${_compiled} README blocks compile")
+message(STATUS "${_compiled} README blocks compile, ${_quoted} quote their files verbatim")
