@@ -7,13 +7,13 @@
 
 namespace gpipe {
 
-// Base of every error the library throws. Messages say what was expected and what was found.
+/// Base of every error the library throws. Messages say what was expected and what was found.
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// An allocation would exceed a device's configured capacity.
+/// An allocation would exceed a device's configured capacity.
 class OutOfMemory : public Error {
  public:
   using Error::Error;

@@ -14,9 +14,9 @@
 
 namespace gpipe {
 
-// What an allocation is for. Activations are what a step keeps from one op to a later one (a
-// stage's input and its stash); workspace is what lives within an op or until the next stage has
-// received it.
+/// What an allocation is for. Activations are what a step keeps from one op to a later one (a
+/// stage's input and its stash); workspace is what lives within an op or until the next stage has
+/// received it.
 enum class MemoryKind : std::uint8_t {
   parameters,
   gradients,
@@ -45,8 +45,8 @@ constexpr std::string_view to_string(MemoryKind kind) {
   return "unknown";
 }
 
-// Bytes on one device: now, the most since the last reset_peak(), and the cap (0 = none); the
-// same per purpose (each purpose's peak is its own maximum, so they need not add up to peak).
+/// Bytes on one device: now, the most since the last reset_peak(), and the cap (0 = none); the
+/// same per purpose (each purpose's peak is its own maximum, so they need not add up to peak).
 struct MemoryStats {
   std::size_t current = 0;
   std::size_t peak = 0;
@@ -62,20 +62,20 @@ struct MemoryStats {
   }
 };
 
-// Where a piece of stream work belongs: an op name ("forward", "optimizer step", ...) and, where
-// it has them, a stage and micro-batch.
+/// Where a piece of stream work belongs: an op name ("forward", "optimizer step", ...) and, where
+/// it has them, a stage and micro-batch.
 struct WorkLabel {
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
   std::string_view what;
   std::size_t stage = none;
   std::size_t micro_batch = none;
-  bool internal = false;  // stream bookkeeping (event record and wait): not traced
-  bool compute = false;   // a forward, backward_input or backward_weight: counts as busy time
+  bool internal = false;  ///< stream bookkeeping (event record and wait): not traced
+  bool compute = false;   ///< a forward, backward_input or backward_weight: counts as busy time
 };
 
-// Compute time of one device since the last take: the sum of its compute work's durations and
-// the span from the first compute start to the last compute end (microseconds since the
-// backend's epoch; both 0 when no compute ran).
+/// Compute time of one device since the last take: the sum of its compute work's durations and
+/// the span from the first compute start to the last compute end (microseconds since the
+/// backend's epoch; both 0 when no compute ran).
 struct ComputeTiming {
   double busy_us = 0;
   double first_start_us = 0;
@@ -83,7 +83,7 @@ struct ComputeTiming {
   std::size_t ops = 0;
 };
 
-// One piece of stream work as it ran: microseconds since the backend's epoch.
+/// One piece of stream work as it ran: microseconds since the backend's epoch.
 struct TraceEvent {
   std::size_t device = 0;
   WorkLabel label;
@@ -91,7 +91,7 @@ struct TraceEvent {
   double end_us = 0;
 };
 
-// "stage 2 (device 1), micro-batch 5, forward"
+/// "stage 2 (device 1), micro-batch 5, forward"
 inline std::string describe(const WorkLabel& label, std::size_t device) {
   std::string out;
   if (label.stage != WorkLabel::none)

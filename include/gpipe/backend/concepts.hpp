@@ -74,7 +74,8 @@ concept device_buffer = std::movable<Buffer> && std::default_initializable<Buffe
   b.reset();
 };
 
-// (A function pointer stands for the work: nvcc's front end refuses a lambda in a requires-clause.)
+/// (A function pointer stands for the work: nvcc's front end refuses a lambda in a
+/// requires-clause.)
 template <class B>
 concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel label,
                            const typename B::Event& event, void (*work)(typename B::Kernels&)) {

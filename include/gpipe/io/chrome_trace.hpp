@@ -34,11 +34,11 @@
 namespace gpipe {
 
 namespace io {
-// What a trace file says about its run besides the records.
+/// What a trace file says about its run besides the records.
 struct TraceInfo {
-  std::string title = "gpipe";  // the process row's name, and metadata "title"
-  // Written under "metadata" next to "title" (K, M, schedule, date, ...); a "title" key here is
-  // ignored in favour of the field above.
+  std::string title = "gpipe";  ///< the process row's name, and metadata "title"
+  /// Written under "metadata" next to "title" (K, M, schedule, date, ...); a "title" key here is
+  /// ignored in favour of the field above.
   std::map<std::string, std::string> metadata{};
 };
 }  // namespace io
@@ -75,7 +75,7 @@ inline std::string trace_event_name(const WorkLabel& label) {
 
 namespace io {
 
-// The trace as a Chrome Trace Event Format document (see the top of this file).
+/// The trace as a Chrome Trace Event Format document (see the top of this file).
 inline std::string chrome_trace_json(std::span<const TraceEvent> events,
                                      const TraceInfo& info = {}) {
   using detail::json_quote;
@@ -123,7 +123,7 @@ inline std::string chrome_trace_json(std::span<const TraceEvent> events,
   return out;
 }
 
-// Writes chrome_trace_json(events, info) to `path`. Throws Error when the file cannot be written.
+/// Writes chrome_trace_json(events, info) to `path`. Throws Error when the file cannot be written.
 inline void write_chrome_trace(const std::filesystem::path& path,
                                std::span<const TraceEvent> events, const TraceInfo& info = {}) {
   const std::string text = chrome_trace_json(events, info);

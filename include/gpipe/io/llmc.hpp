@@ -34,7 +34,7 @@ inline constexpr std::size_t llmc_header_ints = 256;
 
 }  // namespace gpipe::io
 
-// Helpers live in gpipe::detail: a gpipe::io::detail would hide it from the other io headers.
+/// Helpers live in gpipe::detail: a gpipe::io::detail would hide it from the other io headers.
 namespace gpipe::detail {
 
 inline std::uint32_t read_le32(const unsigned char* p) {
@@ -85,7 +85,7 @@ inline void write_llmc_file(const std::filesystem::path& path,
 
 namespace gpipe::io {
 
-// The token ids of an llm.c shard.
+/// The token ids of an llm.c shard.
 inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& path) {
   const std::vector<unsigned char> bytes = gpipe::detail::read_llmc_file(
       path, llmc_tokens_magic, llmc_tokens_version, "token shard", "uint16 tokens");
@@ -106,7 +106,7 @@ inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& p
   return tokens;
 }
 
-// Writes tokens (each in [0, 65536)) as an llm.c shard.
+/// Writes tokens (each in [0, 65536)) as an llm.c shard.
 inline void save_llmc_tokens(const std::filesystem::path& path,
                              std::span<const std::int32_t> tokens) {
   if (tokens.size() > 0x7fffffff)
@@ -131,29 +131,29 @@ inline void save_llmc_tokens(const std::filesystem::path& path,
 
 }  // namespace gpipe::io
 
-// llm.c's GPT-2 checkpoints (gpt2_124M.bin and what train_gpt2 writes), fp32 version 3:
-//   int32[256] header: [0] = 20240326 (magic), [1] = 3 (version), [2] = maxT, [3] = V,
-//   [4] = L, [5] = NH, [6] = C, [7] = Vp (V padded, e.g. 50257 -> 50304); the rest 0.
-//   Then 16 fp32 tensors, each grouped across the L layers where it is per layer:
-//     wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C),
-//     attprojw (L, C, C), attprojb (L, C), ln2w (L, C), ln2b (L, C), fcw (L, 4C, C),
-//     fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C).
-// The LM head is wte itself (tied). Here the tensors carry the names of gpipe's GPT layout
-// (layer 0 Embedding, layers 1..L TransformerBlock, layer L + 1 LayerNorm): "0.wte.weight",
-// "0.wpe.weight", "<l + 1>.ln_1.weight", "<l + 1>.attn.c_attn.weight", ..., "<L + 1>.weight",
-// "<L + 1>.bias"; wte keeps its Vp rows.
+/// llm.c's GPT-2 checkpoints (gpt2_124M.bin and what train_gpt2 writes), fp32 version 3:
+///   int32[256] header: [0] = 20240326 (magic), [1] = 3 (version), [2] = maxT, [3] = V,
+///   [4] = L, [5] = NH, [6] = C, [7] = Vp (V padded, e.g. 50257 -> 50304); the rest 0.
+///   Then 16 fp32 tensors, each grouped across the L layers where it is per layer:
+///     wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C),
+///     attprojw (L, C, C), attprojb (L, C), ln2w (L, C), ln2b (L, C), fcw (L, 4C, C),
+///     fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C).
+/// The LM head is wte itself (tied). Here the tensors carry the names of gpipe's GPT layout
+/// (layer 0 Embedding, layers 1..L TransformerBlock, layer L + 1 LayerNorm): "0.wte.weight",
+/// "0.wpe.weight", "<l + 1>.ln_1.weight", "<l + 1>.attn.c_attn.weight", ..., "<L + 1>.weight",
+/// "<L + 1>.bias"; wte keeps its Vp rows.
 namespace gpipe::io {
 
 inline constexpr std::int32_t llmc_gpt2_magic = 20240326;
 inline constexpr std::int32_t llmc_gpt2_version = 3;
 
 struct LlmcGpt2Config {
-  std::size_t max_seq_len = 0;        // maxT
-  std::size_t vocab_size = 0;         // V
-  std::size_t num_layers = 0;         // L
-  std::size_t num_heads = 0;          // NH
-  std::size_t channels = 0;           // C
-  std::size_t padded_vocab_size = 0;  // Vp >= V
+  std::size_t max_seq_len = 0;        ///< maxT
+  std::size_t vocab_size = 0;         ///< V
+  std::size_t num_layers = 0;         ///< L
+  std::size_t num_heads = 0;          ///< NH
+  std::size_t channels = 0;           ///< C
+  std::size_t padded_vocab_size = 0;  ///< Vp >= V
 };
 
 struct LlmcTensor {
@@ -164,10 +164,10 @@ struct LlmcTensor {
 
 struct LlmcGpt2Checkpoint {
   LlmcGpt2Config config;
-  std::vector<LlmcTensor> tensors;  // in file order, the per-layer tensors one per layer
+  std::vector<LlmcTensor> tensors;  ///< in file order, the per-layer tensors one per layer
 };
 
-// The tensors a checkpoint of `c` holds, (name, shape) in file order.
+/// The tensors a checkpoint of `c` holds, (name, shape) in file order.
 inline std::vector<std::pair<std::string, std::vector<std::size_t>>> llmc_gpt2_layout(
     const LlmcGpt2Config& c) {
   const std::size_t C = c.channels, L = c.num_layers;
@@ -247,7 +247,7 @@ inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
   return out;
 }
 
-// Writes a checkpoint whose tensors are those of llmc_gpt2_layout(config), by name, in any order.
+/// Writes a checkpoint whose tensors are those of llmc_gpt2_layout(config), by name, in any order.
 inline void save_llmc_gpt2(const std::filesystem::path& path, const LlmcGpt2Checkpoint& ckpt) {
   const LlmcGpt2Config& c = ckpt.config;
   std::vector<unsigned char> bytes;

@@ -43,14 +43,14 @@ static_assert(std::numeric_limits<double>::is_iec559 && sizeof(double) == 8);
 
 namespace gpipe::io {
 
-// A tensor to save: row-major `data` of shape `shape` (a scalar has shape {} and one value).
+/// A tensor to save: row-major `data` of shape `shape` (a scalar has shape {} and one value).
 struct TensorView {
   std::string name;
   std::vector<std::size_t> shape;
   std::span<const float> data;
 };
 
-// A loaded tensor; data.size() is the product of shape.
+/// A loaded tensor; data.size() is the product of shape.
 struct Tensor {
   std::vector<std::size_t> shape;
   std::vector<float> data;
@@ -397,9 +397,9 @@ void read_converted(std::istream& in, const std::filesystem::path& path,
 
 namespace gpipe::io {
 
-// Writes `tensors` as F32, sorted by name in the header and laid out in that order in the data
-// section, with `metadata` (if any) under "__metadata__". Every check runs before the file is
-// opened, so bad input never truncates an existing file; an I/O failure removes the partial file.
+/// Writes `tensors` as F32, sorted by name in the header and laid out in that order in the data
+/// section, with `metadata` (if any) under "__metadata__". Every check runs before the file is
+/// opened, so bad input never truncates an existing file; an I/O failure removes the partial file.
 inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
   using detail::quoted_excerpt;
@@ -489,8 +489,8 @@ inline void save_safetensors(const std::filesystem::path& path, std::span<const 
   }
 }
 
-// Every tensor of the file, F32/F64/F16/BF16 converted to float. Any other dtype, and any file
-// that is not exactly a valid safetensors file, is a gpipe::Error naming the file and the problem.
+/// Every tensor of the file, F32/F64/F16/BF16 converted to float. Any other dtype, and any file
+/// that is not exactly a valid safetensors file, is a gpipe::Error naming the file and the problem.
 inline std::map<std::string, Tensor, std::less<>> load_safetensors(
     const std::filesystem::path& path) {
   std::ifstream in;
@@ -521,7 +521,7 @@ inline std::map<std::string, Tensor, std::less<>> load_safetensors(
   return tensors;
 }
 
-// The "__metadata__" strings of the file (empty when it has none), after validating its header.
+/// The "__metadata__" strings of the file (empty when it has none), after validating its header.
 inline std::map<std::string, std::string> load_safetensors_metadata(
     const std::filesystem::path& path) {
   std::ifstream in;

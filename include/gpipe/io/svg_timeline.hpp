@@ -34,12 +34,12 @@ namespace gpipe {
 
 namespace io {
 struct SvgTimelineOptions {
-  std::string title = "gpipe timeline";  // the bubble fraction is appended
-  std::size_t num_devices = 0;           // rows (K of the bubble); 0: 1 + the largest device seen
-  bool show_transfers = true;            // sends and recvs of nonzero duration, as thin bars
-  bool show_other = true;                // work that is not a schedule op
-  double width = 1200;                   // of the whole picture, in px
-  double row_height = 28;                // of one device's row, in px
+  std::string title = "gpipe timeline";  ///< the bubble fraction is appended
+  std::size_t num_devices = 0;           ///< rows (K of the bubble); 0: 1 + the largest device seen
+  bool show_transfers = true;            ///< sends and recvs of nonzero duration, as thin bars
+  bool show_other = true;                ///< work that is not a schedule op
+  double width = 1200;                   ///< of the whole picture, in px
+  double row_height = 28;                ///< of one device's row, in px
 };
 }  // namespace io
 
@@ -157,8 +157,8 @@ inline constexpr std::array<TimelineStyle, 5> timeline_styles{{
 
 namespace io {
 
-// The timeline of `events` as an SVG document (see the top of this file). Throws Error when an
-// event lies on a device >= options.num_devices (where that is given) or has an invalid time.
+/// The timeline of `events` as an SVG document (see the top of this file). Throws Error when an
+/// event lies on a device >= options.num_devices (where that is given) or has an invalid time.
 inline std::string svg_timeline(std::span<const TraceEvent> events,
                                 const SvgTimelineOptions& options = {}) {
   using detail::svg_number;
@@ -306,7 +306,7 @@ inline std::string svg_timeline(std::span<const TraceEvent> events,
   return out;
 }
 
-// Writes svg_timeline(events, options) to `path`. Throws Error when the file cannot be written.
+/// Writes svg_timeline(events, options) to `path`. Throws Error when the file cannot be written.
 inline void write_svg_timeline(const std::filesystem::path& path,
                                std::span<const TraceEvent> events,
                                const SvgTimelineOptions& options = {}) {

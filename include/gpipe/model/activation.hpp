@@ -31,8 +31,8 @@ struct Elementwise : ParameterFree {
 
 }  // namespace detail
 
-// The kernels of ReLU, GELU and GELUTanh, per backend: LayerKernels<Op, Ctx>::forward(ctx, n, x,
-// y) and ::backward(ctx, n, x, dy, dx), elementwise over n values.
+/// The kernels of ReLU, GELU and GELUTanh, per backend: LayerKernels<Op, Ctx>::forward(ctx, n, x,
+/// y) and ::backward(ctx, n, x, dy, dx), elementwise over n values.
 template <class Op>
 struct ElementwiseOp {
   template <class Ctx, class T>
@@ -48,7 +48,7 @@ struct ReluOp : ElementwiseOp<ReluOp> {};
 struct GeluOp : ElementwiseOp<GeluOp> {};
 struct GeluTanhOp : ElementwiseOp<GeluTanhOp> {};
 
-// y = max(x, 0)
+/// y = max(x, 0)
 struct ReLU {
   template <std::size_t N>
   using with_features = detail::Elementwise<ReluOp, N>;
@@ -56,7 +56,7 @@ struct ReLU {
   static constexpr std::size_t natural_in_features = 0;
 };
 
-// y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+/// y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 struct GELU {
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluOp, N>;
@@ -64,7 +64,7 @@ struct GELU {
   static constexpr std::size_t natural_in_features = 0;
 };
 
-// y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+/// y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
 struct GELUTanh {
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluTanhOp, N>;

@@ -24,11 +24,11 @@
 
 namespace gpipe {
 
-// The kernels of the attention core, per backend (LayerKernels<CausalAttentionOp, Ctx>), on rows
-// = samples T tokens, heads of width d (D = H d):
-//   forward(ctx, samples, T, H, d, qkv (rows, 3D), probs (rows, H T) out, o (rows, D) out)
-//   backward(ctx, samples, T, H, d, qkv, probs, do (rows, D), dqkv (rows, 3D) out,
-//            scratch (T, T))
+/// The kernels of the attention core, per backend (LayerKernels<CausalAttentionOp, Ctx>), on rows
+/// = samples T tokens, heads of width d (D = H d):
+///   forward(ctx, samples, T, H, d, qkv (rows, 3D), probs (rows, H T) out, o (rows, D) out)
+///   backward(ctx, samples, T, H, d, qkv, probs, do (rows, D), dqkv (rows, 3D) out,
+///            scratch (T, T))
 struct CausalAttentionOp {};
 
 namespace detail {

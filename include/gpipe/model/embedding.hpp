@@ -19,9 +19,9 @@
 
 namespace gpipe {
 
-// The kernels of Embedding, per backend (LayerKernels<EmbeddingOp, Ctx>):
-//   forward(ctx, rows, T, D, ids (rows), wte (V, D), wpe (T, D), y (rows, D))
-//   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=)
+/// The kernels of Embedding, per backend (LayerKernels<EmbeddingOp, Ctx>):
+///   forward(ctx, rows, T, D, ids (rows), wte (V, D), wpe (T, D), y (rows, D))
+///   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=)
 struct EmbeddingOp {};
 
 template <std::size_t V, std::size_t T, std::size_t D>
@@ -32,7 +32,7 @@ struct Embedding {
 
   static constexpr std::size_t vocab_size = V;
   static constexpr std::size_t tokens_per_sample = T;
-  static constexpr std::size_t in_features = 1;  // the token id
+  static constexpr std::size_t in_features = 1;  ///< the token id
   static constexpr std::size_t out_features = D;
   static constexpr std::size_t num_params = V * D + T * D;
   static constexpr std::size_t stash_per_row = 0;
@@ -43,7 +43,7 @@ struct Embedding {
             ParamSpec{.name = "wpe.weight", .shape = {T, D}, .rank = 2, .offset = V * D}};
   }
 
-  // GPT-2's scale: standard deviation 0.02 (uniform in +-0.02 sqrt 3, as Rng draws uniformly).
+  /// GPT-2's scale: standard deviation 0.02 (uniform in +-0.02 sqrt 3, as Rng draws uniformly).
   static void init(std::span<float> params, Rng& rng) {
     const float bound = 0.02f * std::sqrt(3.0f);
     for (float& p : params) p = rng.uniform(-bound, bound);
@@ -54,7 +54,7 @@ struct Embedding {
     LayerKernels<EmbeddingOp, Ctx>::forward(ctx, a.rows, T, D, a.x, a.params, a.params + V * D,
                                             a.y);
   }
-  // d(loss)/d(id) = 0: y is piecewise constant in the id.
+  /// d(loss)/d(id) = 0: y is piecewise constant in the id.
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     ctx.fill(a.rows, typename Ctx::value_type(0), a.dx);

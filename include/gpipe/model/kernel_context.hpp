@@ -21,14 +21,14 @@
 
 namespace gpipe {
 
-// The scalar type and the device.
+/// The scalar type and the device.
 template <class Ctx>
 concept kernel_context_base = requires(const Ctx& k) {
   typename Ctx::value_type;
   { k.device() } -> std::convertible_to<std::size_t>;
 };
 
-// C(m, n) = alpha op(A) op(B) + beta C, row-major; y(rows, cols) += bias; db += column sums of dy.
+/// C(m, n) = alpha op(A) op(B) + beta C, row-major; y(rows, cols) += bias; db += column sums of dy.
 template <class Ctx>
 concept has_blas = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
                             const typename Ctx::value_type* a, typename Ctx::value_type* c) {
@@ -37,7 +37,7 @@ concept has_blas = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
   k.bias_grad(n, n, a, c);
 };
 
-// y = a + b, y += x, dst = src, dst = value.
+/// y = a + b, y += x, dst = src, dst = value.
 template <class Ctx>
 concept has_vector_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
                                   const typename Ctx::value_type* a, typename Ctx::value_type* c) {
@@ -47,7 +47,7 @@ concept has_vector_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_typ
   k.fill(n, s, c);
 };
 
-// Copies between host memory and the device's memory, of floats and of class ids.
+/// Copies between host memory and the device's memory, of floats and of class ids.
 template <class Ctx>
 concept has_transfers = requires(Ctx& k, std::size_t n, const float* f, float* g,
                                  const std::int32_t* i, std::int32_t* j) {
@@ -57,7 +57,7 @@ concept has_transfers = requires(Ctx& k, std::size_t n, const float* f, float* g
   k.download(n, i, j);
 };
 
-// The losses' and optimizers' kernels (the primitives of model/loss.hpp and optim/).
+/// The losses' and optimizers' kernels (the primitives of model/loss.hpp and optim/).
 template <class Ctx>
 concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
                                     const typename Ctx::value_type* a, typename Ctx::value_type* c,
@@ -72,12 +72,12 @@ template <class Ctx>
 concept kernel_context = kernel_context_base<Ctx> && has_blas<Ctx> && has_vector_ops<Ctx> &&
     has_transfers<Ctx> && has_training_ops<Ctx>;
 
-// LayerKernels<Op, Ctx>: see the top of this file. Declared, never defined.
+/// LayerKernels<Op, Ctx>: see the top of this file. Declared, never defined.
 template <class Op, class Ctx>
 struct LayerKernels;
 
-// has_layer_kernels<Op, Ctx>: the backend of Ctx has kernels for Op (its LayerKernels
-// specialization is visible here).
+/// has_layer_kernels<Op, Ctx>: the backend of Ctx has kernels for Op (its LayerKernels
+/// specialization is visible here).
 template <class Op, class Ctx>
 concept has_layer_kernels = requires {
   sizeof(LayerKernels<Op, Ctx>);

@@ -25,10 +25,10 @@
 
 namespace gpipe {
 
-// One named parameter tensor of a layer: leaf `name` ("weight", "bias"), the child indices that
-// lead to it inside composite layers (`path[0..depth)`, so the full name is "i.path....name" for
-// layer i), row-major `shape` (first `rank` entries) and `offset` into the layer's flat parameter
-// array.
+/// One named parameter tensor of a layer: leaf `name` ("weight", "bias"), the child indices that
+/// lead to it inside composite layers (`path[0..depth)`, so the full name is "i.path....name" for
+/// layer i), row-major `shape` (first `rank` entries) and `offset` into the layer's flat parameter
+/// array.
 struct ParamSpec {
   static constexpr std::size_t max_depth = 4;
 
@@ -49,39 +49,39 @@ struct ParamSpec {
 template <class T>
 struct ForwardArgs {
   std::size_t rows;
-  const T* x;              // (rows, in_features)
-  T* y;                    // (rows, out_features)
-  const T* params;         // (num_params)
-  T* stash;                // (rows, stash_per_row), kept until backward
-  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
+  const T* x;              ///< (rows, in_features)
+  T* y;                    ///< (rows, out_features)
+  const T* params;         ///< (num_params)
+  T* stash;                ///< (rows, stash_per_row), kept until backward
+  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
 struct BackwardInputArgs {
   std::size_t rows;
-  const T* x;              // (rows, in_features)
-  const T* dy;             // (rows, out_features)
-  T* dx;                   // (rows, in_features), overwritten
-  const T* params;         // (num_params)
-  const T* stash;          // (rows, stash_per_row) as left by forward
-  T* grad_stash;           // (rows, grad_stash_per_row), kept until backward_weight
-  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
+  const T* x;              ///< (rows, in_features)
+  const T* dy;             ///< (rows, out_features)
+  T* dx;                   ///< (rows, in_features), overwritten
+  const T* params;         ///< (num_params)
+  const T* stash;          ///< (rows, stash_per_row) as left by forward
+  T* grad_stash;           ///< (rows, grad_stash_per_row), kept until backward_weight
+  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 
 template <class T>
 struct BackwardWeightArgs {
   std::size_t rows;
-  const T* x;              // (rows, in_features)
-  const T* dy;             // (rows, out_features)
-  const T* params;         // (num_params)
-  const T* stash;          // (rows, stash_per_row)
-  const T* grad_stash;     // (rows, grad_stash_per_row) as left by backward_input
-  T* grads;                // (num_params), accumulated: grads += d(loss)/d(params)
-  T* workspace = nullptr;  // (rows, workspace_per_row), scratch for this op only
+  const T* x;              ///< (rows, in_features)
+  const T* dy;             ///< (rows, out_features)
+  const T* params;         ///< (num_params)
+  const T* stash;          ///< (rows, stash_per_row)
+  const T* grad_stash;     ///< (rows, grad_stash_per_row) as left by backward_input
+  T* grads;                ///< (num_params), accumulated: grads += d(loss)/d(params)
+  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 
-// Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives
-// the same parameters on every platform, unlike std::uniform_real_distribution.
+/// Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives
+/// the same parameters on every platform, unlike std::uniform_real_distribution.
 class Rng {
  public:
   explicit constexpr Rng(std::uint64_t seed) : state_(seed) {}
@@ -93,7 +93,7 @@ class Rng {
     return z ^ (z >> 31);
   }
 
-  // Uniform in [lo, hi), 24 random bits.
+  /// Uniform in [lo, hi), 24 random bits.
   constexpr float uniform(float lo, float hi) {
     const float u = static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f);
     return lo + (hi - lo) * u;
@@ -103,7 +103,7 @@ class Rng {
   std::uint64_t state_;
 };
 
-// layer<L>: the compile-time part (shapes, parameters, stash sizes, initialization).
+/// layer<L>: the compile-time part (shapes, parameters, stash sizes, initialization).
 template <class L>
 concept has_features = requires {
   { L::in_features } -> std::convertible_to<std::size_t>;
@@ -127,7 +127,7 @@ concept has_stash = requires {
 template <class L>
 concept layer = has_features<L> && has_parameters<L> && has_stash<L>;
 
-// layer_for<L, Ctx>: L's operations can run with the kernel context Ctx.
+/// layer_for<L, Ctx>: L's operations can run with the kernel context Ctx.
 template <class L, class Ctx>
 concept layer_for = layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& f,
                                          const BackwardInputArgs<typename Ctx::value_type>& b,
@@ -137,26 +137,26 @@ concept layer_for = layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ct
   L::backward_weight(ctx, w);
 };
 
-// workspace_per_row_v<L>: L::workspace_per_row when L declares it, else 0.
+/// workspace_per_row_v<L>: L::workspace_per_row when L declares it, else 0.
 template <class L>
 constexpr std::size_t workspace_per_row_v = 0;
 template <class L>
 requires requires { L::workspace_per_row; }
 constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
 
-// sequential_size_v<L>: how many entries of PyTorch's nn.Sequential the layer (or layer spec)
-// stands for: 1, or L::sequential_size for a transparent wrapper such as Checkpoint<...>, whose
-// parameters keep the indices its layers would have without it.
+/// sequential_size_v<L>: how many entries of PyTorch's nn.Sequential the layer (or layer spec)
+/// stands for: 1, or L::sequential_size for a transparent wrapper such as Checkpoint<...>, whose
+/// parameters keep the indices its layers would have without it.
 template <class L>
 constexpr std::size_t sequential_size_v = 1;
 template <class L>
 requires requires { L::sequential_size; }
 constexpr std::size_t sequential_size_v<L> = L::sequential_size;
 
-// width_generic_layer<L>: a layer that takes its width from the layer before it (ReLU, GELU,
-// Residual): L::with_features<N> is the layer of width N (not instantiated here: only a width
-// that fits may be). L::natural_in_features is the width it has on its own (0 when only the
-// previous layer can tell), used when it opens a pipeline. Marked by `using width_generic = void`.
+/// width_generic_layer<L>: a layer that takes its width from the layer before it (ReLU, GELU,
+/// Residual): L::with_features<N> is the layer of width N (not instantiated here: only a width
+/// that fits may be). L::natural_in_features is the width it has on its own (0 when only the
+/// previous layer can tell), used when it opens a pipeline. Marked by `using width_generic = void`.
 template <class L>
 concept width_generic_layer = requires {
   typename L::width_generic;
@@ -166,19 +166,19 @@ concept width_generic_layer = requires {
 // A width-generic composite (Residual, Checkpoint) may also provide L::with_shape<N, T>, which
 // binds its children to the model's tokens per sample T too; it is used where present.
 
-// sequence_layer<L>: a layer that acts on whole samples of T tokens, not on each row alone
-// (causal self-attention, a Transformer block), and takes T from the model, whose Embedding fixes
-// it: L::with_tokens<T> is the layer, or a width-generic spec, for samples of T tokens (rows).
-// L::natural_in_features is its width (0 when only the previous layer can tell). Marked by
-// `using sequence_generic = void`. A model's rows are then tokens: T consecutive rows are one
-// sample, and micro-batches split only between samples.
+/// sequence_layer<L>: a layer that acts on whole samples of T tokens, not on each row alone
+/// (causal self-attention, a Transformer block), and takes T from the model, whose Embedding fixes
+/// it: L::with_tokens<T> is the layer, or a width-generic spec, for samples of T tokens (rows).
+/// L::natural_in_features is its width (0 when only the previous layer can tell). Marked by
+/// `using sequence_generic = void`. A model's rows are then tokens: T consecutive rows are one
+/// sample, and micro-batches split only between samples.
 template <class L>
 concept sequence_layer = requires {
   typename L::sequence_generic;
   { L::natural_in_features } -> std::convertible_to<std::size_t>;
 };
 
-// layer_spec<L>: what a Stage accepts: a layer, a width-generic layer or a sequence layer.
+/// layer_spec<L>: what a Stage accepts: a layer, a width-generic layer or a sequence layer.
 template <class L>
 concept layer_spec = layer<L> || width_generic_layer<L> || sequence_layer<L>;
 
@@ -267,7 +267,7 @@ constexpr bool explain_layer_for() {
 
 }  // namespace detail
 
-// Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
+/// Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
 struct ParameterFree {
   static constexpr std::size_t num_params = 0;
   static constexpr std::array<ParamSpec, 0> param_specs() { return {}; }

@@ -11,10 +11,10 @@
 
 namespace gpipe {
 
-// The kernels of LayerNorm, per backend (LayerKernels<LayerNormOp, Ctx>), on (rows, cols):
-//   forward(ctx, rows, cols, eps, x, gamma, beta, y, stats (rows, 2) = (mean, rstd))
-//   backward_input(ctx, rows, cols, x, dy, gamma, stats, dx)
-//   backward_weight(ctx, rows, cols, x, dy, stats, dgamma +=, dbeta +=)
+/// The kernels of LayerNorm, per backend (LayerKernels<LayerNormOp, Ctx>), on (rows, cols):
+///   forward(ctx, rows, cols, eps, x, gamma, beta, y, stats (rows, 2) = (mean, rstd))
+///   backward_input(ctx, rows, cols, x, dy, gamma, stats, dx)
+///   backward_weight(ctx, rows, cols, x, dy, stats, dgamma +=, dbeta +=)
 struct LayerNormOp {};
 
 template <std::size_t N>
@@ -25,7 +25,7 @@ struct LayerNorm {
   static constexpr std::size_t in_features = N;
   static constexpr std::size_t out_features = N;
   static constexpr std::size_t num_params = 2 * N;
-  static constexpr std::size_t stash_per_row = 2;  // (mean, rstd)
+  static constexpr std::size_t stash_per_row = 2;  ///< (mean, rstd)
   static constexpr std::size_t grad_stash_per_row = 0;
 
   static constexpr std::array<ParamSpec, 2> param_specs() {

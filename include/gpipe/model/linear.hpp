@@ -30,15 +30,15 @@ struct Linear {
       return std::array<ParamSpec, 1>{weight};
   }
 
-  // PyTorch's default: kaiming_uniform_(a = sqrt 5) for the weight and U(-1/sqrt In, 1/sqrt In)
-  // for the bias, which are the same bound.
+  /// PyTorch's default: kaiming_uniform_(a = sqrt 5) for the weight and U(-1/sqrt In, 1/sqrt In)
+  /// for the bias, which are the same bound.
   static void init(std::span<float> params, Rng& rng) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(In));
     for (float& p : params) p = rng.uniform(-bound, bound);
   }
 
-  // y (rows, Out) = x (rows, In) W^T + b: the context's linear_forward where it has one (the
-  // host backend fuses the bias into its GEMM), else a GEMM and a bias pass.
+  /// y (rows, Out) = x (rows, In) W^T + b: the context's linear_forward where it has one (the
+  /// host backend fuses the bias into its GEMM), else a GEMM and a bias pass.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     if constexpr (!Bias) {
@@ -53,13 +53,13 @@ struct Linear {
     }
   }
 
-  // dx (rows, In) = dy (rows, Out) W
+  /// dx (rows, In) = dy (rows, Out) W
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     ctx.gemm(false, false, a.rows, In, Out, 1, a.dy, a.params, 0, a.dx);
   }
 
-  // dW (Out, In) += dy^T x,  db (Out) += sum_rows dy
+  /// dW (Out, In) += dy^T x,  db (Out) += sum_rows dy
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);

@@ -39,8 +39,8 @@ struct bind_stages<N, T, I, S, Rest...> {
 
 }  // namespace detail
 
-// One parameter tensor of a model: its PyTorch name, shape, stage and offset in the stage's
-// flat parameter array.
+/// One parameter tensor of a model: its PyTorch name, shape, stage and offset in the stage's
+/// flat parameter array.
 struct ParameterInfo {
   std::string name;
   std::vector<std::size_t> shape;
@@ -58,13 +58,13 @@ struct Pipeline {
                 "gpipe: the first layer of a Pipeline must fix its input width (e.g. Linear<In, "
                 "Out> or LayerNorm<N>), since no layer comes before it");
 
-  // A token model starts with a layer that fixes T tokens per sample (Embedding<V, T, D>): its
-  // rows are tokens, T consecutive rows make a sample, and micro-batches split between samples.
+  /// A token model starts with a layer that fixes T tokens per sample (Embedding<V, T, D>): its
+  /// rows are tokens, T consecutive rows make a sample, and micro-batches split between samples.
   static constexpr bool is_token_model = first_stage::tokens_per_sample > 0;
   static constexpr std::size_t tokens_per_sample =
       is_token_model ? first_stage::tokens_per_sample : 1;
 
-  // Token ids a token model takes: [0, vocab_size), its Embedding's V.
+  /// Token ids a token model takes: [0, vocab_size), its Embedding's V.
   static constexpr std::size_t vocab_size = [] {
     if constexpr (requires { first_stage::first_layer::vocab_size; })
       return std::size_t{first_stage::first_layer::vocab_size};
@@ -90,7 +90,7 @@ struct Pipeline {
   }
 
  public:
-  // Parameters per stage and in all.
+  /// Parameters per stage and in all.
   static constexpr std::array<std::size_t, num_stages> stage_num_params =
       stage_param_counts(std::make_index_sequence<num_stages>{});
   static constexpr std::size_t num_params = [] {
@@ -105,7 +105,7 @@ struct Pipeline {
     return out;
   }();
 
-  // Every parameter tensor in nn.Sequential order.
+  /// Every parameter tensor in nn.Sequential order.
   static std::vector<ParameterInfo> parameters() {
     std::vector<ParameterInfo> out;
     [&]<std::size_t... S>(std::index_sequence<S...>) { (append_stage<S>(out), ...); }

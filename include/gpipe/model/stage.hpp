@@ -14,7 +14,7 @@
 
 namespace gpipe {
 
-// (Layers is not constrained by layer_spec: the body's static_assert names what a layer lacks.)
+/// (Layers is not constrained by layer_spec: the body's static_assert names what a layer lacks.)
 template <class... Layers>
 struct Stage {
   static_assert(sizeof...(Layers) > 0, "gpipe: a Stage needs at least one layer");
@@ -22,17 +22,17 @@ struct Stage {
                 "gpipe: every layer of a Stage must be a layer_spec (the error above names what "
                 "it lacks)");
 
-  // Entries of nn.Sequential (a Checkpoint counts the layers it wraps).
+  /// Entries of nn.Sequential (a Checkpoint counts the layers it wraps).
   static constexpr std::size_t num_layers = (std::size_t{0} + ... + sequential_size_v<Layers>);
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
 
   using first_layer = std::tuple_element_t<0, std::tuple<Layers...>>;
 
-  // T that the stage's first layer fixes (an Embedding's), 0 if none.
+  /// T that the stage's first layer fixes (an Embedding's), 0 if none.
   static constexpr std::size_t tokens_per_sample = detail::tokens_per_sample_v<first_layer>;
 
-  // (S: the stage's index in its Pipeline, for errors; detail::no_stage outside one)
+  /// (S: the stage's index in its Pipeline, for errors; detail::no_stage outside one)
   template <std::size_t N, std::size_t T = 0, std::size_t S = detail::no_stage>
   using bound = detail::bind_chain_at_t<N, T, S, Layers...>;
 };
@@ -48,8 +48,8 @@ struct repeat_stage<Layer, std::index_sequence<I...>> {
 };
 }  // namespace detail
 
-// repeat_stage_t<Layer, N> = Stage<Layer, ..., Layer> (N times): deep uniform stages for tests,
-// benchmarks and models built from identical blocks.
+/// repeat_stage_t<Layer, N> = Stage<Layer, ..., Layer> (N times): deep uniform stages for tests,
+/// benchmarks and models built from identical blocks.
 template <layer_spec Layer, std::size_t N>
 using repeat_stage_t = typename detail::repeat_stage<Layer, std::make_index_sequence<N>>::type;
 
@@ -60,7 +60,7 @@ template <class... Ls>
 struct is_stage<Stage<Ls...>> : std::true_type {};
 }  // namespace detail
 
-// stage<S>: S is a gpipe::Stage<...>.
+/// stage<S>: S is a gpipe::Stage<...>.
 template <class S>
 concept stage = detail::is_stage<S>::value;
 

@@ -23,7 +23,7 @@ class AdamW {
 
   explicit AdamW(Options options = {}) : options(options) { check(); }
 
-  static constexpr std::size_t state_per_param = 2;  // (m, v), each a block of n floats
+  static constexpr std::size_t state_per_param = 2;  ///< (m, v), each a block of n floats
 
   void check() const {
     detail::require(options.lr >= 0, "AdamW lr must be >= 0, got " + std::to_string(options.lr));

@@ -25,7 +25,7 @@ class SGD {
 
   explicit SGD(Options options = {}) : options(options) { check(); }
 
-  static constexpr std::size_t state_per_param = 1;  // momentum buffer
+  static constexpr std::size_t state_per_param = 1;  ///< momentum buffer
 
   void check() const {
     detail::require(options.lr >= 0, "SGD lr must be >= 0, got " + std::to_string(options.lr));
@@ -44,7 +44,7 @@ class SGD {
                  options.weight_decay, options.nesterov, step == 1);
   }
 
-  Options options;  // may be changed between steps (e.g. a learning-rate schedule)
+  Options options;  ///< may be changed between steps (e.g. a learning-rate schedule)
 };
 
 }  // namespace gpipe::optim

@@ -26,13 +26,13 @@
 namespace gpipe {
 
 struct DeviceMemoryPrediction {
-  std::size_t parameters = 0;        // bytes
-  std::size_t gradients = 0;         // bytes
-  std::size_t optimizer_state = 0;   // bytes, for the given floats of state per parameter
-  std::size_t activations_peak = 0;  // bytes, exact
-  std::size_t workspace_bound = 0;   // bytes, an upper bound on the workspace peak
+  std::size_t parameters = 0;        ///< bytes
+  std::size_t gradients = 0;         ///< bytes
+  std::size_t optimizer_state = 0;   ///< bytes, for the given floats of state per parameter
+  std::size_t activations_peak = 0;  ///< bytes, exact
+  std::size_t workspace_bound = 0;   ///< bytes, an upper bound on the workspace peak
 
-  // An upper bound on the device's total peak.
+  /// An upper bound on the device's total peak.
   std::size_t total_bound() const {
     return parameters + gradients + optimizer_state + activations_peak + workspace_bound;
   }
@@ -62,9 +62,9 @@ std::vector<StageSizes> stage_sizes() {
 
 }  // namespace detail
 
-// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
-// a token model: samples times Model::tokens_per_sample).
-// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
+/// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
+/// a token model: samples times Model::tokens_per_sample).
+/// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
 template <class Model>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
                                                    Remat remat,

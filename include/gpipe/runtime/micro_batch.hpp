@@ -10,9 +10,9 @@
 namespace gpipe {
 
 struct MicroBatchSplit {
-  std::size_t rows = 0;           // N, a multiple of sample_rows
-  std::size_t micro_batches = 1;  // M, 1 <= M <= N / sample_rows
-  std::size_t sample_rows = 1;    // R
+  std::size_t rows = 0;           ///< N, a multiple of sample_rows
+  std::size_t micro_batches = 1;  ///< M, 1 <= M <= N / sample_rows
+  std::size_t sample_rows = 1;    ///< R
 
   constexpr std::size_t samples() const { return rows / sample_rows; }
   constexpr std::size_t size(std::size_t mb) const {

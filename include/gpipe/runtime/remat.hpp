@@ -26,7 +26,7 @@ constexpr std::string_view to_string(Remat policy) {
   return "unknown";
 }
 
-// Whether micro-batch mb of M drops its activations after forward and recomputes them.
+/// Whether micro-batch mb of M drops its activations after forward and recomputes them.
 constexpr bool recomputes(Remat policy, std::size_t micro_batch, std::size_t num_micro_batches) {
   switch (policy) {
     case Remat::never:

@@ -28,7 +28,7 @@
 
 namespace gpipe {
 
-// "backward_input" => OpKind::backward_input; nullopt for work that is not a schedule op.
+/// "backward_input" => OpKind::backward_input; nullopt for work that is not a schedule op.
 constexpr std::optional<OpKind> op_kind_of(std::string_view what) {
   for (std::size_t k = 0; k < num_op_kinds; ++k) {
     const auto kind = static_cast<OpKind>(k);
@@ -37,22 +37,22 @@ constexpr std::optional<OpKind> op_kind_of(std::string_view what) {
   return std::nullopt;
 }
 
-// Work that keeps a device busy: what the executor labels compute (forward, backward_input,
-// backward_weight, and the forwards of predict()). The same flag feeds the trainer's per-step
-// timing, so a trace and last_step() agree on what is busy.
+/// Work that keeps a device busy: what the executor labels compute (forward, backward_input,
+/// backward_weight, and the forwards of predict()). The same flag feeds the trainer's per-step
+/// timing, so a trace and last_step() agree on what is busy.
 constexpr bool is_compute(const WorkLabel& label) { return label.compute; }
 
-// What a trace measures; all times in microseconds.
+/// What a trace measures; all times in microseconds.
 struct TraceStats {
-  double begin_us = 0;            // first compute start
-  double end_us = 0;              // last compute end
-  double makespan_us = 0;         // end_us - begin_us; 0 when there is no compute op
-  std::vector<double> busy_us{};  // [device] total duration of compute ops
-  double bubble_fraction = 0;     // 1 - sum(busy_us) / (K * makespan_us); 0 when makespan is 0
+  double begin_us = 0;            ///< first compute start
+  double end_us = 0;              ///< last compute end
+  double makespan_us = 0;         ///< end_us - begin_us; 0 when there is no compute op
+  std::vector<double> busy_us{};  ///< [device] total duration of compute ops
+  double bubble_fraction = 0;     ///< 1 - sum(busy_us) / (K * makespan_us); 0 when makespan is 0
 };
 
-// Statistics of `events` on devices 0..num_devices-1. Throws Error when an event names a device
-// outside that range or has a non-finite time or an end before its start.
+/// Statistics of `events` on devices 0..num_devices-1. Throws Error when an event names a device
+/// outside that range or has a non-finite time or an end before its start.
 inline TraceStats trace_stats(std::span<const TraceEvent> events, std::size_t num_devices) {
   TraceStats stats;
   stats.busy_us.assign(num_devices, 0.0);
@@ -82,15 +82,15 @@ inline TraceStats trace_stats(std::span<const TraceEvent> events, std::size_t nu
   return stats;
 }
 
-// 1 - busy / (K * makespan) of `events` on K = num_devices devices; see trace_stats.
+/// 1 - busy / (K * makespan) of `events` on K = num_devices devices; see trace_stats.
 inline double measured_bubble(std::span<const TraceEvent> events, std::size_t num_devices) {
   return trace_stats(events, num_devices).bubble_fraction;
 }
 
-// (schedule, simulate(schedule, costs), unit_us) => one record per op, every device, in each
-// device's list order, with times = simulated times * unit_us (so costs in milliseconds and
-// unit_us = 1000 give a trace in microseconds). Sends and recvs are included (they take no
-// simulated time). Throws Error when `result` does not belong to `schedule`.
+/// (schedule, simulate(schedule, costs), unit_us) => one record per op, every device, in each
+/// device's list order, with times = simulated times * unit_us (so costs in milliseconds and
+/// unit_us = 1000 give a trace in microseconds). Sends and recvs are included (they take no
+/// simulated time). Throws Error when `result` does not belong to `schedule`.
 inline std::vector<TraceEvent> trace_of(const Schedule& schedule, const SimulationResult& result,
                                         double unit_us = 1.0) {
   const std::size_t K = schedule.num_devices;

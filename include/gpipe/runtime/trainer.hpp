@@ -42,11 +42,11 @@
 
 namespace gpipe {
 
-// Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
-// embedding, on the last and the first stage). Both are kept equal: at initialization, load,
-// set_parameter and after every optimizer step. Each forward_backward sums the two gradients
-// (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
-// tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
+/// Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
+/// embedding, on the last and the first stage). Both are kept equal: at initialization, load,
+/// set_parameter and after every optimizer step. Each forward_backward sums the two gradients
+/// (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
+/// tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
 struct Tie {
   std::string parameter;
   std::string to;
@@ -80,12 +80,12 @@ class Trainer {
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
 
-  // What the last forward_backward measured: busy time per device (compute ops only) and the
-  // makespan from the first compute start to the last compute end, over all devices. The
-  // bubble is the idle fraction of the devices' time in between, 1 - busy / (K makespan).
+  /// What the last forward_backward measured: busy time per device (compute ops only) and the
+  /// makespan from the first compute start to the last compute end, over all devices. The
+  /// bubble is the idle fraction of the devices' time in between, 1 - busy / (K makespan).
   struct StepStats {
     double makespan_us = 0;
-    double busy_us = 0;  // summed over devices
+    double busy_us = 0;  ///< summed over devices
     double bubble_fraction = 0;
     std::vector<ComputeTiming> devices;
   };
@@ -100,7 +100,7 @@ class Trainer {
   };
 
   static constexpr std::size_t num_stages = Model::num_stages;
-  // How the backend's transport completes a send: the schedule is ordered and validated for it.
+  /// How the backend's transport completes a send: the schedule is ordered and validated for it.
   static constexpr Sends sends = transport::transport_for<Backend>::sends;
   static constexpr std::size_t num_devices = Model::num_stages / ScheduleKind::chunks_per_device;
 
@@ -152,8 +152,8 @@ class Trainer {
   std::size_t device_of_stage(std::size_t stage) const { return schedule_.device_of_stage(stage); }
   Backend& backend() const { return backend_; }
 
-  // x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
-  // floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
+  /// x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
+  /// floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
   float forward_backward(std::span<const float> x,
                          std::span<const target_type> y) requires(!Model::is_token_model) {
     constexpr std::size_t in = Model::in_features;
@@ -170,16 +170,16 @@ class Trainer {
     return run_step(x, y, rows);
   }
 
-  // Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
-  // Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
+  /// Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
+  /// Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
   float forward_backward(std::span<const std::int32_t> tokens,
                          std::span<const target_type> targets) requires Model::is_token_model {
     const std::vector<float> x = token_rows(tokens, options_.micro_batches);
     return run_step(x, targets, tokens.size());
   }
 
-  // Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
-  // pipelined through the stages; gradients are untouched.
+  /// Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
+  /// pipelined through the stages; gradients are untouched.
   std::vector<float> predict(std::span<const float> x) requires(!Model::is_token_model) {
     constexpr std::size_t in = Model::in_features;
     detail::require(x.size() % in == 0 && !x.empty(), "x has " + std::to_string(x.size()) +
@@ -190,35 +190,35 @@ class Trainer {
     return run_predict(x, x.size() / in);
   }
 
-  // Token models: the logits (B T, out_features) of every token of (B, T) token ids.
+  /// Token models: the logits (B T, out_features) of every token of (B, T) token ids.
   std::vector<float> predict(std::span<const std::int32_t> tokens) requires Model::is_token_model {
     const std::vector<float> x = token_rows(tokens, 1);
     return run_predict(x, tokens.size());
   }
 
-  // Timing of the last successful forward_backward (empty if the backend does not time work).
+  /// Timing of the last successful forward_backward (empty if the backend does not time work).
   const StepStats& last_step() const { return last_step_; }
 
-  // What the last step's measured bubble is made of (computed when asked: it runs the schedule's
-  // simulator twice): measured = schedule + imbalance + overhead.
+  /// What the last step's measured bubble is made of (computed when asked: it runs the schedule's
+  /// simulator twice): measured = schedule + imbalance + overhead.
   struct BubbleBreakdown {
-    double measured = 0;  // last_step().bubble_fraction: 1 - busy / (devices x makespan)
-    // The schedule's own bubble: its simulation with every op taking the step's mean op time;
-    // what remains at zero executor cost on a balanced pipeline ((K-1)/(M+K-1) for GPipe and
-    // 1F1B).
+    double measured = 0;  ///< last_step().bubble_fraction: 1 - busy / (devices x makespan)
+    /// The schedule's own bubble: its simulation with every op taking the step's mean op time;
+    /// what remains at zero executor cost on a balanced pipeline ((K-1)/(M+K-1) for GPipe and
+    /// 1F1B).
     double schedule = 0;
-    // What uneven stages add: the simulation with each device's ops taking that device's mean op
-    // time (device_op_us), minus `schedule`. A device with more work per op keeps the others
-    // waiting; the executor is not the cause.
+    /// What uneven stages add: the simulation with each device's ops taking that device's mean op
+    /// time (device_op_us), minus `schedule`. A device with more work per op keeps the others
+    /// waiting; the executor is not the cause.
     double imbalance = 0;
-    // measured - schedule - imbalance: what the executor adds (hand-overs between devices, waiting
-    // for a worker to wake), and devices waiting for a core when they outnumber the cores. Per op
-    // it is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
+    /// measured - schedule - imbalance: what the executor adds (hand-overs between devices, waiting
+    /// for a worker to wake), and devices waiting for a core when they outnumber the cores. Per op
+    /// it is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
     double overhead = 0;
-    double mean_op_us = 0;             // the step's busy time / its compute ops
-    std::vector<double> device_op_us;  // [device] its busy time / its compute ops (0: none ran)
-    std::size_t busy_devices = 0;      // devices of the pipeline that computed in the step
-    bool devices_share_cores = false;  // host backend: more busy devices than hardware threads
+    double mean_op_us = 0;             ///< the step's busy time / its compute ops
+    std::vector<double> device_op_us;  ///< [device] its busy time / its compute ops (0: none ran)
+    std::size_t busy_devices = 0;      ///< devices of the pipeline that computed in the step
+    bool devices_share_cores = false;  ///< host backend: more busy devices than hardware threads
   };
   BubbleBreakdown bubble_breakdown() const {
     BubbleBreakdown out;
@@ -256,9 +256,9 @@ class Trainer {
     backend_.synchronize();
   }
 
-  // One optimizer update of every parameter from its accumulated gradient, on each stage's
-  // device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
-  // type changes.
+  /// One optimizer update of every parameter from its accumulated gradient, on each stage's
+  /// device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
+  /// type changes.
   template <class Optimizer>
   void step(const Optimizer& optimizer) {
     optimizer.check();
@@ -290,16 +290,16 @@ class Trainer {
     sync_tied_parameters();
   }
 
-  // Every parameter tensor: name, shape, stage.
+  /// Every parameter tensor: name, shape, stage.
   const std::vector<ParameterInfo>& parameter_info() const { return infos_; }
 
-  // A parameter or gradient of this process's stages (with a multi_process_backend, another
-  // process's stage is an Error naming its owner).
+  /// A parameter or gradient of this process's stages (with a multi_process_backend, another
+  /// process's stage is an Error naming its owner).
   std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
   std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
-  // Sets a parameter; for a tied one, the tensor it shares with its partner. With several
-  // processes, a parameter of another process's stage is an Error; for a tied pair on two
-  // processes both call it (the leader's writes, the follower's receives).
+  /// Sets a parameter; for a tied one, the tensor it shares with its partner. With several
+  /// processes, a parameter of another process's stage is an Error; for a tied pair on two
+  /// processes both call it (the leader's writes, the follower's receives).
   void set_parameter(std::string_view name, std::span<const float> values) {
     const ParameterInfo& info = find(name);
     detail::require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
@@ -315,9 +315,9 @@ class Trainer {
     if (tie != nullptr) sync_tie(*tie);
   }
 
-  // Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
-  // load_state_dict with strict=True); a tied parameter may be left out. With several processes
-  // each reads the file and keeps its own stages' tensors.
+  /// Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
+  /// load_state_dict with strict=True); a tied parameter may be left out. With several processes
+  /// each reads the file and keeps its own stages' tensors.
   void load(const std::filesystem::path& path) {
     const auto tensors = io::load_safetensors(path);
     for (const ParameterInfo& info : infos_) {
@@ -346,15 +346,15 @@ class Trainer {
     backend_.synchronize();
     sync_tied_parameters();
   }
-  // The model's parameters (gradients) as one safetensors file. With several processes, every
-  // process calls it (each stage's owner sends its tensors) and the first device's writes it.
+  /// The model's parameters (gradients) as one safetensors file. With several processes, every
+  /// process calls it (each stage's owner sends its tensors) and the first device's writes it.
   void save(const std::filesystem::path& path) const { save_all(params_, path); }
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
 
  private:
   static constexpr std::size_t tokens_per_sample = Model::tokens_per_sample;
 
-  // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
+  /// Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
   float run_step(std::span<const float> x, std::span<const target_type> y, std::size_t rows) {
     constexpr std::size_t out = Model::out_features;
     const std::size_t per_row = Loss::targets_per_row(out);
@@ -415,9 +415,9 @@ class Trainer {
     return out;
   }
 
-  // The first stage's rows of a token model: each id as a float (exact: ids are below
-  // Model::vocab_size <= 2^24), after checking that the ids are whole samples, at least
-  // min_samples of them, and every one in [0, V).
+  /// The first stage's rows of a token model: each id as a float (exact: ids are below
+  /// Model::vocab_size <= 2^24), after checking that the ids are whole samples, at least
+  /// min_samples of them, and every one in [0, V).
   static std::vector<float> token_rows(std::span<const std::int32_t> tokens,
                                        std::size_t min_samples) {
     constexpr std::size_t T = tokens_per_sample, V = Model::vocab_size;
@@ -500,7 +500,7 @@ class Trainer {
     throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
   }
 
-  // Whether this process holds stage s (always, in one process).
+  /// Whether this process holds stage s (always, in one process).
   bool local(std::size_t s) const { return detail::is_local(backend_, device_of_stage(s)); }
   void require_local(const ParameterInfo& info) const {
     detail::require(local(info.stage), "parameter \"" + info.name + "\" is on stage " +
@@ -520,7 +520,7 @@ class Trainer {
     backend_.synchronize();
     return out;
   }
-  // Issues the copy; the caller synchronizes before `values` goes away.
+  /// Issues the copy; the caller synchronizes before `values` goes away.
   void write(std::vector<Buffer<float>>& where, const ParameterInfo& info,
              std::span<const float> values) {
     require_local(info);
@@ -530,7 +530,7 @@ class Trainer {
                     });
   }
 
-  // Every tensor once: a tied parameter is saved under its partner's name only.
+  /// Every tensor once: a tied parameter is saved under its partner's name only.
   void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path) const {
     std::vector<const ParameterInfo*> saved;
     for (const ParameterInfo& info : infos_)
@@ -548,8 +548,8 @@ class Trainer {
     io::save_safetensors(path, views);
   }
 
-  // Checks options_.ties and resolves their names: every tie joins two distinct parameters of
-  // one shape, a parameter follows at most one other, and a followed one follows none.
+  /// Checks options_.ties and resolves their names: every tie joins two distinct parameters of
+  /// one shape, a parameter follows at most one other, and a followed one follows none.
   void resolve_ties() {
     for (const Tie& tie : options_.ties) {
       const ParameterInfo& follower = find(tie.parameter);
@@ -570,14 +570,14 @@ class Trainer {
       ties_.emplace_back(&follower, &leader);  // on every process: files name the tensor once
     }
   }
-  // The parameter that holds info's values in files: its tie partner, or itself.
+  /// The parameter that holds info's values in files: its tie partner, or itself.
   const ParameterInfo* leader_of(const ParameterInfo& info) const {
     for (const auto& [follower, leader] : ties_)
       if (follower == &info) return leader;
     return &info;
   }
-  // The follower <- the leader's values. A pair on two processes exchanges them; a pair on
-  // neither is that process's business.
+  /// The follower <- the leader's values. A pair on two processes exchanges them; a pair on
+  /// neither is that process's business.
   void sync_tied_parameters() {
     for (const auto& tie : ties_) sync_tie(tie);
   }
@@ -598,8 +598,8 @@ class Trainer {
     }
     backend_.synchronize();
   }
-  // Both tensors <- the sum of both gradients (leader + follower, in that order: one process and
-  // several give the same bits).
+  /// Both tensors <- the sum of both gradients (leader + follower, in that order: one process and
+  /// several give the same bits).
   void sum_tied_gradients() {
     for (const auto& [follower, leader] : ties_) {
       const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
@@ -615,7 +615,7 @@ class Trainer {
       backend_.synchronize();
     }
   }
-  // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
+  /// Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
   void exchange_with(std::size_t stage, std::span<const float> mine, std::span<float> theirs) {
     if constexpr (multi_process_backend<Backend>) {
       backend_.exchange(device_of_stage(stage), mine, theirs);
@@ -623,7 +623,7 @@ class Trainer {
       (void)stage, (void)mine, (void)theirs;  // one process: every stage is local
     }
   }
-  // The tie that `info` belongs to, either side (nullptr if none).
+  /// The tie that `info` belongs to, either side (nullptr if none).
   const std::pair<const ParameterInfo*, const ParameterInfo*>* tie_of(
       const ParameterInfo& info) const {
     for (const auto& tie : ties_)
@@ -654,7 +654,7 @@ class Trainer {
   const std::type_info* optimizer_type_ = nullptr;
   StepStats last_step_;
   std::size_t optimizer_steps_ = 0;
-  std::vector<std::pair<const ParameterInfo*, const ParameterInfo*>> ties_;  // (follower, leader)
+  std::vector<std::pair<const ParameterInfo*, const ParameterInfo*>> ties_;  ///< (follower, leader)
 };
 
 }  // namespace gpipe

@@ -28,7 +28,7 @@
 
 namespace gpipe {
 
-// The parts of the offending op, as types so that they appear in the diagnostic.
+/// The parts of the offending op, as types so that they appear in the diagnostic.
 template <std::size_t Device>
 struct on_device {};
 template <std::size_t Position>
@@ -38,7 +38,7 @@ struct for_micro_batch {};
 template <std::uint32_t Chunk>
 struct in_chunk {};
 
-// Instantiated only for an invalid schedule, to fail with the error and op in its arguments.
+/// Instantiated only for an invalid schedule, to fail with the error and op in its arguments.
 template <ValidationError Error, class Device, class Position, OpKind Kind, class MicroBatch,
           class Chunk>
 struct invalid_schedule {
@@ -49,14 +49,14 @@ struct invalid_schedule {
   static constexpr bool value = false;
 };
 
-// validate(MakeSchedule()), evaluated once per schedule as a constant expression of its own, so
-// that a grid of schedules checked together does not add up against the compiler's limit on
-// the steps of one constant evaluation.
+/// validate(MakeSchedule()), evaluated once per schedule as a constant expression of its own, so
+/// that a grid of schedules checked together does not add up against the compiler's limit on
+/// the steps of one constant evaluation.
 template <auto MakeSchedule>
 inline constexpr ValidationResult compile_time_validation = validate(MakeSchedule());
 
-// MakeSchedule: () -> Schedule, usable in constant expressions. True when validate() accepts the
-// schedule; a compile error naming the first offending op otherwise.
+/// MakeSchedule: () -> Schedule, usable in constant expressions. True when validate() accepts the
+/// schedule; a compile error naming the first offending op otherwise.
 template <auto MakeSchedule>
 consteval bool require_valid_at_compile_time() {
   constexpr const ValidationResult& result = compile_time_validation<MakeSchedule>;
@@ -69,8 +69,8 @@ consteval bool require_valid_at_compile_time() {
   }
 }
 
-// require_valid_at_compile_time<MakeSchedule>() as a variable: usable in a static_assert or as
-// a template argument, evaluated once per schedule.
+/// require_valid_at_compile_time<MakeSchedule>() as a variable: usable in a static_assert or as
+/// a template argument, evaluated once per schedule.
 template <auto MakeSchedule>
 inline constexpr bool valid_at_compile_time = require_valid_at_compile_time<MakeSchedule>();
 

@@ -21,8 +21,8 @@
 
 namespace gpipe {
 
-// (K, M) => per device: M x (recv, F, send), then M x (recv, B, W, send) in reverse order.
-// Throws Error when K or M is 0 or M does not fit an Op's micro_batch.
+/// (K, M) => per device: M x (recv, F, send), then M x (recv, B, W, send) in reverse order.
+/// Throws Error when K or M is 0 or M does not fit an Op's micro_batch.
 constexpr Schedule make_gpipe_schedule(std::size_t num_devices, std::size_t num_micro_batches) {
   if (num_devices == 0) throw Error("gpipe: a GPipe schedule needs at least one device, got 0");
   if (num_micro_batches == 0) {
@@ -57,7 +57,7 @@ constexpr Schedule make_gpipe_schedule(std::size_t num_devices, std::size_t num_
   return schedule;
 }
 
-// Schedule tag for Trainer's schedule argument: fill-drain, one stage per device.
+/// Schedule tag for Trainer's schedule argument: fill-drain, one stage per device.
 struct GPipe {
   static constexpr std::size_t chunks_per_device = 1;
   static constexpr std::string_view name = "gpipe";

@@ -116,9 +116,9 @@ constexpr auto interleaved_name() {
 
 }  // namespace detail
 
-// (K, V, M) => device d: w_d = min(MV, K-1-d + (V-1) G_0) x F(T[i]), then (F(T[w_d+j]),
-// B W(T'[j])) for each remaining j, then the remaining B W(T'[j]); T, T', G_0 as above.
-// Throws Error when K, V or M is 0.
+/// (K, V, M) => device d: w_d = min(MV, K-1-d + (V-1) G_0) x F(T[i]), then (F(T[w_d+j]),
+/// B W(T'[j])) for each remaining j, then the remaining B W(T'[j]); T, T', G_0 as above.
+/// Throws Error when K, V or M is 0.
 constexpr Schedule make_interleaved_schedule(std::size_t num_devices, std::size_t num_chunks,
                                              std::size_t num_micro_batches) {
   Schedule schedule = detail::empty_schedule("an interleaved 1F1B schedule", num_devices,
@@ -147,8 +147,8 @@ constexpr Schedule make_interleaved_schedule(std::size_t num_devices, std::size_
   return schedule;
 }
 
-// Schedule tag for Trainer's schedule argument: interleaved 1F1B with V stages per device, so a
-// model with V*K stages runs on K devices.
+/// Schedule tag for Trainer's schedule argument: interleaved 1F1B with V stages per device, so a
+/// model with V*K stages runs on K devices.
 template <std::size_t V>
 struct Interleaved {
   static_assert(V >= 1, "gpipe: Interleaved<V> needs at least one chunk per device");

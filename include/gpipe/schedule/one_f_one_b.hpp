@@ -27,8 +27,8 @@
 
 namespace gpipe {
 
-// (K, M) => device d: min(K-1-d, M) x F, then (F_{w+j}, B_j W_j) for each remaining j, then the
-// remaining B W. Throws Error when K or M is 0.
+/// (K, M) => device d: min(K-1-d, M) x F, then (F_{w+j}, B_j W_j) for each remaining j, then the
+/// remaining B W. Throws Error when K or M is 0.
 constexpr Schedule make_1f1b_schedule(std::size_t num_devices, std::size_t num_micro_batches) {
   Schedule schedule = detail::empty_schedule("a 1F1B schedule", num_devices, num_micro_batches, 1);
   const std::size_t m = num_micro_batches;
@@ -45,7 +45,7 @@ constexpr Schedule make_1f1b_schedule(std::size_t num_devices, std::size_t num_m
   return schedule;
 }
 
-// Schedule tag for Trainer's schedule argument: 1F1B (PipeDream-Flush), one stage per device.
+/// Schedule tag for Trainer's schedule argument: 1F1B (PipeDream-Flush), one stage per device.
 struct OneFOneB {
   static constexpr std::size_t chunks_per_device = 1;
   static constexpr std::string_view name = "1f1b";

@@ -61,10 +61,10 @@ enum class OpKind : std::uint8_t {
 
 inline constexpr std::size_t num_op_kinds = 7;
 
-// How a send completes (see "Execution" and "Rendezvous sends" above).
+/// How a send completes (see "Execution" and "Rendezvous sends" above).
 enum class Sends : std::uint8_t {
-  buffered,    // a send never blocks: one process, the data stays where the receiver reads it
-  rendezvous,  // a send completes with its recv; consecutive transfers are posted as a group
+  buffered,    ///< a send never blocks: one process, the data stays where the receiver reads it
+  rendezvous,  ///< a send completes with its recv; consecutive transfers are posted as a group
 };
 
 constexpr std::string_view to_string(Sends sends) {
@@ -91,7 +91,7 @@ constexpr std::string_view to_string(OpKind kind) {
   return "unknown";
 }
 
-// Compute ops occupy the device; sends and recvs only move data between stages.
+/// Compute ops occupy the device; sends and recvs only move data between stages.
 constexpr bool is_compute(OpKind kind) {
   return kind == OpKind::forward || kind == OpKind::backward_input ||
          kind == OpKind::backward_weight;
@@ -106,28 +106,28 @@ constexpr bool is_recv(OpKind kind) {
 struct Op {
   OpKind kind = OpKind::forward;
   std::uint32_t micro_batch = 0;
-  std::uint32_t chunk = 0;  // which of the device's stages; see stage_of
+  std::uint32_t chunk = 0;  ///< which of the device's stages; see stage_of
 
   friend constexpr bool operator==(const Op&, const Op&) = default;
 };
 
-// ops[device] is that device's program, run in order. Invariant of a valid schedule (see
-// validate): ops.size() == num_devices, every op's micro_batch < num_micro_batches and
-// chunk < num_chunks, and the contract at the top of this file holds.
+/// ops[device] is that device's program, run in order. Invariant of a valid schedule (see
+/// validate): ops.size() == num_devices, every op's micro_batch < num_micro_batches and
+/// chunk < num_chunks, and the contract at the top of this file holds.
 struct Schedule {
   std::size_t num_devices = 0;
   std::size_t num_micro_batches = 0;
-  std::size_t num_chunks = 1;  // virtual stages per device
+  std::size_t num_chunks = 1;  ///< virtual stages per device
   std::vector<std::vector<Op>> ops{};
 
   constexpr std::size_t num_stages() const { return num_devices * num_chunks; }
-  // (device, chunk) => chunk * K + device
+  /// (device, chunk) => chunk * K + device
   constexpr std::size_t stage_of(std::size_t device, std::size_t chunk) const {
     return chunk * num_devices + device;
   }
-  // stage => stage % K
+  /// stage => stage % K
   constexpr std::size_t device_of_stage(std::size_t stage) const { return stage % num_devices; }
-  // stage => stage / K
+  /// stage => stage / K
   constexpr std::size_t chunk_of_stage(std::size_t stage) const { return stage / num_devices; }
 
   friend constexpr bool operator==(const Schedule&, const Schedule&) = default;

@@ -96,9 +96,9 @@ constexpr Repaired repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
 
 }  // namespace detail
 
-// `schedule` (valid with buffered sends), reordered to run with rendezvous sends; unchanged when
-// it already does. Of the two repairs above, the one whose result the simulator times faster
-// with equal op costs. Throws Error for an invalid schedule, or one neither repair saves.
+/// `schedule` (valid with buffered sends), reordered to run with rendezvous sends; unchanged when
+/// it already does. Of the two repairs above, the one whose result the simulator times faster
+/// with equal op costs. Throws Error for an invalid schedule, or one neither repair saves.
 constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
   if (const ValidationResult buffered = validate(schedule); !buffered.ok)
     throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(buffered));

@@ -23,20 +23,20 @@
 
 namespace gpipe {
 
-// Duration of each op kind, in any unit of time; all >= 0.
+/// Duration of each op kind, in any unit of time; all >= 0.
 struct OpCosts {
   double forward = 1;
   double backward_input = 1;
   double backward_weight = 1;
-  double transfer = 0;  // from a send to its recv's data being ready
+  double transfer = 0;  ///< from a send to its recv's data being ready
 };
 
 struct SimulationResult {
   double makespan = 0;
   double bubble_fraction = 0;
-  std::vector<double> busy;                        // [device] sum of compute op durations
-  std::vector<std::size_t> peak_live_activations;  // [device] max stashes alive at once
-  std::vector<std::vector<double>> start, finish;  // [device][position]
+  std::vector<double> busy;                        ///< [device] sum of compute op durations
+  std::vector<std::size_t> peak_live_activations;  ///< [device] max stashes alive at once
+  std::vector<std::vector<double>> start, finish;  ///< [device][position]
 };
 
 namespace detail {
@@ -60,10 +60,10 @@ constexpr double duration(OpKind kind, const OpCosts& costs) {
 
 }  // namespace detail
 
-// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
-// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
-// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is not
-// one OpCosts per device, or a cost is negative or NaN.
+/// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
+/// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
+/// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is
+/// not one OpCosts per device, or a cost is negative or NaN.
 constexpr SimulationResult simulate(const Schedule& schedule, std::span<const OpCosts> per_device) {
   detail::OpIndex index;
   const ValidationResult check = detail::validate_into(schedule, index);
@@ -129,8 +129,8 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
   return result;
 }
 
-// Times `schedule` with the same costs on every device. Throws Error (and fails constant
-// evaluation) when the schedule is invalid or a cost is negative or NaN.
+/// Times `schedule` with the same costs on every device. Throws Error (and fails constant
+/// evaluation) when the schedule is invalid or a cost is negative or NaN.
 constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
   const std::vector<OpCosts> per_device(schedule.num_devices, costs);
   return simulate(schedule, std::span<const OpCosts>(per_device));

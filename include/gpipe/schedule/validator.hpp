@@ -72,24 +72,24 @@ struct ValidationResult {
 
   bool ok = true;
   ValidationError error = ValidationError::none;
-  // The offending op: ops[device][position] == op. For missing_op, op is the absent op and
-  // position == ops[device].size(). For a bad_shape of the whole schedule, device == position ==
-  // npos.
+  /// The offending op: ops[device][position] == op. For missing_op, op is the absent op and
+  /// position == ops[device].size(). For a bad_shape of the whole schedule, device == position ==
+  /// npos.
   std::size_t device = 0;
   std::size_t position = 0;
   Op op{};
-  // The op it conflicts with, at ops[other_device][other_position]: the first copy
-  // (duplicate_op), the prerequisite that comes too late (dependency), the send a blocked recv
-  // waits for (deadlock); for unmatched_* the absent partner (other_position == npos).
+  /// The op it conflicts with, at ops[other_device][other_position]: the first copy
+  /// (duplicate_op), the prerequisite that comes too late (dependency), the send a blocked recv
+  /// waits for (deadlock); for unmatched_* the absent partner (other_position == npos).
   Op other{};
   std::size_t other_device = 0;
   std::size_t other_position = 0;
-  std::string_view reason{};  // the broken rule, in words
+  std::string_view reason{};  ///< the broken rule, in words
 
   constexpr explicit operator bool() const { return ok; }
 };
 
-// Where an op sits in a schedule: ops[device][position].
+/// Where an op sits in a schedule: ops[device][position].
 struct OpPlace {
   std::size_t device = 0;
   std::size_t position = 0;
@@ -449,16 +449,16 @@ inline std::string describe_place(std::size_t device, std::size_t position) {
 
 }  // namespace detail
 
-// Checks `schedule` against the contract of schedule/op.hpp, with sends completing as `sends`
-// says; see the top of this file.
+/// Checks `schedule` against the contract of schedule/op.hpp, with sends completing as `sends`
+/// says; see the top of this file.
 constexpr ValidationResult validate(const Schedule& schedule, Sends sends = Sends::buffered) {
   detail::OpIndex index;
   return detail::validate_into(schedule, index, sends);
 }
 
-// (device, position) of every op of a valid schedule, in an order in which every recv comes
-// after its matching send: the order in which to issue ops to streams whose event waits must
-// follow their records (as CUDA's do). Throws Error for an invalid schedule.
+/// (device, position) of every op of a valid schedule, in an order in which every recv comes
+/// after its matching send: the order in which to issue ops to streams whose event waits must
+/// follow their records (as CUDA's do). Throws Error for an invalid schedule.
 constexpr std::vector<OpPlace> issue_order(const Schedule& schedule) {
   detail::OpIndex index;
   const ValidationResult result = detail::validate_into(schedule, index);
@@ -470,8 +470,8 @@ constexpr std::vector<OpPlace> issue_order(const Schedule& schedule) {
   return order;
 }
 
-// One line for a person: the broken rule, where (device, position) and which op (kind,
-// micro-batch, chunk), and the op it conflicts with.
+/// One line for a person: the broken rule, where (device, position) and which op (kind,
+/// micro-batch, chunk), and the op it conflicts with.
 inline std::string describe(const ValidationResult& result) {
   using detail::describe_op;
   using detail::describe_place;
@@ -506,7 +506,7 @@ inline std::string describe(const ValidationResult& result) {
   }
 }
 
-// Throws Error(describe(validate(schedule, sends))) unless the schedule is valid.
+/// Throws Error(describe(validate(schedule, sends))) unless the schedule is valid.
 inline void require_valid(const Schedule& schedule, Sends sends = Sends::buffered) {
   const ValidationResult result = validate(schedule, sends);
   if (!result) throw Error("gpipe: " + describe(result));

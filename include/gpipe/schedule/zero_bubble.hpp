@@ -35,8 +35,8 @@
 
 namespace gpipe {
 
-// (K, M) => device d: 1F1B's F/B order with B and W split, W_{j-d} right after B_j, the last d
-// W's at the end. Throws Error when K or M is 0.
+/// (K, M) => device d: 1F1B's F/B order with B and W split, W_{j-d} right after B_j, the last d
+/// W's at the end. Throws Error when K or M is 0.
 constexpr Schedule make_zb_h1_schedule(std::size_t num_devices, std::size_t num_micro_batches) {
   Schedule schedule = detail::empty_schedule("a ZB-H1 schedule", num_devices, num_micro_batches, 1);
   const std::size_t m = num_micro_batches;
@@ -59,7 +59,7 @@ constexpr Schedule make_zb_h1_schedule(std::size_t num_devices, std::size_t num_
   return schedule;
 }
 
-// Schedule tag for Trainer's schedule argument: ZB-H1, one stage per device, B and W split.
+/// Schedule tag for Trainer's schedule argument: ZB-H1, one stage per device, B and W split.
 struct ZeroBubbleH1 {
   static constexpr std::size_t chunks_per_device = 1;
   static constexpr std::string_view name = "zb-h1";

@@ -33,8 +33,8 @@ namespace gpipe::testing {
 template <class T>
 inline constexpr T nan_v = std::numeric_limits<T>::quiet_NaN();
 
-// One forward / backward_input / backward_weight of layer L over `rows` rows on Kernels<T>.
-// Set x, params (and dy before backward_input); grads start at zero and accumulate.
+/// One forward / backward_input / backward_weight of layer L over `rows` rows on Kernels<T>.
+/// Set x, params (and dy before backward_input); grads start at zero and accumulate.
 template <layer L, class T>
 struct LayerRun {
   explicit LayerRun(std::size_t rows_)
@@ -51,15 +51,15 @@ struct LayerRun {
 
   std::size_t rows;
   host::Kernels<T> ctx{};
-  std::vector<T> x;           // (rows, in_features)
-  std::vector<T> params;      // (num_params)
-  std::vector<T> y;           // (rows, out_features)
-  std::vector<T> stash;       // (rows, stash_per_row)
-  std::vector<T> dy;          // (rows, out_features)
-  std::vector<T> dx;          // (rows, in_features)
-  std::vector<T> grad_stash;  // (rows, grad_stash_per_row)
-  std::vector<T> grads;       // (num_params), accumulated from zero
-  std::vector<T> workspace;   // (rows, workspace_per_row), NaN before every op: scratch only
+  std::vector<T> x;           ///< (rows, in_features)
+  std::vector<T> params;      ///< (num_params)
+  std::vector<T> y;           ///< (rows, out_features)
+  std::vector<T> stash;       ///< (rows, stash_per_row)
+  std::vector<T> dy;          ///< (rows, out_features)
+  std::vector<T> dx;          ///< (rows, in_features)
+  std::vector<T> grad_stash;  ///< (rows, grad_stash_per_row)
+  std::vector<T> grads;       ///< (num_params), accumulated from zero
+  std::vector<T> workspace;   ///< (rows, workspace_per_row), NaN before every op: scratch only
 
   void forward() {
     std::ranges::fill(y, nan_v<T>);
@@ -75,7 +75,7 @@ struct LayerRun {
     L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
                                                 stash.data(), grad_stash.data(), workspace.data()});
   }
-  // backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
+  /// backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
   void backward_input_without_dx() {
     std::ranges::fill(grad_stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
@@ -88,7 +88,7 @@ struct LayerRun {
                        BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(), stash.data(),
                                              grad_stash.data(), grads.data(), workspace.data()});
   }
-  // forward, then both backward ops with the dy set.
+  /// forward, then both backward ops with the dy set.
   void forward_backward() {
     forward();
     backward_input();
@@ -96,7 +96,7 @@ struct LayerRun {
   }
 };
 
-// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double.
+/// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double.
 template <layer L>
 double weighted_output(std::span<const double> x, std::span<const double> params,
                        std::span<const double> c, std::size_t rows) {
@@ -109,7 +109,7 @@ double weighted_output(std::span<const double> x, std::span<const double> params
   return static_cast<double>(sum);
 }
 
-// d f / d v_k ~ (f(v + eps e_k) - f(v - eps e_k)) / (2 eps) for every k; f takes the whole v.
+/// d f / d v_k ~ (f(v + eps e_k) - f(v - eps e_k)) / (2 eps) for every k; f takes the whole v.
 template <class F>
 std::vector<double> central_difference(F&& f, std::vector<double> v, double eps) {
   std::vector<double> g(v.size());
@@ -125,12 +125,12 @@ std::vector<double> central_difference(F&& f, std::vector<double> v, double eps)
   return g;
 }
 
-// The errors of L's analytic gradients against central differences of f = sum c .* y.
+/// The errors of L's analytic gradients against central differences of f = sum c .* y.
 struct GradientCheck {
-  double dx_error;      // relative_error(dx, numeric d f / d x)
-  double params_error;  // relative_error(grads, numeric d f / d params); 0 without params
-  double max_dx;        // max |numeric d f / d x|, to see that the check is not vacuous
-  double max_grad;      // max |numeric d f / d params|
+  double dx_error;      ///< relative_error(dx, numeric d f / d x)
+  double params_error;  ///< relative_error(grads, numeric d f / d params); 0 without params
+  double max_dx;        ///< max |numeric d f / d x|, to see that the check is not vacuous
+  double max_grad;      ///< max |numeric d f / d params|
 };
 
 template <layer L>
@@ -160,15 +160,15 @@ GradientCheck check_gradients(const std::vector<double>& x, const std::vector<do
           max_abs(numeric_dp)};
 }
 
-// n values uniform in [lo, hi), drawn as float so that they are exact in double too.
+/// n values uniform in [lo, hi), drawn as float so that they are exact in double too.
 inline std::vector<double> uniform_values(Rng& rng, std::size_t n, float lo, float hi) {
   std::vector<double> v(n);
   for (double& e : v) e = rng.uniform(lo, hi);
   return v;
 }
 
-// L's initial parameters (L::init) plus a uniform perturbation in [-spread, spread), so that
-// parameters initialized to constants (LayerNorm's 1 and 0) are not special; float-exact.
+/// L's initial parameters (L::init) plus a uniform perturbation in [-spread, spread), so that
+/// parameters initialized to constants (LayerNorm's 1 and 0) are not special; float-exact.
 template <layer L>
 std::vector<double> perturbed_params(Rng& rng, float spread = 0.5f) {
   std::vector<float> p(L::num_params);
@@ -179,8 +179,8 @@ std::vector<double> perturbed_params(Rng& rng, float spread = 0.5f) {
   return out;
 }
 
-// check_layer<L>(rows, seed, eps): check_gradients at random inputs: x and c uniform in
-// [-1, 1), the parameters from L::init plus a perturbation (perturbed_params).
+/// check_layer<L>(rows, seed, eps): check_gradients at random inputs: x and c uniform in
+/// [-1, 1), the parameters from L::init plus a perturbation (perturbed_params).
 template <layer L>
 GradientCheck check_layer(std::size_t rows = 3, std::uint64_t seed = 1, double eps = 1e-6) {
   Rng rng(seed);

@@ -10,9 +10,9 @@
 
 namespace gpipe::testing {
 
-// max_k |a_k - b_k| / max(max_k |b_k|, floor). NaN anywhere in a or b gives NaN, which fails
-// every `<` and `<=` comparison (std::max alone would drop it: max(d, NaN) is d); sizes that
-// differ give infinity.
+/// max_k |a_k - b_k| / max(max_k |b_k|, floor). NaN anywhere in a or b gives NaN, which fails
+/// every `<` and `<=` comparison (std::max alone would drop it: max(d, NaN) is d); sizes that
+/// differ give infinity.
 template <class A, class B>
 double relative_error(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-12) {
   if (a.size() != b.size()) return std::numeric_limits<double>::infinity();

@@ -21,11 +21,11 @@
 namespace gpipe::transport {
 
 struct Cuda {
-  // One process issues both halves of every hand-over (peer copy, or an NCCL send/recv pair in
-  // one group), so no send waits for a recv still to be issued.
+  /// One process issues both halves of every hand-over (peer copy, or an NCCL send/recv pair in
+  /// one group), so no send waits for a recv still to be issued.
   static constexpr Sends sends = Sends::buffered;
 
-  // dst (n) on the receiver's device <- src (n) on the sender's device
+  /// dst (n) on the receiver's device <- src (n) on the sender's device
   template <class T>
   static void receive(cuda::Kernels& receiver, const T* src, T* dst, std::size_t n) {
     receiver.receive(n, src, dst);

@@ -14,10 +14,10 @@
 namespace gpipe::transport {
 
 struct InProcess {
-  // The receiver reads the sender's memory whenever it gets to it: a send never blocks.
+  /// The receiver reads the sender's memory whenever it gets to it: a send never blocks.
   static constexpr Sends sends = Sends::buffered;
 
-  // dst (n) on the receiver's device <- src (n) on the sender's device
+  /// dst (n) on the receiver's device <- src (n) on the sender's device
   template <class Kernels, class T>
   static void receive(Kernels& receiver, const T* src, T* dst, std::size_t n) {
     receiver.copy(n, src, dst);

@@ -62,7 +62,7 @@
 
 namespace gpipe::cuda {
 
-// CUDA GPUs visible to this process; 0 when there are none or no usable driver.
+/// CUDA GPUs visible to this process; 0 when there are none or no usable driver.
 inline int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -73,24 +73,24 @@ inline int device_count() {
 }
 
 struct BackendOptions {
-  // Bytes per virtual device; 0 = no cap (the GPU's memory is the limit).
+  /// Bytes per virtual device; 0 = no cap (the GPU's memory is the limit).
   std::size_t device_capacity = 0;
-  // gpus[d] = CUDA device ordinal of virtual device d. Empty: d % (number of GPUs), so that K
-  // virtual devices spread over the GPUs there are, and share GPU 0 on a one-GPU machine.
+  /// gpus[d] = CUDA device ordinal of virtual device d. Empty: d % (number of GPUs), so that K
+  /// virtual devices spread over the GPUs there are, and share GPU 0 on a one-GPU machine.
   std::vector<int> gpus = {};
-  // TF32 tensor-core math in the GEMMs (cuBLAS CUBLAS_TF32_TENSOR_OP_MATH): several times the
-  // FP32 GEMM rate on Ampere and Hopper, with products rounded to a 10-bit mantissa (relative
-  // error about 1e-3 instead of 1e-6). Off by default, so that results match the host backend.
+  /// TF32 tensor-core math in the GEMMs (cuBLAS CUBLAS_TF32_TENSOR_OP_MATH): several times the
+  /// FP32 GEMM rate on Ampere and Hopper, with products rounded to a 10-bit mantissa (relative
+  /// error about 1e-3 instead of 1e-6). Off by default, so that results match the host backend.
   bool tf32 = false;
-  // Hand activations and gradients between virtual devices on different GPUs with NCCL
-  // (ncclSend/ncclRecv in a group, one communicator per GPU, ncclCommInitAll) instead of peer
-  // copies. Needs a build with NCCL (GPIPE_CUDA_NCCL=1, set by the CMake target gpipe::cuda when
-  // NCCL is found); transfers between virtual devices of one GPU stay device-to-device copies.
+  /// Hand activations and gradients between virtual devices on different GPUs with NCCL
+  /// (ncclSend/ncclRecv in a group, one communicator per GPU, ncclCommInitAll) instead of peer
+  /// copies. Needs a build with NCCL (GPIPE_CUDA_NCCL=1, set by the CMake target gpipe::cuda when
+  /// NCCL is found); transfers between virtual devices of one GPU stay device-to-device copies.
   bool nccl = false;
 };
 
-// A marker in a virtual device's compute stream; copyable handle (all copies are the same
-// event). Record it on one device, wait for it on others.
+/// A marker in a virtual device's compute stream; copyable handle (all copies are the same
+/// event). Record it on one device, wait for it on others.
 class Event {
  public:
   Event() : state_(std::make_shared<State>()) {}
@@ -104,9 +104,9 @@ class Event {
     ~State() {
       if (event != nullptr) (void)cudaEventDestroy(event);
     }
-    cudaEvent_t event = nullptr;  // created on the GPU of its first record
+    cudaEvent_t event = nullptr;  ///< created on the GPU of its first record
     int gpu = -1;
-    bool recorded = false;  // a record has been issued (waits may be enqueued)
+    bool recorded = false;  ///< a record has been issued (waits may be enqueued)
   };
   std::shared_ptr<State> state_;
 };
@@ -119,7 +119,7 @@ class Backend {
   template <class T>
   using Buffer = cuda::Buffer<T>;
   using Work = std::function<void(Kernels&)>;
-  // How the runtime hands activations between stages (see gpipe/transport/select.hpp).
+  /// How the runtime hands activations between stages (see gpipe/transport/select.hpp).
   using transport = gpipe::transport::Cuda;
 
   static constexpr std::string_view name = "cuda";
@@ -171,13 +171,13 @@ class Backend {
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
-  // Drops work not yet issued, waits for the streams and releases every resource. Buffers must
-  // not outlive the backend.
+  /// Drops work not yet issued, waits for the streams and releases every resource. Buffers must
+  /// not outlive the backend.
   ~Backend() { destroy(); }
 
   std::size_t num_devices() const { return devices_.size(); }
   const Options& options() const { return options_; }
-  // The CUDA device ordinal of a virtual device.
+  /// The CUDA device ordinal of a virtual device.
   int gpu(std::size_t device) const { return state(device).gpu->id; }
 
   MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
@@ -185,14 +185,14 @@ class Backend {
     for (auto& a : allocators_) a->reset_peak();
   }
 
-  // Uninitialized memory on `device`, stream-ordered (see memory.cuh); throws OutOfMemory past the
-  // device's capacity or the GPU's memory.
+  /// Uninitialized memory on `device`, stream-ordered (see memory.cuh); throws OutOfMemory past the
+  /// device's capacity or the GPU's memory.
   template <class T>
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return Buffer<T>(allocator(device), count, kind);
   }
 
-  // Stream operations of a virtual device, in submission order (see the top of this file).
+  /// Stream operations of a virtual device, in submission order (see the top of this file).
   void submit(std::size_t device, WorkLabel label, Work work) {
     enqueue(device, {Item::Kind::work, label, std::move(work), nullptr});
   }
@@ -206,11 +206,11 @@ class Backend {
             {Item::Kind::wait, {.what = "wait event", .internal = true}, nullptr, event.state_});
   }
 
-  // Tracing of every piece of work (not event records and waits): a pair of timing events around
-  // it on its compute stream.
+  /// Tracing of every piece of work (not event records and waits): a pair of timing events around
+  /// it on its compute stream.
   void set_tracing(bool on) { tracing_ = on; }
-  // What ran since the last call, all devices, ordered by start time; microseconds since the
-  // backend's epoch (as the host backend's). Waits for the work.
+  /// What ran since the last call, all devices, ordered by start time; microseconds since the
+  /// backend's epoch (as the host backend's). Waits for the work.
   std::vector<TraceEvent> take_trace() {
     resolve_timed();
     std::vector<TraceEvent> all = std::exchange(traces_, {});
@@ -219,10 +219,10 @@ class Backend {
     return all;
   }
 
-  // Compute time per device since the last call (see ComputeTiming): compute work (label.compute)
-  // is always timed by a pair of events on its stream. Waits for the work, then re-ties each
-  // GPU's clock to the backend's epoch, so that times keep microsecond precision however long
-  // the backend lives (the Trainer calls this around every step).
+  /// Compute time per device since the last call (see ComputeTiming): compute work (label.compute)
+  /// is always timed by a pair of events on its stream. Waits for the work, then re-ties each
+  /// GPU's clock to the backend's epoch, so that times keep microsecond precision however long
+  /// the backend lives (the Trainer calls this around every step).
   std::vector<ComputeTiming> take_timing() {
     resolve_timed();
     std::vector<ComputeTiming> out = std::exchange(timing_, {});
@@ -232,8 +232,8 @@ class Backend {
     return out;
   }
 
-  // Skips all work not yet issued and waits for the streams; the next synchronize() returns
-  // normally. For a caller that cannot finish issuing a step.
+  /// Skips all work not yet issued and waits for the streams; the next synchronize() returns
+  /// normally. For a caller that cannot finish issuing a step.
   void cancel() {
     failed_ = true;
     pump();
@@ -243,9 +243,9 @@ class Backend {
     failure_ = {};
   }
 
-  // Blocks until all submitted work has finished on the GPUs; then, if any of it failed, throws
-  // the first failure (OutOfMemory stays OutOfMemory) with where it happened in front of its
-  // message.
+  /// Blocks until all submitted work has finished on the GPUs; then, if any of it failed, throws
+  /// the first failure (OutOfMemory stays OutOfMemory) with where it happened in front of its
+  /// message.
   void synchronize() {
     pump();
     for (std::size_t d = 0; d < queues_.size(); ++d) {
@@ -279,7 +279,7 @@ class Backend {
     std::exception_ptr error;
     std::string where;
   };
-  // Work timed by a pair of events, for the trace, the compute timing or both.
+  /// Work timed by a pair of events, for the trace, the compute timing or both.
   struct Timed {
     std::size_t device;
     WorkLabel label;
@@ -368,7 +368,7 @@ class Backend {
     for (detail::GpuState& g : gpus_) anchor(g);
   }
 
-  // Releases whatever create() made (also after a partial create()). Never throws.
+  /// Releases whatever create() made (also after a partial create()). Never throws.
   void destroy() noexcept {
     failed_ = true;
     for (auto& q : queues_) q.clear();  // drops work not yet run, and the buffers it holds
@@ -418,9 +418,9 @@ class Backend {
     pump();
   }
 
-  // Runs every item that can run: each device's queue in order, up to a wait whose event has no
-  // record yet. After a failure, items are dropped instead. Work that submits more work from
-  // inside (re-entrant) only queues it; the outer loop runs it.
+  /// Runs every item that can run: each device's queue in order, up to a wait whose event has no
+  /// record yet. After a failure, items are dropped instead. Work that submits more work from
+  /// inside (re-entrant) only queues it; the outer loop runs it.
   void pump() {
     if (pumping_) return;
     pumping_ = true;
@@ -505,7 +505,7 @@ class Backend {
     failed_ = true;
   }
 
-  // Waits for every stream; returns the first CUDA error as a message ("" when none).
+  /// Waits for every stream; returns the first CUDA error as a message ("" when none).
   std::string wait_for_streams() noexcept {
     std::string first;
     auto sync = [&first](cudaStream_t stream, std::size_t device) {
@@ -537,8 +537,8 @@ class Backend {
     return e;
   }
 
-  // Records g's epoch event once its streams are idle and notes the host time at which it
-  // completed: trace times on g are that plus the events' distance from it.
+  /// Records g's epoch event once its streams are idle and notes the host time at which it
+  /// completed: trace times on g are that plus the events' distance from it.
   void anchor(detail::GpuState& g) {
     detail::DeviceGuard guard(g.id);
     for (auto& s : devices_)
@@ -552,7 +552,7 @@ class Backend {
     }
   }
 
-  // Turns the pending timing events into TraceEvents and ComputeTimings (waits for them).
+  /// Turns the pending timing events into TraceEvents and ComputeTimings (waits for them).
   void resolve_timed() {
     timing_.resize(devices_.size());
     for (const Timed& t : pending_) {
@@ -598,7 +598,7 @@ class Backend {
   std::vector<detail::GpuState> gpus_;
   std::vector<std::unique_ptr<detail::DeviceState>> devices_;
   detail::StreamOrder order_;
-  // Declared after the device states and the stream order they use: destroyed before them.
+  /// Declared after the device states and the stream order they use: destroyed before them.
   std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   std::vector<Kernels> kernels_;
   std::vector<std::deque<Item>> queues_;

@@ -43,7 +43,7 @@ class Kernels {
   cudaStream_t copy_stream() const { return s_->copy; }
   cublasHandle_t blas() const { return s_->blas; }
 
-  // C(m, n) = alpha op(A) op(B) + beta C, row-major
+  /// C(m, n) = alpha op(A) op(B) + beta C, row-major
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
             const float* a, const float* b, float beta, float* c) {
     cuda::gemm(s_->blas, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, s_->compute);
@@ -88,15 +88,15 @@ class Kernels {
   void accumulate(std::size_t n, const float* x, float* y) {
     cuda::accumulate(n, x, y, s_->compute);
   }
-  // dst <- src, device to device; src may be on another GPU (a peer copy).
+  /// dst <- src, device to device; src may be on another GPU (a peer copy).
   void copy(std::size_t n, const float* src, float* dst) {
     copy_bytes(n * sizeof(float), src, dst);
   }
   void fill(std::size_t n, float value, float* dst) { cuda::fill(n, value, dst, s_->compute); }
 
-  // Copies between host memory (pageable or not) and this device's memory, in stream order:
-  // host_src may be reused as soon as upload returns; host_dst holds the data once the backend
-  // has synchronized.
+  /// Copies between host memory (pageable or not) and this device's memory, in stream order:
+  /// host_src may be reused as soon as upload returns; host_dst holds the data once the backend
+  /// has synchronized.
   template <class U>
   void upload(std::size_t n, const U* host_src, U* dst) {
     const auto* src = reinterpret_cast<const unsigned char*>(host_src);
@@ -151,11 +151,11 @@ class Kernels {
     cuda::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, s_->compute);
   }
 
-  // The transport's half of a stage-to-stage hand-over (gpipe::transport::Cuda): dst (n) on this
-  // device <- src (n) on the sender's, after everything enqueued on this device's compute stream
-  // so far (which includes the wait for the sender's event), and before everything enqueued
-  // after. On one GPU: a device-to-device copy on the compute stream. Across GPUs: a peer copy,
-  // or an NCCL send/recv pair when the backend uses NCCL, on the copy stream.
+  /// The transport's half of a stage-to-stage hand-over (gpipe::transport::Cuda): dst (n) on this
+  /// device <- src (n) on the sender's, after everything enqueued on this device's compute stream
+  /// so far (which includes the wait for the sender's event), and before everything enqueued
+  /// after. On one GPU: a device-to-device copy on the compute stream. Across GPUs: a peer copy,
+  /// or an NCCL send/recv pair when the backend uses NCCL, on the copy stream.
   template <class U>
   void receive(std::size_t n, const U* src, U* dst) {
     const std::size_t bytes = n * sizeof(U);
@@ -203,8 +203,8 @@ class Kernels {
     GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_->compute));
   }
 
-  // `floats` of kernel scratch, valid for work enqueued on the compute stream until the next
-  // call (growing it frees the old block in stream order). Not counted in memory_stats.
+  /// `floats` of kernel scratch, valid for work enqueued on the compute stream until the next
+  /// call (growing it frees the old block in stream order). Not counted in memory_stats.
   float* scratch(std::size_t floats) {
     if (floats == 0) return nullptr;
     if (floats > s_->scratch_floats) {
@@ -221,8 +221,8 @@ class Kernels {
     return s_->scratch;
   }
 
-  // NCCL send on the sender GPU's send stream, receive on this device's copy stream, as one
-  // group; the sender's buffer is free once both have finished.
+  /// NCCL send on the sender GPU's send stream, receive on this device's copy stream, as one
+  /// group; the sender's buffer is free once both have finished.
   void nccl_receive(std::size_t bytes, const void* src, int src_gpu, void* dst) {
 #if GPIPE_CUDA_NCCL
     detail::GpuState* sender = nullptr;

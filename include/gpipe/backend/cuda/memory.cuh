@@ -52,9 +52,9 @@ class StreamOrder {
 
 }  // namespace detail
 
-// One virtual device's counted memory. Allocation and free are called on the caller's thread
-// (the CUDA backend runs every piece of work there); the mutex guards the statistics against
-// readers on other threads.
+/// One virtual device's counted memory. Allocation and free are called on the caller's thread
+/// (the CUDA backend runs every piece of work there); the mutex guards the statistics against
+/// readers on other threads.
 class DeviceAllocator {
  public:
   DeviceAllocator(std::size_t device, int gpu, cudaMemPool_t pool, std::size_t capacity,
@@ -63,8 +63,8 @@ class DeviceAllocator {
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
-  // Throws OutOfMemory when the allocation would take the device past its capacity, or when the
-  // GPU has no memory left.
+  /// Throws OutOfMemory when the allocation would take the device past its capacity, or when the
+  /// GPU has no memory left.
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
     counter_.reserve(bytes, kind);
@@ -86,7 +86,7 @@ class DeviceAllocator {
     return p;
   }
 
-  // Stream-ordered: the memory stays valid for work already enqueued on the free's stream.
+  /// Stream-ordered: the memory stays valid for work already enqueued on the free's stream.
   void deallocate(void* p, std::size_t bytes, MemoryKind kind = MemoryKind::other) noexcept {
     if (p == nullptr) return;
     // A failure here can only come from a broken context, which the next synchronize reports.
@@ -106,8 +106,8 @@ class DeviceAllocator {
   const detail::StreamOrder& order_;
 };
 
-// Owns `size` elements of T in one virtual device's memory (uninitialized). Move-only; empty when
-// size is 0. Freeing is stream-ordered (see the top of this file).
+/// Owns `size` elements of T in one virtual device's memory (uninitialized). Move-only; empty when
+/// size is 0. Freeing is stream-ordered (see the top of this file).
 template <class T>
 using Buffer = gpipe::detail::Buffer<T, DeviceAllocator>;
 

@@ -29,9 +29,9 @@
 namespace gpipe::host {
 
 struct BackendOptions {
-  std::size_t device_capacity = 0;  // bytes per device; 0 = no cap
-  // The number the first device goes by in errors, traces and out-of-memory messages (the
-  // devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
+  std::size_t device_capacity = 0;  ///< bytes per device; 0 = no cap
+  /// The number the first device goes by in errors, traces and out-of-memory messages (the
+  /// devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
   std::size_t first_device = 0;
 };
 
@@ -60,11 +60,11 @@ class Backend {
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
-  // Joins every worker; work not yet started is dropped.
+  /// Joins every worker; work not yet started is dropped.
   ~Backend() { streams_.clear(); }
 
   std::size_t num_devices() const { return streams_.size(); }
-  // What the microseconds of traces and timings count from: the backend's construction.
+  /// What the microseconds of traces and timings count from: the backend's construction.
   Stream::Clock::time_point epoch() const { return epoch_; }
 
   MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
@@ -72,21 +72,21 @@ class Backend {
     for (auto& a : allocators_) a->reset_peak();
   }
 
-  // Uninitialized memory on `device`; throws OutOfMemory past the device's capacity.
+  /// Uninitialized memory on `device`; throws OutOfMemory past the device's capacity.
   template <class T>
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return Buffer<T>(allocator(device), count, kind);
   }
 
-  // Stream operations: each runs on the device's worker, in submission order.
+  /// Stream operations: each runs on the device's worker, in submission order.
   void submit(std::size_t device, WorkLabel label, Stream::Work work) {
     stream(device).submit(label, std::move(work));
   }
   void record(std::size_t device, const Event& event) { stream(device).record(event); }
   void wait(std::size_t device, const Event& event) { stream(device).wait(event); }
 
-  // Tracing of every piece of stream work (see Stream::set_tracing); take_trace() returns what
-  // ran since the last call, all devices, ordered by start time.
+  /// Tracing of every piece of stream work (see Stream::set_tracing); take_trace() returns what
+  /// ran since the last call, all devices, ordered by start time.
   void set_tracing(bool on) {
     for (auto& s : streams_) s->set_tracing(on);
   }
@@ -101,7 +101,7 @@ class Backend {
     return all;
   }
 
-  // Compute time per device since the last call (see ComputeTiming).
+  /// Compute time per device since the last call (see ComputeTiming).
   std::vector<ComputeTiming> take_timing() {
     std::vector<ComputeTiming> out;
     for (auto& s : streams_) {
@@ -111,16 +111,16 @@ class Backend {
     return out;
   }
 
-  // Skips all work not yet run and releases every event wait; the next synchronize() returns
-  // normally once the streams are idle. For a caller that cannot finish issuing a step.
+  /// Skips all work not yet run and releases every event wait; the next synchronize() returns
+  /// normally once the streams are idle. For a caller that cannot finish issuing a step.
   void cancel() {
     group_.fail(nullptr, {});
     for (auto& s : streams_) s->synchronize();
     group_.take_error();
   }
 
-  // Blocks until all submitted work has finished; then, if any of it failed, throws the first
-  // failure (OutOfMemory stays OutOfMemory) with where it happened in front of its message.
+  /// Blocks until all submitted work has finished; then, if any of it failed, throws the first
+  /// failure (OutOfMemory stays OutOfMemory) with where it happened in front of its message.
   void synchronize() {
     for (auto& s : streams_) s->synchronize();
     StreamGroup::Failure failure = group_.take_error();
@@ -143,8 +143,8 @@ class Backend {
                                                   std::to_string(streams_.size()) + " devices");
   }
 
-  // Declaration order matters: streams (which may free buffers as they drop work) are destroyed
-  // before the allocators and the group they use.
+  /// Declaration order matters: streams (which may free buffers as they drop work) are destroyed
+  /// before the allocators and the group they use.
   Stream::Clock::time_point epoch_ = Stream::Clock::now();
   std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   StreamGroup group_;

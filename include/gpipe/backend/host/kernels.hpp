@@ -35,12 +35,12 @@ class Kernels {
   explicit Kernels(std::size_t device = 0) : device_(device) {}
   std::size_t device() const { return device_; }
 
-  // C(m, n) = alpha op(A) op(B) + beta C, row-major
+  /// C(m, n) = alpha op(A) op(B) + beta C, row-major
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
             const T* a, const T* b, T beta, T* c) {
     host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
-  // y (rows, out) = x (rows, in) W^T + b, W (out, in) row-major.
+  /// y (rows, out) = x (rows, in) W^T + b, W (out, in) row-major.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
                       const T* b, T* y) {
     if (rows == 0) return;
@@ -82,7 +82,7 @@ class Kernels {
   void copy(std::size_t n, const T* src, T* dst) { host::copy(n, src, dst); }
   void fill(std::size_t n, T value, T* dst) { host::fill(n, value, dst); }
 
-  // Copies between host memory and this device's memory.
+  /// Copies between host memory and this device's memory.
   template <class U>
   void upload(std::size_t n, const U* host_src, U* dst) {
     host::copy(n, host_src, dst);

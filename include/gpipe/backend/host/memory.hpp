@@ -23,7 +23,7 @@
 
 namespace gpipe::host {
 
-// Thread-safe: any worker may free memory that another device's worker allocated.
+/// Thread-safe: any worker may free memory that another device's worker allocated.
 class DeviceAllocator {
  public:
   static constexpr std::size_t alignment = 64;
@@ -33,7 +33,7 @@ class DeviceAllocator {
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
   ~DeviceAllocator() { release_cached(); }
 
-  // Throws OutOfMemory when the allocation would take the device past its capacity.
+  /// Throws OutOfMemory when the allocation would take the device past its capacity.
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
     counter_.reserve(bytes, kind);
@@ -71,7 +71,7 @@ class DeviceAllocator {
     }
   }
 
-  // Frees every cached block.
+  /// Frees every cached block.
   void release_cached() noexcept {
     const std::lock_guard lock(mutex_);
     for (auto& [bytes, blocks] : cached_)
@@ -90,7 +90,7 @@ class DeviceAllocator {
 
   detail::MemoryCounter counter_;
   std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> cached_;  // bytes -> free blocks
+  std::unordered_map<std::size_t, std::vector<void*>> cached_;  ///< bytes -> free blocks
 };
 
 template <class T>

@@ -26,20 +26,20 @@
 
 namespace gpipe::host {
 
-// An event's state: recorded yet, and the condition variables of the streams blocked on it.
+/// An event's state: recorded yet, and the condition variables of the streams blocked on it.
 struct EventState {
-  std::atomic<bool> recorded{false};  // written under the group's mutex
+  std::atomic<bool> recorded{false};  ///< written under the group's mutex
   std::vector<std::condition_variable*> waiters;
 };
 
-// State shared by the streams of one backend: event states, and the first failure. One mutex
-// guards both, so that a failure can release every blocked wait; a record wakes only the
-// streams that wait for that event.
+/// State shared by the streams of one backend: event states, and the first failure. One mutex
+/// guards both, so that a failure can release every blocked wait; a record wakes only the
+/// streams that wait for that event.
 class StreamGroup {
  public:
   struct Failure {
     std::exception_ptr error;
-    std::string where;  // describe(label, device)
+    std::string where;  ///< describe(label, device)
   };
 
   void fail(std::exception_ptr error, std::string where) {
@@ -48,16 +48,16 @@ class StreamGroup {
     failed_ = true;
     for (std::condition_variable* cv : streams_) cv->notify_all();
   }
-  // Lock-free: every stream asks before every piece of work.
+  /// Lock-free: every stream asks before every piece of work.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // Returns the failure (empty if none) and clears it, so that the group can run again.
+  /// Returns the failure (empty if none) and clears it, so that the group can run again.
   Failure take_error() {
     std::lock_guard lock(mu_);
     failed_ = false;
     return std::exchange(failure_, {});
   }
 
-  // A stream's condition variable for event waits, woken on failure.
+  /// A stream's condition variable for event waits, woken on failure.
   void attach(std::condition_variable* cv) {
     std::lock_guard lock(mu_);
     streams_.push_back(cv);
@@ -72,9 +72,9 @@ class StreamGroup {
     event.recorded.store(true, std::memory_order_release);
     for (std::condition_variable* cv : event.waiters) cv->notify_one();
   }
-  // Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
-  // Polls (yielding the core) for up to spin_time first: a hand-over between pipeline stages is
-  // usually that close, and waking a blocked thread costs tens of microseconds.
+  /// Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
+  /// Polls (yielding the core) for up to spin_time first: a hand-over between pipeline stages is
+  /// usually that close, and waking a blocked thread costs tens of microseconds.
   void wait(EventState& event, std::condition_variable& cv) {
     const auto give_up = std::chrono::steady_clock::now() + spin_time;
     do {
@@ -92,12 +92,12 @@ class StreamGroup {
 
  private:
   mutable std::mutex mu_;
-  std::atomic<bool> failed_{false};  // written under mu_
+  std::atomic<bool> failed_{false};  ///< written under mu_
   Failure failure_;
   std::vector<std::condition_variable*> streams_;
 };
 
-// A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
+/// A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
 class Event {
  public:
   Event() : state_(std::make_shared<EventState>()) {}
@@ -107,7 +107,7 @@ class Event {
   std::shared_ptr<EventState> state_;
 };
 
-// One device's in-order queue of work, run by its own thread.
+/// One device's in-order queue of work, run by its own thread.
 class Stream {
  public:
   using Work = std::function<void(Kernels<float>&)>;
@@ -122,7 +122,7 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  // Drops work not yet started and joins the thread.
+  /// Drops work not yet started and joins the thread.
   ~Stream() {
     {
       std::lock_guard lock(mu_);
@@ -152,7 +152,7 @@ class Stream {
            [this, state = event.state_](Kernels<float>&) { group_.wait(*state, event_cv_); });
   }
 
-  // Blocks until every piece of work submitted so far has run (or been skipped).
+  /// Blocks until every piece of work submitted so far has run (or been skipped).
   void synchronize() {
     std::unique_lock lock(mu_);
     idle_cv_.wait(lock, [&] { return pending_ == 0; });
@@ -160,16 +160,16 @@ class Stream {
 
   std::size_t device() const { return device_; }
 
-  // Tracing: while on, every piece of work (not event records and waits) that runs is recorded
-  // with its start and end. Costs one clock read at each end of a piece of work when on, one
-  // relaxed load when off.
+  /// Tracing: while on, every piece of work (not event records and waits) that runs is recorded
+  /// with its start and end. Costs one clock read at each end of a piece of work when on, one
+  /// relaxed load when off.
   void set_tracing(bool on) { tracing_.store(on, std::memory_order_relaxed); }
-  // The records so far, oldest first; call after synchronize().
+  /// The records so far, oldest first; call after synchronize().
   std::vector<TraceEvent> take_trace() {
     std::lock_guard lock(mu_);
     return std::exchange(trace_, {});
   }
-  // Compute time since the last call (always measured: two clock reads per compute item).
+  /// Compute time since the last call (always measured: two clock reads per compute item).
   ComputeTiming take_timing() {
     std::lock_guard lock(mu_);
     return std::exchange(timing_, {});
@@ -234,7 +234,7 @@ class Stream {
   std::deque<Item> queue_;
   std::size_t pending_ = 0;
   bool stopping_ = false;
-  std::thread thread_;  // last: starts after the members it uses are constructed
+  std::thread thread_;  ///< last: starts after the members it uses are constructed
 };
 
 }  // namespace gpipe::host

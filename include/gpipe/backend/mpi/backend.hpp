@@ -70,7 +70,7 @@ inline void check_mpi(int code, const char* call) {
 
 namespace gpipe::mpi {
 
-// MPI_Init_thread / MPI_Finalize for a program's lifetime, unless MPI is already initialized.
+/// MPI_Init_thread / MPI_Finalize for a program's lifetime, unless MPI is already initialized.
 class Session {
  public:
   Session(int& argc, char**& argv) {
@@ -93,10 +93,10 @@ class Session {
 };
 
 struct BackendOptions {
-  std::size_t data_parallel = 1;    // replicas of the pipeline: world size = data_parallel x K
-  std::size_t device_capacity = 0;  // bytes of this rank's device; 0 = no cap
-  // How long a rank waits for a message before it fails the step: a peer that died (or hangs)
-  // ends the step here within this time. A peer that throws ends it at once.
+  std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
+  std::size_t device_capacity = 0;  ///< bytes of this rank's device; 0 = no cap
+  /// How long a rank waits for a message before it fails the step: a peer that died (or hangs)
+  /// ends the step here within this time. A peer that throws ends it at once.
   std::chrono::seconds peer_timeout{600};
 };
 
@@ -111,8 +111,8 @@ class Backend {
 
   static constexpr std::string_view name = "mpi";
 
-  // MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
-  // finalizes it when the backend goes.
+  /// MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
+  /// finalizes it when the backend goes.
   Backend(int& argc, char**& argv, Options options = {})
       : session_(std::make_unique<Session>(argc, argv)),
         comm_(MPI_COMM_WORLD),
@@ -120,7 +120,7 @@ class Backend {
                    .first_device = device_in(comm_, options)}) {
     start(options);
   }
-  // On the caller's communicator, MPI initialized by the caller.
+  /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
       : comm_(comm),
         local_(1, {.device_capacity = options.device_capacity,
@@ -138,8 +138,8 @@ class Backend {
     free_communicators();
   }
 
-  // One device per rank: world rank r is device r % K of replica r / K (K = world size /
-  // data_parallel).
+  /// One device per rank: world rank r is device r % K of replica r / K (K = world size /
+  /// data_parallel).
   std::size_t num_devices() const { return devices_; }
   std::size_t world_size() const { return size_; }
   std::size_t rank() const { return rank_; }
@@ -156,8 +156,8 @@ class Backend {
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return local_.template allocate<T>(local(device), count, kind);
   }
-  // Work that throws tells every other rank at once (a fault message), so that a rank waiting
-  // for this one's data stops waiting; the step then fails everywhere (finish_step).
+  /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
+  /// for this one's data stops waiting; the step then fails everywhere (finish_step).
   void submit(std::size_t device, WorkLabel label, Work work) {
     local_.submit(local(device), label, [this, work = std::move(work)](Kernels& k) {
       try {
@@ -171,8 +171,8 @@ class Backend {
   void record(std::size_t device, const Event& event) { local_.record(local(device), event); }
   void wait(std::size_t device, const Event& event) { local_.wait(local(device), event); }
 
-  // On `device` (this rank's), after the work before it: sends src's `src.size()` floats to
-  // `peer`'s rank with `tag`, and takes src over until the send completes.
+  /// On `device` (this rank's), after the work before it: sends src's `src.size()` floats to
+  /// `peer`'s rank with `tag`, and takes src over until the send completes.
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
             Buffer<float>& src) {
     const int message_tag = step_tag(peer, tag);
@@ -186,8 +186,8 @@ class Backend {
       release_completed_sends();
     });
   }
-  // On `device`, after the work before it: dst <- `count` floats from `peer`'s rank with `tag`,
-  // into memory allocated here (counted as `kind`).
+  /// On `device`, after the work before it: dst <- `count` floats from `peer`'s rank with `tag`,
+  /// into memory allocated here (counted as `kind`).
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
                Buffer<float>& dst, std::size_t count, MemoryKind kind) {
     const int message_tag = step_tag(peer, tag);
@@ -210,14 +210,14 @@ class Backend {
     });
   }
 
-  // Collective over this replica's ranks, between steps: each gets the values of `device`'s.
+  /// Collective over this replica's ranks, between steps: each gets the values of `device`'s.
   void broadcast(std::size_t device, std::span<float> values) {
     detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_FLOAT,
                                 static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
   }
-  // Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
-  // sends `mine` and receives `theirs` (either may be empty; the sizes must match the peer's).
+  /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
+  /// sends `mine` and receives `theirs` (either may be empty; the sizes must match the peer's).
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
     check_peer(peer, 0);
     MPI_Status status;
@@ -234,21 +234,21 @@ class Backend {
                         std::to_string(received));
   }
 
-  // Collective over the replicas (the ranks of the same device in every replica), between
-  // steps: values <- their sum over the replicas, in place. values is host memory or memory of
-  // this rank's device (the same thing here).
+  /// Collective over the replicas (the ranks of the same device in every replica), between
+  /// steps: values <- their sum over the replicas, in place. values is host memory or memory of
+  /// this rank's device (the same thing here).
   void allreduce_sum(std::span<float> values) {
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), count_of(values.size()), MPI_FLOAT,
                                     MPI_SUM, replicas_comm_),
                       "MPI_Allreduce");
   }
 
-  // The step's gradient sums over the replicas, overlapped with the step: `values` (memory of
-  // this rank's device) in the order start_reduction will start them. Each is an
-  // MPI_Iallreduce over the replicas, started on the device's worker once its stage's last
-  // backward is done and completed by finish_step. A collective cannot be cancelled, so after a
-  // failure finish_step (or abort_step) starts the sums not yet started, on whatever the arrays
-  // hold: every rank starts the same ones, in the same order, every step.
+  /// The step's gradient sums over the replicas, overlapped with the step: `values` (memory of
+  /// this rank's device) in the order start_reduction will start them. Each is an
+  /// MPI_Iallreduce over the replicas, started on the device's worker once its stage's last
+  /// backward is done and completed by finish_step. A collective cannot be cancelled, so after a
+  /// failure finish_step (or abort_step) starts the sums not yet started, on whatever the arrays
+  /// hold: every rank starts the same ones, in the same order, every step.
   void expect_reductions(std::vector<std::span<float>> values) {
     std::lock_guard lock(mu_);
     detail::require(reductions_started_ == reductions_.size(),
@@ -264,11 +264,11 @@ class Backend {
     });
   }
 
-  // Traces and timings count microseconds from one origin on every rank (see align_clocks).
+  /// Traces and timings count microseconds from one origin on every rank (see align_clocks).
   void set_tracing(bool on) { local_.set_tracing(on); }
-  // Collective over the world: every rank gets the work of every rank since the last call, one
-  // merged trace ordered by start time, each event's device being its rank (with one replica,
-  // the pipeline device). The events' `what` stays valid while the backend lives.
+  /// Collective over the world: every rank gets the work of every rank since the last call, one
+  /// merged trace ordered by start time, each event's device being its rank (with one replica,
+  /// the pipeline device). The events' `what` stays valid while the backend lives.
   std::vector<TraceEvent> take_trace() {
     std::vector<char> mine;
     for (TraceEvent e : local_.take_trace()) {
@@ -284,9 +284,9 @@ class Backend {
               [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
     return events;
   }
-  // Collective over this replica's ranks: the compute time of each of its devices since the
-  // last call (every rank gets all of them), so that a Trainer's last_step() covers the whole
-  // pipeline on every rank.
+  /// Collective over this replica's ranks: the compute time of each of its devices since the
+  /// last call (every rank gets all of them), so that a Trainer's last_step() covers the whole
+  /// pipeline on every rank.
   std::vector<ComputeTiming> take_timing() {
     ComputeTiming t = local_.take_timing().front();
     if (t.ops > 0) {
@@ -310,16 +310,16 @@ class Backend {
     local_.cancel();
     complete_sends();
   }
-  // Waits for this rank's work and its sends; rethrows the first failure on this rank.
+  /// Waits for this rank's work and its sends; rethrows the first failure on this rank.
   void synchronize() {
     local_.synchronize();
     complete_sends();
   }
 
-  // Collective, at the end of a step (the executor calls it instead of synchronize): waits for
-  // this rank's work, then the ranks agree whether any of them failed. If one did, every rank
-  // throws the same Error: the rank, and the failure as that rank saw it (stage, micro-batch and
-  // the original message). The next step's messages carry other tags than this one's.
+  /// Collective, at the end of a step (the executor calls it instead of synchronize): waits for
+  /// this rank's work, then the ranks agree whether any of them failed. If one did, every rank
+  /// throws the same Error: the rank, and the failure as that rank saw it (stage, micro-batch and
+  /// the original message). The next step's messages carry other tags than this one's.
   void finish_step() {
     std::string message;
     try {
@@ -334,9 +334,9 @@ class Backend {
     }
     agree(std::move(message));
   }
-  // Collective, instead of finish_step, when issuing this rank's part of a step failed before
-  // its work could (an allocation of the issuing thread, say): tells the other ranks at once,
-  // drops the work issued so far, and joins the agreement; throws the agreed Error.
+  /// Collective, instead of finish_step, when issuing this rank's part of a step failed before
+  /// its work could (an allocation of the issuing thread, say): tells the other ranks at once,
+  /// drops the work issued so far, and joins the agreement; throws the agreed Error.
   [[noreturn]] void abort_step(std::exception_ptr failure) {
     announce_failure();
     try {
@@ -354,8 +354,8 @@ class Backend {
     Buffer<float> buffer;
   };
 
-  // This rank's device index in its pipeline, for the labels of its one host device (0 where
-  // start() will refuse the setup).
+  /// This rank's device index in its pipeline, for the labels of its one host device (0 where
+  /// start() will refuse the setup).
   static std::size_t device_in(MPI_Comm comm, const Options& options) {
     int initialized = 0, rank = 0, size = 0;
     MPI_Initialized(&initialized);
@@ -367,11 +367,11 @@ class Backend {
            (static_cast<std::size_t>(size) / options.data_parallel);
   }
 
-  // One origin for every rank's clock: clock_offset_us_ turns this rank's microseconds since its
-  // host backend's epoch into microseconds since the origin. When all ranks share a machine
-  // they share steady_clock (CLOCK_MONOTONIC on Linux) and the origin is rank 0's epoch, exactly;
-  // across machines it is the end of a barrier, as exact as the barrier's ranks leave it at
-  // once (microseconds on shared memory, tens of microseconds over a network).
+  /// One origin for every rank's clock: clock_offset_us_ turns this rank's microseconds since its
+  /// host backend's epoch into microseconds since the origin. When all ranks share a machine
+  /// they share steady_clock (CLOCK_MONOTONIC on Linux) and the origin is rank 0's epoch, exactly;
+  /// across machines it is the end of a barrier, as exact as the barrier's ranks leave it at
+  /// once (microseconds on shared memory, tens of microseconds over a network).
   void align_clocks() {
     MPI_Comm node = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
@@ -396,7 +396,7 @@ class Backend {
     }
   }
 
-  // A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
+  /// A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
   static void put_event(std::vector<char>& out, const TraceEvent& e) {
     const std::uint64_t fields[4] = {e.device, e.label.stage, e.label.micro_batch,
                                      (e.label.internal ? 1u : 0u) | (e.label.compute ? 2u : 0u)};
@@ -434,7 +434,7 @@ class Backend {
             .start_us = times[0],
             .end_us = times[1]};
   }
-  // Collective over `comm`: every rank's bytes, concatenated in rank order.
+  /// Collective over `comm`: every rank's bytes, concatenated in rank order.
   static std::vector<char> all_gather(const std::vector<char>& mine, MPI_Comm comm) {
     int size = 0;
     MPI_Comm_size(comm, &size);
@@ -454,9 +454,9 @@ class Backend {
     return all;
   }
 
-  // Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
-  // modulo epochs, so that a failed step's unreceived messages never meet a later step's
-  // receives; MPI_TAG_UB itself is the fault message's.
+  /// Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
+  /// modulo epochs, so that a failed step's unreceived messages never meet a later step's
+  /// receives; MPI_TAG_UB itself is the fault message's.
   static constexpr std::size_t epochs = 8;
   int step_tag(std::size_t peer, std::size_t tag) const {
     check_peer(peer, tag);
@@ -473,9 +473,9 @@ class Backend {
     }
     return "an exception without a message";
   }
-  // The agreement that ends every step: `message` is this rank's failure ("" if none). Returns
-  // when no rank failed; otherwise every rank throws the Error of the rank that failed
-  // first-hand (the lowest such rank), carrying its message.
+  /// The agreement that ends every step: `message` is this rank's failure ("" if none). Returns
+  /// when no rank failed; otherwise every rank throws the Error of the rank that failed
+  /// first-hand (the lowest such rank), carrying its message.
   void agree(std::string message) {
     // 2: this rank failed first-hand; 1: it stopped because another did
     const bool failed = !message.empty();
@@ -501,7 +501,7 @@ class Backend {
     throw Error("gpipe: rank " + std::to_string(worst.rank) + " failed: " + message);
   }
 
-  // Tells every other rank that this one failed (a zero-byte message each; sent once a step).
+  /// Tells every other rank that this one failed (a zero-byte message each; sent once a step).
   void announce_failure() {
     if (announced_) return;
     announced_ = true;
@@ -513,7 +513,7 @@ class Backend {
         MPI_Request_free(&request);  // completes by itself; nothing to keep
     }
   }
-  // Whether a fault message has arrived (consumed, and remembered until the step ends).
+  /// Whether a fault message has arrived (consumed, and remembered until the step ends).
   bool peer_failed() {
     if (fault_seen_) return true;
     int flag = 0;
@@ -525,7 +525,7 @@ class Backend {
     fault_seen_ = true;
     return true;
   }
-  // Receives the fault messages of this step not yet consumed (`expected` in all).
+  /// Receives the fault messages of this step not yet consumed (`expected` in all).
   void drain_fault_messages(std::size_t expected) {
     for (; faults_received_ < expected; ++faults_received_)
       MPI_Recv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, fault_tag(), comm_, MPI_STATUS_IGNORE);
@@ -533,8 +533,8 @@ class Backend {
     fault_seen_ = false;
   }
 
-  // Waits for `request`, polling, until it completes, another rank reports a failure, or
-  // Options::peer_timeout passes; the last two cancel it and throw.
+  /// Waits for `request`, polling, until it completes, another rank reports a failure, or
+  /// Options::peer_timeout passes; the last two cancel it and throw.
   MPI_Status wait_for(MPI_Request& request, const std::string& what) {
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
@@ -625,7 +625,7 @@ class Backend {
                     "a message of " + std::to_string(n) + " floats exceeds MPI's int count");
     return static_cast<int>(n);
   }
-  // Starts the next expected gradient sum, if any is left; called with mu_ held.
+  /// Starts the next expected gradient sum, if any is left; called with mu_ held.
   void start_next_reduction() {
     if (reductions_started_ == reductions_.size()) return;
     const std::span<float> values = reductions_[reductions_started_++];
@@ -635,9 +635,9 @@ class Backend {
                       "MPI_Iallreduce");
     reduction_requests_.push_back(request);
   }
-  // Between steps (the worker idle): starts the expected sums not started, then waits for all.
-  // Every rank of the replicas' communicator starts the same sums (see expect_reductions), so
-  // the wait ends unless a rank died, which ends the job.
+  /// Between steps (the worker idle): starts the expected sums not started, then waits for all.
+  /// Every rank of the replicas' communicator starts the same sums (see expect_reductions), so
+  /// the wait ends unless a rank died, which ends the job.
   void complete_reductions() {
     std::lock_guard lock(mu_);
     while (reductions_started_ < reductions_.size()) start_next_reduction();
@@ -651,7 +651,7 @@ class Backend {
         "MPI_Waitall");
   }
 
-  // Frees the buffers of sends that have completed; called with mu_ held.
+  /// Frees the buffers of sends that have completed; called with mu_ held.
   void release_completed_sends() {
     for (std::size_t i = 0; i < pending_.size();) {
       int done = 0;
@@ -664,9 +664,9 @@ class Backend {
       }
     }
   }
-  // Waits for every pending send (their receivers run the same schedule) and frees them. After
-  // a failure (here or elsewhere) a send may never be received: it is let go, its buffer kept
-  // until the backend goes (MPI may still read it).
+  /// Waits for every pending send (their receivers run the same schedule) and frees them. After
+  /// a failure (here or elsewhere) a send may never be received: it is let go, its buffer kept
+  /// until the backend goes (MPI may still read it).
   void complete_sends() {
     std::lock_guard lock(mu_);
     const auto start = std::chrono::steady_clock::now();
@@ -685,28 +685,28 @@ class Backend {
     }
   }
 
-  std::unique_ptr<Session> session_;  // set when this backend initialized MPI: finalized last
+  std::unique_ptr<Session> session_;  ///< set when this backend initialized MPI: finalized last
   MPI_Comm comm_;
-  MPI_Comm pipeline_ = MPI_COMM_NULL;       // this replica's ranks; rank = device
-  MPI_Comm replicas_comm_ = MPI_COMM_NULL;  // this device's rank in every replica
-  MPI_Comm exchange_comm_ = MPI_COMM_NULL;  // pipeline_'s ranks, for exchange() between steps
+  MPI_Comm pipeline_ = MPI_COMM_NULL;       ///< this replica's ranks; rank = device
+  MPI_Comm replicas_comm_ = MPI_COMM_NULL;  ///< this device's rank in every replica
+  MPI_Comm exchange_comm_ = MPI_COMM_NULL;  ///< pipeline_'s ranks, for exchange() between steps
   std::size_t rank_ = 0, size_ = 0, max_tag_ = 32767;
   std::size_t replicas_ = 1, devices_ = 1, replica_ = 0, device_ = 0;
   std::chrono::seconds peer_timeout_{600};
-  std::size_t step_ = 0;           // steps finished: selects the tags' epoch
-  bool announced_ = false;         // this rank failed this step and told the others
-  bool stopped_for_peer_ = false;  // this rank's work stopped because another rank failed
-  bool fault_seen_ = false;        // a fault message arrived this step
+  std::size_t step_ = 0;           ///< steps finished: selects the tags' epoch
+  bool announced_ = false;         ///< this rank failed this step and told the others
+  bool stopped_for_peer_ = false;  ///< this rank's work stopped because another rank failed
+  bool fault_seen_ = false;        ///< a fault message arrived this step
   std::size_t faults_received_ = 0;
-  double clock_offset_us_ = 0;                 // see align_clocks
-  std::set<std::string, std::less<>> labels_;  // the `what` of events from other ranks
-  std::vector<Buffer<float>> abandoned_;       // buffers of sends let go after a failure
+  double clock_offset_us_ = 0;                 ///< see align_clocks
+  std::set<std::string, std::less<>> labels_;  ///< the `what` of events from other ranks
+  std::vector<Buffer<float>> abandoned_;       ///< buffers of sends let go after a failure
   std::mutex mu_;
   std::vector<Pending> pending_;
-  std::vector<std::span<float>> reductions_;  // this step's gradient sums (expect_reductions)
+  std::vector<std::span<float>> reductions_;  ///< this step's gradient sums (expect_reductions)
   std::size_t reductions_started_ = 0;
   std::vector<MPI_Request> reduction_requests_;
-  host::Backend local_;  // the rank's device; destroyed (workers joined) before pending_
+  host::Backend local_;  ///< the rank's device; destroyed (workers joined) before pending_
 };
 
 }  // namespace gpipe::mpi

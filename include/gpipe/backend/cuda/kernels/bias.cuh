@@ -74,7 +74,7 @@ __device__ __forceinline__ void store_column(float sum, std::size_t c, std::size
 
 }  // namespace detail
 
-// dst(cols) += sum over k of partial(chunks, cols)[k], in order of k
+/// dst(cols) += sum over k of partial(chunks, cols)[k], in order of k
 template <class T>
 __global__ void column_sum_kernel(std::size_t chunks, std::size_t cols, const T* partial, T* dst) {
   for (std::size_t c = detail::global_thread(); c < cols; c += detail::grid_threads()) {
@@ -90,8 +90,8 @@ inline void column_sum(std::size_t chunks, std::size_t cols, const float* partia
   GPIPE_CUDA_CHECK_LAUNCH("column_sum_kernel");
 }
 
-// y(rows, cols) += bias(cols): thread (c, r) adds the pack of bias at column c * V to rows r,
-// r + gridDim.y * blockDim.y, ...
+/// y(rows, cols) += bias(cols): thread (c, r) adds the pack of bias at column c * V to rows r,
+/// r + gridDim.y * blockDim.y, ...
 template <int V>
 __global__ void bias_add_forward_kernel(std::size_t rows, std::size_t cols, const float* bias,
                                         float* y) {
@@ -126,7 +126,7 @@ inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bi
   GPIPE_CUDA_CHECK_LAUNCH("bias_add_forward_kernel");
 }
 
-// Pass 1 of db(cols) += sum over rows of dy(rows, cols); see the top of this file.
+/// Pass 1 of db(cols) += sum over rows of dy(rows, cols); see the top of this file.
 template <int Unroll>
 __global__ void bias_grad_backward_kernel(std::size_t rows, std::size_t cols,
                                           std::size_t rows_per_chunk, const float* dy, float* db,
@@ -151,7 +151,7 @@ __global__ void bias_grad_backward_kernel(std::size_t rows, std::size_t cols,
   sum = detail::lane_sum(sum, buf);
   if (threadIdx.y == 0 && c < cols) detail::store_column(sum, c, cols, db, partial);
 }
-// Floats of scratch that bias_grad_backward needs for (rows, cols).
+/// Floats of scratch that bias_grad_backward needs for (rows, cols).
 inline std::size_t bias_grad_scratch(std::size_t rows, std::size_t cols) {
   return detail::ColumnSplit(rows, cols).scratch(cols);
 }

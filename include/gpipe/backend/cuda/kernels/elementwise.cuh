@@ -37,7 +37,7 @@ void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t s
 
 }  // namespace detail
 
-// y(n) = max(x, 0)
+/// y(n) = max(x, 0)
 template <int V>
 __global__ void relu_forward_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
@@ -48,7 +48,7 @@ inline void relu_forward(std::size_t n, const float* x, float* y, cudaStream_t s
       "relu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
-// dx(n) = dy * [x > 0]
+/// dx(n) = dy * [x > 0]
 template <int V>
 __global__ void relu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
   detail::map<V>(
@@ -60,7 +60,7 @@ inline void relu_backward(std::size_t n, const float* x, const float* dy, float*
       "relu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
-// y(n) = 0.5 x (1 + erf(x / sqrt 2))   (exact GELU)
+/// y(n) = 0.5 x (1 + erf(x / sqrt 2))   (exact GELU)
 template <int V>
 __global__ void gelu_forward_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
@@ -71,7 +71,7 @@ inline void gelu_forward(std::size_t n, const float* x, float* y, cudaStream_t s
       "gelu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
-// dx(n) = dy (Phi(x) + x phi(x))
+/// dx(n) = dy (Phi(x) + x phi(x))
 template <int V>
 __global__ void gelu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
   detail::map<V>(
@@ -89,7 +89,7 @@ inline void gelu_backward(std::size_t n, const float* x, const float* dy, float*
       "gelu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
-// y(n) = a + b   (y may alias a or b)
+/// y(n) = a + b   (y may alias a or b)
 template <int V>
 __global__ void add_kernel(std::size_t n, const float* a, const float* b, float* y) {
   detail::map<V>(
@@ -100,7 +100,7 @@ inline void add(std::size_t n, const float* a, const float* b, float* y, cudaStr
                                                    stream, a, b, y);
 }
 
-// y(n) += x
+/// y(n) += x
 template <int V>
 __global__ void accumulate_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
@@ -111,7 +111,7 @@ inline void accumulate(std::size_t n, const float* x, float* y, cudaStream_t str
       "accumulate_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
-// y(n) = value
+/// y(n) = value
 template <int V>
 __global__ void fill_kernel(std::size_t n, float value, float* y) {
   detail::map<V>(
@@ -122,7 +122,7 @@ inline void fill(std::size_t n, float value, float* y, cudaStream_t stream) {
                                                      stream, value, y);
 }
 
-// y(n) *= alpha
+/// y(n) *= alpha
 template <int V>
 __global__ void scale_kernel(std::size_t n, float alpha, float* y) {
   detail::map<V>(

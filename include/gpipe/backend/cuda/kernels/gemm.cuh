@@ -24,8 +24,8 @@
 
 namespace gpipe::cuda {
 
-// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
-// when trans_b. All dense row-major, device memory of the handle's device.
+/// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
+/// when trans_b. All dense row-major, device memory of the handle's device.
 inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                  std::size_t k, float alpha, const float* a, const float* b, float beta, float* c,
                  cudaStream_t stream) {
@@ -49,16 +49,16 @@ inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t 
                                  lda, &beta, c, ni));
 }
 
-// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows
-// are ld apart.
+/// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows
+/// are ld apart.
 struct BatchedOperand {
   const float* data;
   std::size_t ld, stride;
 };
 
-// For i < batch: C_i(m, n) = alpha op(A_i) op(B_i) + beta C_i, shapes as for gemm, rows of each
-// operand ld apart (views into wider matrices: one head of q, k, v). One
-// cublasSgemmStridedBatched call; k > 0.
+/// For i < batch: C_i(m, n) = alpha op(A_i) op(B_i) + beta C_i, shapes as for gemm, rows of each
+/// operand ld apart (views into wider matrices: one head of q, k, v). One
+/// cublasSgemmStridedBatched call; k > 0.
 inline void gemm_strided_batched(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m,
                                  std::size_t n, std::size_t k, float alpha, BatchedOperand a,
                                  BatchedOperand b, float beta, float* c, std::size_t ldc,

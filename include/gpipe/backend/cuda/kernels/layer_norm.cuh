@@ -113,8 +113,8 @@ struct RowGroup {
 
 }  // namespace detail
 
-// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
-// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
+/// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
+/// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
 template <int Packs, bool WholeBlock>
 __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
     layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps,
@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   }
 }
 
-// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment. The
-// variance comes from sums of x - x[0] (shifted data), which keeps the cancellation of
-// E[x^2] - E[x]^2 small when |mean| >> std.
+/// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment. The
+/// variance comes from sums of x - x[0] (shifted data), which keeps the cancellation of
+/// E[x^2] - E[x]^2 small when |mean| >> std.
 template <int V>
 __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_t cols, float eps,
                                                     const float* x, const float* gamma,
@@ -209,8 +209,8 @@ __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_
     stats[2 * row + 1] = rstd;
   }
 }
-// The streaming kernels alone (layer_norm_forward uses them where rows do not fit registers);
-// public so that the benchmark can show what the resident kernels save.
+/// The streaming kernels alone (layer_norm_forward uses them where rows do not fit registers);
+/// public so that the benchmark can show what the resident kernels save.
 inline void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, double eps,
                                          const float* x, const float* gamma, const float* beta,
                                          float* y, float* stats, cudaStream_t stream) {
@@ -243,9 +243,9 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_resident_kernel");
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
-// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
-// held in registers (Packs packs each per thread, see RowLayout).
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
+/// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
+/// held in registers (Packs packs each per thread, see RowLayout).
 template <int Packs, bool WholeBlock>
 __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
     layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const float* x,
@@ -300,8 +300,8 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   }
 }
 
-// The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
-// x, dy, dx (rows, cols); gamma (cols); stats (rows, 2)
+/// The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
+/// x, dy, dx (rows, cols); gamma (cols); stats (rows, 2)
 template <int V>
 __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std::size_t cols,
                                                            const float* x, const float* dy,
@@ -377,8 +377,8 @@ inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const 
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
 }
 
-// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy; partial is
-// (2, chunks, cols) when there is more than one chunk (see bias.cuh).
+/// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy; partial is
+/// (2, chunks, cols) when there is more than one chunk (see bias.cuh).
 template <int Unroll>
 __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t cols,
                                                   std::size_t rows_per_chunk, const float* x,
@@ -421,7 +421,7 @@ __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t 
                          gridDim.y == 1 ? nullptr : partial + gridDim.y * cols);
   }
 }
-// Floats of scratch that layer_norm_backward_weight needs for (rows, cols).
+/// Floats of scratch that layer_norm_backward_weight needs for (rows, cols).
 inline std::size_t layer_norm_backward_weight_scratch(std::size_t rows, std::size_t cols) {
   return 2 * detail::ColumnSplit(rows, cols).scratch(cols);
 }

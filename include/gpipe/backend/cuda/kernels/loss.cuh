@@ -19,8 +19,8 @@
 
 namespace gpipe::cuda {
 
-// out[0] = sum of partial(n), one block of 1024 threads, in a fixed order. (The bound makes the
-// compiler keep it within 64 registers a thread, so that the launch cannot run out of them.)
+/// out[0] = sum of partial(n), one block of 1024 threads, in a fixed order. (The bound makes the
+/// compiler keep it within 64 registers a thread, so that the launch cannot run out of them.)
 template <class T>
 __global__ void __launch_bounds__(1024) sum_kernel(std::size_t n, const T* partial, T* out) {
   __shared__ T buf[32];
@@ -34,13 +34,14 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
   GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
 }
 
-// One block per row r of logits (rows, classes), target t = targets[r]:
-//   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
-//   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
-// The row's max and sum of exponentials come from one online pass; the second pass reads the
-// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs (classes % V
-// == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those before) gives a NaN
-// loss rather than a wild read.
+/// One block per row r of logits (rows, classes), target t = targets[r]:
+///   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
+///   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
+/// The row's max and sum of exponentials come from one online pass; the second pass reads the
+/// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs (classes %
+/// V
+/// == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those before) gives a
+/// NaN loss rather than a wild read.
 template <int V>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
                                                      const float* logits,
@@ -83,7 +84,7 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
   }
   if (threadIdx.x == 0) partial[row] = valid ? log_sum - z[t] : NAN;
 }
-// Floats of scratch that softmax_cross_entropy_forward needs.
+/// Floats of scratch that softmax_cross_entropy_forward needs.
 inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }
 inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
                                           const float* logits, const std::int32_t* targets,
@@ -113,8 +114,8 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
   sum(rows, scratch, loss_sum, stream);
 }
 
-// d = y - target over n elements: dy = grad_scale * 2 d; each block's sum of d^2 into
-// partial(gridDim.x)
+/// d = y - target over n elements: dy = grad_scale * 2 d; each block's sum of d^2 into
+/// partial(gridDim.x)
 template <int V>
 __global__ void mse_forward_kernel(std::size_t n, const float* y, const float* target,
                                    float grad_scale, float* dy, float* partial) {
@@ -143,7 +144,7 @@ __global__ void mse_forward_kernel(std::size_t n, const float* y, const float* t
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 inline constexpr unsigned mse_max_blocks = 1024;
-// Floats of scratch that mse_forward needs.
+/// Floats of scratch that mse_forward needs.
 inline std::size_t mse_scratch() { return mse_max_blocks; }
 inline void mse_forward(std::size_t n, const float* y, const float* target, float grad_scale,
                         float* dy, float* loss_sum, float* scratch, cudaStream_t stream) {

@@ -18,12 +18,12 @@
 namespace gpipe::cuda {
 
 struct SgdHyper {
-  float lr, momentum, dampening_complement, weight_decay;  // dampening_complement = 1 - dampening
+  float lr, momentum, dampening_complement, weight_decay;  ///< dampening_complement = 1 - dampening
   bool use_momentum, use_weight_decay, nesterov, first_step;
 };
 
-// p, g, buf (n): d = g + wd p; buf = first ? d : momentum buf + (1 - dampening) d;
-// d = nesterov ? d + momentum buf : buf (when momentum != 0); p -= lr d
+/// p, g, buf (n): d = g + wd p; buf = first ? d : momentum buf + (1 - dampening) d;
+/// d = nesterov ? d + momentum buf : buf (when momentum != 0); p -= lr d
 template <int V>
 __global__ void sgd_update_kernel(std::size_t n, float* p, const float* g, float* buf, SgdHyper h) {
   auto update = [&h](float& pv, float gv, float& bv) {
@@ -75,16 +75,16 @@ inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_
 }
 
 struct AdamWHyper {
-  float decay;            // 1 - lr wd
-  float one_minus_beta1;  // 1 - b1
+  float decay;            ///< 1 - lr wd
+  float one_minus_beta1;  ///< 1 - b1
   float beta2, one_minus_beta2;
-  float step_size;   // lr / (1 - b1^t)
-  float bias2_sqrt;  // sqrt(1 - b2^t)
+  float step_size;   ///< lr / (1 - b1^t)
+  float bias2_sqrt;  ///< sqrt(1 - b2^t)
   float eps;
 };
 
-// p, g, m, v (n): p *= 1 - lr wd; m += (g - m)(1 - b1); v = b2 v + (1 - b2) g^2;
-// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+/// p, g, m, v (n): p *= 1 - lr wd; m += (g - m)(1 - b1); v = b2 v + (1 - b2) g^2;
+/// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 template <int V>
 __global__ void adamw_update_kernel(std::size_t n, float* p, const float* g, float* m, float* v,
                                     AdamWHyper h) {

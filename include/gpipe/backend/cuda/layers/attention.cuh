@@ -30,9 +30,9 @@ namespace gpipe::cuda {
 
 inline constexpr int attention_warps_per_block = 8;
 
-// One warp per row r < rows of P, rows `tokens` long; the row's query position is (r / heads) %
-// tokens (P is (samples, T, H, T)). Entries u <= t become the softmax of the row's entries
-// u <= t, entries above become 0.
+/// One warp per row r < rows of P, rows `tokens` long; the row's query position is (r / heads) %
+/// tokens (P is (samples, T, H, T)). Entries u <= t become the softmax of the row's entries
+/// u <= t, entries above become 0.
 __global__ void attention_causal_softmax_kernel(std::size_t rows, std::size_t tokens,
                                                 std::size_t heads, float* probs) {
   const unsigned lane = threadIdx.x % 32;
@@ -49,8 +49,8 @@ __global__ void attention_causal_softmax_kernel(std::size_t rows, std::size_t to
   }
 }
 
-// Head h, one warp per row (b, t) of the scratch ds (samples T, T) holding dP: entries u <= t
-// become P (dP - sum_u' dP P), entries above 0. P's row is probs + (b T + t) H T + h T.
+/// Head h, one warp per row (b, t) of the scratch ds (samples T, T) holding dP: entries u <= t
+/// become P (dP - sum_u' dP P), entries above 0. P's row is probs + (b T + t) H T + h T.
 __global__ void attention_softmax_backward_kernel(std::size_t rows, std::size_t tokens,
                                                   std::size_t heads, std::size_t h,
                                                   const float* probs, float* ds) {
@@ -99,7 +99,7 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
     }
   }
 
-  // scratch: (samples T, T) floats, as the layer's workspace (T per row) provides.
+  /// scratch: (samples T, T) floats, as the layer's workspace (T per row) provides.
   static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
                        std::size_t d, const float* qkv, const float* probs, const float* dout,
                        float* dqkv, float* scratch) {

@@ -20,7 +20,7 @@
 
 namespace gpipe::cuda {
 
-// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :); ids are floats holding whole numbers
+/// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :); ids are floats holding whole numbers
 __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, std::size_t width,
                                          const float* ids, const float* wte, const float* wpe,
                                          float* y) {
@@ -31,7 +31,7 @@ __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, s
   }
 }
 
-// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c): thread c, rows in order
+/// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c): thread c, rows in order
 __global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t tokens,
                                                  std::size_t width, const float* ids,
                                                  const float* dy, float* dwte, float* dwpe) {

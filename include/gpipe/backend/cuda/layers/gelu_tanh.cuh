@@ -22,7 +22,7 @@ inline constexpr float gelu_tanh_a = 0.044715f;
 inline constexpr float sqrt_2_over_pi = 0.79788456080286535588f;
 }  // namespace detail
 
-// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+/// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <int V>
 __global__ void gelu_tanh_forward_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
@@ -34,7 +34,7 @@ __global__ void gelu_tanh_forward_kernel(std::size_t n, const float* x, float* y
       y, x);
 }
 
-// dx(n) = dy (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2))
+/// dx(n) = dy (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2))
 template <int V>
 __global__ void gelu_tanh_backward_kernel(std::size_t n, const float* x, const float* dy,
                                           float* dx) {

@@ -12,7 +12,7 @@
 
 namespace gpipe::host {
 
-// y(rows, cols) += bias(cols)
+/// y(rows, cols) += bias(cols)
 template <class T>
 void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   for (std::size_t r = 0; r < rows; ++r) {
@@ -22,7 +22,7 @@ void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   }
 }
 
-// db(cols) += sum over rows of dy(rows, cols)
+/// db(cols) += sum over rows of dy(rows, cols)
 template <class T>
 void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
   for (std::size_t r = 0; r < rows; ++r)
@@ -41,7 +41,7 @@ void relu_forward(std::size_t n, const T* x, T* y) {
       y, x);
 }
 
-// dx = dy * [x > 0]  (the subgradient at 0 is 0, as in PyTorch)
+/// dx = dy * [x > 0]  (the subgradient at 0 is 0, as in PyTorch)
 template <class T>
 void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
   simd::transform(
@@ -53,14 +53,14 @@ void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
       dx, x, dy);
 }
 
-// Exact GELU: y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+/// Exact GELU: y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 template <class T>
 void gelu_forward(std::size_t n, const T* x, T* y) {
   const T inv_sqrt2 = T(1) / std::numbers::sqrt2_v<T>;
   for (std::size_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * inv_sqrt2));
 }
 
-// dx = dy * (Phi(x) + x * phi(x))
+/// dx = dy * (Phi(x) + x * phi(x))
 template <class T>
 void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
   const T inv_sqrt2 = T(1) / std::numbers::sqrt2_v<T>;
@@ -72,21 +72,21 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
   }
 }
 
-// y = a + b (y may alias a or b)
+/// y = a + b (y may alias a or b)
 template <class T>
 void add(std::size_t n, const T* a, const T* b, T* y) {
   simd::transform(
       n, [](auto u, auto v) { return u + v; }, y, a, b);
 }
 
-// y += x
+/// y += x
 template <class T>
 void accumulate(std::size_t n, const T* x, T* y) {
   simd::transform(
       n, [](auto u, auto v) { return u + v; }, y, y, x);
 }
 
-// dst = src (distinct buffers)
+/// dst = src (distinct buffers)
 template <class T>
 void copy(std::size_t n, const T* src, T* dst) {
   if (n > 0) std::memcpy(dst, src, n * sizeof(T));

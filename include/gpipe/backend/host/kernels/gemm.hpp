@@ -18,29 +18,29 @@
 
 #include "gpipe/error.hpp"
 
-// The OpenMP runtime oneDNN is built on (its thread count is a per-thread setting).
+/// The OpenMP runtime oneDNN is built on (its thread count is a per-thread setting).
 extern "C" int omp_get_max_threads() noexcept;
 extern "C" void omp_set_num_threads(int num_threads) noexcept;
 #endif
 
 namespace gpipe::host {
 
-// Leading dimensions of a GEMM's row-major operands: the distance between consecutive rows of
-// A, B and C as stored (a sub-matrix of a wider one has its parent's row length).
+/// Leading dimensions of a GEMM's row-major operands: the distance between consecutive rows of
+/// A, B and C as stored (a sub-matrix of a wider one has its parent's row length).
 struct GemmStrides {
   std::size_t lda, ldb, ldc;
 };
 
-// Dense operands: the row lengths that op(A) (m, k), op(B) (k, n) and C (m, n) have in memory.
+/// Dense operands: the row lengths that op(A) (m, k), op(B) (k, n) and C (m, n) have in memory.
 constexpr GemmStrides dense_strides(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                                     std::size_t k) {
   return {trans_a ? m : k, trans_b ? k : n, n};
 }
 
-// reference_gemm: plain loops, for any arithmetic T. op(A) is (m, k): A is (m, k), or (k, m) when
-// trans_a. op(B) is (k, n): B is (k, n), or (n, k) when trans_b. Row-major with leading
-// dimensions ld. The inner loops run over contiguous memory where the layout allows, so the
-// compiler vectorizes them; beta == 0 overwrites C (NaN in C does not survive), as BLAS does.
+/// reference_gemm: plain loops, for any arithmetic T. op(A) is (m, k): A is (m, k), or (k, m) when
+/// trans_a. op(B) is (k, n): B is (k, n), or (n, k) when trans_b. Row-major with leading
+/// dimensions ld. The inner loops run over contiguous memory where the layout allows, so the
+/// compiler vectorizes them; beta == 0 overwrites C (NaN in C does not survive), as BLAS does.
 template <class T>
 void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
                     T alpha, const T* a, const T* b, T beta, T* c, GemmStrides ld) {
@@ -115,7 +115,7 @@ inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t 
 namespace gpipe::host {
 #endif
 
-// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm.
+/// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c, GemmStrides ld) {
@@ -129,7 +129,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
   reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
 }
 
-// Dense operands.
+/// Dense operands.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c) {

@@ -26,7 +26,7 @@ void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T*
   }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
 template <class T>
 void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                const T* gamma, const T* stats, T* dx) {
@@ -48,7 +48,7 @@ void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, c
   }
 }
 
-// dgamma += sum_rows dy * xhat,  dbeta += sum_rows dy
+/// dgamma += sum_rows dy * xhat,  dbeta += sum_rows dy
 template <class T>
 void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                 const T* stats, T* dgamma, T* dbeta) {

@@ -50,8 +50,8 @@ namespace gpipe::host {
 
 class LinearForward {
  public:
-  // Past this many shapes the cache starts over, so that a caller cycling through many batch
-  // sizes does not keep a primitive for each.
+  /// Past this many shapes the cache starts over, so that a caller cycling through many batch
+  /// sizes does not keep a primitive for each.
   static constexpr std::size_t max_cached = 64;
 
   void operator()(std::size_t rows, std::size_t in, std::size_t out, const float* x, const float* w,
@@ -77,7 +77,7 @@ class LinearForward {
 
   struct Shape {
     detail::DnnlPtr<dnnl_primitive_t> matmul;
-    std::array<detail::DnnlPtr<dnnl_memory_t>, 4> memory;  // x, W^T, b, y; data set per call
+    std::array<detail::DnnlPtr<dnnl_memory_t>, 4> memory;  ///< x, W^T, b, y; data set per call
   };
 
   static dnnl_memory_desc_t desc(std::size_t rows, std::size_t cols, dnnl_format_tag_t layout) {
@@ -139,7 +139,7 @@ class LinearForward {
     return shapes_.emplace(key, std::move(shape)).first->second;
   }
 
-  detail::DnnlPtr<dnnl_engine_t> engine_;  // created on first use
+  detail::DnnlPtr<dnnl_engine_t> engine_;  ///< created on first use
   detail::DnnlPtr<dnnl_stream_t> stream_;
   std::map<std::tuple<std::size_t, std::size_t, std::size_t>, Shape> shapes_;
 };

@@ -12,10 +12,10 @@
 
 namespace gpipe::host {
 
-// logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
-// loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
-// One exp per logit (float: simd::exp, within 2e-7 of e^x), summed in double; the row's exps
-// wait in dlogits for the sum.
+/// logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
+/// loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
+/// One exp per logit (float: simd::exp, within 2e-7 of e^x), summed in double; the row's exps
+/// wait in dlogits for the sum.
 template <class T>
 void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                            const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
@@ -35,7 +35,7 @@ void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logit
   loss_sum[0] = static_cast<T>(total);
 }
 
-// y, target (n); loss_sum[0] = sum (y - t)^2;  dy = grad_scale * 2 (y - t)
+/// y, target (n); loss_sum[0] = sum (y - t)^2;  dy = grad_scale * 2 (y - t)
 template <class T>
 void mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
   double total = 0;

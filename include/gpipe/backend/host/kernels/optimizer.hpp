@@ -7,8 +7,8 @@
 
 namespace gpipe::host {
 
-// d = g + wd p; buf = first ? d : momentum buf + (1 - dampening) d;
-// d = nesterov ? d + momentum buf : buf (when momentum != 0); p -= lr d
+/// d = g + wd p; buf = first ? d : momentum buf + (1 - dampening) d;
+/// d = nesterov ? d + momentum buf : buf (when momentum != 0); p -= lr d
 template <class T>
 void sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr, double momentum,
                 double dampening, double weight_decay, bool nesterov, bool first_step) {
@@ -24,8 +24,8 @@ void sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr, dou
   }
 }
 
-// p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps),  t = step >= 1
+/// p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+/// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps),  t = step >= 1
 template <class T>
 void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
                   double beta2, double eps, double weight_decay, std::size_t step) {

@@ -31,7 +31,7 @@ template <>
 struct PackOf<double> {
   typedef double type __attribute__((vector_size(16)));
 };
-// Pack<T>: width_v<T> elements of T.
+/// Pack<T>: width_v<T> elements of T.
 template <class T>
 using Pack = typename PackOf<T>::type;
 template <class T>
@@ -65,12 +65,12 @@ struct BitsOf<Pack<float>> {
   typedef std::uint32_t type __attribute__((vector_size(16)));
 };
 
-// e^x for x a float or a Pack<float>. x = n ln 2 + r with |r| <= ln(2) / 2 (Cody-Waite: ln 2 in
-// two parts, the first exact in few bits, so that n ln2_hi is exact), e^r by its Taylor series to
-// r^7 (the first term left out is below 6e-9 relative), times 2^n built in the exponent bits.
-// Relative error below 2e-7 (tests/backend/host/test_kernels.cpp sweeps it against
-// double). x above 88.72 gives inf; x below -86.9 gives 0 (e^x there is below 1.8e-38, about
-// the smallest normal float: no denormals); NaN stays NaN.
+/// e^x for x a float or a Pack<float>. x = n ln 2 + r with |r| <= ln(2) / 2 (Cody-Waite: ln 2 in
+/// two parts, the first exact in few bits, so that n ln2_hi is exact), e^r by its Taylor series to
+/// r^7 (the first term left out is below 6e-9 relative), times 2^n built in the exponent bits.
+/// Relative error below 2e-7 (tests/backend/host/test_kernels.cpp sweeps it against
+/// double). x above 88.72 gives inf; x below -86.9 gives 0 (e^x there is below 1.8e-38, about
+/// the smallest normal float: no denormals); NaN stays NaN.
 template <class V>
 V exp(V x) {
   using Bits = typename BitsOf<V>::type;
@@ -98,9 +98,9 @@ V exp(V x) {
   return x < -86.9f ? zero : (x > 88.7228f ? zero + std::numeric_limits<float>::infinity() : y);
 }
 
-// tanh x for x a float or a Pack<float>: (1 - e) / (1 + e) with e = e^(-2|x|), sign restored.
-// Absolute error below 2e-7 for every x (relative error grows for |x| below 1e-2, where
-// 1 - e cancels): meant for tanh added to 1, as in GELU's tanh form, not as a general tanh.
+/// tanh x for x a float or a Pack<float>: (1 - e) / (1 + e) with e = e^(-2|x|), sign restored.
+/// Absolute error below 2e-7 for every x (relative error grows for |x| below 1e-2, where
+/// 1 - e cancels): meant for tanh added to 1, as in GELU's tanh form, not as a general tanh.
 template <class V>
 V tanh(V x) {
   const V magnitude = x < 0.0f ? -x : x;

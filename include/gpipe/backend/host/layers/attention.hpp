@@ -68,7 +68,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
   }
 
  private:
-  // row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
+  /// row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
   static void causal_softmax(T* row, std::size_t n, std::size_t len) {
     const T max = detail::row_max(row, n);
     const T inv = static_cast<T>(1 / detail::exp_shifted(row, max, n, row));
@@ -76,7 +76,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
         n, [inv](auto e) { return e * inv; }, row, row);
     std::fill(row + n, row + len, T(0));
   }
-  // g[0, n) <- p .* (g - sum(g .* p)) over the unmasked keys, g[n, len) <- 0
+  /// g[0, n) <- p .* (g - sum(g .* p)) over the unmasked keys, g[n, len) <- 0
   static void softmax_backward(const T* p, T* g, std::size_t n, std::size_t len) {
     T dot = 0;
     for (std::size_t j = 0; j < n; ++j) dot += g[j] * p[j];

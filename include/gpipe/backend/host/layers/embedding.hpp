@@ -16,7 +16,7 @@ namespace gpipe {
 
 template <class T>
 struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
-  // y(r, :) = wte(id_r, :) + wpe(r % tokens, :)
+  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :)
   static void forward(host::Kernels<T>&, std::size_t rows, std::size_t tokens, std::size_t width,
                       const T* ids, const T* wte, const T* wpe, T* y) {
     for (std::size_t r = 0; r < rows; ++r)
@@ -24,7 +24,7 @@ struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
           wpe + (r % tokens) * width);
   }
-  // dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :)
+  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :)
   static void backward_weight(host::Kernels<T>&, std::size_t rows, std::size_t tokens,
                               std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe) {
     for (std::size_t r = 0; r < rows; ++r) {
@@ -39,8 +39,8 @@ struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
   }
 
  private:
-  // The Trainer has checked every id against the vocabulary; a negative one here would read
-  // outside wte, so it is refused rather than trusted.
+  /// The Trainer has checked every id against the vocabulary; a negative one here would read
+  /// outside wte, so it is refused rather than trusted.
   static std::size_t id(T value) {
     const long long i = std::llround(value);
     if (i < 0) throw Error("gpipe: Embedding got token id " + std::to_string(i));

@@ -19,7 +19,7 @@ namespace gpipe {
 template <class T>
 struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
   static constexpr T a = T(0.044715);
-  static constexpr T c = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;  // sqrt(2/pi)
+  static constexpr T c = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;  ///< sqrt(2/pi)
 
   static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
     host::simd::transform(
