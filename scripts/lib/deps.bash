@@ -1,8 +1,8 @@
 # Sourced by scripts/test and scripts/demo (bash). Makes sure what a build needs is installed:
 #   gpipe_ensure_deps [benchmark]
 # Checks cmake (>= 3.25), ninja, g++, doctest, oneDNN (libdnnl) and, when asked (the test
-# setup), Google Benchmark and Open MPI. What is missing is installed with apt-get when we are root or have
-# passwordless sudo; otherwise the function names the packages and returns 1.
+# setup), Google Benchmark, Doxygen and Open MPI. What is missing is installed with apt-get when
+# we are root or have passwordless sudo; otherwise the function names the packages and returns 1.
 
 _gpipe_links() {  # _gpipe_links <source> [link flags...]: true when g++ compiles and links it
   local source=$1
@@ -24,6 +24,8 @@ _gpipe_missing_packages() {
   if [[ $want_benchmark == 1 ]]; then
     _gpipe_links $'#include <benchmark/benchmark.h>\nint main() {}' -lbenchmark -pthread ||
       missing+=(libbenchmark-dev)
+    # CTest api_reference builds the API reference from the headers (Doxygen)
+    command -v doxygen >/dev/null 2>&1 || missing+=(doxygen)
     # the MPI backend's tests run under mpirun (Open MPI)
     if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
       missing+=(libopenmpi-dev openmpi-bin)

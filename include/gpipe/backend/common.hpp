@@ -18,15 +18,18 @@ namespace gpipe {
 /// stage's input and its stash); workspace is what lives within an op or until the next stage has
 /// received it.
 enum class MemoryKind : std::uint8_t {
-  parameters,
-  gradients,
-  optimizer_state,
-  activations,
-  workspace,
-  other,
+  parameters,       ///< the stages' weights and biases
+  gradients,        ///< the parameters' gradients, accumulated over a step's micro-batches
+  optimizer_state,  ///< what the optimizer keeps between steps (e.g. Adam's moments)
+  activations,      ///< a stage's input and its stash, live from forward to backward_weight
+  workspace,        ///< temporaries of one op, and outputs until the next stage has them
+  other,            ///< anything else; the default kind of `allocate`
 };
+/// Number of MemoryKind values: the length of MemoryStats' per-kind arrays, which are indexed
+/// by `static_cast<std::size_t>(kind)`.
 inline constexpr std::size_t num_memory_kinds = 6;
 
+/// The enumerator's name, e.g. `"optimizer_state"`; `"unknown"` for a value outside the enum.
 constexpr std::string_view to_string(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::parameters:
@@ -48,15 +51,21 @@ constexpr std::string_view to_string(MemoryKind kind) {
 /// Bytes on one device: now, the most since the last reset_peak(), and the cap (0 = none); the
 /// same per purpose (each purpose's peak is its own maximum, so they need not add up to peak).
 struct MemoryStats {
-  std::size_t current = 0;
-  std::size_t peak = 0;
+  std::size_t current = 0;  ///< bytes allocated now
+  std::size_t peak = 0;     ///< most bytes allocated at once since the last reset_peak()
+  /// The cap in bytes: an allocation that would take `current` past it throws OutOfMemory (a
+  /// gpipe::Error) and allocates nothing. 0 = no cap.
   std::size_t capacity = 0;
+  /// `current` per MemoryKind, indexed by `static_cast<std::size_t>(kind)`; sums to `current`.
   std::array<std::size_t, num_memory_kinds> current_by_kind{};
+  /// Each kind's own peak since the last reset_peak(), indexed like `current_by_kind`.
   std::array<std::size_t, num_memory_kinds> peak_by_kind{};
 
+  /// Bytes of `kind` allocated now.
   std::size_t current_of(MemoryKind kind) const {
     return current_by_kind[static_cast<std::size_t>(kind)];
   }
+  /// Most bytes of `kind` allocated at once since the last reset_peak().
   std::size_t peak_of(MemoryKind kind) const {
     return peak_by_kind[static_cast<std::size_t>(kind)];
   }
@@ -65,33 +74,38 @@ struct MemoryStats {
 /// Where a piece of stream work belongs: an op name ("forward", "optimizer step", ...) and, where
 /// it has them, a stage and micro-batch.
 struct WorkLabel {
+  /// The `stage` or `micro_batch` of work that has none (an optimizer step, a transfer of
+  /// parameters, ...).
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  /// The op's name; a string literal in practice, since trace events keep the view.
   std::string_view what;
-  std::size_t stage = none;
-  std::size_t micro_batch = none;
-  bool internal = false;  ///< stream bookkeeping (event record and wait): not traced
-  bool compute = false;   ///< a forward, backward_input or backward_weight: counts as busy time
+  std::size_t stage = none;        ///< pipeline stage the work belongs to, or `none`
+  std::size_t micro_batch = none;  ///< micro-batch the work belongs to, or `none`
+  bool internal = false;           ///< stream bookkeeping (event record and wait): not traced
+  bool compute = false;  ///< a forward, backward_input or backward_weight: counts as busy time
 };
 
 /// Compute time of one device since the last take: the sum of its compute work's durations and
 /// the span from the first compute start to the last compute end (microseconds since the
 /// backend's epoch; both 0 when no compute ran).
 struct ComputeTiming {
-  double busy_us = 0;
-  double first_start_us = 0;
-  double last_end_us = 0;
-  std::size_t ops = 0;
+  double busy_us = 0;         ///< sum of the compute work's durations, microseconds
+  double first_start_us = 0;  ///< start of the first compute work
+  double last_end_us = 0;     ///< end of the last compute work
+  std::size_t ops = 0;        ///< pieces of compute work that ran; 0 when none did
 };
 
 /// One piece of stream work as it ran: microseconds since the backend's epoch.
 struct TraceEvent {
-  std::size_t device = 0;
-  WorkLabel label;
-  double start_us = 0;
-  double end_us = 0;
+  std::size_t device = 0;  ///< the device whose stream ran the work
+  WorkLabel label;         ///< what the work was; never `internal` (bookkeeping is not traced)
+  double start_us = 0;     ///< when the work started
+  double end_us = 0;       ///< when the work ended
 };
 
-/// "stage 2 (device 1), micro-batch 5, forward"
+/// Where work labelled `label` ran on `device`, for error messages: "stage 2 (device 1),
+/// micro-batch 5, forward", or "device 1, optimizer step" for work without stage and
+/// micro-batch.
 inline std::string describe(const WorkLabel& label, std::size_t device) {
   std::string out;
   if (label.stage != WorkLabel::none)

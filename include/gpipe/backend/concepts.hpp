@@ -66,6 +66,8 @@
 
 namespace gpipe {
 
+/// An owning handle to device memory: movable, default-constructible (empty), with `data()`,
+/// `size()` (in elements) and `reset()` (frees the memory now and leaves the handle empty).
 template <class Buffer>
 concept device_buffer = std::movable<Buffer> && std::default_initializable<Buffer> &&
     requires(Buffer& b, const Buffer& cb) {
@@ -74,8 +76,17 @@ concept device_buffer = std::movable<Buffer> && std::default_initializable<Buffe
   b.reset();
 };
 
-/// (A function pointer stands for the work: nvcc's front end refuses a lambda in a
-/// requires-clause.)
+/// What the Trainer runs on: devices `0..num_devices()-1`, each an in-order stream of work with
+/// its own counted memory. `B::Kernels` is the kernel_context work runs with, `B::Event` is
+/// recorded on one device's stream and waited for on another's, `B::Buffer` is a device_buffer
+/// made by `allocate<T>(device, count, kind)` (counted under `kind`; OutOfMemory past the
+/// device's capacity). `submit(device, label, work)` queues `work(Kernels&)` on the device's
+/// stream, in submission order; `synchronize()` waits for all work and rethrows the first failure
+/// as a gpipe::Error (OutOfMemory stays OutOfMemory) whose message starts with describe(label,
+/// device); `cancel()` drops work not yet run and releases every wait.
+/// `set_tracing`, `take_trace()` and `take_timing()` report what ran (TraceEvent,
+/// ComputeTiming). gpipe::host::Backend and gpipe::cuda::Backend model it. (A function pointer
+/// stands for the work: nvcc's front end refuses a lambda in a requires-clause.)
 template <class B>
 concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel label,
                            const typename B::Event& event, void (*work)(typename B::Kernels&)) {
@@ -99,6 +110,14 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
   { b.take_timing() } -> std::same_as<std::vector<ComputeTiming>>;
 };
 
+/// A backend whose devices live in several processes (mpi::Backend). `is_local(d)` says
+/// whether this process runs device d (the runtime issues only the work of its own devices);
+/// `send(d, label, peer, tag, buffer)` hands `buffer` from local device d to device `peer`
+/// without blocking d; `receive(d, label, peer, tag, buffer, count, kind)` fills `buffer`,
+/// allocated on d as `kind`, with count floats from `peer`; `broadcast` and `exchange` run
+/// between steps; `finish_step()` ends a step instead of
+/// `synchronize()`, and it and `abort_step(failure)` make every process throw the same Error if
+/// one failed; `rank()` is this process's rank (rank 0 writes files).
 template <class B>
 concept multi_process_backend = backend<B> &&
     requires(B& b, const B& cb, std::size_t device, WorkLabel label,
@@ -113,6 +132,11 @@ concept multi_process_backend = backend<B> &&
   { cb.rank() } -> std::convertible_to<std::size_t>;
 };
 
+/// A multi_process_backend running R replicas of the pipeline: `replicas()` is R and
+/// `replica()` the one this process belongs to. `allreduce_sum(values)` sums over the replicas
+/// between steps; within a step, `expect_reductions(arrays)` lists the arrays to sum, in the
+/// order the sums start, and `start_reduction(d, label)` starts the next one (in place) after the
+/// work queued before it on device d; `finish_step()` waits for all of them.
 template <class B>
 concept data_parallel_backend = multi_process_backend<B> &&
     requires(B& b, const B& cb, std::span<float> values, std::size_t device, WorkLabel label) {
@@ -171,6 +195,11 @@ std::size_t replica_of(const B& backend) {
 
 }  // namespace detail
 
+/// How a stage's output reaches the next stage's device: `T::receive(k, src, dst, n)` copies n
+/// floats from the sender's memory to `dst` on the receiver's stream, after its wait for the
+/// sender's event. `T::sends` is Sends::buffered when a send never blocks (one process) and
+/// Sends::rendezvous when it completes only with its recv; the Trainer then reorders the
+/// schedule with order_for_rendezvous.
 template <class T, class Kernels>
 concept stage_transport = requires(Kernels& k, const float* src, float* dst, std::size_t n) {
   T::receive(k, src, dst, n);

@@ -75,7 +75,12 @@ inline std::string trace_event_name(const WorkLabel& label) {
 
 namespace io {
 
-/// The trace as a Chrome Trace Event Format document (see the top of this file).
+/// The trace as a Chrome Trace Event Format document, which Perfetto and chrome://tracing open:
+/// one complete event ("X") per record on its device's row (tid), named as in the GPipe paper's
+/// figures ("F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for a
+/// transfer, the label itself for work without a micro-batch), with `cat` the label's op and
+/// `args` its stage and micro-batch. Times are microseconds as recorded; `info` names the
+/// process row and fills the top-level "metadata".
 inline std::string chrome_trace_json(std::span<const TraceEvent> events,
                                      const TraceInfo& info = {}) {
   using detail::json_quote;

@@ -28,13 +28,16 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace gpipe::io {
 
+/// Header entry 0 of an llm.c token shard.
 inline constexpr std::int32_t llmc_tokens_magic = 20240520;
+/// Header entry 1 of a token shard: its ids are uint16.
 inline constexpr std::int32_t llmc_tokens_version = 1;
+/// int32 entries in the header of both llm.c formats (1024 bytes); the unused ones are 0.
 inline constexpr std::size_t llmc_header_ints = 256;
 
 }  // namespace gpipe::io
 
-/// Helpers live in gpipe::detail: a gpipe::io::detail would hide it from the other io headers.
+// Helpers live in gpipe::detail: a gpipe::io::detail would hide it from the other io headers.
 namespace gpipe::detail {
 
 inline std::uint32_t read_le32(const unsigned char* p) {
@@ -85,7 +88,10 @@ inline void write_llmc_file(const std::filesystem::path& path,
 
 namespace gpipe::io {
 
-/// The token ids of an llm.c shard.
+/// The token ids of an llm.c token shard (e.g. fineweb_train_*.bin): an int32[256] header,
+/// little-endian, of magic 20240520, version 1 and the count n, then n little-endian uint16 ids.
+/// Throws `gpipe::Error` naming the file for another magic or version, or a size other than
+/// exactly the header and n ids.
 inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& path) {
   const std::vector<unsigned char> bytes = gpipe::detail::read_llmc_file(
       path, llmc_tokens_magic, llmc_tokens_version, "token shard", "uint16 tokens");
@@ -106,7 +112,8 @@ inline std::vector<std::int32_t> load_llmc_tokens(const std::filesystem::path& p
   return tokens;
 }
 
-/// Writes tokens (each in [0, 65536)) as an llm.c shard.
+/// Writes tokens (each in [0, 65536)) as an llm.c shard that `load_llmc_tokens` reads. Throws
+/// `gpipe::Error` for a token out of range, more than 2^31 - 1 tokens or a failed write.
 inline void save_llmc_tokens(const std::filesystem::path& path,
                              std::span<const std::int32_t> tokens) {
   if (tokens.size() > 0x7fffffff)
@@ -131,22 +138,15 @@ inline void save_llmc_tokens(const std::filesystem::path& path,
 
 }  // namespace gpipe::io
 
-/// llm.c's GPT-2 checkpoints (gpt2_124M.bin and what train_gpt2 writes), fp32 version 3:
-///   int32[256] header: [0] = 20240326 (magic), [1] = 3 (version), [2] = maxT, [3] = V,
-///   [4] = L, [5] = NH, [6] = C, [7] = Vp (V padded, e.g. 50257 -> 50304); the rest 0.
-///   Then 16 fp32 tensors, each grouped across the L layers where it is per layer:
-///     wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C),
-///     attprojw (L, C, C), attprojb (L, C), ln2w (L, C), ln2b (L, C), fcw (L, 4C, C),
-///     fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C).
-/// The LM head is wte itself (tied). Here the tensors carry the names of gpipe's GPT layout
-/// (layer 0 Embedding, layers 1..L TransformerBlock, layer L + 1 LayerNorm): "0.wte.weight",
-/// "0.wpe.weight", "<l + 1>.ln_1.weight", "<l + 1>.attn.c_attn.weight", ..., "<L + 1>.weight",
-/// "<L + 1>.bias"; wte keeps its Vp rows.
+// llm.c's GPT-2 checkpoints: see LlmcGpt2Checkpoint.
 namespace gpipe::io {
 
+/// Header entry 0 of an llm.c GPT-2 checkpoint.
 inline constexpr std::int32_t llmc_gpt2_magic = 20240326;
+/// Header entry 1 of a GPT-2 checkpoint: fp32 tensors with a padded vocabulary.
 inline constexpr std::int32_t llmc_gpt2_version = 3;
 
+/// A GPT-2 checkpoint's sizes: header entries 2 to 7, in this order.
 struct LlmcGpt2Config {
   std::size_t max_seq_len = 0;        ///< maxT
   std::size_t vocab_size = 0;         ///< V
@@ -156,15 +156,31 @@ struct LlmcGpt2Config {
   std::size_t padded_vocab_size = 0;  ///< Vp >= V
 };
 
+/// One tensor of a GPT-2 checkpoint, under its name in gpipe's GPT layout.
 struct LlmcTensor {
-  std::string name;
-  std::vector<std::size_t> shape;
-  std::vector<float> data;
+  std::string name;                ///< e.g. "1.attn.c_attn.weight" (see `llmc_gpt2_layout`)
+  std::vector<std::size_t> shape;  ///< e.g. (3C, C) for a Linear: (out_features, in_features)
+  std::vector<float> data;         ///< the product of `shape` floats, row-major
 };
 
+/// An llm.c GPT-2 checkpoint (gpt2_124M.bin and what train_gpt2 writes), fp32 version 3:
+///
+///     int32[256] header: [0] = 20240326 (magic), [1] = 3 (version), [2] = maxT, [3] = V,
+///     [4] = L, [5] = NH, [6] = C, [7] = Vp (V padded, e.g. 50257 -> 50304); the rest 0.
+///     Then 16 fp32 tensors, each grouped across the L layers where it is per layer:
+///       wte (Vp, C), wpe (maxT, C), ln1w (L, C), ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C),
+///       attprojw (L, C, C), attprojb (L, C), ln2w (L, C), ln2b (L, C), fcw (L, 4C, C),
+///       fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C).
+///
+/// The LM head is wte itself (tied). Here the tensors carry the names of gpipe's GPT layout
+/// (layer 0 Embedding, layers 1..L TransformerBlock, layer L + 1 LayerNorm): `0.wte.weight`,
+/// `0.wpe.weight`, `<l + 1>.ln_1.weight`, `<l + 1>.attn.c_attn.weight`, ..., `<L + 1>.weight`,
+/// `<L + 1>.bias`; wte keeps its Vp rows.
 struct LlmcGpt2Checkpoint {
-  LlmcGpt2Config config;
-  std::vector<LlmcTensor> tensors;  ///< in file order, the per-layer tensors one per layer
+  LlmcGpt2Config config;  ///< the header's sizes
+  /// In file order, a per-layer tensor once per layer: `1.ln_1.weight`, ..., `L.ln_1.weight`,
+  /// `1.ln_1.bias`, ...
+  std::vector<LlmcTensor> tensors;
 };
 
 /// The tensors a checkpoint of `c` holds, (name, shape) in file order.
@@ -194,6 +210,10 @@ inline std::vector<std::pair<std::string, std::vector<std::size_t>>> llmc_gpt2_l
   return out;
 }
 
+/// Reads an llm.c GPT-2 checkpoint, its tensors in file order. Throws `gpipe::Error` naming the
+/// file when it cannot be read, its magic or version differ, a size in the header is not
+/// positive, Vp < V, NH does not divide C, or the bytes after the header are not exactly the
+/// tensors the header describes.
 inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
   const std::vector<unsigned char> bytes =
       gpipe::detail::read_llmc_file(path, llmc_gpt2_magic, llmc_gpt2_version, "GPT-2 checkpoint",

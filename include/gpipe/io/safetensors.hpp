@@ -45,15 +45,16 @@ namespace gpipe::io {
 
 /// A tensor to save: row-major `data` of shape `shape` (a scalar has shape {} and one value).
 struct TensorView {
+  /// Its key in the file's header: non-empty, valid UTF-8, unique, not `__metadata__`.
   std::string name;
-  std::vector<std::size_t> shape;
-  std::span<const float> data;
+  std::vector<std::size_t> shape;  ///< extents, outermost first
+  std::span<const float> data;     ///< the product of `shape` values; viewed, not copied
 };
 
 /// A loaded tensor; data.size() is the product of shape.
 struct Tensor {
-  std::vector<std::size_t> shape;
-  std::vector<float> data;
+  std::vector<std::size_t> shape;  ///< extents, outermost first; {} for a scalar
+  std::vector<float> data;         ///< row-major values, converted to float from the file's dtype
 };
 
 }  // namespace gpipe::io
@@ -398,7 +399,7 @@ void read_converted(std::istream& in, const std::filesystem::path& path,
 namespace gpipe::io {
 
 /// Writes `tensors` as F32, sorted by name in the header and laid out in that order in the data
-/// section, with `metadata` (if any) under "__metadata__". Every check runs before the file is
+/// section, with `metadata` (if any) under `"__metadata__"`. Every check runs before the file is
 /// opened, so bad input never truncates an existing file; an I/O failure removes the partial file.
 inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
@@ -521,7 +522,7 @@ inline std::map<std::string, Tensor, std::less<>> load_safetensors(
   return tensors;
 }
 
-/// The "__metadata__" strings of the file (empty when it has none), after validating its header.
+/// The `"__metadata__"` strings of the file (empty when it has none), after validating its header.
 inline std::map<std::string, std::string> load_safetensors_metadata(
     const std::filesystem::path& path) {
   std::ifstream in;

@@ -33,6 +33,7 @@
 namespace gpipe {
 
 namespace io {
+/// How `svg_timeline` draws a trace.
 struct SvgTimelineOptions {
   std::string title = "gpipe timeline";  ///< the bubble fraction is appended
   std::size_t num_devices = 0;           ///< rows (K of the bubble); 0: 1 + the largest device seen
@@ -157,8 +158,13 @@ inline constexpr std::array<TimelineStyle, 5> timeline_styles{{
 
 namespace io {
 
-/// The timeline of `events` as an SVG document (see the top of this file). Throws Error when an
-/// event lies on a device >= options.num_devices (where that is given) or has an invalid time.
+/// The timeline of `events` as an SVG document in the manner of the GPipe paper's Figure 2: a
+/// row per device (device 0 at the top), time to the right from the first drawn record, a box per
+/// compute op coloured by kind (forward, backward_input, backward_weight) with its micro-batch
+/// inside, transfers as thin grey bars, other work in a fourth colour; the title ends with the
+/// measured bubble fraction. Boxes carry class "op F" (B, W), "other" or "transfer" and a
+/// `<title>` tooltip, so a reader can count ops by class. Throws Error when an event lies on a
+/// device >= options.num_devices (where that is given) or has an invalid time.
 inline std::string svg_timeline(std::span<const TraceEvent> events,
                                 const SvgTimelineOptions& options = {}) {
   using detail::svg_number;

@@ -31,44 +31,58 @@ struct Elementwise : ParameterFree {
 
 }  // namespace detail
 
-/// The kernels of ReLU, GELU and GELUTanh, per backend: LayerKernels<Op, Ctx>::forward(ctx, n, x,
-/// y) and ::backward(ctx, n, x, dy, dx), elementwise over n values.
+/// The kernels of ReLU, GELU and GELUTanh, per backend: `LayerKernels<Op, Ctx>` provides
+/// `forward(ctx, n, x, y)` and `backward(ctx, n, x, dy, dx)`, elementwise over n values.
 template <class Op>
 struct ElementwiseOp {
+  /// y (n) = f(x (n)), overwritten.
   template <class Ctx, class T>
   static void forward(Ctx& ctx, std::size_t n, const T* x, T* y) {
     LayerKernels<Op, Ctx>::forward(ctx, n, x, y);
   }
+  /// dx (n) = dy (n) * f'(x (n)), overwritten; needs only the layer input x.
   template <class Ctx, class T>
   static void backward(Ctx& ctx, std::size_t n, const T* x, const T* dy, T* dx) {
     LayerKernels<Op, Ctx>::backward(ctx, n, x, dy, dx);
   }
 };
+/// Kernel tag of ReLU: a backend runs it with `LayerKernels<ReluOp, Ctx>`.
 struct ReluOp : ElementwiseOp<ReluOp> {};
+/// Kernel tag of GELU (erf form): a backend runs it with `LayerKernels<GeluOp, Ctx>`.
 struct GeluOp : ElementwiseOp<GeluOp> {};
+/// Kernel tag of GELUTanh: a backend runs it with `LayerKernels<GeluTanhOp, Ctx>`.
 struct GeluTanhOp : ElementwiseOp<GeluTanhOp> {};
 
 /// y = max(x, 0)
 struct ReLU {
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
   template <std::size_t N>
   using with_features = detail::Elementwise<ReluOp, N>;
+  /// Marks a width_generic_layer: the width comes from the layer before.
   using width_generic = void;
+  /// 0: its width comes from the layer before, so it cannot open a pipeline.
   static constexpr std::size_t natural_in_features = 0;
 };
 
 /// y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 struct GELU {
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluOp, N>;
+  /// Marks a width_generic_layer: the width comes from the layer before.
   using width_generic = void;
+  /// 0: its width comes from the layer before, so it cannot open a pipeline.
   static constexpr std::size_t natural_in_features = 0;
 };
 
 /// y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
 struct GELUTanh {
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluTanhOp, N>;
+  /// Marks a width_generic_layer: the width comes from the layer before.
   using width_generic = void;
+  /// 0: its width comes from the layer before, so it cannot open a pipeline.
   static constexpr std::size_t natural_in_features = 0;
 };
 

@@ -72,17 +72,27 @@ struct CheckpointOf {
 
 }  // namespace detail
 
+/// Activation checkpointing of a segment of a Stage: forward keeps nothing of Layers beyond
+/// their input, and backward_input recomputes their forward first. Per row of the segment's body
+/// (stash S, grad stash G, workspace X): stash 0, grad stash S + G, workspace
+/// max(S, out_features) + X. Transparent for parameter names: the wrapped layers keep their
+/// nn.Sequential indices.
 template <layer_spec... Layers>
 struct Checkpoint {
   static_assert(sizeof...(Layers) > 0, "gpipe: Checkpoint needs at least one layer");
 
+  /// Marks a width_generic_layer: a Stage binds it to the width that comes in.
   using width_generic = void;
+  /// The first wrapped layer's own width, or 0 when it takes the width from before.
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
+  /// Entries of nn.Sequential it stands for: those of the wrapped layers, not 1.
   static constexpr std::size_t sequential_size = (std::size_t{0} + ... + sequential_size_v<Layers>);
 
+  /// The bound layer when N features come in, in a model of T tokens per sample (0: none).
   template <std::size_t N, std::size_t T>
   using with_shape = detail::CheckpointOf<detail::bind_chain_t<N, T, Layers...>>;
+  /// `with_shape<N, 0>`: the bound layer outside a token model.
   template <std::size_t N>
   using with_features = with_shape<N, 0>;
 };

@@ -24,20 +24,27 @@ namespace gpipe {
 ///   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=)
 struct EmbeddingOp {};
 
+/// GPT-2's token + position embedding, the first layer of a token model: V token ids, samples of
+/// T tokens, width D. Input rows are token ids carried as floats (exact below 2^24); the output
+/// row of token t of a sample is wte[id] + wpe[t]. Fixes the model's tokens per sample to T.
 template <std::size_t V, std::size_t T, std::size_t D>
 struct Embedding {
   static_assert(V > 0 && T > 0 && D > 0, "gpipe: Embedding needs positive sizes");
   static_assert(V <= (std::size_t{1} << 24),
                 "gpipe: Embedding's token ids travel as floats, exact up to 2^24 = 16777216");
 
+  /// Token ids range over [0, V); Pipeline::vocab_size reports it.
   static constexpr std::size_t vocab_size = V;
+  /// Rows per sample: row r of a micro-batch is position r % T (micro-batches start at samples).
   static constexpr std::size_t tokens_per_sample = T;
-  static constexpr std::size_t in_features = 1;  ///< the token id
-  static constexpr std::size_t out_features = D;
+  static constexpr std::size_t in_features = 1;   ///< the token id
+  static constexpr std::size_t out_features = D;  ///< The embedding width.
+  /// wte (V * D floats, row-major) then wpe (T * D).
   static constexpr std::size_t num_params = V * D + T * D;
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
+  static constexpr std::size_t stash_per_row = 0;       ///< W needs only the ids x and dy.
+  static constexpr std::size_t grad_stash_per_row = 0;  ///< W needs nothing from B.
 
+  /// "wte.weight" (V, D) at offset 0 and "wpe.weight" (T, D) at offset V * D, as GPT-2's names.
   static constexpr std::array<ParamSpec, 2> param_specs() {
     return {ParamSpec{.name = "wte.weight", .shape = {V, D}, .rank = 2, .offset = 0},
             ParamSpec{.name = "wpe.weight", .shape = {T, D}, .rank = 2, .offset = V * D}};
@@ -49,6 +56,7 @@ struct Embedding {
     for (float& p : params) p = rng.uniform(-bound, bound);
   }
 
+  /// y (rows, D): row r = wte[x[r], :] + wpe[r % T, :], rows a whole number of samples.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     LayerKernels<EmbeddingOp, Ctx>::forward(ctx, a.rows, T, D, a.x, a.params, a.params + V * D,
@@ -59,6 +67,8 @@ struct Embedding {
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     ctx.fill(a.rows, typename Ctx::value_type(0), a.dx);
   }
+  /// dwte (V, D) += dy rows scatter-added at their ids (in a deterministic order), dwpe (T, D) +=
+  /// dy summed over the samples.
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     LayerKernels<EmbeddingOp, Ctx>::backward_weight(ctx, a.rows, T, D, a.x, a.dy, a.grads,

@@ -68,6 +68,8 @@ concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_t
   k.adamw_update(n, c, a, c, c, 0.1, 0.9, 0.999, 1e-8, 0.0, std::size_t{1});
 };
 
+/// kernel_context<Ctx>: everything the library's own layers, losses and optimizers need of a
+/// backend's per-device context (see the top of this file).
 template <class Ctx>
 concept kernel_context = kernel_context_base<Ctx> && has_blas<Ctx> && has_vector_ops<Ctx> &&
     has_transfers<Ctx> && has_training_ops<Ctx>;

@@ -30,15 +30,24 @@ namespace gpipe {
 /// layer i), row-major `shape` (first `rank` entries) and `offset` into the layer's flat parameter
 /// array.
 struct ParamSpec {
+  /// Capacity of `path`: composite layers nest at most this deep (a Chain checks it).
   static constexpr std::size_t max_depth = 4;
 
+  /// Leaf name within its layer: "weight", "bias", or "c_attn.weight" in a named composite.
   std::string_view name;
+  /// Row-major extents; only the first `rank` are used, the rest stay 0 (bias: `{Out, 0}`).
   std::array<std::size_t, 2> shape{};
+  /// Number of dimensions used in `shape`: 1 (a vector) or 2 (a matrix).
   std::size_t rank = 0;
+  /// Offset in floats of the tensor's first element in the layer's flat parameter array.
   std::size_t offset = 0;
+  /// nn.Sequential indices from the outermost layer down; a layer leaves it empty for its own
+  /// tensors and each enclosing chain prepends its child's index.
   std::array<std::size_t, max_depth> path{};
+  /// Number of valid entries of `path`.
   std::size_t depth = 0;
 
+  /// Number of elements: the product of the first `rank` extents.
   constexpr std::size_t size() const {
     std::size_t n = 1;
     for (std::size_t i = 0; i < rank; ++i) n *= shape[i];
@@ -46,8 +55,11 @@ struct ParamSpec {
   }
 };
 
+/// Arguments of a layer's `forward` (F): y = layer(x), keeping in `stash` what the backward ops
+/// need. Pointers are device memory of the kernel context; T is `Ctx::value_type`.
 template <class T>
 struct ForwardArgs {
+  /// Rows of this micro-batch: samples, or tokens (samples * T) in a token model.
   std::size_t rows;
   const T* x;              ///< (rows, in_features)
   T* y;                    ///< (rows, out_features)
@@ -56,8 +68,11 @@ struct ForwardArgs {
   T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 
+/// Arguments of a layer's `backward_input` (B): dx from dy, keeping in `grad_stash` what its
+/// `backward_weight` needs. Pointers are device memory of the kernel context.
 template <class T>
 struct BackwardInputArgs {
+  /// Rows of this micro-batch, as in the forward that left `stash`.
   std::size_t rows;
   const T* x;              ///< (rows, in_features)
   const T* dy;             ///< (rows, out_features)
@@ -68,8 +83,11 @@ struct BackwardInputArgs {
   T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 
+/// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are
+/// device memory of the kernel context.
 template <class T>
 struct BackwardWeightArgs {
+  /// Rows of this micro-batch, as in its forward and backward_input.
   std::size_t rows;
   const T* x;              ///< (rows, in_features)
   const T* dy;             ///< (rows, out_features)
@@ -84,8 +102,10 @@ struct BackwardWeightArgs {
 /// the same parameters on every platform, unlike std::uniform_real_distribution.
 class Rng {
  public:
+  /// Starts the stream at `seed`: the same seed gives the same sequence of draws.
   explicit constexpr Rng(std::uint64_t seed) : state_(seed) {}
 
+  /// Next 64 uniformly distributed bits; advances the stream.
   constexpr std::uint64_t next_u64() {
     std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -103,7 +123,7 @@ class Rng {
   std::uint64_t state_;
 };
 
-/// layer<L>: the compile-time part (shapes, parameters, stash sizes, initialization).
+/// has_features<L>: static `in_features` and `out_features`, the widths of x and y, both > 0.
 template <class L>
 concept has_features = requires {
   { L::in_features } -> std::convertible_to<std::size_t>;
@@ -111,6 +131,8 @@ concept has_features = requires {
 }
 &&(L::in_features > 0) && (L::out_features > 0);
 
+/// has_parameters<L>: static `num_params` (floats), `param_specs()` (a range of ParamSpec) and
+/// `init(std::span<float> params, Rng&)`, which writes all `num_params` initial values.
 template <class L>
 concept has_parameters = requires(std::span<float> p, Rng& rng) {
   { L::num_params } -> std::convertible_to<std::size_t>;
@@ -118,12 +140,16 @@ concept has_parameters = requires(std::span<float> p, Rng& rng) {
   {L::init(p, rng)};
 };
 
+/// has_stash<L>: static `stash_per_row` (floats per row that forward keeps for B and W) and
+/// `grad_stash_per_row` (floats per row that B keeps for W); 0 for none.
 template <class L>
 concept has_stash = requires {
   { L::stash_per_row } -> std::convertible_to<std::size_t>;
   { L::grad_stash_per_row } -> std::convertible_to<std::size_t>;
 };
 
+/// layer<L>: the compile-time part (shapes, parameters, stash sizes, initialization); the ops
+/// are checked per kernel context by layer_for.
 template <class L>
 concept layer = has_features<L> && has_parameters<L> && has_stash<L>;
 
@@ -140,6 +166,7 @@ concept layer_for = layer<L> && requires(Ctx& ctx, const ForwardArgs<typename Ct
 /// workspace_per_row_v<L>: L::workspace_per_row when L declares it, else 0.
 template <class L>
 constexpr std::size_t workspace_per_row_v = 0;
+/// The case of an L that declares workspace_per_row.
 template <class L>
 requires requires { L::workspace_per_row; }
 constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
@@ -149,6 +176,7 @@ constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
 /// parameters keep the indices its layers would have without it.
 template <class L>
 constexpr std::size_t sequential_size_v = 1;
+/// The case of an L that declares sequential_size.
 template <class L>
 requires requires { L::sequential_size; }
 constexpr std::size_t sequential_size_v<L> = L::sequential_size;
@@ -269,9 +297,13 @@ constexpr bool explain_layer_for() {
 
 /// Base for layers without parameters: empty param_specs(), init does nothing, W does nothing.
 struct ParameterFree {
+  /// No parameters: the `params` and `grads` a layer is given hold nothing of its own.
   static constexpr std::size_t num_params = 0;
+  /// No tensors, so the layer adds no names to the model's parameter list.
   static constexpr std::array<ParamSpec, 0> param_specs() { return {}; }
+  /// Nothing to initialize; draws nothing from the generator.
   static constexpr void init(std::span<float>, Rng&) {}
+  /// W: no gradient to accumulate.
   template <class Ctx>
   static void backward_weight(Ctx&, const BackwardWeightArgs<typename Ctx::value_type>&) {}
 };

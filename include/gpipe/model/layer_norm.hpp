@@ -17,36 +17,47 @@ namespace gpipe {
 ///   backward_weight(ctx, rows, cols, x, dy, stats, dgamma +=, dbeta +=)
 struct LayerNormOp {};
 
+/// Layer normalization over the N features of each row, as torch.nn.LayerNorm(N):
+/// y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps), var biased (divided by N).
 template <std::size_t N>
 struct LayerNorm {
   static_assert(N > 0, "gpipe: LayerNorm needs a positive size");
+  /// Added to the variance before the square root, PyTorch's default.
   static constexpr double eps = 1e-5;
 
-  static constexpr std::size_t in_features = N;
-  static constexpr std::size_t out_features = N;
+  static constexpr std::size_t in_features = N;   ///< Width of x.
+  static constexpr std::size_t out_features = N;  ///< Width of y, the same.
+  /// weight (N) then bias (N).
   static constexpr std::size_t num_params = 2 * N;
   static constexpr std::size_t stash_per_row = 2;  ///< (mean, rstd)
+  /// B and W both use the forward's statistics; W needs nothing from B.
   static constexpr std::size_t grad_stash_per_row = 0;
 
+  /// "weight" (N) at offset 0, "bias" (N) at offset N.
   static constexpr std::array<ParamSpec, 2> param_specs() {
     return {ParamSpec{.name = "weight", .shape = {N, 0}, .rank = 1, .offset = 0},
             ParamSpec{.name = "bias", .shape = {N, 0}, .rank = 1, .offset = N}};
   }
 
+  /// weight = 1, bias = 0, as PyTorch; draws nothing from the generator.
   static void init(std::span<float> params, Rng&) {
     for (std::size_t i = 0; i < N; ++i) params[i] = 1.0f, params[N + i] = 0.0f;
   }
 
+  /// y (rows, N), and per row (mean, rstd) into the stash.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     LayerKernels<LayerNormOp, Ctx>::forward(ctx, a.rows, N, eps, a.x, a.params, a.params + N, a.y,
                                             a.stash);
   }
+  /// dx (rows, N) = rstd (g - mean(g) - x_hat mean(g x_hat)), g = dy * weight, means over the
+  /// row, x_hat = (x - mean) * rstd from the stash; overwritten.
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     LayerKernels<LayerNormOp, Ctx>::backward_input(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
                                                    a.dx);
   }
+  /// dweight (N) += sum_rows dy * x_hat,  dbias (N) += sum_rows dy.
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     LayerKernels<LayerNormOp, Ctx>::backward_weight(ctx, a.rows, N, a.x, a.dy, a.stash, a.grads,

@@ -11,16 +11,20 @@
 
 namespace gpipe {
 
+/// Fully connected layer, as torch.nn.Linear: y (rows, Out) = x (rows, In) W^T + b, with weight W
+/// (Out, In) and, when `Bias`, bias b (Out). Its backward needs only x, so it stashes nothing.
 template <std::size_t In, std::size_t Out, bool Bias = true>
 struct Linear {
   static_assert(In > 0 && Out > 0, "gpipe: Linear needs positive sizes");
 
-  static constexpr std::size_t in_features = In;
-  static constexpr std::size_t out_features = Out;
+  static constexpr std::size_t in_features = In;    ///< Width of x.
+  static constexpr std::size_t out_features = Out;  ///< Width of y.
+  /// The weight (Out * In floats, row-major) then the bias (Out), if any.
   static constexpr std::size_t num_params = Out * In + (Bias ? Out : 0);
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
+  static constexpr std::size_t stash_per_row = 0;       ///< B uses dy and W; W uses x and dy.
+  static constexpr std::size_t grad_stash_per_row = 0;  ///< W needs nothing from B.
 
+  /// "weight" (Out, In) at offset 0 and, when `Bias`, "bias" (Out) at offset Out * In.
   static constexpr auto param_specs() {
     constexpr ParamSpec weight{.name = "weight", .shape = {Out, In}, .rank = 2, .offset = 0};
     if constexpr (Bias)

@@ -17,12 +17,18 @@
 
 namespace gpipe {
 
+/// Softmax cross-entropy over the model's out_features classes, as torch.nn.CrossEntropyLoss:
+/// one class id per row, loss averaged over rows.
 struct SoftmaxCrossEntropy {
+  /// Targets are class ids in [0, classes).
   using target_type = std::int32_t;
+  /// One class id per row.
   static constexpr std::size_t targets_per_row(std::size_t) { return 1; }
+  /// The mini-batch loss is the summed loss divided by this: its rows.
   static constexpr double normalizer(std::size_t rows, std::size_t) {
     return static_cast<double>(rows);
   }
+  /// Throws gpipe::Error naming the first target outside [0, classes), with its index and value.
   static void check(std::span<const std::int32_t> targets, std::size_t classes) {
     for (std::size_t i = 0; i < targets.size(); ++i) {
       if (targets[i] < 0 || static_cast<std::size_t>(targets[i]) >= classes)
@@ -31,6 +37,9 @@ struct SoftmaxCrossEntropy {
                     std::to_string(classes) + ")");
     }
   }
+  /// For one micro-batch, in device memory: loss_sum[0] = sum_r -log softmax(logits_r)[t_r]
+  /// (overwritten) and dlogits (rows, classes) = grad_scale * (softmax(logits) - onehot(t)), from
+  /// logits (rows, classes) and targets (rows). grad_scale is 1 / normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t classes, const T* logits,
                     const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
@@ -38,13 +47,22 @@ struct SoftmaxCrossEntropy {
   }
 };
 
+/// Mean squared error, as torch.nn.MSELoss: one target value per output element, loss averaged over
+/// all rows * out_features elements.
 struct MSELoss {
+  /// Targets are real values, one per output element.
   using target_type = float;
+  /// A full row of targets: (rows, out_features) in all.
   static constexpr std::size_t targets_per_row(std::size_t out_features) { return out_features; }
+  /// The mini-batch loss is the summed loss divided by this: rows * out_features.
   static constexpr double normalizer(std::size_t rows, std::size_t out_features) {
     return static_cast<double>(rows) * static_cast<double>(out_features);
   }
+  /// Every real target is valid: never throws.
   static void check(std::span<const float>, std::size_t) {}
+  /// For one micro-batch, in device memory: loss_sum[0] = sum (y - t)^2 over all rows *
+  /// out_features elements (overwritten) and dy (rows, out_features) = grad_scale * 2 (y - t).
+  /// grad_scale is 1 / normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t out_features, const T* y,
                     const float* targets, T grad_scale, T* dy, T* loss_sum) {

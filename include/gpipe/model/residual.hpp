@@ -35,15 +35,23 @@ struct ResidualOf : Body {
 
 }  // namespace detail
 
+/// Skip connection around a chain of layers: y = x + f(x), f = Layers applied in order, whose
+/// output width must equal its input width (a static_assert says so otherwise). One entry of
+/// nn.Sequential; its children are named "i.j.weight". A width-generic spec: a Stage binds it.
 template <layer_spec... Layers>
 struct Residual {
   static_assert(sizeof...(Layers) > 0, "gpipe: Residual needs at least one layer");
 
+  /// The bound layer when N features come in, in a model of T tokens per sample (0: none); it
+  /// keeps its body's stash and grad stash.
   template <std::size_t N, std::size_t T>
   using with_shape = detail::ResidualOf<detail::bind_chain_t<N, T, Layers...>>;
+  /// `with_shape<N, 0>`: the bound layer outside a token model.
   template <std::size_t N>
   using with_features = with_shape<N, 0>;
+  /// Marks a width_generic_layer.
   using width_generic = void;
+  /// The first inner layer's own width, or 0 when it too takes the width from before.
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
 };

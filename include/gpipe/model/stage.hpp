@@ -14,6 +14,8 @@
 
 namespace gpipe {
 
+/// The layers one device runs, in order: a specification whose width comes from its first layer,
+/// or from the stage before when that layer is width-generic; `bound` is the concrete chain.
 /// (Layers is not constrained by layer_spec: the body's static_assert names what a layer lacks.)
 template <class... Layers>
 struct Stage {
@@ -24,15 +26,20 @@ struct Stage {
 
   /// Entries of nn.Sequential (a Checkpoint counts the layers it wraps).
   static constexpr std::size_t num_layers = (std::size_t{0} + ... + sequential_size_v<Layers>);
+  /// The width the first layer fixes, or 0 when only the stage before can tell; a Pipeline's
+  /// first stage must fix it.
   static constexpr std::size_t natural_in_features =
       detail::natural_in_features_v<std::tuple_element_t<0, std::tuple<Layers...>>>;
 
+  /// The first layer spec as written (unbound), such as the Embedding of a token model.
   using first_layer = std::tuple_element_t<0, std::tuple<Layers...>>;
 
   /// T that the stage's first layer fixes (an Embedding's), 0 if none.
   static constexpr std::size_t tokens_per_sample = detail::tokens_per_sample_v<first_layer>;
 
-  /// (S: the stage's index in its Pipeline, for errors; detail::no_stage outside one)
+  /// The concrete chain (a gpipe::layer) when N features come in, in a model of T tokens per
+  /// sample (0: rows are independent samples). S: the stage's index in its Pipeline, for errors;
+  /// `detail::no_stage` outside one.
   template <std::size_t N, std::size_t T = 0, std::size_t S = detail::no_stage>
   using bound = detail::bind_chain_at_t<N, T, S, Layers...>;
 };
@@ -60,7 +67,7 @@ template <class... Ls>
 struct is_stage<Stage<Ls...>> : std::true_type {};
 }  // namespace detail
 
-/// stage<S>: S is a gpipe::Stage<...>.
+/// `stage<S>`: S is a `gpipe::Stage<...>`.
 template <class S>
 concept stage = detail::is_stage<S>::value;
 

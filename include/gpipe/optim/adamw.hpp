@@ -9,22 +9,35 @@
 
 namespace gpipe::optim {
 
+/// AdamW's hyperparameters, with PyTorch's defaults; `AdamW::check` states their valid ranges.
 struct AdamWOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
+  double lr = 1e-3;            ///< learning rate, >= 0
+  double beta1 = 0.9;          ///< decay of the first moment `m`, in [0, 1)
+  double beta2 = 0.999;        ///< decay of the second moment `v`, in [0, 1)
+  double eps = 1e-8;           ///< added to `sqrt(v_hat)` in the denominator, >= 0
+  double weight_decay = 1e-2;  ///< decoupled: `p *= 1 - lr weight_decay` before the Adam step, >= 0
 };
 
+/// torch.optim.AdamW (amsgrad off), applied by `Trainer::step`. At step t = 1, 2, ... each
+/// parameter p with gradient g becomes, in float as PyTorch's single-tensor implementation does:
+///
+///     p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+///     p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+///
+/// `m` and `v` start at zero and live on each stage's device (`state_per_param` = 2).
 class AdamW {
  public:
+  /// The hyperparameters' type, so that generic code can write `Optimizer::Options`.
   using Options = AdamWOptions;
 
+  /// Throws `gpipe::Error` when a hyperparameter is out of range (see `check`).
   explicit AdamW(Options options = {}) : options(options) { check(); }
 
   static constexpr std::size_t state_per_param = 2;  ///< (m, v), each a block of n floats
 
+  /// Throws `gpipe::Error` naming the first hyperparameter out of range: lr, eps, weight_decay
+  /// < 0, or beta1, beta2 outside [0, 1). `Trainer::step` calls it, so edits to `options` between
+  /// steps are checked too.
   void check() const {
     detail::require(options.lr >= 0, "AdamW lr must be >= 0, got " + std::to_string(options.lr));
     detail::require(options.beta1 >= 0 && options.beta1 < 1,
@@ -36,6 +49,9 @@ class AdamW {
                     "AdamW weight_decay must be >= 0, got " + std::to_string(options.weight_decay));
   }
 
+  /// One update of `n` parameters in place on the device whose kernels `k` are: `params` (n) from
+  /// `grads` (n), with `state` (2 n: `m`, then `v`) updated in place; `step` >= 1 counts this
+  /// optimizer's updates, for the bias corrections.
   template <class Kernels, class T>
   void update(Kernels& k, std::size_t n, T* params, const T* grads, T* state,
               std::size_t step) const {
@@ -43,7 +59,7 @@ class AdamW {
                    options.eps, options.weight_decay, step);
   }
 
-  Options options;
+  Options options;  ///< may be changed between steps (e.g. a learning-rate schedule)
 };
 
 }  // namespace gpipe::optim

@@ -71,6 +71,13 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
 
 }  // namespace detail
 
+/// Sets the parameters of `trainer`, whose model has gpipe's GPT layout (layer 0
+/// `Embedding<V, T, C>`, layers 1..L `TransformerBlock<C, NH>`, layer L + 1 `LayerNorm<C>`, layer
+/// L + 2 the LM head `Linear<C, V>` with or without bias, on any split into stages), from the
+/// llm.c GPT-2 checkpoint `path`. The model's V is the file's Vp or its true V (the first V rows of
+/// wte are read) and T <= maxT (the first T rows of wpe); the head gets wte and a zero bias. Tie
+/// the head to `0.wte.weight` (`Trainer::Options::ties`) to train it as llm.c does. Throws
+/// `gpipe::Error` naming what differs for another layout, width, head count or layer count.
 template <class Trainer>
 void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
   using Model = typename Trainer::model_type;
@@ -135,6 +142,10 @@ void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
   }
 }
 
+/// Writes the parameters of `trainer` (gpipe's GPT layout, as for `load_llmc_gpt2`) as the llm.c
+/// GPT-2 checkpoint `path`, with maxT = T, Vp = the model's V and V = `vocab_size` (<= Vp; 0:
+/// Vp). Throws `gpipe::Error` when the layout differs, the head is not equal to wte, or its bias
+/// (if any) is not zero.
 template <class Trainer>
 void save_llmc_gpt2(const Trainer& trainer, const std::filesystem::path& path,
                     std::size_t vocab_size = 0) {

@@ -25,6 +25,9 @@
 
 namespace gpipe {
 
+/// What one device holds during a step, as `predict_memory` predicts it, in bytes. Parameters,
+/// gradients and optimizer state are those of the device's stages; activations are the stage
+/// inputs and stashes per micro-batch (and the last stage's loss gradient) at their peak.
 struct DeviceMemoryPrediction {
   std::size_t parameters = 0;        ///< bytes
   std::size_t gradients = 0;         ///< bytes

@@ -12,8 +12,17 @@
 
 namespace gpipe {
 
-enum class Remat { never, always, except_last };
+/// Re-materialization policy (`Trainer::Options::remat`): which micro-batches keep their stage
+/// activations from forward to backward, and which keep only the stage input and recompute the
+/// rest before backward. Gradients are the same under every policy; memory and compute differ.
+enum class Remat {
+  never,       ///< keep everything: no recompute; every micro-batch's stash lives until its W
+  always,      ///< keep only each stage's input; recompute the stage's forward before its B
+  except_last  ///< as `always`, but the last micro-batch (backward right after its forward in
+               ///< fill-drain) keeps its activations
+};
 
+/// The policy's name as written in code: "never", "always", "except_last".
 constexpr std::string_view to_string(Remat policy) {
   switch (policy) {
     case Remat::never:

@@ -48,7 +48,11 @@ namespace gpipe {
 /// (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
 /// tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
 struct Tie {
+  /// The follower's name (as in `parameter_info()`): its values are copied from `to`'s, and files
+  /// leave it out. A parameter follows at most one other.
   std::string parameter;
+  /// The leader's name, of the same shape: the tensor that files hold. A leader follows none (no
+  /// chains of ties).
   std::string to;
 };
 
@@ -60,6 +64,21 @@ constexpr bool model_runs_on(std::index_sequence<S...>) {
 }
 }  // namespace detail
 
+/// Trains the `Pipeline` `Model` with pipelined micro-batches: `forward_backward` adds the
+/// gradients of the mini-batch mean `Loss` (`SoftmaxCrossEntropy` or `MSELoss`), `step` applies
+/// an optimizer on every stage's own device. Stage s lives on device `device_of_stage(s)` of
+/// `Backend`, and `ScheduleKind` (`GPipe`, `OneFOneB`, `Interleaved<V>`, `ZeroBubbleH1`) orders
+/// each device's ops. Gradients are the same numbers for any number of stages, micro-batches,
+/// remat policy and schedule. After a call that threw, gradients are unspecified: call
+/// `zero_grad()`.
+///
+///     Trainer<Model, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 8});
+///     float loss = trainer.forward_backward(x, y);  // mean loss; gradients accumulate
+///     trainer.step(optimizer);                      // on every stage's device
+///     trainer.zero_grad();
+///
+/// A compile error names a layer the backend cannot run, or a stage count that is not a multiple
+/// of the schedule's chunks per device.
 template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe>
 class Trainer {
   // Every layer of every stage runs on this backend (names the operation a layer lacks, here
@@ -72,11 +91,13 @@ class Trainer {
                 "stages must be a multiple of it");
 
  public:
-  using model_type = Model;
-  using schedule_type = ScheduleKind;
-  using loss_type = Loss;
-  using backend_type = Backend;
+  using model_type = Model;            ///< the `Pipeline` of stages being trained
+  using schedule_type = ScheduleKind;  ///< the schedule's tag type, e.g. `GPipe`
+  using loss_type = Loss;              ///< the loss the last stage applies
+  using backend_type = Backend;        ///< where the stages run
+  /// One target's type: `std::int32_t` class ids (`SoftmaxCrossEntropy`), floats (`MSELoss`).
   using target_type = typename Loss::target_type;
+  /// The backend's owning device memory, in which parameters, gradients and optimizer state live.
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
 
@@ -84,26 +105,49 @@ class Trainer {
   /// makespan from the first compute start to the last compute end, over all devices. The
   /// bubble is the idle fraction of the devices' time in between, 1 - busy / (K makespan).
   struct StepStats {
-    double makespan_us = 0;
-    double busy_us = 0;  ///< summed over devices
-    double bubble_fraction = 0;
+    double makespan_us = 0;      ///< microseconds, first compute start to last compute end
+    double busy_us = 0;          ///< summed over devices
+    double bubble_fraction = 0;  ///< 1 - busy_us / (num_devices makespan_us); 0 when untimed
+    /// [device] each pipeline device's busy time, first start and last end (microseconds) and
+    /// compute-op count; empty when the backend does not time work.
     std::vector<ComputeTiming> devices;
   };
 
+  /// A weight tie, for `Options::ties` (see `gpipe::Tie`).
   using Tie = gpipe::Tie;
 
+  /// How the trainer splits, recomputes, initializes and ties; designated initializers read well:
+  /// `{.micro_batches = 8, .remat = Remat::always}`.
   struct Options {
+    /// M: micro-batches per mini-batch (per replica, with data parallelism), >= 1. A batch
+    /// needs at least M samples; sizes differ by at most one sample (see `MicroBatchSplit`).
     std::size_t micro_batches = 1;
+    /// Which micro-batches drop their activations after forward and recompute them before
+    /// backward: less memory for more compute, the same gradients.
     Remat remat = Remat::never;
+    /// Seed of the parameters' initialization (PyTorch's default distributions, in
+    /// nn.Sequential order): the same seed gives the same model for every split into stages.
     std::uint64_t seed = 0;
+    /// Parameters that share one tensor; the constructor throws `gpipe::Error` for an unknown
+    /// name, a shape mismatch, a self-tie or a chain.
     std::vector<Tie> ties = {};
   };
 
+  /// S, the model's stages.
   static constexpr std::size_t num_stages = Model::num_stages;
   /// How the backend's transport completes a send: the schedule is ordered and validated for it.
   static constexpr Sends sends = transport::transport_for<Backend>::sends;
+  /// Pipeline devices the schedule uses: S / chunks_per_device (S, or S / V for
+  /// `Interleaved<V>`). The backend needs at least this many (exactly this many per replica when
+  /// it runs across processes).
   static constexpr std::size_t num_devices = Model::num_stages / ScheduleKind::chunks_per_device;
 
+  /// Builds and validates the schedule for `options.micro_batches`, allocates the parameters and
+  /// gradients of every stage this process runs on that stage's device, initializes the
+  /// parameters from `options.seed` and zeroes the gradients. `backend` must outlive the trainer.
+  /// Throws `gpipe::Error` for micro_batches == 0, a backend with fewer devices than num_devices
+  /// (across processes: other than num_devices per replica) or a bad tie; `OutOfMemory` when an
+  /// allocation exceeds a device's capacity.
   Trainer(Backend& backend, Options options)
       : backend_(backend), options_(options), infos_(Model::parameters()) {
     detail::require(options.micro_batches >= 1, "micro_batches must be at least 1");
@@ -147,9 +191,15 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
+  /// The options it was built with.
   const Options& options() const { return options_; }
+  /// The ops every step runs, per device, for (num_devices, micro_batches); ordered for the
+  /// transport's `sends` and validated.
   const Schedule& schedule() const { return schedule_; }
+  /// The backend device that holds stage `stage` (parameters, gradients, optimizer state) and runs
+  /// its ops.
   std::size_t device_of_stage(std::size_t stage) const { return schedule_.device_of_stage(stage); }
+  /// The backend it runs on.
   Backend& backend() const { return backend_; }
 
   /// x: (N, in_features) row-major; y: N class ids (SoftmaxCrossEntropy) or (N, out_features)
@@ -173,7 +223,7 @@ class Trainer {
   /// Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
   /// Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
   float forward_backward(std::span<const std::int32_t> tokens,
-                         std::span<const target_type> targets) requires Model::is_token_model {
+                         std::span<const target_type> targets) requires(Model::is_token_model) {
     const std::vector<float> x = token_rows(tokens, options_.micro_batches);
     return run_step(x, targets, tokens.size());
   }
@@ -191,7 +241,7 @@ class Trainer {
   }
 
   /// Token models: the logits (B T, out_features) of every token of (B, T) token ids.
-  std::vector<float> predict(std::span<const std::int32_t> tokens) requires Model::is_token_model {
+  std::vector<float> predict(std::span<const std::int32_t> tokens) requires(Model::is_token_model) {
     const std::vector<float> x = token_rows(tokens, 1);
     return run_predict(x, tokens.size());
   }
@@ -220,6 +270,7 @@ class Trainer {
     std::size_t busy_devices = 0;      ///< devices of the pipeline that computed in the step
     bool devices_share_cores = false;  ///< host backend: more busy devices than hardware threads
   };
+  /// The breakdown of `last_step()`'s bubble; all zero when the backend does not time work.
   BubbleBreakdown bubble_breakdown() const {
     BubbleBreakdown out;
     out.measured = last_step_.bubble_fraction;
@@ -246,6 +297,8 @@ class Trainer {
     return out;
   }
 
+  /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
+  /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
   void zero_grad() {
     for (std::size_t s = 0; s < num_stages; ++s) {
       if (!local(s)) continue;
@@ -293,9 +346,12 @@ class Trainer {
   /// Every parameter tensor: name, shape, stage.
   const std::vector<ParameterInfo>& parameter_info() const { return infos_; }
 
-  /// A parameter or gradient of this process's stages (with a multi_process_backend, another
-  /// process's stage is an Error naming its owner).
+  /// The values of parameter `name`, row-major in its `parameter_info()` shape. Throws
+  /// `gpipe::Error` for an unknown name or, with a multi_process_backend, a parameter of another
+  /// process's stage (the message names its owner).
   std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
+  /// The gradient accumulated for parameter `name` since the last `zero_grad()`, as `parameter`
+  /// gives values (same shape and errors); a tied pair both hold the sum of their gradients.
   std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
   /// Sets a parameter; for a tied one, the tensor it shares with its partner. With several
   /// processes, a parameter of another process's stage is an Error; for a tied pair on two
@@ -346,9 +402,11 @@ class Trainer {
     backend_.synchronize();
     sync_tied_parameters();
   }
-  /// The model's parameters (gradients) as one safetensors file. With several processes, every
-  /// process calls it (each stage's owner sends its tensors) and the first device's writes it.
+  /// The model's parameters as one safetensors file (F32, a tied tensor once, under `Tie::to`),
+  /// which `load` reads back. With several processes, every process calls it (each stage's owner
+  /// sends its tensors) and the first device's writes it.
   void save(const std::filesystem::path& path) const { save_all(params_, path); }
+  /// The accumulated gradients as `save` writes the parameters: same names, shapes and processes.
   void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
 
  private:

@@ -28,13 +28,16 @@
 
 namespace gpipe {
 
-/// The parts of the offending op, as types so that they appear in the diagnostic.
+/// The offending op's device, as a type so that it appears in the diagnostic.
 template <std::size_t Device>
 struct on_device {};
+/// The offending op's position in its device's list, as a type for the diagnostic.
 template <std::size_t Position>
 struct at_position {};
+/// The offending op's micro-batch, as a type for the diagnostic.
 template <std::uint32_t MicroBatch>
 struct for_micro_batch {};
+/// The offending op's chunk, as a type for the diagnostic.
 template <std::uint32_t Chunk>
 struct in_chunk {};
 
@@ -46,6 +49,8 @@ struct invalid_schedule {
                 "gpipe: invalid schedule; the template arguments of gpipe::invalid_schedule<...> "
                 "name the broken rule and the first offending op (device, position in its list, "
                 "kind, micro-batch, chunk)");
+  /// Read by require_valid_at_compile_time so that the class is instantiated and its
+  /// static_assert fails; the compilation never gets to use it.
   static constexpr bool value = false;
 };
 

@@ -59,9 +59,12 @@ constexpr Schedule make_gpipe_schedule(std::size_t num_devices, std::size_t num_
 
 /// Schedule tag for Trainer's schedule argument: fill-drain, one stage per device.
 struct GPipe {
+  /// Stages per device: a model of S stages runs on S devices.
   static constexpr std::size_t chunks_per_device = 1;
+  /// Name in benchmark labels and test output.
   static constexpr std::string_view name = "gpipe";
 
+  /// The schedule for K devices and M micro-batches: make_gpipe_schedule(K, M).
   static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
     return make_gpipe_schedule(num_devices, num_micro_batches);
   }

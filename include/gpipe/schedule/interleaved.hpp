@@ -157,9 +157,12 @@ struct Interleaved {
   static constexpr auto name_text_ = detail::interleaved_name<V>();
 
  public:
+  /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).
   static constexpr std::size_t chunks_per_device = V;
+  /// `"interleaved-V"` with V's digits (`"interleaved-2"`), in benchmark labels and test output.
   static constexpr std::string_view name{name_text_.data(), name_text_.size()};
 
+  /// The schedule for K devices and M micro-batches: make_interleaved_schedule(K, V, M).
   static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
     return make_interleaved_schedule(num_devices, V, num_micro_batches);
   }

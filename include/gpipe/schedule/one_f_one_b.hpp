@@ -47,9 +47,12 @@ constexpr Schedule make_1f1b_schedule(std::size_t num_devices, std::size_t num_m
 
 /// Schedule tag for Trainer's schedule argument: 1F1B (PipeDream-Flush), one stage per device.
 struct OneFOneB {
+  /// Stages per device: a model of S stages runs on S devices.
   static constexpr std::size_t chunks_per_device = 1;
+  /// Name in benchmark labels and test output.
   static constexpr std::string_view name = "1f1b";
 
+  /// The schedule for K devices and M micro-batches: make_1f1b_schedule(K, M).
   static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
     return make_1f1b_schedule(num_devices, num_micro_batches);
   }

@@ -49,28 +49,35 @@
 
 namespace gpipe {
 
+/// What an op does for one stage and micro-batch; which stages have which kinds, and the order
+/// they must run in, is the contract at the top of schedule/op.hpp.
 enum class OpKind : std::uint8_t {
+  /// F: runs the stage; on the last stage also the loss and the gradient of the loss with
+  /// respect to the stage's output.
   forward,
-  backward_input,
-  backward_weight,
-  send_activation,
-  recv_activation,
-  send_gradient,
-  recv_gradient,
+  backward_input,   ///< B: gradient with respect to the stage's input
+  backward_weight,  ///< W: gradient with respect to the stage's parameters, accumulated
+  send_activation,  ///< hands the stage's output to the next stage (not on the last)
+  recv_activation,  ///< receives the stage's input from the previous stage (not on stage 0)
+  send_gradient,    ///< hands the gradient of its input to the previous stage (not on stage 0)
+  recv_gradient,    ///< receives the gradient of its output from the next stage (not on the last)
 };
 
+/// Number of OpKind values.
 inline constexpr std::size_t num_op_kinds = 7;
 
-/// How a send completes (see "Execution" and "Rendezvous sends" above).
+/// How a send completes (see "Execution" and "Rendezvous sends" at the top of schedule/op.hpp).
 enum class Sends : std::uint8_t {
   buffered,    ///< a send never blocks: one process, the data stays where the receiver reads it
   rendezvous,  ///< a send completes with its recv; consecutive transfers are posted as a group
 };
 
+/// `"buffered"` or `"rendezvous"`.
 constexpr std::string_view to_string(Sends sends) {
   return sends == Sends::buffered ? "buffered" : "rendezvous";
 }
 
+/// The enumerator's name, e.g. `"backward_input"`; `"unknown"` for a value outside the enum.
 constexpr std::string_view to_string(OpKind kind) {
   switch (kind) {
     case OpKind::forward:
@@ -96,18 +103,23 @@ constexpr bool is_compute(OpKind kind) {
   return kind == OpKind::forward || kind == OpKind::backward_input ||
          kind == OpKind::backward_weight;
 }
+/// send_activation or send_gradient.
 constexpr bool is_send(OpKind kind) {
   return kind == OpKind::send_activation || kind == OpKind::send_gradient;
 }
+/// recv_activation or recv_gradient.
 constexpr bool is_recv(OpKind kind) {
   return kind == OpKind::recv_activation || kind == OpKind::recv_gradient;
 }
 
+/// One entry of a device's list: an op of kind `kind` for micro-batch `micro_batch` on the
+/// device's stage `chunk`, i.e. on stage Schedule::stage_of(device, chunk).
 struct Op {
-  OpKind kind = OpKind::forward;
-  std::uint32_t micro_batch = 0;
-  std::uint32_t chunk = 0;  ///< which of the device's stages; see stage_of
+  OpKind kind = OpKind::forward;  ///< what the op does
+  std::uint32_t micro_batch = 0;  ///< which micro-batch, less than Schedule::num_micro_batches
+  std::uint32_t chunk = 0;        ///< which of the device's stages; see stage_of
 
+  /// Equal when kind, micro-batch and chunk are.
   friend constexpr bool operator==(const Op&, const Op&) = default;
 };
 
@@ -115,11 +127,12 @@ struct Op {
 /// validate): ops.size() == num_devices, every op's micro_batch < num_micro_batches and
 /// chunk < num_chunks, and the contract at the top of this file holds.
 struct Schedule {
-  std::size_t num_devices = 0;
-  std::size_t num_micro_batches = 0;
-  std::size_t num_chunks = 1;  ///< virtual stages per device
-  std::vector<std::vector<Op>> ops{};
+  std::size_t num_devices = 0;         ///< K: devices, one list in `ops` each
+  std::size_t num_micro_batches = 0;   ///< M: micro-batches per step
+  std::size_t num_chunks = 1;          ///< virtual stages per device
+  std::vector<std::vector<Op>> ops{};  ///< `ops[device]`: that device's ops, in order
 
+  /// S = K * num_chunks: the stages of the pipeline.
   constexpr std::size_t num_stages() const { return num_devices * num_chunks; }
   /// (device, chunk) => chunk * K + device
   constexpr std::size_t stage_of(std::size_t device, std::size_t chunk) const {
@@ -130,6 +143,7 @@ struct Schedule {
   /// stage => stage / K
   constexpr std::size_t chunk_of_stage(std::size_t stage) const { return stage / num_devices; }
 
+  /// Equal when the counts and every device's list, in order, are.
   friend constexpr bool operator==(const Schedule&, const Schedule&) = default;
 };
 

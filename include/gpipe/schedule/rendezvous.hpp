@@ -97,8 +97,10 @@ constexpr Repaired repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
 }  // namespace detail
 
 /// `schedule` (valid with buffered sends), reordered to run with rendezvous sends; unchanged when
-/// it already does. Of the two repairs above, the one whose result the simulator times faster
-/// with equal op costs. Throws Error for an invalid schedule, or one neither repair saves.
+/// it already does. Compute ops keep their order; only sends and recvs move. Of the two repairs
+/// (delay each blocking send past the next compute op of its list, or post its recv early), the
+/// one whose result the simulator times faster with equal op costs. Throws Error for an invalid
+/// schedule, or one neither repair saves.
 constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
   if (const ValidationResult buffered = validate(schedule); !buffered.ok)
     throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(buffered));

@@ -25,18 +25,22 @@ namespace gpipe {
 
 /// Duration of each op kind, in any unit of time; all >= 0.
 struct OpCosts {
-  double forward = 1;
-  double backward_input = 1;
-  double backward_weight = 1;
-  double transfer = 0;  ///< from a send to its recv's data being ready
+  double forward = 1;          ///< duration of a forward
+  double backward_input = 1;   ///< duration of a backward_input (B)
+  double backward_weight = 1;  ///< duration of a backward_weight (W)
+  double transfer = 0;         ///< from a send to its recv's data being ready
 };
 
+/// What simulate() predicts, in the time unit of the OpCosts; the clock starts at 0.
 struct SimulationResult {
-  double makespan = 0;
+  double makespan = 0;  ///< when the last op of any device finishes
+  /// `1 - sum(busy) / (num_devices * makespan)`: the idle share of the devices' time; 0 when
+  /// the makespan is 0.
   double bubble_fraction = 0;
   std::vector<double> busy;                        ///< [device] sum of compute op durations
   std::vector<std::size_t> peak_live_activations;  ///< [device] max stashes alive at once
-  std::vector<std::vector<double>> start, finish;  ///< [device][position]
+  /// [device][position]: when `ops[device][position]` starts.
+  std::vector<std::vector<double>> start, finish;  ///< [device][position]: when the op ends
 };
 
 namespace detail {

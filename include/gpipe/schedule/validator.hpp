@@ -31,18 +31,24 @@
 
 namespace gpipe {
 
+/// The rule a schedule breaks, in the order validate() checks them.
 enum class ValidationError : std::uint8_t {
-  none,
+  none,  ///< the schedule is valid
+  /// Counts are 0, `ops.size() != num_devices`, or an op's kind, micro-batch or chunk is out
+  /// of range.
   bad_shape,
-  unexpected_op,
-  duplicate_op,
-  unmatched_recv,
-  unmatched_send,
-  missing_op,
-  dependency,
+  unexpected_op,   ///< an op its stage does not have (a recv_activation on stage 0, ...)
+  duplicate_op,    ///< the second occurrence of an op
+  unmatched_recv,  ///< a recv whose matching send is in no list
+  unmatched_send,  ///< a send whose matching recv is in no list
+  missing_op,      ///< a required op in no list
+  dependency,      ///< an op whose same-device prerequisite comes later in its list
+  /// No device can progress: the blocked recv of the lowest unfinished device (with rendezvous
+  /// sends, the first transfer of its blocked group whose partner is not posted).
   deadlock,
 };
 
+/// The enumerator's name, e.g. `"deadlock"`; `"unknown"` for a value outside the enum.
 constexpr std::string_view to_string(ValidationError error) {
   switch (error) {
     case ValidationError::none:
@@ -67,32 +73,37 @@ constexpr std::string_view to_string(ValidationError error) {
   return "unknown";
 }
 
+/// What validate() found: `ok`, or the first broken rule with the offending op and, where there
+/// is one, the op it conflicts with. describe() gives it as one line of text.
 struct ValidationResult {
+  /// The `device` and `position` of a bad_shape of the whole schedule, and the
+  /// `other_position` of an op that is in no list.
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  bool ok = true;
-  ValidationError error = ValidationError::none;
+  bool ok = true;                                 ///< whether the schedule is valid
+  ValidationError error = ValidationError::none;  ///< the broken rule; `none` when `ok`
   /// The offending op: ops[device][position] == op. For missing_op, op is the absent op and
   /// position == ops[device].size(). For a bad_shape of the whole schedule, device == position ==
   /// npos.
   std::size_t device = 0;
-  std::size_t position = 0;
-  Op op{};
+  std::size_t position = 0;  ///< the offending op's place in `ops[device]` (see `device`)
+  Op op{};                   ///< the offending op (see `device`)
   /// The op it conflicts with, at ops[other_device][other_position]: the first copy
   /// (duplicate_op), the prerequisite that comes too late (dependency), the send a blocked recv
   /// waits for (deadlock); for unmatched_* the absent partner (other_position == npos).
   Op other{};
-  std::size_t other_device = 0;
-  std::size_t other_position = 0;
-  std::string_view reason{};  ///< the broken rule, in words
+  std::size_t other_device = 0;    ///< the device of `other` (see `other`)
+  std::size_t other_position = 0;  ///< the place of `other` in `ops[other_device]`, or `npos`
+  std::string_view reason{};       ///< the broken rule, in words
 
+  /// `ok`: true for a valid schedule.
   constexpr explicit operator bool() const { return ok; }
 };
 
 /// Where an op sits in a schedule: ops[device][position].
 struct OpPlace {
-  std::size_t device = 0;
-  std::size_t position = 0;
+  std::size_t device = 0;    ///< index into Schedule::ops
+  std::size_t position = 0;  ///< index into `ops[device]`
 };
 
 namespace detail {

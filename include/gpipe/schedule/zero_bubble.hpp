@@ -61,9 +61,12 @@ constexpr Schedule make_zb_h1_schedule(std::size_t num_devices, std::size_t num_
 
 /// Schedule tag for Trainer's schedule argument: ZB-H1, one stage per device, B and W split.
 struct ZeroBubbleH1 {
+  /// Stages per device: a model of S stages runs on S devices.
   static constexpr std::size_t chunks_per_device = 1;
+  /// Name in benchmark labels and test output.
   static constexpr std::string_view name = "zb-h1";
 
+  /// The schedule for K devices and M micro-batches: make_zb_h1_schedule(K, M).
   static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
     return make_zb_h1_schedule(num_devices, num_micro_batches);
   }

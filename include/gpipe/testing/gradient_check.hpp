@@ -30,6 +30,7 @@
 
 namespace gpipe::testing {
 
+/// A quiet NaN of T: what LayerRun fills write-only buffers with before each op.
 template <class T>
 inline constexpr T nan_v = std::numeric_limits<T>::quiet_NaN();
 
@@ -37,6 +38,7 @@ inline constexpr T nan_v = std::numeric_limits<T>::quiet_NaN();
 /// Set x, params (and dy before backward_input); grads start at zero and accumulate.
 template <layer L, class T>
 struct LayerRun {
+  /// Every buffer sized for `rows_` rows; all start at zero (grads included).
   explicit LayerRun(std::size_t rows_)
       : rows(rows_),
         x(rows * L::in_features),
@@ -49,8 +51,8 @@ struct LayerRun {
         grads(L::num_params),
         workspace(rows * workspace_per_row_v<L>) {}
 
-  std::size_t rows;
-  host::Kernels<T> ctx{};
+  std::size_t rows;           ///< rows of every op, fixed at construction
+  host::Kernels<T> ctx{};     ///< the kernel context the layer's ops run with
   std::vector<T> x;           ///< (rows, in_features)
   std::vector<T> params;      ///< (num_params)
   std::vector<T> y;           ///< (rows, out_features)
@@ -61,6 +63,7 @@ struct LayerRun {
   std::vector<T> grads;       ///< (num_params), accumulated from zero
   std::vector<T> workspace;   ///< (rows, workspace_per_row), NaN before every op: scratch only
 
+  /// y, stash <- L::forward(x, params); y, stash and workspace are NaN before it.
   void forward() {
     std::ranges::fill(y, nan_v<T>);
     std::ranges::fill(stash, nan_v<T>);
@@ -68,6 +71,8 @@ struct LayerRun {
     L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data(),
                                    workspace.data()});
   }
+  /// dx, grad_stash <- L::backward_input(x, dy, params, stash); dx, grad_stash and workspace are
+  /// NaN before it, so a layer that accumulates into dx yields NaN.
   void backward_input() {
     std::ranges::fill(dx, nan_v<T>);
     std::ranges::fill(grad_stash, nan_v<T>);
@@ -82,6 +87,7 @@ struct LayerRun {
     L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(),
                                                 stash.data(), grad_stash.data(), workspace.data()});
   }
+  /// grads += L::backward_weight(x, dy, params, stash, grad_stash); workspace is NaN before it.
   void backward_weight() {
     std::ranges::fill(workspace, nan_v<T>);
     L::backward_weight(ctx,
@@ -133,6 +139,9 @@ struct GradientCheck {
   double max_grad;      ///< max |numeric d f / d params|
 };
 
+/// L's gradients at (x, params) for f = sum_i c_i y_i against central differences of step `eps`:
+/// x (rows, in_features), params (num_params), c (rows, out_features). backward_weight runs
+/// twice from zero grads and half the sum is compared, so one that overwrites is off by 2.
 template <layer L>
 GradientCheck check_gradients(const std::vector<double>& x, const std::vector<double>& params,
                               const std::vector<double>& c, std::size_t rows, double eps = 1e-6) {

@@ -20,6 +20,10 @@
 
 namespace gpipe::transport {
 
+/// The transport of `gpipe::cuda::Backend`: the receiving virtual device copies the sender's
+/// buffer into memory it allocated, after its wait for the sender's event. On one GPU a
+/// device-to-device copy on the receiver's compute stream; across GPUs a peer copy on its copy
+/// stream, or an NCCL send/recv pair when the backend has a NCCL communicator.
 struct Cuda {
   /// One process issues both halves of every hand-over (peer copy, or an NCCL send/recv pair in
   /// one group), so no send waits for a recv still to be issued.

@@ -13,6 +13,9 @@
 
 namespace gpipe::transport {
 
+/// The default transport, of every backend that names none (see `transport_for`): the receiving
+/// device's stream copies the sender's buffer into its own memory after waiting for the sender's
+/// event, so the bytes are counted where they live. On the host backend the copy is a memcpy.
 struct InProcess {
   /// The receiver reads the sender's memory whenever it gets to it: a send never blocks.
   static constexpr Sends sends = Sends::buffered;

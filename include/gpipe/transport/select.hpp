@@ -7,16 +7,20 @@
 
 namespace gpipe::transport {
 
+/// The transport of a Backend that names none: `InProcess`. Use `transport_for<Backend>`.
 template <class Backend>
 struct default_transport {
-  using type = InProcess;
+  using type = InProcess;  ///< the chosen transport
 };
+/// The transport of a Backend that names one as `Backend::transport` (e.g. `gpipe::cuda::Backend`).
 template <class Backend>
 requires requires { typename Backend::transport; }
 struct default_transport<Backend> {
-  using type = typename Backend::transport;
+  using type = typename Backend::transport;  ///< the chosen transport
 };
 
+/// How the runtime hands activations and gradients between the stages of a Backend:
+/// `Backend::transport` when it names one, else `InProcess`.
 template <class Backend>
 using transport_for = typename default_transport<Backend>::type;
 

@@ -72,6 +72,7 @@ inline int device_count() {
   return count;
 }
 
+/// Construction options of a cuda::Backend, e.g. `{.device_capacity = 8ull << 30, .tf32 = true}`.
 struct BackendOptions {
   /// Bytes per virtual device; 0 = no cap (the GPU's memory is the limit).
   std::size_t device_capacity = 0;
@@ -111,19 +112,46 @@ class Event {
   std::shared_ptr<State> state_;
 };
 
+/// K virtual devices on one or more NVIDIA GPUs, a `gpipe::backend` (backend/concepts.hpp) with the
+/// interface of `gpipe::host::Backend`. Each virtual device has a compute stream, a copy stream, a
+/// cuBLAS handle and counted, optionally capped, memory; several may share one GPU, which is how a
+/// one-GPU machine runs a K-stage pipeline.
+///
+///     gpipe::cuda::Backend backend(4, {.device_capacity = 8ull << 30});  // GPUs d % count
+///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::Kernels& k) { ... });
+///     backend.synchronize();  // waits for the GPUs; rethrows the first failure, naming where
+///
+/// Work runs on the caller's thread, with its device's GPU current, and only enqueues kernels.
+/// Work, records and waits of one device run in submission order; a wait for an event no record
+/// has reached yet holds its device's later items back on the host until the record is issued.
+/// The first failure is kept and every later item skipped until synchronize() rethrows it; faults
+/// inside kernels surface when synchronize() waits for the streams. The device arguments of every
+/// member are 0..num_devices()-1; another throws `gpipe::Error`. Not thread-safe: one thread at a
+/// time calls the backend.
 class Backend {
  public:
+  /// Construction options: capacity, GPU mapping, TF32, NCCL.
   using Options = BackendOptions;
+  /// The kernel context each piece of work gets: its device's streams and cuBLAS handle.
   using Kernels = cuda::Kernels;
+  /// Orders work across devices: recorded on one device's compute stream, waited for on another's.
   using Event = cuda::Event;
+  /// Owning handle of `count` elements of `T` in one device's GPU memory, as allocate() returns it;
+  /// it must not outlive the backend.
   template <class T>
   using Buffer = cuda::Buffer<T>;
+  /// A piece of stream work: runs on the caller's thread and enqueues kernels through its Kernels.
   using Work = std::function<void(Kernels&)>;
   /// How the runtime hands activations between stages (see gpipe/transport/select.hpp).
   using transport = gpipe::transport::Cuda;
 
+  /// The backend's name as the runtime tests it (the Trainer treats "host" specially).
   static constexpr std::string_view name = "cuda";
 
+  /// `num_devices` virtual devices (1 to 1024), device d on GPU `options.gpus[d]` (default d % the
+  /// number of GPUs); creates a memory pool per GPU, streams and a cuBLAS handle per device, and
+  /// NCCL communicators when `options.nccl` spans several GPUs. Throws `gpipe::Error` when no GPU
+  /// is usable, for a count or a mapping out of range, or for `nccl` in a build without NCCL.
   explicit Backend(std::size_t num_devices, Options options = {})
       : epoch_(Clock::now()), options_(std::move(options)) {
     gpipe::detail::require(num_devices > 0, "cuda::Backend needs at least one device");
@@ -175,12 +203,18 @@ class Backend {
   /// not outlive the backend.
   ~Backend() { destroy(); }
 
+  /// K, the virtual devices given at construction.
   std::size_t num_devices() const { return devices_.size(); }
+  /// The options as given at construction (an empty `gpus` stays empty: it means d % count).
   const Options& options() const { return options_; }
   /// The CUDA device ordinal of a virtual device.
   int gpu(std::size_t device) const { return state(device).gpu->id; }
 
+  /// Bytes `device`'s buffers hold now and at most since the last reset_peak(), in all and per
+  /// MemoryKind; the pool's cached blocks, kernel scratch and staging blocks are not counted.
   MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
+  /// Sets every device's peaks to its current use, so that memory_stats() then reports the peak of
+  /// what follows.
   void reset_peak() {
     for (auto& a : allocators_) a->reset_peak();
   }
@@ -196,11 +230,16 @@ class Backend {
   void submit(std::size_t device, WorkLabel label, Work work) {
     enqueue(device, {Item::Kind::work, label, std::move(work), nullptr});
   }
+  /// Enqueues on `device`'s compute stream the recording of `event`, after everything submitted to
+  /// the device before it; a later record of the same event replaces the mark.
   void record(std::size_t device, const Event& event) {
     enqueue(
         device,
         {Item::Kind::record, {.what = "record event", .internal = true}, nullptr, event.state_});
   }
+  /// Makes the work submitted to `device` after this wait for `event`'s record on the GPU. A wait
+  /// whose record has not been issued yet holds the device's later items back on the host until it
+  /// is; one that no record ever reaches makes synchronize() fail.
   void wait(std::size_t device, const Event& event) {
     enqueue(device,
             {Item::Kind::wait, {.what = "wait event", .internal = true}, nullptr, event.state_});

@@ -58,6 +58,8 @@ inline std::string where(const char* file, int line) {
 
 }  // namespace gpipe::cuda::detail
 
+/// Runs a CUDA runtime call; unless it returns cudaSuccess, throws `gpipe::Error`
+/// (`gpipe::OutOfMemory` for cudaErrorMemoryAllocation) naming the error, the call, file and line.
 #define GPIPE_CUDA_CHECK(call)                                                               \
   do {                                                                                       \
     const cudaError_t gpipe_cuda_error_ = (call);                                            \
@@ -65,8 +67,8 @@ inline std::string where(const char* file, int line) {
       ::gpipe::cuda::detail::throw_cuda_error(gpipe_cuda_error_, #call, __FILE__, __LINE__); \
   } while (0)
 
-// After each kernel launch: a bad configuration shows up here, a fault inside the kernel at the
-// next synchronization.
+/// After each kernel launch: a bad configuration throws `gpipe::Error` here, naming
+/// `kernel_name` (a string literal); a fault inside the kernel shows at the next synchronization.
 #define GPIPE_CUDA_CHECK_LAUNCH(kernel_name)                                               \
   do {                                                                                     \
     const cudaError_t gpipe_cuda_error_ = cudaGetLastError();                              \
@@ -75,6 +77,9 @@ inline std::string where(const char* file, int line) {
                                               __FILE__, __LINE__);                         \
   } while (0)
 
+/// Runs a cuBLAS call; unless it returns CUBLAS_STATUS_SUCCESS, throws `gpipe::Error`
+/// (`gpipe::OutOfMemory` for CUBLAS_STATUS_ALLOC_FAILED) naming the status, the call, file and
+/// line.
 #define GPIPE_CUBLAS_CHECK(call)                                                                  \
   do {                                                                                            \
     const cublasStatus_t gpipe_cublas_status_ = (call);                                           \
@@ -83,6 +88,8 @@ inline std::string where(const char* file, int line) {
   } while (0)
 
 #if GPIPE_CUDA_NCCL
+/// Runs an NCCL call; unless it returns ncclSuccess, throws `gpipe::Error` naming the result, the
+/// call, file and line. Defined only in a build with NCCL (GPIPE_CUDA_NCCL).
 #define GPIPE_NCCL_CHECK(call)                                                                \
   do {                                                                                        \
     const ncclResult_t gpipe_nccl_result_ = (call);                                           \

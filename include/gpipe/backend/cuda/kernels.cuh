@@ -33,14 +33,29 @@ namespace gpipe::cuda {
 
 class Backend;
 
+/// The CUDA backend's kernel context for one virtual device: the primitives of
+/// `gpipe::kernel_context`, with the meaning of `gpipe::host::Kernels<float>`'s. Each operation is
+/// enqueued on the device's compute stream (stream()) and returns before the GPU has run it;
+/// pointers are device memory of this device's GPU unless a member says otherwise. Only the
+/// Backend makes one, and hands it to each piece of work with the device's GPU current. A launch
+/// that fails throws `gpipe::Error` at once; a fault inside a kernel surfaces at
+/// Backend::synchronize().
 class Kernels {
  public:
+  /// Element type of every primitive's arrays: the kernels compute in FP32.
   using value_type = float;
 
-  std::size_t device() const { return s_->index; }  // the virtual device
-  int gpu() const { return s_->gpu->id; }           // its physical GPU
+  /// Index of the virtual device (0..K-1) whose work this context issues.
+  std::size_t device() const { return s_->index; }
+  /// CUDA device ordinal of the GPU this virtual device runs on (several may share one).
+  int gpu() const { return s_->gpu->id; }
+  /// The device's compute stream: every primitive is enqueued on it, and a layer's own kernels (its
+  /// `LayerKernels` specialization) must be launched on it to stay in the device's order.
   cudaStream_t stream() const { return s_->compute; }
+  /// The device's copy stream, on which receive() runs peer copies and NCCL receives from other
+  /// GPUs; receive() orders it against stream() with events.
   cudaStream_t copy_stream() const { return s_->copy; }
+  /// The device's cuBLAS handle: bound to stream(), in the math mode of BackendOptions::tf32.
   cublasHandle_t blas() const { return s_->blas; }
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major
@@ -48,33 +63,50 @@ class Kernels {
             const float* a, const float* b, float beta, float* c) {
     cuda::gemm(s_->blas, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, s_->compute);
   }
+  /// y(rows, cols) += bias(cols), broadcast over the rows.
   void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
     bias_add_forward(rows, cols, bias, y, s_->compute);
   }
+  /// db(cols) += column sums of dy(rows, cols): accumulated, not overwritten. Deterministic (fixed
+  /// order, no atomics); may grow the context's scratch.
   void bias_grad(std::size_t rows, std::size_t cols, const float* dy, float* db) {
     bias_grad_backward(rows, cols, dy, db, scratch(bias_grad_scratch(rows, cols)), s_->compute);
   }
+  /// y(n) = max(x, 0); y may alias x.
   void relu_forward(std::size_t n, const float* x, float* y) {
     cuda::relu_forward(n, x, y, s_->compute);
   }
+  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
   void relu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
     cuda::relu_backward(n, x, dy, dx, s_->compute);
   }
+  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)), the exact GELU; y may alias x.
   void gelu_forward(std::size_t n, const float* x, float* y) {
     cuda::gelu_forward(n, x, y, s_->compute);
   }
+  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal CDF and density; x is the
+  /// forward's input.
   void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
     cuda::gelu_backward(n, x, dy, dx, s_->compute);
   }
+  /// LayerNorm of each row of x(rows, cols), as torch.nn.LayerNorm: y(rows, cols) = (x - mean) rstd
+  /// gamma + beta, rstd = 1 / sqrt(biased variance + eps), gamma and beta (cols). Writes
+  /// stats(rows, 2) = (mean, rstd) for the backward ops.
   void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
                           const float* gamma, const float* beta, float* y, float* stats) {
     cuda::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, s_->compute);
   }
+  /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat = (x -
+  /// mean) rstd, from x, dy (rows, cols), gamma (cols) and the forward's stats(rows, 2); dx
+  /// overwritten.
   void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
                                  const float* dy, const float* gamma, const float* stats,
                                  float* dx) {
     cuda::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, s_->compute);
   }
+  /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy: accumulated, from x,
+  /// dy (rows, cols) and the forward's stats(rows, 2). Deterministic; may grow the context's
+  /// scratch.
   void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
                                   const float* dy, const float* stats, float* dgamma,
                                   float* dbeta) {
@@ -82,9 +114,11 @@ class Kernels {
                                      scratch(layer_norm_backward_weight_scratch(rows, cols)),
                                      s_->compute);
   }
+  /// y(n) = a + b; y may alias a or b.
   void add(std::size_t n, const float* a, const float* b, float* y) {
     cuda::add(n, a, b, y, s_->compute);
   }
+  /// y(n) += x.
   void accumulate(std::size_t n, const float* x, float* y) {
     cuda::accumulate(n, x, y, s_->compute);
   }
@@ -92,11 +126,11 @@ class Kernels {
   void copy(std::size_t n, const float* src, float* dst) {
     copy_bytes(n * sizeof(float), src, dst);
   }
+  /// dst(n) = value.
   void fill(std::size_t n, float value, float* dst) { cuda::fill(n, value, dst, s_->compute); }
 
-  /// Copies between host memory (pageable or not) and this device's memory, in stream order:
-  /// host_src may be reused as soon as upload returns; host_dst holds the data once the backend
-  /// has synchronized.
+  /// dst(n) on this device <- host_src(n) in host memory (pageable or not), in stream order,
+  /// through pinned staging blocks: host_src may be reused as soon as upload returns.
   template <class U>
   void upload(std::size_t n, const U* host_src, U* dst) {
     const auto* src = reinterpret_cast<const unsigned char*>(host_src);
@@ -111,6 +145,9 @@ class Kernels {
       done += chunk;
     }
   }
+  /// host_dst(n) in host memory <- src(n) on this device, in stream order: host_dst holds the data
+  /// only once the backend has synchronized (a host function on the stream copies each staged block
+  /// there), so it must outlive that.
   template <class U>
   void download(std::size_t n, const U* src, U* host_dst) {
     const auto* in = reinterpret_cast<const unsigned char*>(src);
@@ -130,22 +167,35 @@ class Kernels {
     }
   }
 
+  /// logits (rows, classes), targets (rows) class ids in [0, classes): loss_sum[0] = sum over rows
+  /// of -log softmax(logits_r)[t_r] (one float of device memory, overwritten), dlogits (rows,
+  /// classes) = grad_scale (softmax - onehot(t)), overwritten. Float throughout (the host sums in
+  /// double); a target out of range gives a NaN loss.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const float* logits,
                              const std::int32_t* targets, float grad_scale, float* dlogits,
                              float* loss_sum) {
     softmax_cross_entropy_forward(rows, classes, logits, targets, grad_scale, dlogits, loss_sum,
                                   scratch(softmax_cross_entropy_scratch(rows)), s_->compute);
   }
+  /// y, target (n): loss_sum[0] = sum of (y - target)^2 (overwritten), dy(n) = grad_scale 2
+  /// (y - target) (overwritten).
   void mse(std::size_t n, const float* y, const float* target, float grad_scale, float* dy,
            float* loss_sum) {
     mse_forward(n, y, target, grad_scale, dy, loss_sum, scratch(mse_scratch()), s_->compute);
   }
+  /// torch.optim.SGD's step on p(n) with gradient g(n), in place: d = g + weight_decay p; when
+  /// momentum != 0, momentum_buf(n) = first_step ? d : momentum momentum_buf + (1 - dampening) d
+  /// and d = nesterov ? d + momentum momentum_buf : momentum_buf; then p -= lr d. momentum_buf is
+  /// not touched when momentum is 0, and not read on the first step.
   void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) {
     cuda::sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
                      first_step, s_->compute);
   }
+  /// torch.optim.AdamW's step on p(n) with gradient g(n), in place, m and v (n) the moment
+  /// estimates, `step` the 1-based step t: p *= 1 - lr weight_decay; m += (g - m)(1 - beta1); v =
+  /// beta2 v + (1 - beta2) g^2; p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     cuda::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, s_->compute);

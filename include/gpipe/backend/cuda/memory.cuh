@@ -57,6 +57,8 @@ class StreamOrder {
 /// readers on other threads.
 class DeviceAllocator {
  public:
+  /// Counts virtual device `device`'s memory against `capacity` bytes (0 = no cap); allocates from
+  /// `pool`, GPU `gpu`'s, on the stream that `order` names. The backend makes one per device.
   DeviceAllocator(std::size_t device, int gpu, cudaMemPool_t pool, std::size_t capacity,
                   const detail::StreamOrder& order)
       : counter_(device, capacity), gpu_(gpu), pool_(pool), order_(order) {}
@@ -94,9 +96,14 @@ class DeviceAllocator {
     counter_.release(bytes, kind);
   }
 
+  /// Bytes allocated now and at most since the last reset_peak(), in all and per MemoryKind, and
+  /// the capacity; sizes as requested, the pool's cached blocks not counted.
   MemoryStats stats() const { return counter_.stats(); }
+  /// Sets the peaks (in all and per kind) to the current bytes.
   void reset_peak() { counter_.reset_peak(); }
+  /// The virtual device whose memory this counts (named in out-of-memory messages).
   std::size_t device() const { return counter_.device(); }
+  /// CUDA device ordinal of the GPU the memory is on.
   int gpu() const { return gpu_; }
 
  private:

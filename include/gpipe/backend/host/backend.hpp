@@ -28,24 +28,43 @@
 
 namespace gpipe::host {
 
+/// Construction options of a host::Backend.
 struct BackendOptions {
-  std::size_t device_capacity = 0;  ///< bytes per device; 0 = no cap
+  /// Bytes each device may hold in buffers, past which allocate() throws OutOfMemory; 0 = no cap.
+  std::size_t device_capacity = 0;
   /// The number the first device goes by in errors, traces and out-of-memory messages (the
   /// devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
   std::size_t first_device = 0;
 };
 
+/// K devices on the CPU, a `gpipe::backend` (backend/concepts.hpp): each device is a worker
+/// thread running an in-order Stream, with its own counted and optionally capped memory. A device
+/// computes on one core (oneDNN runs on the worker's thread alone), so K devices want K cores.
+///
+///     gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
+///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
+///     backend.synchronize();  // rethrows the first failure, naming where it happened
+///
+/// The device arguments of every member are 0..num_devices()-1; another throws `gpipe::Error`.
 class Backend {
  public:
+  /// Construction options: capacity per device and the number the first device goes by.
   using Options = BackendOptions;
 
+  /// The kernel context every piece of submitted work gets: float, on the work's device.
   using Kernels = host::Kernels<float>;
+  /// Orders work across devices: recorded on one device's stream, waited for on another's.
   using Event = host::Event;
+  /// Owning handle of `count` elements of `T` on one device, as allocate() returns it.
   template <class T>
   using Buffer = host::Buffer<T>;
 
+  /// The backend's name as the runtime tests it (the Trainer checks for "host" to flag devices
+  /// that share cores).
   static constexpr std::string_view name = "host";
 
+  /// Starts `num_devices` workers (1 to 1024; otherwise throws `gpipe::Error`), each device with
+  /// its own allocator capped at `options.device_capacity` bytes.
   explicit Backend(std::size_t num_devices, Options options = {}) {
     detail::require(num_devices > 0, "host::Backend needs at least one device");
     detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
@@ -63,33 +82,47 @@ class Backend {
   /// Joins every worker; work not yet started is dropped.
   ~Backend() { streams_.clear(); }
 
+  /// K, the devices given at construction.
   std::size_t num_devices() const { return streams_.size(); }
   /// What the microseconds of traces and timings count from: the backend's construction.
   Stream::Clock::time_point epoch() const { return epoch_; }
 
+  /// Bytes `device`'s buffers hold now and at most since the last reset_peak(), in all and per
+  /// MemoryKind; freed blocks the allocator keeps for reuse are not counted.
   MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
+  /// Sets every device's peaks to its current use, so that memory_stats() then reports the peak
+  /// of what follows.
   void reset_peak() {
     for (auto& a : allocators_) a->reset_peak();
   }
 
-  /// Uninitialized memory on `device`; throws OutOfMemory past the device's capacity.
+  /// `count` uninitialized elements on `device`, counted under `kind`; throws OutOfMemory past
+  /// the device's capacity (or when the host itself is out of memory).
   template <class T>
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return Buffer<T>(allocator(device), count, kind);
   }
 
-  /// Stream operations: each runs on the device's worker, in submission order.
+  /// Enqueues `work` on `device`'s worker, to run after everything submitted there before;
+  /// `label` names it in traces and in failure messages. If it throws, the work after it on every
+  /// device is skipped and synchronize() rethrows the exception. Returns at once.
   void submit(std::size_t device, WorkLabel label, Stream::Work work) {
     stream(device).submit(label, std::move(work));
   }
+  /// Enqueues on `device`'s stream the recording of `event`: it is recorded once the work
+  /// submitted there before it has run.
   void record(std::size_t device, const Event& event) { stream(device).record(event); }
+  /// Enqueues on `device`'s stream a wait for `event`: the work submitted there after it starts
+  /// once `event` has been recorded (or once some work has failed, so nothing hangs).
   void wait(std::size_t device, const Event& event) { stream(device).wait(event); }
 
-  /// Tracing of every piece of stream work (see Stream::set_tracing); take_trace() returns what
-  /// ran since the last call, all devices, ordered by start time.
+  /// Turns the tracing of every device's work on or off (see Stream::set_tracing); off at
+  /// construction.
   void set_tracing(bool on) {
     for (auto& s : streams_) s->set_tracing(on);
   }
+  /// Waits for every device's work, then returns what was traced since the last call, all
+  /// devices, ordered by start time (microseconds since epoch()).
   std::vector<TraceEvent> take_trace() {
     std::vector<TraceEvent> all;
     for (auto& s : streams_) {
@@ -101,7 +134,8 @@ class Backend {
     return all;
   }
 
-  /// Compute time per device since the last call (see ComputeTiming).
+  /// Waits for every device's work, then returns its compute time since the last call, one
+  /// ComputeTiming per device, in device order (measured whether or not tracing is on).
   std::vector<ComputeTiming> take_timing() {
     std::vector<ComputeTiming> out;
     for (auto& s : streams_) {

@@ -27,20 +27,32 @@
 
 namespace gpipe::host {
 
+/// The host backend's kernel context for scalars `T` (a `gpipe::kernel_context`): the primitive
+/// operations layers, losses and optimizers run on one device. Each runs at once on the calling
+/// thread, which for submitted work is the device's worker. Shapes are given as (rows, cols) of
+/// row-major arrays; "+=" marks an output that is accumulated into, "=" one that is overwritten.
 template <class T>
 class Kernels {
  public:
+  /// The scalar type of every array argument: float in a backend's work, double in the
+  /// finite-difference tests and the double-precision reference.
   using value_type = T;
 
+  /// A context for `device`, the number device() reports; it allocates nothing until used.
   explicit Kernels(std::size_t device = 0) : device_(device) {}
+  /// The device whose memory the pointer arguments are.
   std::size_t device() const { return device_; }
 
-  /// C(m, n) = alpha op(A) op(B) + beta C, row-major
+  /// C(m, n) = alpha op(A) op(B) + beta C, row-major. op(A) (m, k) is A, or the transpose of a
+  /// stored (k, m) A when `trans_a`; op(B) (k, n) likewise with `trans_b`. beta = 0 overwrites C,
+  /// NaN included.
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
             const T* a, const T* b, T beta, T* c) {
     host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
-  /// y (rows, out) = x (rows, in) W^T + b, W (out, in) row-major.
+  /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten. For float
+  /// one oneDNN matmul with the bias fused (kernels/linear.hpp), else (and in a build that defines
+  /// GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
                       const T* b, T* y) {
     if (rows == 0) return;
@@ -51,59 +63,92 @@ class Kernels {
       bias_add(rows, out, b, y);
     }
   }
+  /// y(rows, cols) += bias(cols), on every row.
   void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
     host::bias_add(rows, cols, bias, y);
   }
+  /// db(cols) += the column sums of dy(rows, cols).
   void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
     host::bias_grad(rows, cols, dy, db);
   }
+  /// y(n) = max(x, 0); y may be x.
   void relu_forward(std::size_t n, const T* x, T* y) { host::relu_forward(n, x, y); }
+  /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch).
   void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
     host::relu_backward(n, x, dy, dx);
   }
+  /// Exact GELU: y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
   void gelu_forward(std::size_t n, const T* x, T* y) { host::gelu_forward(n, x, y); }
+  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density.
   void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
     host::gelu_backward(n, x, dy, dx);
   }
+  /// Per row of x(rows, cols): y = (x - mean) rstd gamma(cols) + beta(cols), rstd =
+  /// 1 / sqrt(var + eps) with the biased variance (torch.nn.LayerNorm); also writes
+  /// stats(rows, 2) = (mean, rstd) for the backward kernels. Statistics are computed in double.
   void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
                           const T* gamma, const T* beta, T* y, T* stats) {
     host::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats);
   }
+  /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat =
+  /// (x - mean) rstd, from the forward's x and stats.
   void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                  const T* gamma, const T* stats, T* dx) {
     host::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
   }
+  /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy, from the
+  /// forward's x(rows, cols) and stats.
   void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                   const T* stats, T* dgamma, T* dbeta) {
     host::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
   }
+  /// y(n) = a + b; y may be a or b.
   void add(std::size_t n, const T* a, const T* b, T* y) { host::add(n, a, b, y); }
+  /// y(n) += x.
   void accumulate(std::size_t n, const T* x, T* y) { host::accumulate(n, x, y); }
+  /// dst(n) = src; the two must not overlap.
   void copy(std::size_t n, const T* src, T* dst) { host::copy(n, src, dst); }
+  /// dst(n) = value.
   void fill(std::size_t n, T value, T* dst) { host::fill(n, value, dst); }
 
-  /// Copies between host memory and this device's memory.
+  /// dst(n) on this device = host_src(n) in host memory (U = float, or std::int32_t for class
+  /// ids); on the host both are ordinary memory.
   template <class U>
   void upload(std::size_t n, const U* host_src, U* dst) {
     host::copy(n, host_src, dst);
   }
+  /// host_dst(n) in host memory = src(n) on this device.
   template <class U>
   void download(std::size_t n, const U* src, U* host_dst) {
     host::copy(n, src, host_dst);
   }
 
+  /// Cross-entropy of softmax(logits (rows, classes)) against targets(rows), class ids in
+  /// [0, classes) that the caller has checked: loss_sum[0] = the sum over the rows of
+  /// -log softmax(logits_r)[t_r], dlogits (rows, classes) = grad_scale (softmax - onehot). Both
+  /// overwritten; grad_scale = 1 / (mini-batch normalizer) makes micro-batches' gradients add up
+  /// to the mini-batch mean's.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                              const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
     host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits, loss_sum);
   }
+  /// loss_sum[0] = sum (y - target)^2 over n elements, dy(n) = grad_scale 2 (y - target); both
+  /// overwritten, grad_scale as for softmax_cross_entropy.
   void mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
     host::mse(n, y, target, grad_scale, dy, loss_sum);
   }
+  /// One torch.optim.SGD step on p(n) with gradient g(n): d = g + weight_decay p; when
+  /// momentum != 0, buf = first_step ? d : momentum buf + (1 - dampening) d and d = nesterov ?
+  /// d + momentum buf : buf; then p -= lr d. momentum_buf(n) is used only when momentum != 0.
   void sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr, double momentum,
                   double dampening, double weight_decay, bool nesterov, bool first_step) {
     host::sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
                      first_step);
   }
+  /// One torch.optim.AdamW step on p(n) with gradient g(n) and moments m(n), v(n), all three
+  /// updated in place: p *= 1 - lr weight_decay; m = beta1 m + (1 - beta1) g; v = beta2 v +
+  /// (1 - beta2) g^2; p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps), t = `step`,
+  /// counted from 1.
   void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
                     double beta2, double eps, double weight_decay, std::size_t step) {
     host::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);

@@ -23,17 +23,24 @@
 
 namespace gpipe::host {
 
-/// Thread-safe: any worker may free memory that another device's worker allocated.
+/// One device's memory: aligned blocks of operator new, counted against the device's capacity,
+/// and freed blocks kept by size for reuse. Thread-safe: any worker may free memory that another
+/// device's worker allocated.
 class DeviceAllocator {
  public:
+  /// Alignment of every block in bytes: a cache line, and the widest SIMD register (AVX-512).
   static constexpr std::size_t alignment = 64;
 
+  /// Counts for `device` (the number it goes by in out-of-memory messages), capped at `capacity`
+  /// bytes; 0 = no cap.
   DeviceAllocator(std::size_t device, std::size_t capacity) : counter_(device, capacity) {}
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
   ~DeviceAllocator() { release_cached(); }
 
-  /// Throws OutOfMemory when the allocation would take the device past its capacity.
+  /// `bytes` bytes aligned to `alignment` (nullptr for 0), counted under `kind`. Throws
+  /// OutOfMemory when they would take the device past its capacity, or when the host has not
+  /// got them even after the cached blocks are freed.
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
     counter_.reserve(bytes, kind);
@@ -60,6 +67,8 @@ class DeviceAllocator {
     }
   }
 
+  /// Takes back a block of allocate() with its `bytes` and `kind`: uncounts it, and keeps it for
+  /// the next request of that size. A null `p` does nothing.
   void deallocate(void* p, std::size_t bytes, MemoryKind kind = MemoryKind::other) noexcept {
     if (p == nullptr) return;
     counter_.release(bytes, kind);
@@ -79,8 +88,12 @@ class DeviceAllocator {
     cached_.clear();
   }
 
+  /// Bytes in use now and at most since the last reset_peak(), in all and per MemoryKind;
+  /// cached free blocks are not in use.
   MemoryStats stats() const { return counter_.stats(); }
+  /// Sets the peaks to the current use.
   void reset_peak() { counter_.reset_peak(); }
+  /// The number the device goes by, as given to the constructor.
   std::size_t device() const { return counter_.device(); }
 
  private:
@@ -93,6 +106,9 @@ class DeviceAllocator {
   std::unordered_map<std::size_t, std::vector<void*>> cached_;  ///< bytes -> free blocks
 };
 
+/// Owns `size()` uninitialized elements of `T` on one device: `data()`, `size()`, `kind()`,
+/// `reset()`; move-only, empty when the size is 0. Its memory goes back to the allocator (to be
+/// reused) when it is reset or destroyed, so it must not outlive the backend.
 template <class T>
 using Buffer = detail::Buffer<T, DeviceAllocator>;
 

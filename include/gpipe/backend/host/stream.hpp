@@ -29,6 +29,8 @@ namespace gpipe::host {
 /// An event's state: recorded yet, and the condition variables of the streams blocked on it.
 struct EventState {
   std::atomic<bool> recorded{false};  ///< written under the group's mutex
+  /// The condition variables of the streams blocked on the event, which its record wakes;
+  /// guarded by the group's mutex.
   std::vector<std::condition_variable*> waiters;
 };
 
@@ -37,11 +39,16 @@ struct EventState {
 /// streams that wait for that event.
 class StreamGroup {
  public:
+  /// The first failure of the group's work; both members empty when there was none.
   struct Failure {
+    /// What the work threw; null when nothing failed, or when the group was only cancelled.
     std::exception_ptr error;
-    std::string where;  ///< describe(label, device)
+    std::string where;  ///< `describe(label, device)` of the work that threw
   };
 
+  /// Marks the group failed, keeping `error` and `where` unless a failure is already kept, and
+  /// wakes every attached stream. A null `error` (a cancel, a stream's destruction) only makes
+  /// the streams skip their remaining work and release their waits.
   void fail(std::exception_ptr error, std::string where) {
     std::lock_guard lock(mu_);
     if (!failure_.error) failure_ = {std::move(error), std::move(where)};
@@ -62,11 +69,13 @@ class StreamGroup {
     std::lock_guard lock(mu_);
     streams_.push_back(cv);
   }
+  /// Undoes attach(), before the stream that owns `cv` goes.
   void detach(std::condition_variable* cv) {
     std::lock_guard lock(mu_);
     std::erase(streams_, cv);
   }
 
+  /// Marks `event` recorded and wakes the streams blocked on it.
   void record(EventState& event) {
     std::lock_guard lock(mu_);
     event.recorded.store(true, std::memory_order_release);
@@ -88,6 +97,7 @@ class StreamGroup {
     std::erase(event.waiters, &cv);
   }
 
+  /// How long wait() polls before it blocks.
   static constexpr std::chrono::microseconds spin_time{100};
 
  private:
@@ -110,10 +120,14 @@ class Event {
 /// One device's in-order queue of work, run by its own thread.
 class Stream {
  public:
+  /// A piece of work: called on the stream's thread with the device's kernel context.
   using Work = std::function<void(Kernels<float>&)>;
 
+  /// The clock of traces and timings.
   using Clock = std::chrono::steady_clock;
 
+  /// Starts the worker thread of `device` (the number the device goes by in traces and failure
+  /// messages), attached to `group`; trace and timing microseconds count from `epoch`.
   Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now())
       : device_(device), group_(group), epoch_(epoch), kernels_(device) {
     group_.attach(&event_cv_);
@@ -135,6 +149,8 @@ class Stream {
     group_.detach(&event_cv_);
   }
 
+  /// Enqueues `work` and returns at once. It is skipped if the group has failed by its turn; if
+  /// it throws, the group fails with `describe(label, device())` as where.
   void submit(WorkLabel label, Work work) {
     {
       std::lock_guard lock(mu_);
@@ -143,10 +159,14 @@ class Stream {
     }
     work_cv_.notify_one();
   }
+  /// Enqueues the recording of `event`, once the work submitted before it has run (an internal
+  /// item: neither traced nor timed).
   void record(const Event& event) {
     submit({.what = "record event", .internal = true},
            [this, state = event.state_](Kernels<float>&) { group_.record(*state); });
   }
+  /// Enqueues a wait for `event`: the work submitted after it runs once `event` is recorded, or
+  /// once the group has failed.
   void wait(const Event& event) {
     submit({.what = "wait event", .internal = true},
            [this, state = event.state_](Kernels<float>&) { group_.wait(*state, event_cv_); });
@@ -158,6 +178,7 @@ class Stream {
     idle_cv_.wait(lock, [&] { return pending_ == 0; });
   }
 
+  /// The number the device goes by, as given to the constructor.
   std::size_t device() const { return device_; }
 
   /// Tracing: while on, every piece of work (not event records and waits) that runs is recorded

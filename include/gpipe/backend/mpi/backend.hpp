@@ -73,6 +73,9 @@ namespace gpipe::mpi {
 /// MPI_Init_thread / MPI_Finalize for a program's lifetime, unless MPI is already initialized.
 class Session {
  public:
+  /// Initializes MPI with MPI_THREAD_SERIALIZED from main's `argc` and `argv` (which MPI may edit),
+  /// unless it is already initialized, in which case the destructor leaves it alone too. Throws
+  /// `gpipe::Error` when MPI_Init_thread fails.
   Session(int& argc, char**& argv) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -92,6 +95,7 @@ class Session {
   bool owns_ = false;
 };
 
+/// Construction options of an mpi::Backend, the same on every rank.
 struct BackendOptions {
   std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
   std::size_t device_capacity = 0;  ///< bytes of this rank's device; 0 = no cap
@@ -100,15 +104,30 @@ struct BackendOptions {
   std::chrono::seconds peer_timeout{600};
 };
 
+/// One host device per MPI rank: a `gpipe::data_parallel_backend` (backend/concepts.hpp) whose
+/// world of R x K ranks runs R replicas of a K-device pipeline, rank r being device r % K of
+/// replica r / K. Each rank runs its own device on a one-device host::Backend and issues only that
+/// device's ops; activations and gradients cross between ranks as MPI messages (send, receive),
+/// and a step ends with the collective finish_step(), which makes every rank throw the same Error
+/// if any failed. Device arguments name pipeline devices 0..K-1; one that is not this rank's
+/// throws `gpipe::Error`, except where a member says otherwise.
+///
+///     gpipe::mpi::Backend backend(argc, argv);  // MPI_COMM_WORLD; launched as mpirun -n K ./train
 class Backend {
  public:
+  /// The host backend's float kernel context: a rank's device is a host device.
   using Kernels = host::Kernels<float>;
+  /// Orders work within this rank's device (across ranks, messages do).
   using Event = host::Event;
+  /// Owning handle of `count` elements of `T` in this rank's device memory (host memory).
   template <class T>
   using Buffer = host::Buffer<T>;
+  /// A piece of work: runs on this rank's device worker with its Kernels.
   using Work = host::Stream::Work;
+  /// Construction options: replicas, capacity, peer timeout.
   using Options = BackendOptions;
 
+  /// The backend's name as the runtime tests it.
   static constexpr std::string_view name = "mpi";
 
   /// MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
@@ -141,17 +160,30 @@ class Backend {
   /// One device per rank: world rank r is device r % K of replica r / K (K = world size /
   /// data_parallel).
   std::size_t num_devices() const { return devices_; }
+  /// Ranks in the communicator: R replicas x K devices.
   std::size_t world_size() const { return size_; }
+  /// This process's rank in the communicator (rank 0 writes the files of a collective save).
   std::size_t rank() const { return rank_; }
+  /// The pipeline device this rank runs: rank() % K.
   std::size_t device() const { return device_; }
+  /// R, the pipeline replicas (Options::data_parallel).
   std::size_t replicas() const { return replicas_; }
+  /// The replica this rank belongs to: rank() / K.
   std::size_t replica() const { return replica_; }
+  /// Whether this rank runs `device`; the runtime issues only its own device's work. Any device
+  /// number is accepted.
   bool is_local(std::size_t device) const { return device == device_; }
+  /// The communicator given at construction; the backend's messages within a replica and its sums
+  /// over the replicas use communicators split from it.
   MPI_Comm communicator() const { return comm_; }
 
+  /// Bytes of this rank's device, as host::Backend::memory_stats counts them.
   MemoryStats memory_stats(std::size_t device) const { return local_.memory_stats(local(device)); }
+  /// Sets this rank's device's peaks to its current use.
   void reset_peak() { local_.reset_peak(); }
 
+  /// `count` uninitialized elements on this rank's `device`, counted under `kind`; throws
+  /// OutOfMemory past Options::device_capacity.
   template <class T>
   Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
     return local_.template allocate<T>(local(device), count, kind);
@@ -168,7 +200,9 @@ class Backend {
       }
     });
   }
+  /// As host::Backend::record, on this rank's device.
   void record(std::size_t device, const Event& event) { local_.record(local(device), event); }
+  /// As host::Backend::wait, on this rank's device.
   void wait(std::size_t device, const Event& event) { local_.wait(local(device), event); }
 
   /// On `device` (this rank's), after the work before it: sends src's `src.size()` floats to
@@ -257,6 +291,8 @@ class Backend {
     reductions_started_ = 0;
     reduction_requests_.clear();
   }
+  /// On this rank's `device`, after the work submitted before it: starts the next sum that
+  /// expect_reductions() announced (an MPI_Iallreduce in place; nothing once all have started).
   void start_reduction(std::size_t device, WorkLabel label) {
     submit(device, label, [this](Kernels&) {
       std::lock_guard lock(mu_);
@@ -306,6 +342,9 @@ class Backend {
     return out;
   }
 
+  /// Drops this rank's work not yet run and releases its event waits, then waits for its pending
+  /// sends (a send that may never be received after a failure is let go). Local: it tells no other
+  /// rank; abort_step() does.
   void cancel() {
     local_.cancel();
     complete_sends();

@@ -83,6 +83,7 @@ __global__ void column_sum_kernel(std::size_t chunks, std::size_t cols, const T*
     dst[c] += sum;
   }
 }
+/// dst(cols) += the sum of partial(chunks, cols)'s rows, added in chunk order, on `stream`.
 inline void column_sum(std::size_t chunks, std::size_t cols, const float* partial, float* dst,
                        cudaStream_t stream) {
   GPIPE_CUDA_LAUNCH(column_sum_kernel<float>, detail::grid_for(cols), detail::block_size, stream)
@@ -106,6 +107,8 @@ __global__ void bias_add_forward_kernel(std::size_t rows, std::size_t cols, cons
     detail::store_pack<V>(y + r * cols + c, v);
   }
 }
+/// y(rows, cols) += bias(cols), on `stream`: 16-byte packs when cols % 4 == 0 and both pointers
+/// allow them.
 inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bias, float* y,
                              cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
@@ -155,6 +158,9 @@ __global__ void bias_grad_backward_kernel(std::size_t rows, std::size_t cols,
 inline std::size_t bias_grad_scratch(std::size_t rows, std::size_t cols) {
   return detail::ColumnSplit(rows, cols).scratch(cols);
 }
+/// db(cols) += sum over rows of dy(rows, cols), on `stream`, deterministic. `scratch` holds
+/// bias_grad_scratch(rows, cols) floats (null if that is 0) and stays in use until the launches
+/// run.
 inline void bias_grad_backward(std::size_t rows, std::size_t cols, const float* dy, float* db,
                                float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;

@@ -21,9 +21,10 @@
 
 #include "gpipe/backend/cuda/error.cuh"
 
-// GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...)
-//   = kernel<<<grid, block, 0, stream>>>(args...)
 #ifndef GPIPE_CUDA_LAUNCH
+/// `GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...)` is
+/// `kernel<<<grid, block, 0, stream>>>(args...)`, no dynamic shared memory; the tests' CUDA
+/// emulation defines its own, which runs the launch on the CPU.
 #define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
 #endif
 

@@ -43,6 +43,7 @@ __global__ void relu_forward_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
       n, [](float v) { return v > 0.0f ? v : 0.0f; }, y, x);
 }
+/// y(n) = max(x, 0), on `stream`; y may alias x.
 inline void relu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
   detail::launch_map<relu_forward_kernel<4>, relu_forward_kernel<1>>(
       "relu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
@@ -54,6 +55,7 @@ __global__ void relu_backward_kernel(std::size_t n, const float* x, const float*
   detail::map<V>(
       n, [](float xv, float g) { return xv > 0.0f ? g : 0.0f; }, dx, x, dy);
 }
+/// dx(n) = dy where x > 0, else 0, on `stream`.
 inline void relu_backward(std::size_t n, const float* x, const float* dy, float* dx,
                           cudaStream_t stream) {
   detail::launch_map<relu_backward_kernel<4>, relu_backward_kernel<1>>(
@@ -66,6 +68,7 @@ __global__ void gelu_forward_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
       n, [](float v) { return 0.5f * v * (1.0f + erff(v * detail::inv_sqrt2)); }, y, x);
 }
+/// y(n) = the exact GELU of x(n), on `stream`; y may alias x.
 inline void gelu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
   detail::launch_map<gelu_forward_kernel<4>, gelu_forward_kernel<1>>(
       "gelu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
@@ -83,6 +86,7 @@ __global__ void gelu_backward_kernel(std::size_t n, const float* x, const float*
       },
       dx, x, dy);
 }
+/// dx(n) = dy GELU'(x), on `stream`.
 inline void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx,
                           cudaStream_t stream) {
   detail::launch_map<gelu_backward_kernel<4>, gelu_backward_kernel<1>>(
@@ -95,6 +99,7 @@ __global__ void add_kernel(std::size_t n, const float* a, const float* b, float*
   detail::map<V>(
       n, [](float u, float v) { return u + v; }, y, a, b);
 }
+/// y(n) = a + b, on `stream`; y may alias a or b.
 inline void add(std::size_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
   detail::launch_map<add_kernel<4>, add_kernel<1>>("add_kernel", n, detail::aligned<4>(a, b, y),
                                                    stream, a, b, y);
@@ -106,6 +111,7 @@ __global__ void accumulate_kernel(std::size_t n, const float* x, float* y) {
   detail::map<V>(
       n, [](float u, float v) { return u + v; }, y, y, x);
 }
+/// y(n) += x, on `stream`.
 inline void accumulate(std::size_t n, const float* x, float* y, cudaStream_t stream) {
   detail::launch_map<accumulate_kernel<4>, accumulate_kernel<1>>(
       "accumulate_kernel", n, detail::aligned<4>(x, y), stream, x, y);
@@ -117,6 +123,7 @@ __global__ void fill_kernel(std::size_t n, float value, float* y) {
   detail::map<V>(
       n, [value] { return value; }, y);
 }
+/// y(n) = value, on `stream`.
 inline void fill(std::size_t n, float value, float* y, cudaStream_t stream) {
   detail::launch_map<fill_kernel<4>, fill_kernel<1>>("fill_kernel", n, detail::aligned<4>(y),
                                                      stream, value, y);
@@ -128,6 +135,7 @@ __global__ void scale_kernel(std::size_t n, float alpha, float* y) {
   detail::map<V>(
       n, [alpha](float v) { return alpha * v; }, y, y);
 }
+/// y(n) *= alpha, on `stream` (gemm's beta C when k == 0).
 inline void scale(std::size_t n, float alpha, float* y, cudaStream_t stream) {
   detail::launch_map<scale_kernel<4>, scale_kernel<1>>("scale_kernel", n, detail::aligned<4>(y),
                                                        stream, alpha, y);

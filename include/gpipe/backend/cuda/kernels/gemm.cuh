@@ -52,8 +52,9 @@ inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t 
 /// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows
 /// are ld apart.
 struct BatchedOperand {
-  const float* data;
-  std::size_t ld, stride;
+  const float* data;  ///< problem 0's first element (device memory)
+  std::size_t ld,     ///< elements between consecutive rows of one problem's matrix
+      stride;         ///< elements between the first elements of consecutive problems
 };
 
 /// For i < batch: C_i(m, n) = alpha op(A_i) op(B_i) + beta C_i, shapes as for gemm, rows of each

@@ -226,6 +226,9 @@ inline void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, dou
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_streaming_kernel");
 }
+/// x (rows, cols) -> y (rows, cols), stats (rows, 2) = (mean, rstd), gamma and beta (cols), on
+/// `stream`: the resident kernels where a row fits in registers (cols % 4 == 0, at most 16384,
+/// pointers 16-byte aligned), else the streaming one.
 inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
                                const float* gamma, const float* beta, float* y, float* stats,
                                cudaStream_t stream) {
@@ -344,6 +347,8 @@ __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std
     detail::store_pack<V>(dx + row * cols + c, out);
   }
 }
+/// The streaming backward_input kernels alone (layer_norm_backward_input uses them where rows do
+/// not fit registers); public so that the benchmark can show what the resident kernels save.
 inline void layer_norm_backward_input_streaming(std::size_t rows, std::size_t cols, const float* x,
                                                 const float* dy, const float* gamma,
                                                 const float* stats, float* dx,
@@ -359,6 +364,8 @@ inline void layer_norm_backward_input_streaming(std::size_t rows, std::size_t co
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_streaming_kernel");
 }
+/// dx (rows, cols), overwritten, from x, dy (rows, cols), gamma (cols) and the forward's stats
+/// (rows, 2), on `stream`; resident or streaming kernels as for layer_norm_forward.
 inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
                                       const float* dy, const float* gamma, const float* stats,
                                       float* dx, cudaStream_t stream) {
@@ -425,6 +432,9 @@ __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t 
 inline std::size_t layer_norm_backward_weight_scratch(std::size_t rows, std::size_t cols) {
   return 2 * detail::ColumnSplit(rows, cols).scratch(cols);
 }
+/// dgamma(cols) += sum over rows of dy xhat, dbeta(cols) += sum over rows of dy, on `stream`,
+/// deterministic. `scratch` holds layer_norm_backward_weight_scratch(rows, cols) floats and stays
+/// in use until the launches run.
 inline void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
                                        const float* dy, const float* stats, float* dgamma,
                                        float* dbeta, float* scratch, cudaStream_t stream) {

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(1024) sum_kernel(std::size_t n, const T* parti
   sum = detail::block_sum(sum, buf);
   if (threadIdx.x == 0) out[0] = sum;
 }
+/// out[0] = sum of partial(n), overwritten, on `stream`; one block, in a fixed order.
 inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
   GPIPE_CUDA_LAUNCH(sum_kernel<float>, 1, 1024, stream)(n, partial, out);
   GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
@@ -38,10 +39,9 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 ///   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
 ///   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
 /// The row's max and sum of exponentials come from one online pass; the second pass reads the
-/// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs (classes %
-/// V
-/// == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those before) gives a
-/// NaN loss rather than a wild read.
+/// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs
+/// (classes % V == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those
+/// before) gives a NaN loss rather than a wild read.
 template <int V>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
                                                      const float* logits,
@@ -86,6 +86,9 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
 }
 /// Floats of scratch that softmax_cross_entropy_forward needs.
 inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }
+/// Kernels::softmax_cross_entropy on `stream`: the rows' losses into `scratch`
+/// (softmax_cross_entropy_scratch(rows) floats), then their sum into loss_sum[0]; dlogits
+/// (rows, classes) overwritten. No rows or no classes: loss_sum[0] = 0.
 inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
                                           const float* logits, const std::int32_t* targets,
                                           float grad_scale, float* dlogits, float* loss_sum,
@@ -143,9 +146,12 @@ __global__ void mse_forward_kernel(std::size_t n, const float* y, const float* t
   acc = detail::block_sum(acc, buf);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
+/// The most blocks mse_forward launches; each writes one partial sum, so this is its scratch.
 inline constexpr unsigned mse_max_blocks = 1024;
 /// Floats of scratch that mse_forward needs.
 inline std::size_t mse_scratch() { return mse_max_blocks; }
+/// Kernels::mse on `stream`: each block's sum of (y - target)^2 into `scratch` (mse_scratch()
+/// floats), then their sum into loss_sum[0]; dy(n) overwritten. n == 0: loss_sum[0] = 0.
 inline void mse_forward(std::size_t n, const float* y, const float* target, float grad_scale,
                         float* dy, float* loss_sum, float* scratch, cudaStream_t stream) {
   if (n == 0) {

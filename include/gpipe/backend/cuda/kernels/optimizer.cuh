@@ -17,9 +17,17 @@
 
 namespace gpipe::cuda {
 
+/// sgd_update's hyperparameters as its kernel takes them: rounded to float, with the tests on
+/// momentum and weight decay made once on the host.
 struct SgdHyper {
-  float lr, momentum, dampening_complement, weight_decay;  ///< dampening_complement = 1 - dampening
-  bool use_momentum, use_weight_decay, nesterov, first_step;
+  float lr,                  ///< learning rate
+      momentum,              ///< momentum factor (0: plain SGD)
+      dampening_complement,  ///< 1 - dampening: the weight of d in the momentum buffer
+      weight_decay;          ///< L2 penalty: d = g + weight_decay p
+  bool use_momentum,         ///< momentum != 0: the buffer is updated and replaces d
+      use_weight_decay,      ///< weight_decay != 0
+      nesterov,              ///< d = d + momentum buf instead of buf
+      first_step;            ///< the buffer's first update: buf = d, without reading it
 };
 
 /// p, g, buf (n): d = g + wd p; buf = first ? d : momentum buf + (1 - dampening) d;
@@ -52,6 +60,8 @@ __global__ void sgd_update_kernel(std::size_t n, float* p, const float* g, float
     if (h.use_momentum) buf[i] = bv;
   }
 }
+/// Kernels::sgd_update on `stream`: p and momentum_buf (n) updated in place; 16-byte packs where
+/// all three pointers allow them.
 inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
                        double momentum, double dampening, double weight_decay, bool nesterov,
                        bool first_step, cudaStream_t stream) {
@@ -74,13 +84,16 @@ inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_
   GPIPE_CUDA_CHECK_LAUNCH("sgd_update_kernel");
 }
 
+/// adamw_update's hyperparameters as its kernel takes them: rounded to float, with the step's bias
+/// corrections and the decoupled weight decay folded in on the host (in double).
 struct AdamWHyper {
   float decay;            ///< 1 - lr wd
   float one_minus_beta1;  ///< 1 - b1
-  float beta2, one_minus_beta2;
-  float step_size;   ///< lr / (1 - b1^t)
-  float bias2_sqrt;  ///< sqrt(1 - b2^t)
-  float eps;
+  float beta2,            ///< b2, the second moment's decay
+      one_minus_beta2;    ///< 1 - b2
+  float step_size;        ///< lr / (1 - b1^t)
+  float bias2_sqrt;       ///< sqrt(1 - b2^t)
+  float eps;              ///< added to sqrt(v) / sqrt(1 - b2^t), keeps the step finite where v is 0
 };
 
 /// p, g, m, v (n): p *= 1 - lr wd; m += (g - m)(1 - b1); v = b2 v + (1 - b2) g^2;
@@ -110,6 +123,7 @@ __global__ void adamw_update_kernel(std::size_t n, float* p, const float* g, flo
   for (std::size_t i = packs * V + detail::global_thread(); i < n; i += detail::grid_threads())
     update(p[i], g[i], m[i], v[i]);
 }
+/// Kernels::adamw_update on `stream`: p, m and v (n) updated in place; `step` counts from 1.
 inline void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                          double beta1, double beta2, double eps, double weight_decay,
                          std::size_t step, cudaStream_t stream) {

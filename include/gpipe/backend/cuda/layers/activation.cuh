@@ -15,39 +15,51 @@
 
 namespace gpipe {
 
+/// ReLU's kernels on the CUDA backend: the context's relu_forward and relu_backward.
 template <>
 struct LayerKernels<ReluOp, cuda::Kernels> {
+  /// y(n) = max(x, 0).
   static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
     k.relu_forward(n, x, y);
   }
+  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
   static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
                        float* dx) {
     k.relu_backward(n, x, dy, dx);
   }
 };
 
+/// GELU's (exact, erf) kernels on the CUDA backend: the context's gelu_forward and gelu_backward.
 template <>
 struct LayerKernels<GeluOp, cuda::Kernels> {
+  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)).
   static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
     k.gelu_forward(n, x, y);
   }
+  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal CDF and density.
   static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
                        float* dx) {
     k.gelu_backward(n, x, dy, dx);
   }
 };
 
+/// LayerNorm's kernels on the CUDA backend: the context's layer_norm_* operations on (rows, cols),
+/// the forward's stats (rows, 2) = (mean, rstd) kept for the two backward ops.
 template <>
 struct LayerKernels<LayerNormOp, cuda::Kernels> {
+  /// y(rows, cols) = (x - mean) rstd gamma + beta per row, rstd = 1 / sqrt(biased variance +
+  /// eps); writes stats(rows, 2).
   static void forward(cuda::Kernels& k, std::size_t rows, std::size_t cols, double eps,
                       const float* x, const float* gamma, const float* beta, float* y,
                       float* stats) {
     k.layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats);
   }
+  /// dx(rows, cols), overwritten, from x, dy, gamma and the forward's stats.
   static void backward_input(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
                              const float* dy, const float* gamma, const float* stats, float* dx) {
     k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
   }
+  /// dgamma(cols) += sum over rows of dy xhat, dbeta(cols) += sum over rows of dy.
   static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
                               const float* dy, const float* stats, float* dgamma, float* dbeta) {
     k.layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);

@@ -28,6 +28,7 @@
 
 namespace gpipe::cuda {
 
+/// Warps per block of the attention softmax kernels, one row of P each (256 threads a block).
 inline constexpr int attention_warps_per_block = 8;
 
 /// One warp per row r < rows of P, rows `tokens` long; the row's query position is (r / heads) %
@@ -70,8 +71,14 @@ __global__ void attention_softmax_backward_kernel(std::size_t rows, std::size_t 
 
 namespace gpipe {
 
+/// The causal attention core on the CUDA backend: cuBLAS strided-batched GEMMs and a warp-per-row
+/// causal softmax, in float, with the host's layout (see the top of this file). Rows are
+/// samples x T; qkv holds q, k, v side by side, 3 H d per row, head h at column h d of each.
 template <>
 struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
+  /// qkv (samples T, 3 H d) -> probs (samples T, H T): per head the causal softmax of
+  /// q k^T / sqrt(d), masked entries 0, kept for backward; and o (samples T, H d) = P v per head.
+  /// Both overwritten.
   static void forward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
                       std::size_t d, const float* qkv, float* probs, float* o) {
     if (samples == 0) return;
@@ -99,7 +106,9 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
     }
   }
 
-  /// scratch: (samples T, T) floats, as the layer's workspace (T per row) provides.
+  /// dqkv (samples T, 3 H d), overwritten, from qkv, the forward's probs and dout
+  /// (samples T, H d). scratch: (samples T, T) floats, as the layer's workspace (T per row)
+  /// provides; its contents are not kept.
   static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
                        std::size_t d, const float* qkv, const float* probs, const float* dout,
                        float* dqkv, float* scratch) {

@@ -49,8 +49,13 @@ __global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t t
 
 namespace gpipe {
 
+/// Embedding's kernels on the CUDA backend: a gather for forward, and for the weight gradient one
+/// thread per column that adds the rows in order, deterministic and in the host's order. There is
+/// no input gradient: the ids are constant.
 template <>
 struct LayerKernels<EmbeddingOp, cuda::Kernels> {
+  /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), overwritten; ids (rows) are token ids held
+  /// as floats, which the Trainer has checked against the vocabulary (not checked again here).
   static void forward(cuda::Kernels& k, std::size_t rows, std::size_t tokens, std::size_t width,
                       const float* ids, const float* wte, const float* wpe, float* y) {
     if (rows == 0) return;
@@ -59,6 +64,8 @@ struct LayerKernels<EmbeddingOp, cuda::Kernels> {
     (rows, tokens, width, ids, wte, wpe, y);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   }
+  /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row r % tokens,
+  /// for every row r of dy(rows, width), in order of r.
   static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t tokens,
                               std::size_t width, const float* ids, const float* dy, float* dwte,
                               float* dwpe) {

@@ -52,12 +52,15 @@ __global__ void gelu_tanh_backward_kernel(std::size_t n, const float* x, const f
 
 namespace gpipe {
 
+/// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread.
 template <>
 struct LayerKernels<GeluTanhOp, cuda::Kernels> {
+  /// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may alias x.
   static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
     cuda::detail::launch_map<cuda::gelu_tanh_forward_kernel<4>, cuda::gelu_tanh_forward_kernel<1>>(
         "gelu_tanh_forward_kernel", n, cuda::detail::aligned<4>(x, y), k.stream(), x, y);
   }
+  /// dx(n) = dy GELUTanh'(x), x the forward's input.
   static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
                        float* dx) {
     cuda::detail::launch_map<cuda::gelu_tanh_backward_kernel<4>,

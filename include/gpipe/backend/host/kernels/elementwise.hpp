@@ -12,7 +12,7 @@
 
 namespace gpipe::host {
 
-/// y(rows, cols) += bias(cols)
+/// y(rows, cols) += bias(cols), on every row
 template <class T>
 void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   for (std::size_t r = 0; r < rows; ++r) {
@@ -30,6 +30,7 @@ void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
         cols, [](auto acc, auto g) { return acc + g; }, db, db, dy + r * cols);
 }
 
+/// y = max(x, 0) (y may be x)
 template <class T>
 void relu_forward(std::size_t n, const T* x, T* y) {
   simd::transform(
@@ -92,6 +93,7 @@ void copy(std::size_t n, const T* src, T* dst) {
   if (n > 0) std::memcpy(dst, src, n * sizeof(T));
 }
 
+/// dst = value
 template <class T>
 void fill(std::size_t n, T value, T* dst) {
   const simd::Pack<T> pack = simd::Pack<T>{} + value;

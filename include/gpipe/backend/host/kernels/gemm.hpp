@@ -28,7 +28,12 @@ namespace gpipe::host {
 /// Leading dimensions of a GEMM's row-major operands: the distance between consecutive rows of
 /// A, B and C as stored (a sub-matrix of a wider one has its parent's row length).
 struct GemmStrides {
+  /// Elements (not bytes) from one stored row of A to the next.
   std::size_t lda, ldb, ldc;
+  /// \var ldb
+  /// Elements (not bytes) from one stored row of B to the next.
+  /// \var ldc
+  /// Elements (not bytes) from one stored row of C to the next.
 };
 
 /// Dense operands: the row lengths that op(A) (m, k), op(B) (k, n) and C (m, n) have in memory.
@@ -66,6 +71,7 @@ void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, st
   }
 }
 
+/// reference_gemm on dense operands (the strides of dense_strides()).
 template <class T>
 void reference_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
                     T alpha, const T* a, const T* b, T beta, T* c) {
@@ -115,7 +121,9 @@ inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t 
 namespace gpipe::host {
 #endif
 
-/// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm.
+/// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm; T is float
+/// or double. float goes through oneDNN (throws `gpipe::Error` if it fails) unless the build
+/// defines GPIPE_HOST_GEMM_REFERENCE; m = 0 or n = 0 leaves C untouched.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c, GemmStrides ld) {
@@ -129,7 +137,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
   reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
 }
 
-/// Dense operands.
+/// gemm on dense operands (the strides of dense_strides()).
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c) {

@@ -8,6 +8,8 @@
 
 namespace gpipe::host {
 
+/// Per row of x(rows, cols): y = (x - mean) * rstd * gamma(cols) + beta(cols), and
+/// stats(rows, 2) = (mean, rstd); the statistics are computed in double.
 template <class T>
 void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x, const T* gamma,
                         const T* beta, T* y, T* stats) {

@@ -48,12 +48,17 @@ using DnnlPtr = std::unique_ptr<std::remove_pointer_t<Handle>, DnnlDeleter>;
 
 namespace gpipe::host {
 
+/// A Linear layer's forward in one oneDNN matmul with the bias fused, a primitive kept per
+/// shape (see the top of this file). One per float kernel context, so per device: not
+/// thread-safe.
 class LinearForward {
  public:
   /// Past this many shapes the cache starts over, so that a caller cycling through many batch
   /// sizes does not keep a primitive for each.
   static constexpr std::size_t max_cached = 64;
 
+  /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten, in fp32.
+  /// The first call with a shape creates its primitive; throws `gpipe::Error` if oneDNN fails.
   void operator()(std::size_t rows, std::size_t in, std::size_t out, const float* x, const float* w,
                   const float* b, float* y) {
     Shape& shape = shape_for(rows, in, out);

@@ -21,33 +21,43 @@
 
 namespace gpipe::host::simd {
 
+/// PackOf<T>::type: the 16-byte vector of T, for T float or double (see Pack).
 template <class T>
 struct PackOf;
+/// Four floats.
 template <>
 struct PackOf<float> {
+  /// Four floats in one 16-byte vector register.
   typedef float type __attribute__((vector_size(16)));
 };
+/// Two doubles.
 template <>
 struct PackOf<double> {
+  /// Two doubles in one 16-byte vector register.
   typedef double type __attribute__((vector_size(16)));
 };
 /// Pack<T>: width_v<T> elements of T.
 template <class T>
 using Pack = typename PackOf<T>::type;
+/// The number of elements of T in a Pack<T>: 4 for float, 2 for double.
 template <class T>
 inline constexpr std::size_t width_v = sizeof(Pack<T>) / sizeof(T);
 
+/// The width_v<T> elements at p, which need no alignment.
 template <class T>
 Pack<T> load(const T* p) {
   Pack<T> v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+/// Writes v's width_v<T> elements to p, which needs no alignment.
 template <class T>
 void store(T* p, const Pack<T>& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+/// out[i] = f(in[i]...) for i < n: f gets packs of width_v<T> elements, then scalars for the
+/// tail (see the top of this file). An input may be out itself, exactly (not shifted).
 template <class T, class F, class... In>
 void transform(std::size_t n, F f, T* out, const In*... in) {
   constexpr std::size_t w = width_v<T>;
@@ -56,12 +66,17 @@ void transform(std::size_t n, F f, T* out, const In*... in) {
   for (std::size_t j = 0; j < n % w; ++j) out[packed + j] = f(in[packed + j]...);
 }
 
+/// BitsOf<V>::type: the unsigned 32-bit integers of a float or of a Pack<float>, V's bits as
+/// exp() builds them.
 template <class V>
-struct BitsOf {  // the unsigned 32-bit integers of a float or of a Pack<float>
+struct BitsOf {
+  /// One float's bits.
   using type = std::uint32_t;
 };
+/// The bits of a Pack<float>.
 template <>
 struct BitsOf<Pack<float>> {
+  /// Four 32-bit lanes, one per float of the pack.
   typedef std::uint32_t type __attribute__((vector_size(16)));
 };
 

@@ -10,21 +10,29 @@
 
 namespace gpipe {
 
+/// ReLU on the host, over n elements, on SIMD packs.
 template <class T>
 struct LayerKernels<ReluOp, host::Kernels<T>> {
+  /// y(n) = max(x, 0); y may be x.
   static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
     host::relu_forward(n, x, y);
   }
+  /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch); x is the
+  /// forward's input.
   static void backward(host::Kernels<T>&, std::size_t n, const T* x, const T* dy, T* dx) {
     host::relu_backward(n, x, dy, dx);
   }
 };
 
+/// Exact (erf) GELU on the host, over n elements, with std::erf and std::exp per element.
 template <class T>
 struct LayerKernels<GeluOp, host::Kernels<T>> {
+  /// y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
   static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
     host::gelu_forward(n, x, y);
   }
+  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density; x is
+  /// the forward's input.
   static void backward(host::Kernels<T>&, std::size_t n, const T* x, const T* dy, T* dx) {
     host::gelu_backward(n, x, dy, dx);
   }

@@ -16,8 +16,14 @@
 
 namespace gpipe {
 
+/// The causal attention core on the host (see the top of this file), on rows = samples * T
+/// token rows, each sample's T rows consecutive, with H heads of width d and D = H d.
 template <class T>
 struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
+  /// From qkv (rows, 3D), each row q, k, v of D each, head h at columns [h d, (h + 1) d) of
+  /// each: probs (rows, H T) = per head, the causal softmax of q k^T / sqrt(d) (row t of a
+  /// sample, head h, at columns [h T, (h + 1) T), keys after t stored as 0), and o (rows, D) =
+  /// per head, P v. Both overwritten; probs is what backward needs.
   static void forward(host::Kernels<T>&, std::size_t samples, std::size_t tokens, std::size_t heads,
                       std::size_t d, const T* qkv, T* probs, T* o) {
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
@@ -38,6 +44,9 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
     }
   }
 
+  /// dqkv (rows, 3D), overwritten, from the forward's qkv and probs and dout (rows, D):
+  /// dv = P^T dout, dS = P .* (dP - rowsum(dP .* P)) with dP = dout v^T, dq = dS k / sqrt(d),
+  /// dk = dS^T q / sqrt(d). scratch is (T, T) workspace, its contents left undefined.
   static void backward(host::Kernels<T>&, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const T* qkv, const T* probs,
                        const T* dout, T* dqkv, T* scratch) {

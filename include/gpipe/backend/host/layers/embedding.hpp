@@ -14,9 +14,11 @@
 
 namespace gpipe {
 
+/// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
+/// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
 template <class T>
 struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
-  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :)
+  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), y (rows, width) overwritten
   static void forward(host::Kernels<T>&, std::size_t rows, std::size_t tokens, std::size_t width,
                       const T* ids, const T* wte, const T* wpe, T* y) {
     for (std::size_t r = 0; r < rows; ++r)
@@ -24,7 +26,7 @@ struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
           wpe + (r % tokens) * width);
   }
-  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :)
+  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
   static void backward_weight(host::Kernels<T>&, std::size_t rows, std::size_t tokens,
                               std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe) {
     for (std::size_t r = 0; r < rows; ++r) {
