@@ -51,6 +51,23 @@ inline Dataset make_spiral(std::size_t per_class, std::uint64_t seed) {
   return d;
 }
 
+// A mini-batch of `batch` points drawn from `data` with replacement, in the order of `order`.
+inline void sample(const Dataset& data, std::size_t batch, gpipe::Rng& order, Dataset& out) {
+  out.x.resize(batch * 2);
+  out.y.resize(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    const std::size_t j = order.next_u64() % data.y.size();
+    out.x[2 * i] = data.x[2 * j];
+    out.x[2 * i + 1] = data.x[2 * j + 1];
+    out.y[i] = data.y[j];
+  }
+}
+
+// The learning rate of step 1..steps: `peak`, decayed to 0 along half a cosine.
+inline double cosine_lr(double peak, int step, int steps) {
+  return peak * 0.5 * (1 + std::cos(std::numbers::pi * step / steps));
+}
+
 // Fraction of points whose largest logit is their arm.
 template <class Trainer>
 double accuracy(Trainer& trainer, const Dataset& data) {
@@ -87,7 +104,7 @@ template <class Backend>
 int train(Backend& backend, const std::string& devices, const Options& options,
           const std::string& timeline) {
   const Dataset train_set = make_spiral(400, 1), test_set = make_spiral(200, 2);
-  const std::size_t batch = 240, n = train_set.y.size();
+  const std::size_t batch = 240;
   const int steps = options.steps;
   const std::size_t micro_batches = options.micro_batches;
 
@@ -109,20 +126,14 @@ int train(Backend& backend, const std::string& devices, const Options& options,
               100 * accuracy(trainer, test_set));
 
   const auto start = std::chrono::steady_clock::now();
-  std::vector<float> xb(batch * 2);
-  std::vector<std::int32_t> yb(batch);
+  Dataset mini_batch;
   gpipe::Rng order(7);
   double running = 0;
   for (int step = 1; step <= steps; ++step) {
-    for (std::size_t i = 0; i < batch; ++i) {
-      const std::size_t j = order.next_u64() % n;
-      xb[2 * i] = train_set.x[2 * j];
-      xb[2 * i + 1] = train_set.x[2 * j + 1];
-      yb[i] = train_set.y[j];
-    }
-    optimizer.options.lr = 3e-3 * 0.5 * (1 + std::cos(std::numbers::pi * step / steps));
+    sample(train_set, batch, order, mini_batch);
+    optimizer.options.lr = cosine_lr(3e-3, step, steps);
     trainer.zero_grad();
-    const float loss = trainer.forward_backward(xb, yb);
+    const float loss = trainer.forward_backward(mini_batch.x, mini_batch.y);
     trainer.step(optimizer);
     running = step == 1 ? loss : 0.9 * running + 0.1 * loss;
     if (step % 50 == 0 || step == 1)
@@ -152,7 +163,7 @@ int train(Backend& backend, const std::string& devices, const Options& options,
   // One more step, traced, drawn as a timeline.
   backend.set_tracing(true);
   trainer.zero_grad();
-  trainer.forward_backward(xb, yb);
+  trainer.forward_backward(mini_batch.x, mini_batch.y);
   backend.set_tracing(false);
   const auto events = backend.take_trace();
   gpipe::io::write_svg_timeline(timeline, events,

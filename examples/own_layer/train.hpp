@@ -5,12 +5,10 @@
 // compared with the host backend's (the host kernels are the reference of the CUDA kernels).
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <gpipe/gpipe.hpp>
 #include <gpipe/testing/relative_error.hpp>
-#include <numbers>
 #include <string>
 #include <vector>
 
@@ -53,21 +51,15 @@ template <class Backend>
 double train(Trainer<Backend>& trainer, int steps) {
   const spiral::Dataset train_set = spiral::make_spiral(400, 1),
                         test_set = spiral::make_spiral(200, 2);
-  const std::size_t batch = 240, n = train_set.y.size();
+  const std::size_t batch = 240;
   gpipe::optim::AdamW optimizer({.lr = 1e-2, .weight_decay = 1e-4});
-  std::vector<float> xb(batch * 2);
-  std::vector<std::int32_t> yb(batch);
+  spiral::Dataset mini_batch;
   gpipe::Rng order(7);
   for (int step = 1; step <= steps; ++step) {
-    for (std::size_t i = 0; i < batch; ++i) {
-      const std::size_t j = order.next_u64() % n;
-      xb[2 * i] = train_set.x[2 * j];
-      xb[2 * i + 1] = train_set.x[2 * j + 1];
-      yb[i] = train_set.y[j];
-    }
-    optimizer.options.lr = 1e-2 * 0.5 * (1 + std::cos(std::numbers::pi * step / steps));
+    spiral::sample(train_set, batch, order, mini_batch);
+    optimizer.options.lr = spiral::cosine_lr(1e-2, step, steps);
     trainer.zero_grad();
-    const float loss = trainer.forward_backward(xb, yb);
+    const float loss = trainer.forward_backward(mini_batch.x, mini_batch.y);
     trainer.step(optimizer);
     if (step % 100 == 0 || step == 1) std::printf("step %4d  loss %.4f\n", step, loss);
   }
