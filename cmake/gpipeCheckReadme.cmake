@@ -6,13 +6,14 @@
 # is put into CONTEXTS/NAME.cpp.in, where @BLOCK@ stands for the block and @PREVIOUS@ for the
 # compiled block before it (for a block that uses the one above); the block's #include lines move
 # to the top of the file. Each file is compiled with -fsyntax-only (instantiating what it uses);
-# the check fails naming the README line of a block that does not compile. A ```cpp block whose
-# opening fence follows
-#   <!-- quoted: PATH -->
-# must be a verbatim part of the file PATH (relative to the README's directory), so that a README
-# walking through an example file cannot drift from it. A context whose first
+# the check fails naming the README line of a block that does not compile. A context whose first
 # line is `// needs: mpi` is skipped, with a message, where CONFIG has no MPI include directories.
 # CONFIG sets GPIPE_CXX_COMPILER, GPIPE_CXX_FLAGS, GPIPE_INCLUDE_DIRS, GPIPE_MPI_INCLUDE_DIRS.
+#
+# A ```cpp block whose opening fence follows a line
+#   <!-- quoted: PATH -->
+# must be a verbatim part of the file PATH (relative to the README's directory), so that a README
+# that walks through an example file cannot drift from it.
 
 cmake_minimum_required(VERSION 3.25)
 foreach(_var CONFIG README CONTEXTS WORK)
