@@ -1,11 +1,17 @@
 // The host backend's kernels on the shapes of bench_mlp_step's model (width 1024, batch 256 split
 // into M micro-batches of 256/M rows), one kernel context per thread as each device worker has.
-//   BM_Gemm/<op>/rows:R/threads:T  the three GEMMs of a Linear(1024, 1024):
+//   BM_Gemm/<op>/rows:R/layers:L/threads:T  the three GEMMs of a Linear(1024, 1024):
 //                                  forward          y (R, 1024) = x (R, 1024) W^T
 //                                  backward_input   dx (R, 1024) = dy (R, 1024) W
 //                                  backward_weight  dW (1024, 1024) += dy^T x   (k = R)
 //                                  GFLOP/s per thread; with threads:2 both cores run the same
 //                                  GEMM at once, as the two devices of a K = 2 pipeline do.
+//                                  Calls cycle over L layers' weights (and weight gradients):
+//                                  L = 1 keeps one 4 MB weight in cache; L = 2 is a K = 2
+//                                  device's share of the MLP (8 MB of weights, 8 MB of
+//                                  gradients per thread), which two threads do not keep in a
+//                                  32 MB L3, so each 32-row call streams its weight (and W its
+//                                  gradient) from memory, as in the pipeline.
 //   BM_LinearForward/<how>/rows:R  Linear(1024, 1024)'s forward with its bias, GFLOP/s: fused (one
 //                                  oneDNN matmul, linear_forward) or gemm_then_bias
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
@@ -35,11 +41,19 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
 
 void BM_Gemm(benchmark::State& state, GemmOp op) {
   const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto layers = static_cast<std::size_t>(state.range(1));
   gpipe::host::Kernels<float> k(static_cast<std::size_t>(state.thread_index()));
   const auto act = random_floats(rows * width, 1), grad = random_floats(rows * width, 2);
-  auto weight = random_floats(width * width, 3);
-  std::vector<float> out(rows * width), dweight(width * width, 0.0f);
+  std::vector<std::vector<float>> weights, dweights;
+  for (std::size_t l = 0; l < layers; ++l) {
+    weights.push_back(random_floats(width * width, 3 + l));
+    dweights.emplace_back(width * width, 0.0f);
+  }
+  std::vector<float> out(rows * width);
+  std::size_t call = 0;
   for (auto _ : state) {
+    const std::vector<float>& weight = weights[call % layers];
+    std::vector<float>& dweight = dweights[call++ % layers];
     switch (op) {
       case GemmOp::forward:
         k.gemm(false, true, rows, width, width, 1, act.data(), weight.data(), 0, out.data());
@@ -124,11 +138,8 @@ void register_all() {
                                                   {"backward_weight", GemmOp::backward_weight}};
   for (const auto& [name, op] : gemms)
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + name).c_str(), BM_Gemm, op)
-        ->ArgName("rows")
-        ->Arg(256)
-        ->Arg(128)
-        ->Arg(64)
-        ->Arg(32)
+        ->ArgNames({"rows", "layers"})
+        ->ArgsProduct({{256, 128, 64, 32}, {1, 2}})
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();
