@@ -1,18 +1,27 @@
 #pragma once
-// The emulated NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group
-// meet on their streams.
+// The emulated NCCL: ncclCommInitAll over the emulated GPUs of this process, whose
+// ncclSend/ncclRecv pairs of one group meet on their streams; and communicators between processes
+// (ncclGetUniqueId, ncclCommInitRank: ncclSend, ncclRecv, ncclAllReduce with ncclSum on floats,
+// ncclCommAbort, ncclCommGetAsyncError), whose ranks talk over sockets (nccl_net.hpp).
 
 #include <nccl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "support/cuda_emulation/nccl_net.hpp"
 #include "support/cuda_emulation/runtime.hpp"
 
 #ifndef GPIPE_CUDA_NCCL
@@ -21,6 +30,8 @@
 
 struct ncclComm {
   int rank, ranks, gpu;
+  // Set for a communicator between processes (ncclCommInitRank); its operations hold it too.
+  std::shared_ptr<gpipe::test::cuda_emulation::RankNet> net = nullptr;
 };
 
 namespace gpipe::test::cuda_emulation {
@@ -60,8 +71,43 @@ inline std::size_t nccl_size(ncclDataType_t type) {
       return 8;
   }
 }
+// The group's operations on communicators between processes, as one host function per stream:
+// its sends are written first, then its receives wait for their messages, then the sends wait
+// for their receivers (so a group may hold both halves of an exchange with a peer).
+inline void nccl_run_between_processes(const std::vector<NcclOp>& ops) {
+  std::vector<cudaStream_t> streams;
+  for (const NcclOp& op : ops)
+    if (std::find(streams.begin(), streams.end(), op.stream) == streams.end())
+      streams.push_back(op.stream);
+  for (cudaStream_t stream : streams) {
+    struct Part {
+      NcclOp op;
+      std::shared_ptr<RankNet> net;
+    };
+    std::vector<Part> parts;
+    for (const NcclOp& op : ops)
+      if (op.stream == stream) parts.push_back({op, op.comm->net});
+    // bookkeeping: it runs on a failed stream too, so that the peer is not left waiting
+    stream->submit(
+        [parts] {
+          std::vector<bool> posted(parts.size(), false);
+          for (std::size_t i = 0; i < parts.size(); ++i)
+            if (parts[i].op.send)
+              posted[i] = parts[i].net->post(parts[i].op.peer, RankNet::data_message,
+                                             parts[i].op.buffer, parts[i].op.bytes);
+          for (const Part& p : parts)
+            if (!p.op.send)
+              p.net->receive(p.op.peer, RankNet::data_message, p.op.buffer, p.op.bytes);
+          for (std::size_t i = 0; i < parts.size(); ++i)
+            if (posted[i]) parts[i].net->wait_ack(parts[i].op.peer);
+        },
+        /*bookkeeping=*/true);
+  }
+}
 inline ncclResult_t nccl_end_group() {
-  std::vector<NcclOp> ops = std::exchange(nccl_group(), {});
+  std::vector<NcclOp> all = std::exchange(nccl_group(), {}), ops, between_processes;
+  for (const NcclOp& op : all) (op.comm->net ? between_processes : ops).push_back(op);
+  nccl_run_between_processes(between_processes);
   std::vector<bool> matched(ops.size(), false);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (!ops[i].send) continue;
@@ -133,8 +179,74 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int count, const int* gpus) {
   for (int i = 0; i < count; ++i) comms[i] = new ncclComm{i, count, gpus[i]};
   return ncclSuccess;
 }
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::atomic<unsigned> calls{0};
+  std::random_device entropy;
+  const unsigned long long bits =
+      (static_cast<unsigned long long>(entropy()) << 32) ^ entropy() ^
+      static_cast<unsigned long long>(::getpid()) ^
+      static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+      (static_cast<unsigned long long>(calls++) << 48);
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::snprintf(id->internal, sizeof id->internal, "%016llx", bits);
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int ranks, ncclUniqueId id, int rank) {
+  using namespace gpipe::test::cuda_emulation;
+  if (comm == nullptr || ranks < 1 || rank < 0 || rank >= ranks) return ncclInvalidArgument;
+  const std::string token(id.internal, strnlen(id.internal, sizeof id.internal));
+  if (token.empty()) return ncclInvalidArgument;
+  auto net = std::make_shared<RankNet>(token, rank, ranks);
+  if (!net->ok()) return ncclSystemError;
+  *comm = new ncclComm{rank, ranks, current_gpu(), std::move(net)};
+  return ncclSuccess;
+}
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm != nullptr && comm->net) comm->net->shut(/*goodbye=*/true);
   delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm != nullptr && comm->net) comm->net->shut(/*goodbye=*/false);
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* result) {
+  if (comm == nullptr || result == nullptr) return ncclInvalidArgument;
+  *result = comm->net && comm->net->failed() ? ncclRemoteError : ncclSuccess;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
+  *count = comm->ranks;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (comm == nullptr || rank == nullptr) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+// Sum of floats over a communicator between processes, on `stream`.
+ncclResult_t ncclAllReduce(const void* send, void* receive, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  using namespace gpipe::test::cuda_emulation;
+  if (comm == nullptr || stream == nullptr) return ncclInvalidArgument;
+  if (!comm->net || type != ncclFloat32 || op != ncclSum) {
+    std::fprintf(stderr,
+                 "nccl emulator: ncclAllReduce is emulated for ncclSum of ncclFloat32 on a "
+                 "communicator of ncclCommInitRank only\n");
+    return ncclInvalidUsage;
+  }
+  if (stream->gpu != comm->gpu) {
+    std::fprintf(stderr, "nccl emulator: stream of GPU %d with the communicator of GPU %d\n",
+                 stream->gpu, comm->gpu);
+    return ncclInvalidArgument;
+  }
+  stream->submit(
+      [net = comm->net, send, receive, count] {
+        net->allreduce_sum(static_cast<const float*>(send), static_cast<float*>(receive), count);
+      },
+      /*bookkeeping=*/true);
   return ncclSuccess;
 }
 ncclResult_t ncclGroupStart() {
@@ -163,6 +275,10 @@ const char* ncclGetErrorString(ncclResult_t result) {
       return "invalid argument";
     case ncclInvalidUsage:
       return "invalid usage";
+    case ncclSystemError:
+      return "unhandled system error (emulated: the ranks could not connect)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
     default:
       return "NCCL error (emulated)";
   }

@@ -113,6 +113,11 @@ struct CUstream_st {
     lock.unlock();
     ready.notify_all();
   }
+  // cudaStreamQuery: cudaErrorNotReady while work is pending, else the stream's error.
+  cudaError_t query() {
+    std::lock_guard lock(mutex);
+    return !ops.empty() || running ? cudaErrorNotReady : error;
+  }
   // Waits until every operation submitted so far has run; the stream's error, if any.
   cudaError_t synchronize() {
     std::unique_lock lock(mutex);
@@ -368,6 +373,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return gpipe::test::cuda_emulation::fail(cudaErrorInvalidResourceHandle);
   delete stream;
   return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return stream == nullptr ? cudaSuccess : stream->query();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return stream == nullptr ? cudaSuccess : stream->synchronize();
