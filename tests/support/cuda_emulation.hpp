@@ -5,6 +5,7 @@
 //   cuda_emulation/runtime.hpp  the CUDA runtime: GPUs, streams, events, memory, copies
 //   cuda_emulation/cublas.hpp   cuBLAS: cublasSgemm
 //   cuda_emulation/nccl.hpp     NCCL: communicators, grouped send/receive
+//   cuda_emulation/nccl_net.hpp NCCL between processes (ncclCommInitRank): ranks over sockets
 //
 // The model, and what it checks:
 //   - Two GPUs by default (machine().gpus, set before the first call), each with
@@ -33,7 +34,10 @@
 //     mantissas first); C is not read when beta is 0.
 //   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet on
 //     their streams (the send's stream waits until the receive has copied). The streams must be
-//     on the communicators' GPUs.
+//     on the communicators' GPUs. Between processes (each its own emulated machine, as MPI ranks
+//     are): ncclGetUniqueId + ncclCommInitRank, ncclSend/ncclRecv (a send completes with its
+//     receive), ncclAllReduce (float sum), ncclCommAbort and ncclCommGetAsyncError
+//     (ncclRemoteError once a peer is lost); see nccl_net.hpp.
 // Not modelled: timing, the pools' block reuse, peer access beyond pool grants (they count per GPU
 // pair, not per pool; cudaDeviceEnablePeerAccess does not exist here), the null stream's implicit
 // synchronization (it runs work at once on the calling thread), the GPU's math library rounding.
