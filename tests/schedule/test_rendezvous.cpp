@@ -66,6 +66,8 @@ static_assert(validate(gpipe::order_for_rendezvous(gpipe::make_interleaved_sched
                   .ok);
 static_assert(validate(crossed_sends()).ok);
 static_assert(validate(crossed_sends(), Sends::rendezvous).error == ValidationError::deadlock);
+static_assert(!gpipe::messages_in_order(crossed_sends()).ok);
+static_assert(gpipe::messages_in_order(gpipe::make_interleaved_schedule(2, 2, 3)).ok);
 
 }  // namespace
 
@@ -78,6 +80,7 @@ TEST_CASE("GPipe, 1F1B and ZB-H1 run with rendezvous sends as generated") {
         INFO("K = " << k << ", M = " << m << ": " << gpipe::describe(result));
         CHECK(result.ok);
         CHECK(gpipe::order_for_rendezvous(s) == s);
+        CHECK(gpipe::messages_in_order(s).ok);
       }
     }
   }
@@ -95,6 +98,9 @@ TEST_CASE("interleaved 1F1B needs its transfers reordered; then it runs under bo
         stalled += validate(s, Sends::rendezvous).ok ? 0 : 1;
         CHECK(validate(ordered, Sends::rendezvous).ok);
         CHECK(validate(ordered).ok);
+        // each pair's messages in one order on both sides, as NCCL matches them
+        CHECK(gpipe::messages_in_order(s).ok);
+        CHECK(gpipe::messages_in_order(ordered).ok);
         // the same ops on the same devices, compute ops in the same order
         for (std::size_t d = 0; d < k; ++d) {
           CHECK(ordered.ops[d].size() == s.ops[d].size());
@@ -114,6 +120,17 @@ TEST_CASE("interleaved 1F1B needs its transfers reordered; then it runs under bo
   }
   CHECK(checked == 8 * 3 * 16);
   CHECK(stalled > 0);  // the generator's own order does need it
+}
+
+TEST_CASE("messages a receiver posts in another order than its sender are found, by pair") {
+  // device 1 takes micro-batch 1's activation before micro-batch 0's; device 0 sends 0 first
+  const gpipe::MessageOrder order = gpipe::messages_in_order(crossed_sends());
+  CHECK_FALSE(order.ok);
+  CHECK(order.sender == 0);
+  CHECK(order.receiver == 1);
+  CHECK_FALSE(order.gradients);
+  // one micro-batch's messages cannot be out of order
+  CHECK(gpipe::messages_in_order(gpipe::make_1f1b_schedule(2, 1)).ok);
 }
 
 TEST_CASE("a schedule that needs buffered sends deadlocks under rendezvous, named at the send") {

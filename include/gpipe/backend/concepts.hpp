@@ -23,7 +23,9 @@
 //     is_local(d)            whether this process runs device d; the runtime issues only the
 //                            ops, allocations and parameter work of its own devices
 //     send(d, label, peer, tag, buffer)   on local device d: hands `buffer` (taken over when the
-//                            work runs) to device `peer`; a send never blocks the device
+//                            work runs) to device `peer`; a send never blocks the device. `tag`
+//                            names the message (the recv has the same); it is even for an
+//                            activation (to the next stage) and odd for a gradient
 //     receive(d, label, peer, tag, buffer, count, kind)   on local device d: `buffer` <- count
 //                            floats from `peer`, allocated there as `kind`
 //     broadcast(d, values)   collective, between steps: every process of the pipeline gets d's
@@ -50,8 +52,9 @@
 //     T::sends               Sends::buffered when a send never blocks (one process: the
 //                            receiver reads the sender's memory); Sends::rendezvous when a send
 //                            completes only with its recv (between processes, NCCL across
-//                            ranks): the Trainer then runs order_for_rendezvous(schedule) and
-//                            validates it under that rule (schedule/op.hpp).
+//                            ranks): the Trainer then runs order_for_rendezvous(schedule),
+//                            validates it under that rule (schedule/op.hpp) and requires
+//                            messages_in_order (NCCL matches a pair's messages by order).
 
 #include <concepts>
 #include <cstddef>

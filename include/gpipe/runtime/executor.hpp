@@ -277,7 +277,8 @@ class Executor {
   }
 
   // The tag of stage s's message for micro-batch mb: its output (activation) or its input
-  // gradient.
+  // gradient. Even for activations, odd for gradients: multi_process_backend's contract
+  // (mpi::CudaBackend keeps the two directions on separate NCCL communicators).
   static std::size_t message_tag(std::size_t s, std::size_t mb, std::size_t M, bool gradient) {
     return (s * M + mb) * 2 + (gradient ? 1 : 0);
   }

@@ -169,6 +169,16 @@ class Trainer {
     schedule_ = ScheduleKind::make(num_devices, options.micro_batches);
     if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
     require_valid(schedule_, sends);
+    if constexpr (sends == Sends::rendezvous) {
+      // rendezvous transports (NCCL) also match a pair's messages by the order they are posted
+      const MessageOrder order = messages_in_order(schedule_);
+      detail::require(order.ok, "the schedule's " +
+                                    std::string(order.gradients ? "gradients" : "activations") +
+                                    " from device " + std::to_string(order.sender) + " to device " +
+                                    std::to_string(order.receiver) +
+                                    " are received in another order than they are sent, and "
+                                    "this backend's transport (NCCL) matches them by order");
+    }
     issue_order_ = issue_order(schedule_);
     for (std::size_t s = 0; s < num_stages; ++s) {
       const std::size_t d = device_of_stage(s);

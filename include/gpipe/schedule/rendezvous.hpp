@@ -96,11 +96,60 @@ constexpr Repaired repair_for_rendezvous(Schedule schedule, RendezvousRepair rep
 
 }  // namespace detail
 
+/// Where `messages_in_order` finds a pair of devices whose messages of one direction are posted
+/// in different orders: `ok`, or the sender, the receiver and whether they are gradients.
+struct MessageOrder {
+  bool ok = true;            ///< every pair posts its messages in the same order
+  std::size_t sender = 0;    ///< the first pair that does not: its sending device
+  std::size_t receiver = 0;  ///< ... and its receiving device
+  bool gradients = false;    ///< ... in the gradient (backward) direction, else activations
+};
+
+/// Whether, between every two devices and in each direction (activations flow to the next stage,
+/// gradients to the previous one), the sender posts its sends in the order in which the receiver
+/// posts the matching recvs. NCCL matches the point-to-point messages of a pair of ranks on one
+/// communicator in the order they are posted, without tags, so a rendezvous transport with one
+/// communicator per direction (mpi::CudaBackend) needs this. Transfers within one device are
+/// local and not counted. GPipe, 1F1B and ZB-H1 always have it; interleaved schedules as
+/// generated too, and order_for_rendezvous keeps it where a reordering that has it exists.
+constexpr MessageOrder messages_in_order(const Schedule& schedule) {
+  const std::size_t k = schedule.num_devices;
+  // per (device, direction, peer): the messages, each (sending stage, micro-batch)
+  struct Message {
+    std::size_t stage, micro_batch;
+    constexpr bool operator==(const Message&) const = default;
+  };
+  std::vector<std::vector<Message>> sent(2 * k * k), received(2 * k * k);
+  const auto at = [k](std::size_t device, bool gradient, std::size_t peer) {
+    return (device * 2 + (gradient ? 1 : 0)) * k + peer;
+  };
+  for (std::size_t d = 0; d < k; ++d) {
+    for (const Op& op : schedule.ops[d]) {
+      const std::size_t s = schedule.stage_of(d, op.chunk);
+      const bool gradient = op.kind == OpKind::send_gradient || op.kind == OpKind::recv_gradient;
+      if (is_send(op.kind)) {
+        const std::size_t to = schedule.device_of_stage(gradient ? s - 1 : s + 1);
+        if (to != d) sent[at(d, gradient, to)].push_back({s, op.micro_batch});
+      } else if (is_recv(op.kind)) {
+        const std::size_t from_stage = gradient ? s + 1 : s - 1;
+        const std::size_t from = schedule.device_of_stage(from_stage);
+        if (from != d) received[at(d, gradient, from)].push_back({from_stage, op.micro_batch});
+      }
+    }
+  }
+  for (std::size_t a = 0; a < k; ++a)
+    for (const bool gradient : {false, true})
+      for (std::size_t b = 0; b < k; ++b)
+        if (a != b && sent[at(a, gradient, b)] != received[at(b, gradient, a)])
+          return {false, a, b, gradient};
+  return {};
+}
+
 /// `schedule` (valid with buffered sends), reordered to run with rendezvous sends; unchanged when
 /// it already does. Compute ops keep their order; only sends and recvs move. Of the two repairs
 /// (delay each blocking send past the next compute op of its list, or post its recv early), the
-/// one whose result the simulator times faster with equal op costs. Throws Error for an invalid
-/// schedule, or one neither repair saves.
+/// one whose result keeps `messages_in_order` if only one does, else the one the simulator times
+/// faster with equal op costs. Throws Error for an invalid schedule, or one neither repair saves.
 constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
   if (const ValidationResult buffered = validate(schedule); !buffered.ok)
     throw Error("gpipe: order_for_rendezvous needs a valid schedule; " + describe(buffered));
@@ -110,10 +159,14 @@ constexpr Schedule order_for_rendezvous(const Schedule& schedule) {
       detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::delay_send);
   const detail::Repaired posted =
       detail::repair_for_rendezvous(schedule, detail::RendezvousRepair::post_recv);
-  if (delayed.ok && posted.ok)
+  if (delayed.ok && posted.ok) {
+    const bool delayed_in_order = messages_in_order(delayed.schedule).ok;
+    if (delayed_in_order != messages_in_order(posted.schedule).ok)
+      return delayed_in_order ? delayed.schedule : posted.schedule;
     return simulate(posted.schedule).makespan < simulate(delayed.schedule).makespan
                ? posted.schedule
                : delayed.schedule;
+  }
   if (delayed.ok) return delayed.schedule;
   if (posted.ok) return posted.schedule;
   throw Error("gpipe: no reordering of transfers runs this schedule with rendezvous sends: " +

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,8 +73,9 @@ inline std::size_t nccl_size(ncclDataType_t type) {
   }
 }
 // The group's operations on communicators between processes, as one host function per stream:
-// its sends are written first, then its receives wait for their messages, then the sends wait
-// for their receivers (so a group may hold both halves of an exchange with a peer).
+// its sends are written first, then its receives take their messages as they arrive, then the
+// sends wait for their receivers (so a group may hold both halves of an exchange with a peer,
+// and none of its operations waits behind another, as in NCCL).
 inline void nccl_run_between_processes(const std::vector<NcclOp>& ops) {
   std::vector<cudaStream_t> streams;
   for (const NcclOp& op : ops)
@@ -95,9 +97,23 @@ inline void nccl_run_between_processes(const std::vector<NcclOp>& ops) {
             if (parts[i].op.send)
               posted[i] = parts[i].net->post(parts[i].op.peer, RankNet::data_message,
                                              parts[i].op.buffer, parts[i].op.bytes);
-          for (const Part& p : parts)
-            if (!p.op.send)
-              p.net->receive(p.op.peer, RankNet::data_message, p.op.buffer, p.op.bytes);
+          // the receives progress as their messages arrive, not in the group's order
+          std::vector<bool> pending(parts.size(), false);
+          std::size_t left = 0;
+          for (std::size_t i = 0; i < parts.size(); ++i)
+            if (!parts[i].op.send) pending[i] = true, ++left;
+          while (left > 0) {
+            bool progressed = false;
+            for (std::size_t i = 0; i < parts.size(); ++i) {
+              if (!pending[i]) continue;
+              const Part& p = parts[i];
+              if (p.net->try_receive(p.op.peer, RankNet::data_message, p.op.buffer, p.op.bytes,
+                                     /*wait=*/left == 1) == RankNet::Progress::not_yet)
+                continue;
+              pending[i] = false, --left, progressed = true;
+            }
+            if (!progressed && left > 1) std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
           for (std::size_t i = 0; i < parts.size(); ++i)
             if (posted[i]) parts[i].net->wait_ack(parts[i].op.peer);
         },

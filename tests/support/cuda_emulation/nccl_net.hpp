@@ -8,7 +8,9 @@
 //               with its receive, so a send before a receive that its peer issues after its own
 //               send never completes)
 //   receive     waits for the peer's next message (messages between two ranks keep their order),
-//               checks its size, copies it and acknowledges it
+//               checks its size, copies it and acknowledges it; the receives of one group take
+//               their messages in the order they arrive (NCCL runs a group's operations
+//               together, so none waits behind another's)
 //   all-reduce  (sum) every rank sends its array to every other, then adds all of them in rank
 //               order, so that every rank gets the same bits
 //   abort       ncclCommAbort: closes the connections without a goodbye and ends this rank's
@@ -25,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -98,23 +101,42 @@ class RankNet {
   // Waits for `peer`'s next message of `kind`, copies it to `data` (which must hold exactly
   // `bytes`) and, for a data message, acknowledges it.
   bool receive(int peer, std::uint32_t kind, void* data, std::size_t bytes) {
+    for (;;) {
+      const Progress p = try_receive(peer, kind, data, bytes, /*wait=*/true);
+      if (p != Progress::not_yet) return p == Progress::done;
+    }
+  }
+  enum class Progress { done, not_yet, failed };
+  // receive without waiting when `wait` is false: not_yet while `peer`'s message has not arrived.
+  // A group's receives use it to progress in the order their messages arrive, as NCCL runs a
+  // group's operations together.
+  Progress try_receive(int peer, std::uint32_t kind, void* data, std::size_t bytes, bool wait) {
     Peer& p = peers_[static_cast<std::size_t>(peer)];
     std::vector<char> message;
     {
       std::unique_lock lock(mutex_);
       std::deque<std::vector<char>>& box = kind == data_message ? p.inbox : p.collective_inbox;
-      changed_.wait(lock, [&] { return !box.empty() || p.gone || stopping_; });
-      if (box.empty()) return fail();
+      if (wait) changed_.wait(lock, [&] { return !box.empty() || p.gone || stopping_; });
+      if (box.empty()) {
+        if (!p.gone && !stopping_) return Progress::not_yet;
+        fail();
+        return Progress::failed;
+      }
       message = std::move(box.front());
       box.pop_front();
     }
     if (message.size() != bytes) {
       std::fprintf(stderr, "nccl emulator: rank %d received %zu bytes from rank %d, expected %zu\n",
                    rank_, message.size(), peer, bytes);
-      return fail();
+      fail();
+      return Progress::failed;
     }
     if (bytes > 0) std::memcpy(data, message.data(), bytes);
-    return kind == data_message ? post(peer, ack_message, nullptr, 0) || fail() : true;
+    if (kind == data_message && !post(peer, ack_message, nullptr, 0)) {
+      fail();
+      return Progress::failed;
+    }
+    return Progress::done;
   }
   // out[i] = sum over the ranks of their in[i], added in rank order.
   bool allreduce_sum(const float* in, float* out, std::size_t count) {
@@ -191,6 +213,7 @@ class RankNet {
     const char* p = static_cast<const char*>(data);
     while (bytes > 0) {
       const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return false;
       p += n;
       bytes -= static_cast<std::size_t>(n);
@@ -201,6 +224,7 @@ class RankNet {
     char* p = static_cast<char*>(data);
     while (bytes > 0) {
       const ssize_t n = ::recv(fd, p, bytes, 0);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return false;
       p += n;
       bytes -= static_cast<std::size_t>(n);
@@ -265,6 +289,8 @@ class RankNet {
         if (!whole && !shut_) {
           p.lost = true;
           failed_ = true;
+          std::fprintf(stderr, "nccl emulator: rank %d lost rank %d (communicator %s)\n", rank_,
+                       peer, token_.c_str());
         }
         changed_.notify_all();
         return;

@@ -88,6 +88,9 @@ struct BackendOptions {
   /// copies. Needs a build with NCCL (GPIPE_CUDA_NCCL=1, set by the CMake target gpipe::cuda when
   /// NCCL is found); transfers between virtual devices of one GPU stay device-to-device copies.
   bool nccl = false;
+  /// The number that device 0 goes by in error messages (device d is first_device + d): a backend
+  /// that runs one device of a larger pipeline (mpi::CudaBackend) names it as the pipeline does.
+  std::size_t first_device = 0;
 };
 
 /// A marker in a virtual device's compute stream; copyable handle (all copies are the same
@@ -207,6 +210,8 @@ class Backend {
   std::size_t num_devices() const { return devices_.size(); }
   /// The options as given at construction (an empty `gpus` stays empty: it means d % count).
   const Options& options() const { return options_; }
+  /// The host time that traces and timings count microseconds from: the backend's construction.
+  std::chrono::steady_clock::time_point epoch() const { return epoch_; }
   /// The CUDA device ordinal of a virtual device.
   int gpu(std::size_t device) const { return state(device).gpu->id; }
 
@@ -293,7 +298,7 @@ class Backend {
       fail(std::make_exception_ptr(
                Error("gpipe: it waits for an event that is never recorded; the device's work "
                      "after the wait was dropped")),
-           describe(queues_[d].front().label, d));
+           describe(queues_[d].front().label, options_.first_device + d));
       queues_[d].clear();
     }
     if (const std::string error = wait_for_streams(); !error.empty() && !failure_.error)
@@ -509,7 +514,7 @@ class Backend {
           break;
       }
     } catch (...) {
-      fail(std::current_exception(), describe(item.label, d));
+      fail(std::current_exception(), describe(item.label, options_.first_device + d));
     }
   }
 

@@ -1,0 +1,647 @@
+#pragma once
+// gpipe::mpi::CudaBackend: one GPU per MPI rank. The layout, the fault protocol and the merged
+// trace are mpi::Backend's (detail::MpiControl: R replicas x K devices, rank r is device r % K
+// of replica r / K); the rank's device is a one-device cuda::Backend on GPU
+// Options::gpu (default: the rank's index among the ranks of its machine, modulo the GPUs there).
+// Activations and gradients move between ranks' GPUs with NCCL, bootstrapped over MPI (rank 0 of
+// each communicator calls ncclGetUniqueId, MPI_Bcast hands the id out, every rank calls
+// ncclCommInitRank): two communicators per replica's pipeline for ncclSend/ncclRecv, one for
+// activations (even tags) and one for gradients (odd tags), and one per device's replicas for
+// ncclAllReduce.
+//   send/receive  queued as they are issued; a run of them with no other work between is one
+//                 NCCL group (ncclGroupStart/End) on the rank's communication stream, after an
+//                 event of the compute stream (the sent data exist, the received buffers are
+//                 allocated), and the compute stream waits for a group that receives. NCCL sends
+//                 complete only with their receives (Sends::rendezvous): the Trainer orders and
+//                 validates its schedule for that (order_for_rendezvous). A sent buffer is freed
+//                 once its group has completed.
+//   messages      NCCL matches a pair's messages on a communicator in the order they are posted,
+//                 without tags. With one communicator per direction that is the order of
+//                 messages_in_order (schedule/rendezvous.hpp), which the Trainer requires; every
+//                 step, finish_step also checks with MPI that what each rank sent to each peer
+//                 in each direction (tags and sizes, hashed) is what that peer received.
+//   gradient sums ncclAllReduce on a third stream, started as each stage's last backward is done
+//                 (expect_reductions, start_reduction), completed by finish_step.
+//   faults        as mpi::Backend (a failing rank tells the others at once; finish_step is the
+//                 agreement); a rank that knows of a failure, or waits past Options::peer_timeout,
+//                 aborts its NCCL communicators (ncclCommAbort) so that no stream waits forever,
+//                 and after a failed step every rank makes new ones.
+// MPI is called by the thread that calls the backend (a cuda::Backend's work runs there).
+
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
+#error \
+    "gpipe/backend/mpi/cuda_backend.cuh is CUDA code: compile it with nvcc (see gpipe/mpi_cuda.cuh)"
+#endif
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/cuda/backend.cuh"
+#include "gpipe/backend/mpi/backend.hpp"
+#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/schedule/op.hpp"
+
+#if !GPIPE_CUDA_NCCL
+#error \
+    "gpipe::mpi::CudaBackend needs NCCL (GPIPE_CUDA_NCCL=1: link gpipe::cuda where NCCL is found)"
+#endif
+
+namespace gpipe::transport {
+
+/// The transport of `gpipe::mpi::CudaBackend`: NCCL between ranks, whose sends complete only with
+/// their receives. The executor hands data over with the backend's send and receive; `receive`
+/// here is never called (a rank has one device).
+struct NcclRanks {
+  /// NCCL point-to-point: a send completes only together with its receive.
+  static constexpr Sends sends = Sends::rendezvous;
+
+  /// Not used across processes: throws `gpipe::Error`.
+  template <class T>
+  static void receive(cuda::Kernels&, const T*, T*, std::size_t) {
+    throw Error(
+        "gpipe: transport::NcclRanks hands data over with mpi::CudaBackend's send and "
+        "receive, not between devices of one process");
+  }
+};
+
+}  // namespace gpipe::transport
+
+namespace gpipe::detail {
+
+inline void check_nccl(ncclResult_t result, const char* call) {
+  if (result == ncclSuccess) return;
+  throw Error(std::string("gpipe: ") + call + " failed: " + ncclGetErrorString(result));
+}
+inline void check_cuda(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw Error(std::string("gpipe: ") + call + " failed: " + cudaGetErrorName(error) + " (" +
+              cudaGetErrorString(error) + ")");
+}
+
+}  // namespace gpipe::detail
+
+namespace gpipe::mpi {
+
+/// Construction options of an mpi::CudaBackend, the same on every rank (but `gpu`).
+struct CudaBackendOptions {
+  std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
+  std::size_t device_capacity = 0;  ///< bytes this rank may hold on its GPU; 0 = no cap
+  /// How long a rank waits for its peers before it fails the step (and aborts its NCCL
+  /// communicators): a peer that died or hangs ends the step here within this time. A peer that
+  /// throws ends it at once.
+  std::chrono::seconds peer_timeout{600};
+  /// CUDA device ordinal of this rank's GPU; -1: the rank's index among the ranks on its machine,
+  /// modulo the GPUs there (one rank per GPU when launched with as many ranks per node as GPUs).
+  int gpu = -1;
+  bool tf32 = false;  ///< TF32 tensor-core GEMMs (cuda::BackendOptions::tf32)
+};
+
+/// One GPU per MPI rank: a `gpipe::data_parallel_backend` (backend/concepts.hpp) like
+/// mpi::Backend, whose ranks run their device on a one-device cuda::Backend and hand activations
+/// and gradients to each other with NCCL (see the top of gpipe/backend/mpi/cuda_backend.cuh).
+/// Device arguments name pipeline devices 0..K-1; one that is not this rank's throws
+/// `gpipe::Error`, except where a member says otherwise. Not thread-safe: one thread calls it.
+///
+///     gpipe::mpi::CudaBackend backend(argc, argv);  // mpirun -n K ./train, a GPU per rank
+class CudaBackend {
+ public:
+  /// The CUDA backend's kernel context: a rank's device is a GPU.
+  using Kernels = cuda::Kernels;
+  /// Orders work within this rank's device (across ranks, messages do).
+  using Event = cuda::Event;
+  /// Owning handle of `count` elements of `T` on this rank's GPU.
+  template <class T>
+  using Buffer = cuda::Buffer<T>;
+  /// A piece of work: runs on the calling thread and enqueues on this rank's streams.
+  using Work = cuda::Backend::Work;
+  /// Construction options: replicas, capacity, peer timeout, GPU, TF32.
+  using Options = CudaBackendOptions;
+  /// NCCL between ranks: rendezvous sends.
+  using transport = gpipe::transport::NcclRanks;
+
+  /// The backend's name as the runtime tests it.
+  static constexpr std::string_view name = "mpi-cuda";
+
+  /// MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
+  /// finalizes it when the backend goes. Collective.
+  CudaBackend(int& argc, char**& argv, Options options = {})
+      : session_(std::make_unique<Session>(argc, argv)),
+        control_(MPI_COMM_WORLD, options.data_parallel, options.peer_timeout),
+        local_(1, local_options(control_, options)) {
+    start();
+  }
+  /// On the caller's communicator, MPI initialized by the caller. Collective.
+  explicit CudaBackend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
+      : control_(comm, options.data_parallel, options.peer_timeout),
+        local_(1, local_options(control_, options)) {
+    start();
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+  /// Aborts the NCCL communicators (nothing waits for a peer any more), drops work not yet issued
+  /// and releases every resource.
+  ~CudaBackend() {
+    group_.clear();
+    bool busy = false;
+    for (cudaStream_t s : {compute_stream_, comm_stream_, reduce_stream_})
+      if (s != nullptr && cudaStreamQuery(s) == cudaErrorNotReady) busy = true;
+    if (busy) {
+      abort_communicators();  // nothing may wait for a peer now
+    } else {
+      for (ncclComm_t c : {activations_nccl_, gradients_nccl_, replicas_nccl_})
+        if (c != nullptr) (void)ncclCommDestroy(c);
+    }
+    try {
+      wait_for_streams(/*abort_on_failure=*/false);
+      local_.cancel();
+    } catch (...) {  // a destructor reports nothing
+    }
+    pending_.clear();
+    for (cudaStream_t* s : {&comm_stream_, &reduce_stream_})
+      if (*s != nullptr) (void)cudaStreamDestroy(*s);
+  }
+
+  /// One device per rank: world rank r is device r % K of replica r / K.
+  std::size_t num_devices() const { return control_.devices(); }
+  /// Ranks in the communicator: R replicas x K devices.
+  std::size_t world_size() const { return control_.size(); }
+  /// This process's rank in the communicator (rank 0 writes the files of a collective save).
+  std::size_t rank() const { return control_.rank(); }
+  /// The pipeline device this rank runs: rank() % K.
+  std::size_t device() const { return control_.device(); }
+  /// R, the pipeline replicas (Options::data_parallel).
+  std::size_t replicas() const { return control_.replicas(); }
+  /// The replica this rank belongs to: rank() / K.
+  std::size_t replica() const { return control_.replica(); }
+  /// The CUDA device ordinal of this rank's GPU.
+  int gpu() const { return local_.gpu(0); }
+  /// Whether this rank runs `device`; any device number is accepted.
+  bool is_local(std::size_t device) const { return device == control_.device(); }
+  /// The communicator given at construction.
+  MPI_Comm communicator() const { return control_.comm(); }
+
+  /// Bytes of this rank's device, as cuda::Backend::memory_stats counts them.
+  MemoryStats memory_stats(std::size_t device) const {
+    return local_.memory_stats(control_.local(device));
+  }
+  /// Sets this rank's device's peaks to its current use.
+  void reset_peak() { local_.reset_peak(); }
+
+  /// `count` uninitialized elements on this rank's GPU, stream-ordered, counted under `kind`.
+  template <class T>
+  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
+    return local_.template allocate<T>(control_.local(device), count, kind);
+  }
+  /// As cuda::Backend::submit on this rank's device, after the sends and receives issued before
+  /// it have been posted. Work that throws tells every other rank at once.
+  void submit(std::size_t device, WorkLabel label, Work work) {
+    local_.submit(control_.local(device), label, [this, work = std::move(work)](Kernels& k) {
+      try {
+        post_group(k);
+        work(k);
+      } catch (...) {
+        if (!control_.stopped_for_peer()) control_.announce_failure();
+        throw;
+      }
+    });
+  }
+  /// As cuda::Backend::record, on this rank's device (after the transfers issued before it).
+  void record(std::size_t device, const Event& event) {
+    flush(device);
+    local_.record(0, event);
+  }
+  /// As cuda::Backend::wait, on this rank's device (after the transfers issued before it).
+  void wait(std::size_t device, const Event& event) {
+    flush(device);
+    local_.wait(0, event);
+  }
+
+  /// On `device` (this rank's), after the work before it: sends src's floats to `peer`'s rank
+  /// (ncclSend), and takes src over until the send completes. `tag` names the message: the peer's
+  /// receive must have the same one, in the same order (checked by finish_step).
+  void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
+            Buffer<float>& src) {
+    control_.check_peer(peer, tag);
+    local_.submit(control_.local(device), label, [this, peer, tag, &src](Kernels&) {
+      Transfer t{.send = true, .peer = peer, .tag = tag, .count = src.size()};
+      t.buffer = std::move(src);
+      t.data = t.buffer.data();
+      note_message(sent_hashes_, t);
+      group_.push_back(std::move(t));
+    });
+  }
+  /// On `device`, after the work before it: dst <- `count` floats from `peer`'s rank (ncclRecv),
+  /// into memory allocated here (counted as `kind`).
+  void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
+               Buffer<float>& dst, std::size_t count, MemoryKind kind) {
+    control_.check_peer(peer, tag);
+    local_.submit(control_.local(device), label,
+                  [this, device, peer, tag, &dst, count, kind](Kernels&) {
+                    dst = allocate<float>(device, count, kind);
+                    Transfer t{.send = false, .peer = peer, .tag = tag, .count = count};
+                    t.data = dst.data();
+                    note_message(received_hashes_, t);
+                    group_.push_back(std::move(t));
+                  });
+  }
+
+  /// Collective over this replica's ranks, between steps: each gets the values (host memory) of
+  /// `device`'s rank.
+  void broadcast(std::size_t device, std::span<float> values) {
+    control_.broadcast(device, values);
+  }
+  /// Between steps, with `peer`'s rank of this replica: sends `mine` and receives `theirs` (host
+  /// memory).
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
+    control_.exchange(peer, mine, theirs);
+  }
+  /// Collective over the replicas, between steps: host `values` <- their sum over the replicas.
+  void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
+
+  /// The step's gradient sums over the replicas (arrays on this rank's GPU), in the order
+  /// start_reduction will start them; each an ncclAllReduce in place, completed by finish_step.
+  /// After a failure finish_step starts those not yet started, so that every rank starts the
+  /// same ones in the same order.
+  void expect_reductions(std::vector<std::span<float>> values) {
+    detail::require(reductions_started_ == reductions_.size(),
+                    "mpi::CudaBackend: a step's gradient sums are still open");
+    reductions_ = std::move(values);
+    reductions_started_ = 0;
+  }
+  /// On this rank's `device`, after the work submitted before it: starts the next sum that
+  /// expect_reductions() announced.
+  void start_reduction(std::size_t device, WorkLabel label) {
+    submit(device, label, [this](Kernels& k) { start_next_reduction(k.stream()); });
+  }
+
+  /// Traces and timings count microseconds from one origin on every rank.
+  void set_tracing(bool on) { local_.set_tracing(on); }
+  /// Collective over the world: every rank's work since the last call, one merged trace whose
+  /// events' device is their rank.
+  std::vector<TraceEvent> take_trace() {
+    flush(control_.device());
+    return control_.gather_trace(local_.take_trace());
+  }
+  /// Collective over this replica's ranks: each device's compute time since the last call.
+  std::vector<ComputeTiming> take_timing() {
+    flush(control_.device());
+    return control_.gather_timing(local_.take_timing().front());
+  }
+
+  /// Drops this rank's work not yet issued and waits for its streams (aborting its NCCL
+  /// communicators if this rank failed or a peer did); local: it tells no other rank.
+  void cancel() {
+    flush(control_.device());
+    wait_for_streams(/*abort_on_failure=*/true);
+    local_.cancel();
+    group_.clear();
+    pending_.clear();
+  }
+  /// Waits for this rank's work and its transfers; rethrows the first failure on this rank.
+  void synchronize() {
+    flush(control_.device());
+    wait_for_streams(/*abort_on_failure=*/true);
+    local_.synchronize();
+    pending_.clear();
+  }
+
+  /// Collective, at the end of a step: waits for this rank's work and transfers, checks that
+  /// every pair of ranks posted the same messages in the same order, then the ranks agree whether
+  /// any failed; if one did, every rank throws the same Error (rank, stage, micro-batch and the
+  /// original message) and all make new NCCL communicators.
+  void finish_step() {
+    std::string message;
+    try {
+      synchronize();
+    } catch (...) {
+      message = detail::MpiControl::message_of(std::current_exception());
+    }
+    try {
+      complete_reductions();
+    } catch (...) {
+      if (message.empty()) message = detail::MpiControl::message_of(std::current_exception());
+    }
+    // after a failure the ranks' messages differ anyway; the failure is what to report
+    std::string order = check_message_order();
+    if (message.empty() && !aborted_) message = std::move(order);
+    agree(std::move(message));
+  }
+  /// Collective, instead of finish_step, when issuing this rank's part of a step failed: tells
+  /// the other ranks, drops the work, and joins the agreement; throws the agreed Error.
+  [[noreturn]] void abort_step(std::exception_ptr failure) {
+    control_.announce_failure();
+    try {
+      cancel();
+      complete_reductions();
+    } catch (...) {  // the failure to report is `failure`
+    }
+    (void)check_message_order();
+    agree(detail::MpiControl::message_of(failure));
+    throw Error("gpipe: rank " + std::to_string(control_.rank()) + " failed");  // agree threw
+  }
+
+ private:
+  struct Transfer {
+    bool send = false;
+    std::size_t peer = 0, tag = 0, count = 0;
+    float* data = nullptr;
+    Buffer<float> buffer = {};  ///< a send's data, kept until its group completes
+  };
+  struct PendingSends {
+    std::vector<Buffer<float>> buffers;
+    cudaEvent_t done = nullptr;  ///< recorded after the group on the communication stream
+    PendingSends() = default;
+    PendingSends(PendingSends&& other) noexcept
+        : buffers(std::move(other.buffers)), done(std::exchange(other.done, nullptr)) {}
+    PendingSends& operator=(PendingSends&& other) noexcept {
+      if (this != &other) {
+        release();
+        buffers = std::move(other.buffers);
+        done = std::exchange(other.done, nullptr);
+      }
+      return *this;
+    }
+    ~PendingSends() { release(); }
+    /// Waits for the group (its streams are idle or its communicator aborted when this runs),
+    /// then frees the buffers.
+    void release() {
+      if (done != nullptr) {
+        (void)cudaEventSynchronize(done);
+        (void)cudaEventDestroy(done);
+        done = nullptr;
+      }
+      buffers.clear();
+    }
+  };
+
+  static cuda::BackendOptions local_options(const detail::MpiControl& control,
+                                            const Options& options) {
+    int gpu = options.gpu;
+    if (gpu < 0) {
+      MPI_Comm node = MPI_COMM_NULL;
+      detail::check_mpi(
+          MPI_Comm_split_type(control.comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
+      int local_rank = 0;
+      MPI_Comm_rank(node, &local_rank);
+      MPI_Comm_free(&node);
+      const int count = cuda::device_count();
+      gpu = count > 0 ? local_rank % count : 0;  // none: cuda::Backend says so
+    }
+    return {.device_capacity = options.device_capacity,
+            .gpus = {gpu},
+            .tf32 = options.tf32,
+            .first_device = control.device()};
+  }
+
+  void start() {
+    control_.align_clocks(local_.epoch());
+    local_.submit(0, {.what = "set up NCCL streams", .internal = true},
+                  [this](Kernels& k) { compute_stream_ = k.stream(); });
+    local_.synchronize();
+    detail::check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
+    detail::check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags");
+    detail::check_cuda(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags");
+    sent_hashes_.assign(2 * control_.devices(), 0);
+    received_hashes_.assign(2 * control_.devices(), 0);
+    make_communicators();
+  }
+
+  /// Collective over `comm`: an NCCL communicator of the same ranks.
+  ncclComm_t nccl_over(MPI_Comm comm) {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    ncclUniqueId id{};
+    if (rank == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm), "MPI_Bcast");
+    detail::check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
+    ncclComm_t nccl = nullptr;
+    detail::check_nccl(ncclCommInitRank(&nccl, size, id, rank), "ncclCommInitRank");
+    return nccl;
+  }
+  /// Collective: the pipeline's (one per direction) and (with replicas) the replicas'
+  /// communicators.
+  void make_communicators() {
+    if (control_.devices() > 1) {
+      activations_nccl_ = nccl_over(control_.pipeline());
+      gradients_nccl_ = nccl_over(control_.pipeline());
+    }
+    if (control_.replicas() > 1) replicas_nccl_ = nccl_over(control_.replicas_comm());
+    aborted_ = false;
+  }
+  /// Local: ends every NCCL operation of this rank that still waits (ncclCommAbort).
+  void abort_communicators() {
+    for (ncclComm_t* c : {&activations_nccl_, &gradients_nccl_, &replicas_nccl_}) {
+      if (*c != nullptr) (void)ncclCommAbort(*c);
+      *c = nullptr;
+    }
+    aborted_ = true;
+  }
+  /// Whether NCCL reports a failed peer on a communicator of this rank.
+  bool nccl_failed() const {
+    for (ncclComm_t c : {activations_nccl_, gradients_nccl_, replicas_nccl_}) {
+      ncclResult_t result = ncclSuccess;
+      if (c != nullptr && ncclCommGetAsyncError(c, &result) == ncclSuccess &&
+          result != ncclSuccess && result != ncclInProgress)
+        return true;
+    }
+    return false;
+  }
+
+  /// Folds a transfer's tag and size into the running hash of the messages to or from its peer
+  /// in its direction (the tag's parity).
+  static void note_message(std::vector<std::uint64_t>& hashes, const Transfer& t) {
+    std::uint64_t& h = hashes[2 * t.peer + (t.tag & 1u)];
+    for (const std::uint64_t v :
+         {static_cast<std::uint64_t>(t.tag), static_cast<std::uint64_t>(t.count)})
+      h = (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+  }
+  /// Collective over this replica's ranks: "" when every rank received from each peer exactly
+  /// what that peer sent to it, in order, this step; else the first mismatch this rank sees.
+  /// Resets the hashes.
+  std::string check_message_order() {
+    const std::size_t k = control_.devices();
+    std::vector<std::uint64_t> sent_to_me(2 * k, 0);
+    const int status = MPI_Alltoall(sent_hashes_.data(), 2, MPI_UINT64_T, sent_to_me.data(), 2,
+                                    MPI_UINT64_T, control_.pipeline());
+    std::string out;
+    if (status != MPI_SUCCESS) out = "gpipe: MPI_Alltoall failed while checking NCCL messages";
+    for (std::size_t i = 0; i < 2 * k && out.empty(); ++i)
+      if (sent_to_me[i] != received_hashes_[i])
+        out = "gpipe: the NCCL " + std::string(i % 2 == 1 ? "gradients" : "activations") +
+              " from device " + std::to_string(i / 2) + " to device " +
+              std::to_string(control_.device()) +
+              " were posted in another order (or with other sizes) by the receiver than by the "
+              "sender: NCCL has no tags, so the schedule must post each pair's messages in the "
+              "same order on both sides";
+    sent_hashes_.assign(2 * k, 0);
+    received_hashes_.assign(2 * k, 0);
+    return out;
+  }
+
+  /// From work on the compute stream `compute`: posts the queued transfers as one NCCL group on
+  /// the communication stream, after what the compute stream has issued; the compute stream
+  /// waits for the group if it receives.
+  void post_group(Kernels& k) { post_group(k.stream()); }
+  void post_group(cudaStream_t compute) {
+    if (group_.empty()) return;
+    std::vector<Transfer> group = std::move(group_);
+    group_.clear();
+    if (activations_nccl_ == nullptr) {
+      if (aborted_) return;  // a failed step: its transfers are dropped, the step fails anyway
+      throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its devices");
+    }
+    cudaEvent_t ready = nullptr, done = nullptr;
+    detail::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    detail::check_cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
+    detail::check_cuda(cudaStreamWaitEvent(comm_stream_, ready, 0), "cudaStreamWaitEvent");
+    (void)cudaEventDestroy(ready);
+    detail::check_nccl(ncclGroupStart(), "ncclGroupStart");
+    bool receives = false;
+    for (const Transfer& t : group) {
+      const int peer = static_cast<int>(t.peer);
+      ncclComm_t comm = (t.tag & 1u) != 0 ? gradients_nccl_ : activations_nccl_;
+      const ncclResult_t posted =
+          t.send ? ncclSend(t.data, t.count, ncclFloat32, peer, comm, comm_stream_)
+                 : ncclRecv(t.data, t.count, ncclFloat32, peer, comm, comm_stream_);
+      if (posted != ncclSuccess) {
+        (void)ncclGroupEnd();
+        detail::check_nccl(posted, t.send ? "ncclSend" : "ncclRecv");
+      }
+      receives = receives || !t.send;
+    }
+    detail::check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    detail::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    detail::check_cuda(cudaEventRecord(done, comm_stream_), "cudaEventRecord");
+    if (receives) detail::check_cuda(cudaStreamWaitEvent(compute, done, 0), "cudaStreamWaitEvent");
+    PendingSends sends;
+    sends.done = done;
+    for (Transfer& t : group)
+      if (t.send) sends.buffers.push_back(std::move(t.buffer));
+    pending_.push_back(std::move(sends));
+    release_completed_sends();
+  }
+  /// Posts the queued transfers from a piece of work on `device` (outside other work).
+  void flush(std::size_t device) {
+    local_.submit(control_.local(device), {.what = "post transfers", .internal = true},
+                  [this](Kernels& k) { post_group(k); });
+  }
+  /// Frees the buffers of send groups that have completed.
+  void release_completed_sends() {
+    std::erase_if(pending_,
+                  [](const PendingSends& p) { return cudaEventQuery(p.done) == cudaSuccess; });
+  }
+
+  /// Starts the next expected gradient sum on the reduction stream, after `compute`'s work.
+  void start_next_reduction(cudaStream_t compute) {
+    if (reductions_started_ == reductions_.size()) return;
+    const std::span<float> values = reductions_[reductions_started_++];
+    if (replicas_nccl_ == nullptr) {
+      if (aborted_) return;
+      throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its replicas");
+    }
+    cudaEvent_t ready = nullptr;
+    detail::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    detail::check_cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
+    detail::check_cuda(cudaStreamWaitEvent(reduce_stream_, ready, 0), "cudaStreamWaitEvent");
+    (void)cudaEventDestroy(ready);
+    detail::check_nccl(ncclAllReduce(values.data(), values.data(), values.size(), ncclFloat32,
+                                     ncclSum, replicas_nccl_, reduce_stream_),
+                       "ncclAllReduce");
+  }
+  /// Between steps: starts the expected sums not started, then waits for all of them.
+  void complete_reductions() {
+    while (reductions_started_ < reductions_.size()) start_next_reduction(compute_stream_);
+    reductions_.clear();
+    reductions_started_ = 0;
+    wait_for_streams(/*abort_on_failure=*/true);
+  }
+
+  /// Waits until this rank's streams are idle. With abort_on_failure, once this rank or another
+  /// has failed, NCCL reports a lost peer, or Options::peer_timeout passes, it aborts the NCCL
+  /// communicators first, so that no operation waits for a peer forever; the caller's
+  /// finish_step then fails the step.
+  void wait_for_streams(bool abort_on_failure) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      bool busy = false;
+      for (cudaStream_t s : {compute_stream_, comm_stream_, reduce_stream_})
+        if (s != nullptr && cudaStreamQuery(s) == cudaErrorNotReady) busy = true;
+      if (!busy) break;
+      if (abort_on_failure && !aborted_) {
+        const char* reason = nullptr;
+        if (control_.announced())
+          reason = "this rank failed";
+        else if (control_.peer_failed())
+          reason = "another rank failed";
+        else if (nccl_failed())
+          reason = "NCCL reported a failed peer (ncclCommGetAsyncError)";
+        else if (std::chrono::steady_clock::now() - start > control_.peer_timeout())
+          reason = "a peer was silent too long";
+        if (reason != nullptr) {
+          if (!control_.announced()) control_.stop_for_peer();
+          abort_communicators();
+          abort_reason_ = reason;
+        }
+      }
+      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    (void)cudaGetLastError();
+    release_completed_sends();
+  }
+
+  /// The step's agreement; after a failed step (anywhere) every rank makes new communicators.
+  void agree(std::string message) {
+    if (message.empty() && aborted_)
+      message = abort_reason_ == std::string_view("a peer was silent too long")
+                    ? "gpipe: no message from a peer within " +
+                          std::to_string(control_.peer_timeout().count()) +
+                          " s (Options::peer_timeout): is every rank alive?"
+                    : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
+                          abort_reason_;
+    try {
+      control_.agree(std::move(message));
+    } catch (...) {
+      abort_reason_ = "";
+      abort_communicators();
+      make_communicators();
+      throw;
+    }
+  }
+
+  std::unique_ptr<Session> session_;  ///< set when this backend initialized MPI: finalized last
+  detail::MpiControl control_;        ///< layout, tags, faults, clocks
+  cuda::Backend local_;               ///< the rank's device
+  cudaStream_t compute_stream_ = nullptr;  ///< local_'s compute stream
+  cudaStream_t comm_stream_ = nullptr;     ///< NCCL sends and receives
+  cudaStream_t reduce_stream_ = nullptr;   ///< NCCL gradient sums
+  ncclComm_t activations_nccl_ = nullptr;  ///< this replica's ranks (rank = device): activations
+  ncclComm_t gradients_nccl_ = nullptr;    ///< the same ranks: gradients
+  ncclComm_t replicas_nccl_ = nullptr;     ///< this device's rank in every replica
+  bool aborted_ = false;                   ///< the communicators were aborted this step
+  const char* abort_reason_ = "";          ///< ... and why
+  std::vector<Transfer> group_;            ///< transfers issued since the last other work
+  std::vector<PendingSends> pending_;      ///< posted send groups, not known to be complete
+  std::vector<std::uint64_t> sent_hashes_, received_hashes_;  ///< per peer, this step
+  std::vector<std::span<float>> reductions_;                  ///< this step's gradient sums
+  std::size_t reductions_started_ = 0;
+};
+
+}  // namespace gpipe::mpi
+
+static_assert(gpipe::data_parallel_backend<gpipe::mpi::CudaBackend>);
