@@ -7,7 +7,9 @@
 // data-parallel replicas (2 x 2 ranks) two steps without zero_grad match one process on the
 // whole batch to float rounding. A throw on rank 1 at micro-batch 2 ends the step on every rank
 // with one Error naming rank, stage, micro-batch and the original message (NCCL communicators
-// aborted where a stream waits for a peer, and made anew), and the next step is right.
+// aborted where a stream waits for a peer, and made anew), and the next step is right. With
+// GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
+// CTest expects mpirun to end the job with a failure, soon.
 //
 // Each rank runs the one-process reference itself (same seed, same data). CHECK only (no
 // REQUIRE): a rank that left a test case early would leave the others waiting in a collective.
@@ -20,9 +22,11 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -144,6 +148,17 @@ void check_data_parallel(std::size_t replicas) {
   }
 }
 
+// Identity that kills its process (rank 1's) in the forward of micro-batch 2.
+struct KillingIdentity : FaultyIdentity<8> {
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    if (a.rows == faulty_rows) std::raise(SIGKILL);
+    ctx.copy(a.rows * 8, a.x, a.y);
+  }
+};
+using KillingModel = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 8>, KillingIdentity, ReLU>,
+                              Stage<Linear<8, 3>>>;
+
 }  // namespace
 
 TEST_CASE("every schedule over NCCL between ranks gives the one-process step bit for bit") {
@@ -228,6 +243,15 @@ TEST_CASE("the world, a replica count that does not fit, another rank's device")
 
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
+  if (std::getenv("GPIPE_MPI_KILL_RANK") != nullptr) {  // rank 1 dies mid-step: see CMakeLists
+    mpi::CudaBackend backend;
+    Trainer<KillingModel, SoftmaxCrossEntropy, mpi::CudaBackend, OneFOneB> trainer(
+        backend, {.micro_batches = faulty_micro_batches});
+    (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
+                                   random_classes(faulty_batch, 3, 2));
+    std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
+    return 0;
+  }
   doctest::Context context(argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

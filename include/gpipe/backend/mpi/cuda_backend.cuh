@@ -51,31 +51,12 @@
 #include "gpipe/backend/mpi/backend.hpp"
 #include "gpipe/backend/mpi/control.hpp"
 #include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/nccl_ranks.cuh"
 
 #if !GPIPE_CUDA_NCCL
 #error \
     "gpipe::mpi::CudaBackend needs NCCL (GPIPE_CUDA_NCCL=1: link gpipe::cuda where NCCL is found)"
 #endif
-
-namespace gpipe::transport {
-
-/// The transport of `gpipe::mpi::CudaBackend`: NCCL between ranks, whose sends complete only with
-/// their receives. The executor hands data over with the backend's send and receive; `receive`
-/// here is never called (a rank has one device).
-struct NcclRanks {
-  /// NCCL point-to-point: a send completes only together with its receive.
-  static constexpr Sends sends = Sends::rendezvous;
-
-  /// Not used across processes: throws `gpipe::Error`.
-  template <class T>
-  static void receive(cuda::Kernels&, const T*, T*, std::size_t) {
-    throw Error(
-        "gpipe: transport::NcclRanks hands data over with mpi::CudaBackend's send and "
-        "receive, not between devices of one process");
-  }
-};
-
-}  // namespace gpipe::transport
 
 namespace gpipe::detail {
 
