@@ -1,7 +1,8 @@
-// The MPI backend under mpirun (tests/CMakeLists.txt runs it on 2, 3 and 4 ranks): with one
-// rank per device, every schedule gives bit for bit the loss, the gradients of each rank's own
-// stages, the predictions and the parameters after an optimizer step that the same Trainer gives
-// in one process on the host backend with as many devices; save writes the one-process file
+// The MPI backend under mpirun (tests/CMakeLists.txt runs it on 2, 3 and 4 ranks). What every
+// MPI backend gives is written once in support/mpi_conformance.hpp; here against host::Backend:
+// with one rank per device, every schedule gives bit for bit the loss, the gradients of each rank's
+// own stages, the predictions and the parameters after an optimizer step that the same Trainer
+// gives in one process on the host backend with as many devices; save writes the one-process file
 // byte for byte; a stage of another rank is a clear error. With data-parallel replicas (R x K
 // ranks) two steps without zero_grad, their losses and every rank's gradients match the one
 // process run on the whole batch (to float rounding: the sums run in another order). A throw on
@@ -37,168 +38,14 @@
 #include "gpipe/mpi.hpp"
 #include "support/faulty_layer.hpp"
 #include "support/models.hpp"
+#include "support/mpi_conformance.hpp"
 #include "support/relative_error.hpp"
 
 namespace {
 
 using namespace gpipe;
 using namespace gpipe::test;
-
-// Eight stages, for interleaved 1F1B with V = 2 on four ranks.
-using Model8 = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>, Stage<L5>, Stage<L6>,
-                        Stage<Linear<5, 5>>>;
-
-constexpr std::size_t rows = 16;
-constexpr std::uint64_t seed = 7;
-
-std::vector<char> file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-template <class Model, class Kind>
-void check_against_one_process(mpi::Backend& backend) {
-  using Loss = SoftmaxCrossEntropy;
-  constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
-  CHECK(backend.num_devices() == devices);
-  const std::vector<float> x = random_inputs(rows, Model::in_features, 3);
-  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 11);
-  for (std::size_t m : {1u, 3u, 8u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
-      CAPTURE(Kind::name);
-      CAPTURE(m);
-      CAPTURE(to_string(remat));
-      CAPTURE(backend.rank());
-      host::Backend one_process(devices);
-      Trainer<Model, Loss, host::Backend, Kind> reference(
-          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
-      Trainer<Model, Loss, mpi::Backend, Kind> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = seed});
-      CHECK(trainer.schedule() == reference.schedule());
-
-      CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
-      std::size_t mine = 0;
-      for (const ParameterInfo& info : trainer.parameter_info()) {
-        if (!backend.is_local(trainer.device_of_stage(info.stage))) {
-          CHECK_THROWS_WITH_AS((void)trainer.gradient(info.name),
-                               doctest::Contains("another process"), Error);
-          continue;
-        }
-        CAPTURE(info.name);
-        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
-        ++mine;
-      }
-      CHECK(mine > 0);
-      CHECK(trainer.predict(x) == reference.predict(x));
-
-      const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
-      trainer.step(sgd);
-      reference.step(sgd);
-      for (const ParameterInfo& info : trainer.parameter_info())
-        if (backend.is_local(trainer.device_of_stage(info.stage)))
-          CHECK(trainer.parameter(info.name) == reference.parameter(info.name));
-
-      // one file for the whole model, written by device 0's rank, equal to one process's
-      const std::string name = "saved_" + std::to_string(devices) + ".safetensors";
-      trainer.save(name);
-      if (backend.rank() == 0) {
-        reference.save("reference_" + name);
-        CHECK(file_bytes(name) == file_bytes("reference_" + name));
-      }
-      MPI_Barrier(backend.communicator());
-      trainer.load(name);  // each rank keeps its own stages
-    }
-  }
-}
-
-// Two steps without zero_grad (gradients accumulate over both): the losses and this rank's
-// gradients as one process's on the whole batch, to float rounding (a data-parallel step sums
-// over the replicas in another order).
-template <class Trainer, class Reference>
-void check_two_steps(const mpi::Backend& backend, Trainer& trainer, Reference& reference,
-                     const std::vector<float>& x, const std::vector<std::int32_t>& y) {
-  for (int step = 0; step < 2; ++step) {
-    CAPTURE(step);
-    const float loss = trainer.forward_backward(x, y);
-    const float expected = reference.forward_backward(x, y);
-    CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
-  }
-  for (const ParameterInfo& info : trainer.parameter_info()) {
-    if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
-    CAPTURE(info.name);
-    CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
-  }
-}
-
-template <class Model, class Kind>
-void check_data_parallel(std::size_t replicas) {
-  using Loss = SoftmaxCrossEntropy;
-  constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
-  mpi::Backend backend(MPI_COMM_WORLD, {.data_parallel = replicas});
-  CHECK(backend.num_devices() == devices);
-  CHECK(backend.replicas() == replicas);
-  constexpr std::size_t batch = 23;  // shares differ by one row
-  const std::vector<float> x = random_inputs(batch, Model::in_features, 5);
-  const std::vector<std::int32_t> y = random_classes(batch, Model::out_features, 13);
-  for (std::size_t m : {1u, 3u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
-      CAPTURE(Kind::name);
-      CAPTURE(replicas);
-      CAPTURE(m);
-      CAPTURE(to_string(remat));
-      CAPTURE(backend.rank());
-      host::Backend one_process(devices);
-      Trainer<Model, Loss, host::Backend, Kind> reference(
-          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
-      Trainer<Model, Loss, mpi::Backend, Kind> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = seed});
-      check_two_steps(backend, trainer, reference, x, y);
-      const optim::SGD sgd({.lr = 0.1});
-      trainer.step(sgd);
-      reference.step(sgd);
-      for (const ParameterInfo& info : trainer.parameter_info())
-        if (backend.is_local(trainer.device_of_stage(info.stage)))
-          CHECK(relative_error(trainer.parameter(info.name), reference.parameter(info.name)) <
-                1e-6);
-    }
-  }
-}
-
-// The message of what `f` throws ("" if nothing).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-template <class Kind>
-void check_fault_ends_the_step_everywhere(mpi::Backend& backend) {
-  const std::vector<float> x = random_inputs(faulty_batch, 4, 1);
-  const std::vector<std::int32_t> y = random_classes(faulty_batch, 3, 2);
-  for (Fault fault : {Fault::forward, Fault::backward_input}) {
-    CAPTURE(Kind::name);
-    CAPTURE(backend.rank());
-    Trainer<FaultyModel, SoftmaxCrossEntropy, mpi::Backend, Kind> trainer(
-        backend, {.micro_batches = faulty_micro_batches, .seed = 1});
-    injected_fault = fault;
-    const std::string message = error_of([&] { (void)trainer.forward_backward(x, y); });
-    injected_fault = Fault::none;
-    CAPTURE(message);
-    CHECK(message.starts_with("gpipe: rank 1 failed: stage 1 (device 1), micro-batch 2, "));
-    CHECK(message.ends_with(fault == Fault::forward ? "injected forward failure"
-                                                    : "injected backward failure"));
-    // the trainer goes on: the next step is the one-process step
-    host::Backend one_process(3);
-    Trainer<FaultyModel, SoftmaxCrossEntropy, host::Backend, Kind> reference(
-        one_process, {.micro_batches = faulty_micro_batches, .seed = 1});
-    trainer.zero_grad();
-    CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
-  }
-}
+using namespace gpipe::test::mpi_conformance;
 
 // Identity that kills its process (rank 1's) in the forward of micro-batch 2.
 struct KillingIdentity : FaultyIdentity<8> {
@@ -279,8 +126,8 @@ TEST_CASE("a tie between the first and the last rank's stages: one tensor, both 
 TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
   mpi::Backend backend;
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages
-  check_fault_ends_the_step_everywhere<GPipe>(backend);
-  check_fault_ends_the_step_everywhere<OneFOneB>(backend);
+  check_fault_ends_the_step_everywhere<GPipe, mpi::Backend, host::Backend>(backend);
+  check_fault_ends_the_step_everywhere<OneFOneB, mpi::Backend, host::Backend>(backend);
 }
 
 TEST_CASE("a failure while one rank issues its part of a step ends the step on every rank") {
@@ -362,39 +209,11 @@ TEST_CASE("one trace and one step timing for all ranks, on one clock") {
 
 TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   mpi::Backend backend;
-  switch (backend.num_devices()) {
-    case 2:
-      check_against_one_process<Model2, GPipe>(backend);
-      check_against_one_process<Model2, OneFOneB>(backend);
-      check_against_one_process<Model2, ZeroBubbleH1>(backend);
-      check_against_one_process<Model4, Interleaved<2>>(backend);
-      break;
-    case 3:
-      check_against_one_process<Model3, GPipe>(backend);
-      check_against_one_process<Model3, OneFOneB>(backend);
-      check_against_one_process<Model3, ZeroBubbleH1>(backend);
-      break;
-    case 4:
-      check_against_one_process<Model4, GPipe>(backend);
-      check_against_one_process<Model4, OneFOneB>(backend);
-      check_against_one_process<Model4, ZeroBubbleH1>(backend);
-      check_against_one_process<Model8, Interleaved<2>>(backend);
-      break;
-    default:
-      FAIL("run with 2, 3 or 4 ranks, got " << backend.num_devices());
-  }
+  check_every_schedule<mpi::Backend, host::Backend>(backend);
 }
 
 TEST_CASE("data-parallel replicas of a pipeline give the one-process step on the whole batch") {
-  int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size == 4) {  // 2 replicas x 2 devices
-    check_data_parallel<Model2, OneFOneB>(2);
-    check_data_parallel<Model2, GPipe>(2);
-    check_data_parallel<Model4, Interleaved<2>>(2);
-  }
-  // every world: one replica per rank of a one-stage model (plain data parallelism)
-  check_data_parallel<Model1, GPipe>(static_cast<std::size_t>(size));
+  check_replicas<mpi::Backend, host::Backend>();
 }
 
 TEST_CASE("a failed data-parallel step leaves the gradient sums in step: the next one is right") {
@@ -467,14 +286,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
     return 0;
   }
-  doctest::Context context(argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
-  int failed = context.run() != 0 ? 1 : 0;
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any_failed && !failed)
-    std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
-  return any_failed;
+  return run_mpi_tests(argc, argv);
 }

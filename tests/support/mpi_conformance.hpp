@@ -1,0 +1,251 @@
+#pragma once
+// What every MPI backend gives, written once and run under mpirun for mpi::Backend against
+// host::Backend (tests/mpi/test_pipeline.cpp) and for mpi::CudaBackend against cuda::Backend on
+// the CUDA emulator (tests/mpi/test_cuda_pipeline_emulated.cpp): with one rank per device, every
+// schedule gives bit for bit the loss, the gradients of each rank's own stages, the predictions,
+// the parameters after an optimizer step and the saved file of one process with as many devices
+// (each rank runs that reference itself: same seed, same data); with data-parallel replicas two
+// steps without zero_grad match one process on the whole batch to float rounding; a throw on
+// rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
+// micro-batch and the original message, and the next step is right. run_mpi_tests is main's body.
+//
+// CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
+// collective.
+
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "gpipe/mpi.hpp"
+#include "support/faulty_layer.hpp"
+#include "support/models.hpp"
+#include "support/relative_error.hpp"
+
+namespace gpipe::test::mpi_conformance {
+
+// Eight stages, for interleaved 1F1B with V = 2 on four ranks.
+using Model8 = Pipeline<Stage<L0>, Stage<L1>, Stage<L2>, Stage<L3>, Stage<L4>, Stage<L5>, Stage<L6>,
+                        Stage<Linear<5, 5>>>;
+
+inline constexpr std::size_t rows = 16;
+inline constexpr std::uint64_t seed = 7;
+
+inline std::vector<char> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The message of what `f` throws ("" if nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels.
+template <class Model, class Kind, class Backend, class OneProcess>
+void check_against_one_process(Backend& backend) {
+  using Loss = SoftmaxCrossEntropy;
+  constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
+  CHECK(backend.num_devices() == devices);
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 3);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 11);
+  for (std::size_t m : {1u, 3u, 8u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(Kind::name);
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(backend.rank());
+      OneProcess one_process(devices);
+      Trainer<Model, Loss, OneProcess, Kind> reference(
+          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
+      Trainer<Model, Loss, Backend, Kind> trainer(
+          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+      // the same ops; a transport whose sends wait for their receives (NCCL) places them for that
+      if constexpr (transport::transport_for<Backend>::sends == Sends::rendezvous)
+        CHECK(trainer.schedule() == order_for_rendezvous(reference.schedule()));
+      else
+        CHECK(trainer.schedule() == reference.schedule());
+
+      CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+      std::size_t mine = 0;
+      for (const ParameterInfo& info : trainer.parameter_info()) {
+        if (!backend.is_local(trainer.device_of_stage(info.stage))) {
+          CHECK_THROWS_WITH_AS((void)trainer.gradient(info.name),
+                               doctest::Contains("another process"), Error);
+          continue;
+        }
+        CAPTURE(info.name);
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+        ++mine;
+      }
+      CHECK(mine > 0);
+      CHECK(trainer.predict(x) == reference.predict(x));
+
+      const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+      trainer.step(sgd);
+      reference.step(sgd);
+      for (const ParameterInfo& info : trainer.parameter_info())
+        if (backend.is_local(trainer.device_of_stage(info.stage)))
+          CHECK(trainer.parameter(info.name) == reference.parameter(info.name));
+
+      // one file for the whole model, written by device 0's rank, equal to one process's
+      const std::string name = "saved_" + std::to_string(devices) + ".safetensors";
+      trainer.save(name);
+      if (backend.rank() == 0) {
+        reference.save("reference_" + name);
+        CHECK(file_bytes(name) == file_bytes("reference_" + name));
+      }
+      MPI_Barrier(backend.communicator());
+      trainer.load(name);  // each rank keeps its own stages
+    }
+  }
+}
+
+// Two steps without zero_grad (gradients accumulate over both): the losses and this rank's
+// gradients as one process's on the whole batch, to float rounding (a data-parallel step sums
+// over the replicas in another order).
+template <class Backend, class Trainer, class Reference>
+void check_two_steps(const Backend& backend, Trainer& trainer, Reference& reference,
+                     const std::vector<float>& x, const std::vector<std::int32_t>& y) {
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const float loss = trainer.forward_backward(x, y);
+    const float expected = reference.forward_backward(x, y);
+    CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
+  }
+  for (const ParameterInfo& info : trainer.parameter_info()) {
+    if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
+    CAPTURE(info.name);
+    CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
+  }
+}
+
+template <class Model, class Kind, class Backend, class OneProcess>
+void check_data_parallel(std::size_t replicas) {
+  using Loss = SoftmaxCrossEntropy;
+  constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
+  Backend backend(MPI_COMM_WORLD, {.data_parallel = replicas});
+  CHECK(backend.num_devices() == devices);
+  CHECK(backend.replicas() == replicas);
+  constexpr std::size_t batch = 23;  // shares differ by one row
+  const std::vector<float> x = random_inputs(batch, Model::in_features, 5);
+  const std::vector<std::int32_t> y = random_classes(batch, Model::out_features, 13);
+  for (std::size_t m : {1u, 3u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(Kind::name);
+      CAPTURE(replicas);
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(backend.rank());
+      OneProcess one_process(devices);
+      Trainer<Model, Loss, OneProcess, Kind> reference(
+          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
+      Trainer<Model, Loss, Backend, Kind> trainer(
+          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+      check_two_steps(backend, trainer, reference, x, y);
+      const optim::SGD sgd({.lr = 0.1});
+      trainer.step(sgd);
+      reference.step(sgd);
+      for (const ParameterInfo& info : trainer.parameter_info())
+        if (backend.is_local(trainer.device_of_stage(info.stage)))
+          CHECK(relative_error(trainer.parameter(info.name), reference.parameter(info.name)) <
+                1e-6);
+    }
+  }
+}
+
+template <class Kind, class Backend, class OneProcess>
+void check_fault_ends_the_step_everywhere(Backend& backend) {
+  const std::vector<float> x = random_inputs(faulty_batch, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(faulty_batch, 3, 2);
+  for (Fault fault : {Fault::forward, Fault::backward_input}) {
+    CAPTURE(Kind::name);
+    CAPTURE(backend.rank());
+    Trainer<FaultyModel, SoftmaxCrossEntropy, Backend, Kind> trainer(
+        backend, {.micro_batches = faulty_micro_batches, .seed = 1});
+    injected_fault = fault;
+    const std::string message = error_of([&] { (void)trainer.forward_backward(x, y); });
+    injected_fault = Fault::none;
+    CAPTURE(message);
+    CHECK(message.starts_with("gpipe: rank 1 failed: stage 1 (device 1), micro-batch 2, "));
+    CHECK(message.ends_with(fault == Fault::forward ? "injected forward failure"
+                                                    : "injected backward failure"));
+    // the trainer goes on: the next step is the one-process step
+    OneProcess one_process(3);
+    Trainer<FaultyModel, SoftmaxCrossEntropy, OneProcess, Kind> reference(
+        one_process, {.micro_batches = faulty_micro_batches, .seed = 1});
+    trainer.zero_grad();
+    CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+  }
+}
+
+// Every schedule on as many ranks as devices (2, 3 or 4), against one process.
+template <class Backend, class OneProcess>
+void check_every_schedule(Backend& backend) {
+  switch (backend.num_devices()) {
+    case 2:
+      check_against_one_process<Model2, GPipe, Backend, OneProcess>(backend);
+      check_against_one_process<Model2, OneFOneB, Backend, OneProcess>(backend);
+      check_against_one_process<Model2, ZeroBubbleH1, Backend, OneProcess>(backend);
+      check_against_one_process<Model4, Interleaved<2>, Backend, OneProcess>(backend);
+      break;
+    case 3:
+      check_against_one_process<Model3, GPipe, Backend, OneProcess>(backend);
+      check_against_one_process<Model3, OneFOneB, Backend, OneProcess>(backend);
+      check_against_one_process<Model3, ZeroBubbleH1, Backend, OneProcess>(backend);
+      break;
+    case 4:
+      check_against_one_process<Model4, GPipe, Backend, OneProcess>(backend);
+      check_against_one_process<Model4, OneFOneB, Backend, OneProcess>(backend);
+      check_against_one_process<Model4, ZeroBubbleH1, Backend, OneProcess>(backend);
+      check_against_one_process<Model8, Interleaved<2>, Backend, OneProcess>(backend);
+      break;
+    default:
+      FAIL("run with 2, 3 or 4 ranks, got " << backend.num_devices());
+  }
+}
+
+// Replicas: 2 x 2 on four ranks (1F1B, GPipe, interleaved), and one replica per rank of a
+// one-stage model (plain data parallelism) on every world.
+template <class Backend, class OneProcess>
+void check_replicas() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 4) {
+    check_data_parallel<Model2, OneFOneB, Backend, OneProcess>(2);
+    check_data_parallel<Model2, GPipe, Backend, OneProcess>(2);
+    check_data_parallel<Model4, Interleaved<2>, Backend, OneProcess>(2);
+  }
+  check_data_parallel<Model1, GPipe, Backend, OneProcess>(static_cast<std::size_t>(size));
+}
+
+// main's body once MPI is up: runs the test cases on every rank, reports from rank 0, and fails
+// on every rank if any failed.
+inline int run_mpi_tests(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
+  int failed = context.run() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_failed && !failed)
+    std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
+  return any_failed;
+}
+
+}  // namespace gpipe::test::mpi_conformance
