@@ -14,11 +14,9 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
-#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -32,17 +30,6 @@ namespace {
 using namespace gpipe;
 using namespace gpipe::test;
 using namespace gpipe::test::mpi_conformance;
-
-// Identity that kills its process (rank 1's) in the forward of micro-batch 2.
-struct KillingIdentity : FaultyIdentity<8> {
-  template <class Ctx>
-  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if (a.rows == faulty_rows) std::raise(SIGKILL);
-    ctx.copy(a.rows * 8, a.x, a.y);
-  }
-};
-using KillingModel = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 8>, KillingIdentity, ReLU>,
-                              Stage<Linear<8, 3>>>;
 
 }  // namespace
 
@@ -80,14 +67,6 @@ TEST_CASE("the world, a replica count that does not fit, another rank's device")
 
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
-  if (std::getenv("GPIPE_MPI_KILL_RANK") != nullptr) {  // rank 1 dies mid-step: see CMakeLists
-    mpi::CudaBackend backend;
-    Trainer<KillingModel, SoftmaxCrossEntropy, mpi::CudaBackend, OneFOneB> trainer(
-        backend, {.micro_batches = faulty_micro_batches});
-    (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
-                                   random_classes(faulty_batch, 3, 2));
-    std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
-    return 0;
-  }
+  if (run_killed_rank_step<mpi::CudaBackend>()) return 0;  // see the top of this file
   return run_mpi_tests(argc, argv);
 }

@@ -24,11 +24,9 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -46,21 +44,6 @@ namespace {
 using namespace gpipe;
 using namespace gpipe::test;
 using namespace gpipe::test::mpi_conformance;
-
-// Identity that kills its process (rank 1's) in the forward of micro-batch 2.
-struct KillingIdentity : FaultyIdentity<8> {
-  template <class Ctx>
-  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if (a.rows == faulty_rows) std::raise(SIGKILL);
-    ctx.copy(a.rows * 8, a.x, a.y);
-  }
-};
-using KillingModel = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 8>, KillingIdentity, ReLU>,
-                              Stage<Linear<8, 3>>>;
-
-}  // namespace
-
-namespace {
 
 // GPT-2's tying across the first and the last rank: the LM head (no bias) is the token embedding.
 constexpr std::size_t vocab = 7, context = 4, width = 8;
@@ -277,14 +260,6 @@ TEST_CASE("a model whose device count differs from the world size is a clear err
 
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
-  if (std::getenv("GPIPE_MPI_KILL_RANK") != nullptr) {  // see the top of this file
-    mpi::Backend backend;
-    Trainer<KillingModel, SoftmaxCrossEntropy, mpi::Backend, OneFOneB> trainer(
-        backend, {.micro_batches = faulty_micro_batches});
-    (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
-                                   random_classes(faulty_batch, 3, 2));
-    std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
-    return 0;
-  }
+  if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file
   return run_mpi_tests(argc, argv);
 }

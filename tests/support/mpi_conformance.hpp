@@ -7,7 +7,8 @@
 // (each rank runs that reference itself: same seed, same data); with data-parallel replicas two
 // steps without zero_grad match one process on the whole batch to float rounding; a throw on
 // rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
-// micro-batch and the original message, and the next step is right. run_mpi_tests is main's body.
+// micro-batch and the original message, and the next step is right; a rank that kills itself
+// ends the job (run_killed_rank_step).
 //
 // CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
 // collective.
@@ -16,9 +17,11 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -28,6 +31,7 @@
 #include "gpipe/mpi.hpp"
 #include "support/faulty_layer.hpp"
 #include "support/models.hpp"
+#include "support/mpi_test_main.hpp"
 #include "support/relative_error.hpp"
 
 namespace gpipe::test::mpi_conformance {
@@ -233,19 +237,30 @@ void check_replicas() {
   check_data_parallel<Model1, GPipe, Backend, OneProcess>(static_cast<std::size_t>(size));
 }
 
-// main's body once MPI is up: runs the test cases on every rank, reports from rank 0, and fails
-// on every rank if any failed.
-inline int run_mpi_tests(int argc, char** argv) {
-  doctest::Context context(argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
-  int failed = context.run() != 0 ? 1 : 0;
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any_failed && !failed)
-    std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
-  return any_failed;
+// Identity that kills its process (rank 1's) in the forward of micro-batch 2.
+struct KillingIdentity : FaultyIdentity<8> {
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    if (a.rows == faulty_rows) std::raise(SIGKILL);
+    ctx.copy(a.rows * 8, a.x, a.y);
+  }
+};
+using KillingModel = Pipeline<Stage<Linear<4, 8>, ReLU>, Stage<Linear<8, 8>, KillingIdentity, ReLU>,
+                              Stage<Linear<8, 3>>>;
+
+// With GPIPE_MPI_KILL_RANK=1 in the environment (CTest's killed-rank tests): a step in which rank
+// 1 kills itself; mpirun must end the job with a failure, soon. Returns whether it ran (then main
+// returns 0, which the test, expecting a failure, counts against it).
+template <class Backend>
+bool run_killed_rank_step() {
+  if (std::getenv("GPIPE_MPI_KILL_RANK") == nullptr) return false;
+  Backend backend;
+  Trainer<KillingModel, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+      backend, {.micro_batches = faulty_micro_batches});
+  (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
+                                 random_classes(faulty_batch, 3, 2));
+  std::fprintf(stderr, "rank %zu: the step ended although rank 1 died\n", backend.rank());
+  return true;
 }
 
 }  // namespace gpipe::test::mpi_conformance
