@@ -82,6 +82,7 @@ class RankNet {
   bool post(int peer, std::uint32_t kind, const void* data, std::size_t bytes) {
     Peer& p = peers_[static_cast<std::size_t>(peer)];
     std::lock_guard lock(p.write_mutex);
+    if (p.out < 0) return false;
     const Header header{kind, 0, bytes};
     return write_all(p.out, &header, sizeof header) && write_all(p.out, data, bytes);
   }
@@ -93,10 +94,6 @@ class RankNet {
     if (p.acks == 0) return fail();
     --p.acks;
     return true;
-  }
-  // send: post, then wait for the receive to take it.
-  bool send(int peer, const void* data, std::size_t bytes) {
-    return post(peer, data_message, data, bytes) ? wait_ack(peer) : fail();
   }
   // Waits for `peer`'s next message of `kind`, copies it to `data` (which must hold exactly
   // `bytes`) and, for a data message, acknowledges it.
@@ -176,7 +173,13 @@ class RankNet {
       if (p.in >= 0) ::shutdown(p.in, SHUT_RDWR);
     for (std::thread& t : readers_) t.join();
     for (Peer& p : peers_) {
-      if (p.out >= 0) ::close(p.out);
+      {
+        // a stream's operation may still post (it holds this object): it then finds no socket,
+        // never a descriptor number that something else reuses
+        std::lock_guard lock(p.write_mutex);
+        if (p.out >= 0) ::close(p.out);
+        p.out = -1;
+      }
       if (p.in >= 0) ::close(p.in);
     }
     if (listener_ >= 0) ::close(listener_);
