@@ -58,21 +58,6 @@
     "gpipe::mpi::CudaBackend needs NCCL (GPIPE_CUDA_NCCL=1: link gpipe::cuda where NCCL is found)"
 #endif
 
-namespace gpipe::detail {
-
-inline void check_nccl(ncclResult_t result, const char* call) {
-  if (result == ncclSuccess) return;
-  throw Error(std::string("gpipe: ") + call + " failed: " + ncclGetErrorString(result));
-}
-inline void check_cuda(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw Error(std::string("gpipe: ") + call + " failed: " + cudaGetErrorName(error) + " (" +
-              cudaGetErrorString(error) + ")");
-}
-
-}  // namespace gpipe::detail
-
 namespace gpipe::mpi {
 
 /// Construction options of an mpi::CudaBackend, the same on every rank (but `gpu`).
@@ -392,11 +377,9 @@ class CudaBackend {
     local_.submit(0, {.what = "set up NCCL streams", .internal = true},
                   [this](Kernels& k) { compute_stream_ = k.stream(); });
     local_.synchronize();
-    detail::check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
-    detail::check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags");
-    detail::check_cuda(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags");
+    GPIPE_CUDA_CHECK(cudaSetDevice(gpu()));
+    GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
     sent_hashes_.assign(2 * control_.devices(), 0);
     received_hashes_.assign(2 * control_.devices(), 0);
     make_communicators();
@@ -408,11 +391,11 @@ class CudaBackend {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     ncclUniqueId id{};
-    if (rank == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (rank == 0) GPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
     detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm), "MPI_Bcast");
-    detail::check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
+    GPIPE_CUDA_CHECK(cudaSetDevice(gpu()));
     ncclComm_t nccl = nullptr;
-    detail::check_nccl(ncclCommInitRank(&nccl, size, id, rank), "ncclCommInitRank");
+    GPIPE_NCCL_CHECK(ncclCommInitRank(&nccl, size, id, rank));
     return nccl;
   }
   /// Collective: the pipeline's (one per direction) and (with replicas) the replicas'
@@ -488,11 +471,11 @@ class CudaBackend {
       throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its devices");
     }
     cudaEvent_t ready = nullptr, done = nullptr;
-    detail::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    detail::check_cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
-    detail::check_cuda(cudaStreamWaitEvent(comm_stream_, ready, 0), "cudaStreamWaitEvent");
+    GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    GPIPE_CUDA_CHECK(cudaEventRecord(ready, compute));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready, 0));
     (void)cudaEventDestroy(ready);
-    detail::check_nccl(ncclGroupStart(), "ncclGroupStart");
+    GPIPE_NCCL_CHECK(ncclGroupStart());
     bool receives = false;
     for (const Transfer& t : group) {
       const int peer = static_cast<int>(t.peer);
@@ -502,14 +485,14 @@ class CudaBackend {
                  : ncclRecv(t.data, t.count, ncclFloat32, peer, comm, comm_stream_);
       if (posted != ncclSuccess) {
         (void)ncclGroupEnd();
-        detail::check_nccl(posted, t.send ? "ncclSend" : "ncclRecv");
+        GPIPE_NCCL_CHECK(posted);  // names the send or receive by its line
       }
       receives = receives || !t.send;
     }
-    detail::check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    detail::check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    detail::check_cuda(cudaEventRecord(done, comm_stream_), "cudaEventRecord");
-    if (receives) detail::check_cuda(cudaStreamWaitEvent(compute, done, 0), "cudaStreamWaitEvent");
+    GPIPE_NCCL_CHECK(ncclGroupEnd());
+    GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    GPIPE_CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+    if (receives) GPIPE_CUDA_CHECK(cudaStreamWaitEvent(compute, done, 0));
     PendingSends sends;
     sends.done = done;
     for (Transfer& t : group)
@@ -537,13 +520,12 @@ class CudaBackend {
       throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its replicas");
     }
     cudaEvent_t ready = nullptr;
-    detail::check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    detail::check_cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
-    detail::check_cuda(cudaStreamWaitEvent(reduce_stream_, ready, 0), "cudaStreamWaitEvent");
+    GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    GPIPE_CUDA_CHECK(cudaEventRecord(ready, compute));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(reduce_stream_, ready, 0));
     (void)cudaEventDestroy(ready);
-    detail::check_nccl(ncclAllReduce(values.data(), values.data(), values.size(), ncclFloat32,
-                                     ncclSum, replicas_nccl_, reduce_stream_),
-                       "ncclAllReduce");
+    GPIPE_NCCL_CHECK(ncclAllReduce(values.data(), values.data(), values.size(), ncclFloat32,
+                                   ncclSum, replicas_nccl_, reduce_stream_));
   }
   /// Between steps: starts the expected sums not started, then waits for all of them.
   void complete_reductions() {
@@ -573,7 +555,7 @@ class CudaBackend {
         else if (nccl_failed())
           reason = "NCCL reported a failed peer (ncclCommGetAsyncError)";
         else if (std::chrono::steady_clock::now() - start > control_.peer_timeout())
-          reason = "a peer was silent too long";
+          reason = silent_peer;
         if (reason != nullptr) {
           if (!control_.announced()) control_.stop_for_peer();
           abort_communicators();
@@ -589,7 +571,7 @@ class CudaBackend {
   /// The step's agreement; after a failed step (anywhere) every rank makes new communicators.
   void agree(std::string message) {
     if (message.empty() && aborted_)
-      message = abort_reason_ == std::string_view("a peer was silent too long")
+      message = abort_reason_ == silent_peer
                     ? "gpipe: no message from a peer within " +
                           std::to_string(control_.peer_timeout().count()) +
                           " s (Options::peer_timeout): is every rank alive?"
@@ -616,8 +598,9 @@ class CudaBackend {
   ncclComm_t replicas_nccl_ = nullptr;     ///< this device's rank in every replica
   bool aborted_ = false;                   ///< the communicators were aborted this step
   const char* abort_reason_ = "";          ///< ... and why
-  std::vector<Transfer> group_;            ///< transfers issued since the last other work
-  std::vector<PendingSends> pending_;      ///< posted send groups, not known to be complete
+  static constexpr const char* silent_peer = "a peer was silent too long";
+  std::vector<Transfer> group_;        ///< transfers issued since the last other work
+  std::vector<PendingSends> pending_;  ///< posted send groups, not known to be complete
   std::vector<std::uint64_t> sent_hashes_, received_hashes_;  ///< per peer, this step
   std::vector<std::span<float>> reductions_;                  ///< this step's gradient sums
   std::size_t reductions_started_ = 0;
