@@ -1,7 +1,7 @@
 #pragma once
 // What every MPI backend gives, written once and run under mpirun for mpi::Backend against
 // host::Backend (tests/mpi/test_pipeline.cpp) and for mpi::CudaBackend against cuda::Backend on
-// the CUDA emulator (tests/mpi/test_cuda_pipeline_emulated.cpp): with one rank per device, every
+// the CUDA emulator and on GPUs (tests/mpi/test_cuda_pipeline.cu): with one rank per device, every
 // schedule gives bit for bit the loss, the gradients of each rank's own stages, the predictions,
 // the parameters after an optimizer step and the saved file of one process with as many devices
 // (each rank runs that reference itself: same seed, same data); with data-parallel replicas two
@@ -197,10 +197,15 @@ void check_fault_ends_the_step_everywhere(Backend& backend) {
   }
 }
 
-// Every schedule on as many ranks as devices (2, 3 or 4), against one process.
+// Every schedule on as many ranks as devices (2, 3 or 4), against one process; on one rank, the
+// rank's device alone (no messages: what a machine with one GPU can run of mpi::CudaBackend).
 template <class Backend, class OneProcess>
 void check_every_schedule(Backend& backend) {
   switch (backend.num_devices()) {
+    case 1:
+      check_against_one_process<Model1, GPipe, Backend, OneProcess>(backend);
+      check_against_one_process<Model1, OneFOneB, Backend, OneProcess>(backend);
+      break;
     case 2:
       check_against_one_process<Model2, GPipe, Backend, OneProcess>(backend);
       check_against_one_process<Model2, OneFOneB, Backend, OneProcess>(backend);
@@ -219,7 +224,7 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model8, Interleaved<2>, Backend, OneProcess>(backend);
       break;
     default:
-      FAIL("run with 2, 3 or 4 ranks, got " << backend.num_devices());
+      FAIL("run with 1, 2, 3 or 4 ranks, got " << backend.num_devices());
   }
 }
 

@@ -4,6 +4,7 @@
 // support/cuda_emulation.hpp for the model and what it checks.
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -33,6 +34,9 @@ using Clock = std::chrono::steady_clock;
 // The emulated machine: its GPUs and every live allocation of device and pinned host memory.
 struct Machine {
   int gpus = 2;
+  // Which machine this is: the GPUs' UUIDs hold it. Each process is a machine of its own (ranks
+  // under mpirun too); a test that wants two processes on one machine gives both the same id.
+  std::uint64_t id = static_cast<std::uint64_t>(::getpid());
   std::size_t gpu_memory = std::size_t{8} << 30;  // bytes per GPU
 
   // Each allocation is followed by a red zone; both hold 0xff bytes until written, and what
@@ -347,6 +351,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
   prop->major = 9;
+  // UUID: the machine, then the device ordinal
+  const std::uint64_t id = machine().id;
+  std::memcpy(prop->uuid.bytes, &id, sizeof id);
+  std::memcpy(prop->uuid.bytes + sizeof id, &device, sizeof device);
   return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int* version) {

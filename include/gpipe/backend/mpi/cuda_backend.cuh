@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
@@ -377,6 +378,7 @@ class CudaBackend {
     local_.submit(0, {.what = "set up NCCL streams", .internal = true},
                   [this](Kernels& k) { compute_stream_ = k.stream(); });
     local_.synchronize();
+    check_a_gpu_per_rank();
     GPIPE_CUDA_CHECK(cudaSetDevice(gpu()));
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
@@ -385,6 +387,48 @@ class CudaBackend {
     make_communicators();
   }
 
+  /// Collective: NCCL refuses two ranks of one communicator on one GPU (ncclCommInitRank fails
+  /// with "Duplicate GPU detected"). Says so before NCCL is asked, on every rank alike, naming the
+  /// two ranks, the GPU and its machine: each rank's GPU (its UUID, one per physical device
+  /// whatever CUDA_VISIBLE_DEVICES says) is compared with those of the ranks it will share a
+  /// communicator with (its replica's pipeline, its device's replicas).
+  void check_a_gpu_per_rank() const {
+    struct Identity {
+      char uuid[16];
+      int rank;
+      int gpu;
+      char host[MPI_MAX_PROCESSOR_NAME];
+    };
+    Identity own{};
+    cudaDeviceProp properties{};
+    GPIPE_CUDA_CHECK(cudaGetDeviceProperties(&properties, gpu()));
+    static_assert(sizeof properties.uuid.bytes == sizeof own.uuid);
+    std::memcpy(own.uuid, properties.uuid.bytes, sizeof own.uuid);
+    own.rank = static_cast<int>(control_.rank());
+    own.gpu = gpu();
+    int length = 0;
+    detail::check_mpi(MPI_Get_processor_name(own.host, &length), "MPI_Get_processor_name");
+    std::vector<MPI_Comm> shared;
+    if (control_.devices() > 1) shared.push_back(control_.pipeline());
+    if (control_.replicas() > 1) shared.push_back(control_.replicas_comm());
+    for (MPI_Comm comm : shared) {
+      int size = 0;
+      MPI_Comm_size(comm, &size);
+      std::vector<Identity> all(static_cast<std::size_t>(size));
+      detail::check_mpi(
+          MPI_Allgather(&own, sizeof own, MPI_BYTE, all.data(), sizeof own, MPI_BYTE, comm),
+          "MPI_Allgather");
+      for (std::size_t i = 0; i < all.size(); ++i)
+        for (std::size_t j = i + 1; j < all.size(); ++j)
+          if (std::memcmp(all[i].uuid, all[j].uuid, sizeof own.uuid) == 0)
+            throw Error("gpipe: mpi::CudaBackend: ranks " + std::to_string(all[i].rank) + " and " +
+                        std::to_string(all[j].rank) + " both run on GPU " +
+                        std::to_string(all[i].gpu) + " of " + all[i].host +
+                        ", and NCCL needs a GPU of its own for each rank that shares a "
+                        "communicator: start at most as many ranks per machine as it has GPUs, "
+                        "or give each rank its own Options::gpu");
+    }
+  }
   /// Collective over `comm`: an NCCL communicator of the same ranks.
   ncclComm_t nccl_over(MPI_Comm comm) {
     int rank = 0, size = 0;

@@ -1,0 +1,168 @@
+// mpi::CudaBackend (a GPU per rank, NCCL between ranks) under mpirun, one program built twice
+// (tests/CMakeLists.txt):
+//   test_mpi_cuda_pipeline_emulated  on the CUDA emulator, 1 to 4 ranks: each rank is a
+//       machine of its own with two emulated GPUs, NCCL runs between the processes
+//       (tests/support/cuda_emulation/nccl_net.hpp). Runs wherever CUDA's headers are.
+//   test_mpi_cuda_pipeline           with nvcc, on the GPUs there are (1 and 2 ranks in CTest;
+//       1 to 4 by hand: `mpirun -n 4 build/.../test_mpi_cuda_pipeline` on four GPUs; one rank
+//       runs its device alone, without NCCL). NCCL needs
+//       a GPU per rank: where a machine has fewer GPUs than ranks, what runs is the check that
+//       mpi::CudaBackend refuses that with a clear error on every rank, and the program says it
+//       skipped the rest; without a GPU it says skipped.
+// What every MPI backend gives (support/mpi_conformance.hpp), against one process on
+// cuda::Backend with as many virtual devices (the same kernels, so the same bits), with the
+// schedule ordered for NCCL's rendezvous sends; a failed step aborts the NCCL communicators where
+// a stream waits for a peer and makes new ones. With GPIPE_MPI_KILL_RANK=1 in the environment,
+// rank 1 kills itself in the middle of a step instead: CTest expects mpirun to end the job with
+// a failure, soon.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gpipe/mpi_cuda.cuh"
+#include "support/faulty_layer.hpp"
+#include "support/models.hpp"
+#include "support/mpi_conformance.hpp"
+
+namespace {
+
+using namespace gpipe;
+using namespace gpipe::test;
+using namespace gpipe::test::mpi_conformance;
+
+// How many ranks run on this rank's machine. On the emulator every process is a machine of its
+// own (its GPUs are its own), whatever host the processes share.
+int ranks_on_this_machine() {
+#ifdef GPIPE_CUDA_EMULATION
+  return 1;
+#else
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 0;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+#endif
+}
+
+// The rank's index among the ranks of its machine (what picks its default GPU).
+int local_rank() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
+bool on_every_rank(bool own) {
+  int all = own ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
+}
+
+// What mpi::CudaBackend says, on this rank, when constructed with `options` ("" if it is not
+// refused).
+std::string refusal(mpi::CudaBackendOptions options = {}) {
+  return error_of([&] { mpi::CudaBackend backend(MPI_COMM_WORLD, options); });
+}
+
+}  // namespace
+
+TEST_CASE("every schedule over NCCL between ranks gives the one-process step bit for bit") {
+  mpi::CudaBackend backend;
+  check_every_schedule<mpi::CudaBackend, cuda::Backend>(backend);
+}
+
+TEST_CASE("data-parallel replicas over NCCL give the one-process step on the whole batch") {
+  check_replicas<mpi::CudaBackend, cuda::Backend>();
+}
+
+TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
+  mpi::CudaBackend backend;
+  if (backend.num_devices() != 3) return;  // FaultyModel has three stages
+  check_fault_ends_the_step_everywhere<GPipe, mpi::CudaBackend, cuda::Backend>(backend);
+  check_fault_ends_the_step_everywhere<OneFOneB, mpi::CudaBackend, cuda::Backend>(backend);
+}
+
+TEST_CASE("the world, a replica count that does not fit, another rank's device") {
+  mpi::CudaBackend backend;
+  int size = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CHECK(backend.world_size() == static_cast<std::size_t>(size));
+  CHECK(backend.rank() == static_cast<std::size_t>(rank));
+  // the rank's place among the ranks of its machine, modulo the GPUs there
+  CHECK(backend.gpu() == local_rank() % cuda::device_count());
+  CHECK_THROWS_WITH_AS(
+      mpi::CudaBackend(MPI_COMM_WORLD, {.data_parallel = backend.world_size() + 1}),
+      doctest::Contains("which is not data_parallel"), Error);
+  if (backend.num_devices() == 1) return;  // no other rank's device
+  const std::size_t other = (backend.rank() + 1) % backend.num_devices();
+  CHECK_THROWS_WITH_AS((void)backend.allocate<float>(other, 4),
+                       doctest::Contains("belongs to rank"), Error);
+}
+
+TEST_CASE("ranks of one communicator on one GPU: every rank refuses, naming both, before NCCL") {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) return;  // nobody to share a GPU with
+#ifdef GPIPE_CUDA_EMULATION
+  // every process claims the same machine, so GPU 0 is one device for all of them
+  auto& machine = gpipe::test::cuda_emulation::machine();
+  const std::uint64_t own_machine = machine.id;
+  machine.id = 1;
+#else
+  if (!on_every_rank(ranks_on_this_machine() == size)) return;  // ranks on several machines
+#endif
+  const std::string message = refusal({.gpu = 0});
+  CAPTURE(message);
+  CHECK(message.starts_with("gpipe: mpi::CudaBackend: ranks 0 and 1 both run on GPU 0 of "));
+  CHECK(message.find("NCCL needs a GPU of its own for each rank") != std::string::npos);
+  // replicas of one stage share a communicator too: two replicas of a one-device pipeline
+  CHECK(refusal({.data_parallel = static_cast<std::size_t>(size), .gpu = 0})
+            .starts_with("gpipe: mpi::CudaBackend: ranks 0 and 1 both run on GPU 0 of "));
+#ifdef GPIPE_CUDA_EMULATION
+  machine.id = own_machine;
+  CHECK(refusal({.gpu = 0}).empty());  // machines of their own: GPU 0 is a GPU per rank
+#endif
+}
+
+int main(int argc, char** argv) {
+  mpi::Session session(argc, argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int gpus = cuda::device_count();
+  if (!on_every_rank(gpus > 0)) {
+    if (rank == 0) std::printf("skipped: a rank's machine has no usable GPU\n");
+    return 0;
+  }
+  if (!on_every_rank(ranks_on_this_machine() <= gpus)) {
+    // NCCL cannot run: what runs is the refusal of the default layout (a rank per GPU, modulo)
+    const std::string message = refusal();
+    const bool refused = on_every_rank(message.find("both run on GPU") != std::string::npos);
+    if (rank == 0) {
+      if (refused)
+        std::printf(
+            "skipped: %d ranks on a machine of %d GPU(s), and NCCL needs a GPU per rank: no "
+            "pipeline ran across GPUs. Ran: mpi::CudaBackend refuses the shared GPU on every "
+            "rank with\n  %s\n",
+            ranks_on_this_machine(), gpus, message.c_str());
+      else
+        std::printf("FAILED: %d ranks on %d GPU(s) were not refused on every rank; rank 0: %s\n",
+                    ranks_on_this_machine(), gpus,
+                    message.empty() ? "(constructed)" : message.c_str());
+    }
+    return refused ? 0 : 1;
+  }
+  if (run_killed_rank_step<mpi::CudaBackend>()) return 0;  // see the top of this file
+  return run_mpi_tests(argc, argv);
+}
