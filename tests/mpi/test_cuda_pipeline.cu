@@ -104,10 +104,49 @@ TEST_CASE("the world, a replica count that does not fit, another rank's device")
   CHECK_THROWS_WITH_AS(
       mpi::CudaBackend(MPI_COMM_WORLD, {.data_parallel = backend.world_size() + 1}),
       doctest::Contains("which is not data_parallel"), Error);
+  // out of memory names the rank's pipeline device, not the local cuda::Backend's 0
+  {
+    mpi::CudaBackend small(MPI_COMM_WORLD, {.device_capacity = 1024});
+    const std::string expected =
+        "out of memory on device " + std::to_string(small.device()) + ": allocating 4096 bytes";
+    CHECK_THROWS_WITH_AS((void)small.allocate<float>(small.device(), 1024),
+                         doctest::Contains(expected.c_str()), OutOfMemory);
+  }
   if (backend.num_devices() == 1) return;  // no other rank's device
   const std::size_t other = (backend.rank() + 1) % backend.num_devices();
   CHECK_THROWS_WITH_AS((void)backend.allocate<float>(other, 4),
                        doctest::Contains("belongs to rank"), Error);
+}
+
+TEST_CASE("messages a receiver posts in another order than their sender fail the step") {
+  // NCCL has no tags: a pair's messages match in the order they are posted, so two same-sized
+  // messages received crossed would swap silently. finish_step compares what each rank sent to
+  // each peer with what the peer received, in order, and fails the step on every rank.
+  mpi::CudaBackend backend;
+  if (backend.num_devices() != 2) return;
+  constexpr std::size_t count = 16;
+  const WorkLabel label{.what = "crossed messages"};
+  for (const bool crossed : {true, false}) {
+    CAPTURE(crossed);
+    cuda::Buffer<float> first, second;
+    if (backend.device() == 0) {
+      first = backend.allocate<float>(0, count);
+      second = backend.allocate<float>(0, count);
+      backend.send(0, label, 1, 0, first);
+      backend.send(0, label, 1, 2, second);
+    } else {
+      backend.receive(1, label, 0, crossed ? 2 : 0, first, count, MemoryKind::activations);
+      backend.receive(1, label, 0, crossed ? 0 : 2, second, count, MemoryKind::activations);
+    }
+    const std::string message = error_of([&] { backend.finish_step(); });
+    CAPTURE(message);
+    if (crossed) {
+      CHECK(message.find("the NCCL activations from device 0 to device 1 were posted in another "
+                         "order") != std::string::npos);
+    } else {
+      CHECK(message.empty());
+    }
+  }
 }
 
 TEST_CASE("ranks of one communicator on one GPU: every rank refuses, naming both, before NCCL") {

@@ -20,16 +20,21 @@ namespace gpipe::detail {
 // Thread-safe: a device's memory may be freed by work running for another device.
 class MemoryCounter {
  public:
-  MemoryCounter(std::size_t device, std::size_t capacity) : device_(device) {
+  // `named`: the number the device goes by in messages (a rank's one device is its pipeline
+  // device, not 0).
+  MemoryCounter(std::size_t device, std::size_t capacity, std::size_t named)
+      : device_(device), named_(named) {
     stats_.capacity = capacity;
   }
+  MemoryCounter(std::size_t device, std::size_t capacity)
+      : MemoryCounter(device, capacity, device) {}
 
   // Counts `bytes` as in use; throws OutOfMemory (and counts nothing) past the capacity.
   void reserve(std::size_t bytes, MemoryKind kind) {
     std::lock_guard lock(mu_);
     // current <= capacity whenever there is a cap, so the subtraction cannot wrap.
     if (stats_.capacity != 0 && bytes > stats_.capacity - stats_.current)
-      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device_) +
+      throw OutOfMemory("gpipe: out of memory on device " + std::to_string(named_) +
                         ": allocating " + std::to_string(bytes) + " bytes with " +
                         std::to_string(stats_.current) + " in use exceeds the capacity of " +
                         std::to_string(stats_.capacity) + " bytes");
@@ -59,6 +64,7 @@ class MemoryCounter {
 
  private:
   std::size_t device_;
+  std::size_t named_;
   mutable std::mutex mu_;
   MemoryStats stats_;
 };

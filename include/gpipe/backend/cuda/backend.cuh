@@ -403,8 +403,8 @@ class Backend {
       GPIPE_CUBLAS_CHECK(cublasSetMathMode(
           s.blas, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
       order_.add_device(s.compute);
-      allocators_.push_back(std::make_unique<DeviceAllocator>(d, s.gpu->id, s.gpu->pool,
-                                                              options_.device_capacity, order_));
+      allocators_.push_back(std::make_unique<DeviceAllocator>(
+          d, s.gpu->id, s.gpu->pool, options_.device_capacity, order_, options_.first_device + d));
       kernels_.push_back(Kernels(s));
     }
     queues_.resize(devices_.size());

@@ -58,10 +58,11 @@ class StreamOrder {
 class DeviceAllocator {
  public:
   /// Counts virtual device `device`'s memory against `capacity` bytes (0 = no cap); allocates from
-  /// `pool`, GPU `gpu`'s, on the stream that `order` names. The backend makes one per device.
+  /// `pool`, GPU `gpu`'s, on the stream that `order` names; messages call the device `named`
+  /// (BackendOptions::first_device + device). The backend makes one per device.
   DeviceAllocator(std::size_t device, int gpu, cudaMemPool_t pool, std::size_t capacity,
-                  const detail::StreamOrder& order)
-      : counter_(device, capacity), gpu_(gpu), pool_(pool), order_(order) {}
+                  const detail::StreamOrder& order, std::size_t named)
+      : counter_(device, capacity, named), named_(named), gpu_(gpu), pool_(pool), order_(order) {}
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
 
@@ -79,11 +80,11 @@ class DeviceAllocator {
       const std::string what =
           std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
       if (error == cudaErrorMemoryAllocation)
-        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(device()) + " (GPU " +
+        throw OutOfMemory("gpipe: out of memory on device " + std::to_string(named_) + " (GPU " +
                           std::to_string(gpu_) + "): allocating " + std::to_string(bytes) +
                           " bytes failed (" + what + ")");
       throw Error("gpipe: allocating " + std::to_string(bytes) + " bytes on device " +
-                  std::to_string(device()) + " (GPU " + std::to_string(gpu_) + ") failed: " + what);
+                  std::to_string(named_) + " (GPU " + std::to_string(gpu_) + ") failed: " + what);
     }
     return p;
   }
@@ -108,6 +109,7 @@ class DeviceAllocator {
 
  private:
   gpipe::detail::MemoryCounter counter_;
+  std::size_t named_;
   int gpu_;
   cudaMemPool_t pool_;
   const detail::StreamOrder& order_;
