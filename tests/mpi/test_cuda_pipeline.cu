@@ -37,29 +37,29 @@ using namespace gpipe;
 using namespace gpipe::test;
 using namespace gpipe::test::mpi_conformance;
 
-// How many ranks run on this rank's machine. On the emulator every process is a machine of its
-// own (its GPUs are its own), whatever host the processes share.
+// This rank's place among the ranks of its host (what picks its default GPU), and how many they
+// are (MPI_COMM_TYPE_SHARED).
+struct HostRanks {
+  int rank = 0, size = 0;
+};
+HostRanks host_ranks() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  HostRanks out;
+  MPI_Comm_rank(node, &out.rank);
+  MPI_Comm_size(node, &out.size);
+  MPI_Comm_free(&node);
+  return out;
+}
+
+// How many ranks share this rank's GPUs. On the emulator every process is a machine of its own
+// (its GPUs are its own), whatever host the processes share.
 int ranks_on_this_machine() {
 #ifdef GPIPE_CUDA_EMULATION
   return 1;
 #else
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int size = 0;
-  MPI_Comm_size(node, &size);
-  MPI_Comm_free(&node);
-  return size;
+  return host_ranks().size;
 #endif
-}
-
-// The rank's index among the ranks of its machine (what picks its default GPU).
-int local_rank() {
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int rank = 0;
-  MPI_Comm_rank(node, &rank);
-  MPI_Comm_free(&node);
-  return rank;
 }
 
 bool on_every_rank(bool own) {
@@ -100,7 +100,7 @@ TEST_CASE("the world, a replica count that does not fit, another rank's device")
   CHECK(backend.world_size() == static_cast<std::size_t>(size));
   CHECK(backend.rank() == static_cast<std::size_t>(rank));
   // the rank's place among the ranks of its machine, modulo the GPUs there
-  CHECK(backend.gpu() == local_rank() % cuda::device_count());
+  CHECK(backend.gpu() == host_ranks().rank % cuda::device_count());
   CHECK_THROWS_WITH_AS(
       mpi::CudaBackend(MPI_COMM_WORLD, {.data_parallel = backend.world_size() + 1}),
       doctest::Contains("which is not data_parallel"), Error);
