@@ -184,23 +184,30 @@ int main(int argc, char** argv) {
     if (rank == 0) std::printf("skipped: a rank's machine has no usable GPU\n");
     return 0;
   }
-  if (!on_every_rank(ranks_on_this_machine() <= gpus)) {
-    // NCCL cannot run: what runs is the refusal of the default layout (a rank per GPU, modulo)
+  const int here = ranks_on_this_machine();  // collective: on every rank, once
+  if (!on_every_rank(here <= gpus)) {
+    // More ranks than the GPUs each sees: NCCL cannot run unless the ranks see different GPUs
+    // (CUDA_VISIBLE_DEVICES per rank). What runs is the default layout (a rank per GPU, modulo):
+    // refused on every rank, or built on every rank (distinct GPUs: the tests run below).
     const std::string message = refusal();
     const bool refused = on_every_rank(message.find("both run on GPU") != std::string::npos);
-    if (rank == 0) {
-      if (refused)
-        std::printf(
-            "skipped: %d ranks on a machine of %d GPU(s), and NCCL needs a GPU per rank: no "
-            "pipeline ran across GPUs. Ran: mpi::CudaBackend refuses the shared GPU on every "
-            "rank with\n  %s\n",
-            ranks_on_this_machine(), gpus, message.c_str());
-      else
-        std::printf("FAILED: %d ranks on %d GPU(s) were not refused on every rank; rank 0: %s\n",
-                    ranks_on_this_machine(), gpus,
-                    message.empty() ? "(constructed)" : message.c_str());
+    const bool built = on_every_rank(message.empty());
+    if (!built) {
+      if (rank == 0) {
+        if (refused)
+          std::printf(
+              "skipped: %d ranks on a machine of %d GPU(s), and NCCL needs a GPU per rank: no "
+              "pipeline ran across GPUs. Ran: mpi::CudaBackend refuses the shared GPU on every "
+              "rank with\n  %s\n",
+              here, gpus, message.c_str());
+        else
+          std::printf(
+              "FAILED: %d ranks on %d GPU(s) were neither refused nor built on every "
+              "rank; rank 0: %s\n",
+              here, gpus, message.empty() ? "(built)" : message.c_str());
+      }
+      return refused ? 0 : 1;
     }
-    return refused ? 0 : 1;
   }
   if (run_killed_rank_step<mpi::CudaBackend>()) return 0;  // see the top of this file
   return run_mpi_tests(argc, argv);
