@@ -37,7 +37,9 @@ find_library(gpipe_GOMP_LIBRARY NAMES gomp libgomp.so.1)
 if(gpipe_ONEDNN_INCLUDE_DIR AND gpipe_ONEDNN_LIBRARY AND gpipe_GOMP_LIBRARY)
   add_library(gpipe::host_gemm INTERFACE IMPORTED)
   target_include_directories(gpipe::host_gemm INTERFACE "${gpipe_ONEDNN_INCLUDE_DIR}")
-  target_link_libraries(gpipe::host_gemm INTERFACE "${gpipe_ONEDNN_LIBRARY}" "${gpipe_GOMP_LIBRARY}")
+  # dlopen (OpenBLAS, loaded at run time: gemm_library.hpp) is in libdl before glibc 2.34
+  target_link_libraries(gpipe::host_gemm INTERFACE
+    "${gpipe_ONEDNN_LIBRARY}" "${gpipe_GOMP_LIBRARY}" ${CMAKE_DL_LIBS})
   set(gpipe_ONEDNN_INCLUDE_DIRS "${gpipe_ONEDNN_INCLUDE_DIR}")
   set(gpipe_ONEDNN_FOUND TRUE)
 elseif(gpipe_ONEDNN_REQUIRED)

@@ -7,7 +7,7 @@
 #include <thread>
 
 #ifndef GPIPE_HOST_GEMM_REFERENCE
-#include <oneapi/dnnl/dnnl.h>
+#include "gpipe/backend/host/kernels/gemm_library.hpp"
 #endif
 
 // A program may define this to take its own flags out of argv before Google Benchmark parses
@@ -22,10 +22,8 @@ int main(int argc, char** argv) {
 #ifdef GPIPE_HOST_GEMM_REFERENCE
   benchmark::AddCustomContext("gpipe_host_gemm", "plain loops (GPIPE_HOST_ONEDNN=OFF)");
 #else
-  const dnnl_version_t* v = dnnl_version();
   benchmark::AddCustomContext(
-      "gpipe_host_gemm", "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
-                             "." + std::to_string(v->patch) + " sgemm, 1 thread per device worker");
+      "gpipe_host_gemm", gpipe::host::gemm_library_description() + ", 1 thread per device worker");
 #endif
 #ifdef NDEBUG
   benchmark::AddCustomContext("gpipe_build", "optimized");

@@ -1,8 +1,9 @@
 # Sourced by scripts/test and scripts/demo (bash). Makes sure what a build needs is installed:
 #   gpipe_ensure_deps [benchmark]
 # Checks cmake (>= 3.25), ninja, g++, doctest, oneDNN (libdnnl) and, when asked (the test
-# setup), Google Benchmark, Doxygen and Open MPI. What is missing is installed with apt-get when
-# we are root or have passwordless sudo; otherwise the function names the packages and returns 1.
+# setup), Google Benchmark, Doxygen, OpenBLAS and Open MPI. What is missing is installed with
+# apt-get when we are root or have passwordless sudo; otherwise the function names the packages
+# and returns 1.
 
 _gpipe_links() {  # _gpipe_links <source> [link flags...]: true when g++ compiles and links it
   local source=$1
@@ -26,6 +27,10 @@ _gpipe_missing_packages() {
       missing+=(libbenchmark-dev)
     # CTest api_reference builds the API reference from the headers (Doxygen)
     command -v doxygen >/dev/null 2>&1 || missing+=(doxygen)
+    # OpenBLAS, the host GEMM's second library (loaded at run time, gemm_library.hpp): its tests
+    # run where it is installed, and it is the default GEMM on AMD Zen CPUs
+    { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libopenblas\.so\.0 ' ||
+      missing+=(libopenblas0-pthread)
     # the MPI backend's tests run under mpirun (Open MPI)
     if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
       missing+=(libopenmpi-dev openmpi-bin)

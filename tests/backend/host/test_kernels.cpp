@@ -1,12 +1,12 @@
-// The host backend's kernels against references written here: the GEMM (oneDNN for float,
-// reference_gemm for double, and reference_gemm for float too) and Linear's fused forward
-// against a plain double-precision triple loop for every transpose combination, alpha and beta,
-// and odd shapes; the SIMD
-// elementwise kernels against their scalar definitions at every length around the pack width
-// (tails), in place where the contract allows; the SIMD exp and tanh against double over their
-// whole float range, packs against scalars bit for bit, and the float GELUTanh, softmax
-// cross-entropy and attention kernels built on them against double definitions; and that a GEMM
-// runs on its caller's thread alone without changing the caller's OpenMP setting.
+// The host backend's kernels against references written here: the GEMM (the process's library
+// for float, oneDNN and OpenBLAS each where installed, reference_gemm for double, and
+// reference_gemm for float too), the choice of library from GPIPE_HOST_GEMM, and Linear's fused
+// forward against a plain double-precision triple loop for every transpose combination, alpha and
+// beta, and odd shapes; the SIMD elementwise kernels against their scalar definitions at every
+// length around the pack width (tails), in place where the contract allows; the SIMD exp and tanh
+// against double over their whole float range, packs against scalars bit for bit, and the float
+// GELUTanh, softmax cross-entropy and attention kernels built on them against double definitions;
+// and that a GEMM runs on its caller's thread alone without changing the caller's OpenMP setting.
 
 #include <doctest/doctest.h>
 
@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -92,6 +93,81 @@ TEST_SUITE("backend host kernels") {
         },
         1e-5);
   }
+
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+  TEST_CASE("each float GEMM library matches the definition, strided operands included") {
+    INFO("this process's choice: ", gpipe::host::gemm_library_description());
+    auto with_strides = [](auto sgemm) {
+      return [sgemm](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                     const float* a, const float* b, float beta, float* c) {
+        if (k == 0) return gpipe::host::reference_gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+        const auto ld = gpipe::host::dense_strides(ta, tb, m, n, k);
+        sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld);
+      };
+    };
+    check_gemm(with_strides([](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
+                               float alpha, const float* a, const float* b, float beta, float* c,
+                               gpipe::host::GemmStrides ld) {
+                 gpipe::detail::onednn_sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld);
+               }),
+               1e-5);
+    if (gpipe::detail::OpenBlas::get() == nullptr) {
+      MESSAGE("skipped: OpenBLAS (libopenblas.so.0) is not installed, so only oneDNN was checked");
+      return;
+    }
+    check_gemm(with_strides([](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
+                               float alpha, const float* a, const float* b, float beta, float* c,
+                               gpipe::host::GemmStrides ld) {
+                 gpipe::detail::openblas_sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld.lda,
+                                               ld.ldb, ld.ldc);
+               }),
+               1e-5);
+    // A sub-matrix: C's and A's rows longer than their width (leading dimensions of a parent).
+    const std::size_t m = 5, n = 6, k = 7, lda = 11, ldc = 9;
+    const auto a = random_floats(m * lda, 11), b = random_floats(k * n, 12);
+    std::vector<float> c(m * ldc, 2.0f);
+    gpipe::detail::openblas_sgemm(false, false, m, n, k, 1.0f, a.data(), b.data(), 0.0f, c.data(),
+                                  lda, n, ldc);
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (std::size_t p = 0; p < k; ++p) sum += double(a[i * lda + p]) * double(b[p * n + j]);
+        CHECK(std::abs(c[i * ldc + j] - sum) < 1e-5 * (1 + std::abs(sum)));
+      }
+      for (std::size_t j = n; j < ldc; ++j) CHECK(c[i * ldc + j] == 2.0f);  // untouched
+    }
+  }
+
+  TEST_CASE("GPIPE_HOST_GEMM chooses the GEMM library, and a bad value is a clear error") {
+    using gpipe::host::GemmLibrary;
+    CHECK(gpipe::detail::choose_gemm_library("onednn") == GemmLibrary::onednn);
+    CHECK_THROWS_WITH_AS(
+        gpipe::detail::choose_gemm_library("mkl"),
+        doctest::Contains("GPIPE_HOST_GEMM is \"mkl\"; use onednn, openblas or auto"),
+        gpipe::Error);
+    const gpipe::detail::OpenBlas* blas = gpipe::detail::OpenBlas::get();
+    if (blas != nullptr) {
+      CHECK(gpipe::detail::choose_gemm_library("openblas") == GemmLibrary::openblas);
+    } else {
+      CHECK_THROWS_WITH_AS(
+          gpipe::detail::choose_gemm_library("openblas"),
+          doctest::Contains("libopenblas.so.0 (with cblas_sgemm) cannot be loaded"), gpipe::Error);
+    }
+    // auto (and unset): OpenBLAS exactly on AMD CPUs it has Zen kernels for, outside sanitizers.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    const bool sanitized = true;
+#else
+    const bool sanitized = false;
+#endif
+    const bool zen = gpipe::detail::amd_cpu() && blas != nullptr && blas->core.starts_with("Zen");
+    const GemmLibrary expected = zen && !sanitized ? GemmLibrary::openblas : GemmLibrary::onednn;
+    CHECK(gpipe::detail::choose_gemm_library(nullptr) == expected);
+    CHECK(gpipe::detail::choose_gemm_library("auto") == expected);
+    MESSAGE("auto chooses ", std::string(expected == GemmLibrary::openblas ? "OpenBLAS" : "oneDNN"),
+            " here (AMD CPU: ", gpipe::detail::amd_cpu(),
+            ", OpenBLAS core: ", blas != nullptr ? blas->core : std::string("not installed"), ")");
+  }
+#endif
 
   TEST_CASE("reference_gemm matches the definition, in float and in double") {
     check_gemm([](auto... args) { gpipe::host::reference_gemm<float>(args...); }, 1e-5);

@@ -69,6 +69,9 @@ class Backend {
     detail::require(num_devices > 0, "host::Backend needs at least one device");
     detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
                                              std::to_string(num_devices));
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+    gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
+#endif
     allocators_.reserve(num_devices);
     streams_.reserve(num_devices);
     for (std::size_t d = 0; d < num_devices; ++d) {

@@ -11,7 +11,8 @@
 //
 // Beyond the primitives every backend's context has, this one has linear_forward, a Linear
 // layer's GEMM and bias in one call, which Linear uses where a context provides it: the float
-// context runs it as one oneDNN matmul with the bias fused (kernels/linear.hpp).
+// context runs it as one oneDNN matmul with the bias fused (kernels/linear.hpp) where oneDNN is
+// the GEMM library (kernels/gemm_library.hpp), else as a GEMM and a bias pass.
 
 #include <cstddef>
 #include <cstdint>
@@ -51,17 +52,18 @@ class Kernels {
     host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
   /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten. For float
-  /// one oneDNN matmul with the bias fused (kernels/linear.hpp), else (and in a build that defines
-  /// GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
+  /// with oneDNN as the GEMM library one matmul with the bias fused (kernels/linear.hpp), else
+  /// (OpenBLAS, double, and a build that defines GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
                       const T* b, T* y) {
     if (rows == 0) return;
+#ifndef GPIPE_HOST_GEMM_REFERENCE
     if constexpr (fused_linear) {
-      linear_(rows, in, out, x, w, b, y);
-    } else {
-      gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
-      bias_add(rows, out, b, y);
+      if (gemm_library() == GemmLibrary::onednn) return linear_(rows, in, out, x, w, b, y);
     }
+#endif
+    gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
+    bias_add(rows, out, b, y);
   }
   /// y(rows, cols) += bias(cols), on every row.
   void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {

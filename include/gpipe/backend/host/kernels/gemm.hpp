@@ -2,12 +2,13 @@
 // Row-major GEMM of the host backend: C(m, n) = alpha * op(A) * op(B) + beta * C.
 //
 // float goes through oneDNN's dnnl_sgemm, which picks its kernel (AVX-512, AVX2, ...) for the CPU
-// it runs on, always in fp32 (the gemm API has no reduced-precision mode). It runs on the calling
-// thread alone: a device's worker is one compute thread, so K devices use K cores and never
-// oversubscribe them. A build configured with GPIPE_HOST_ONEDNN=OFF (CMake) defines
-// GPIPE_HOST_GEMM_REFERENCE and uses reference_gemm for float too: correct, and slow.
-// double (the finite-difference tests and the double-precision reference model) always takes
-// reference_gemm: no optimized library is needed for test sizes.
+// it runs on, always in fp32 (the gemm API has no reduced-precision mode), or through OpenBLAS's
+// cblas_sgemm where gemm_library() chooses it (AMD Zen CPUs, or GPIPE_HOST_GEMM=openblas; see
+// gemm_library.hpp). It runs on the calling thread alone: a device's worker is one compute
+// thread, so K devices use K cores and never oversubscribe them. A build configured with
+// GPIPE_HOST_ONEDNN=OFF (CMake) defines GPIPE_HOST_GEMM_REFERENCE and uses reference_gemm for
+// float too: correct, and slow. double (the finite-difference tests and the double-precision
+// reference model) always takes reference_gemm: no optimized library is needed for test sizes.
 
 #include <cstddef>
 #include <string>
@@ -16,6 +17,7 @@
 #ifndef GPIPE_HOST_GEMM_REFERENCE
 #include <oneapi/dnnl/dnnl.h>
 
+#include "gpipe/backend/host/kernels/gemm_library.hpp"
 #include "gpipe/error.hpp"
 
 /// The OpenMP runtime oneDNN is built on (its thread count is a per-thread setting).
@@ -122,8 +124,8 @@ namespace gpipe::host {
 #endif
 
 /// C(m, n) = alpha op(A) op(B) + beta C, shapes and strides as for reference_gemm; T is float
-/// or double. float goes through oneDNN (throws `gpipe::Error` if it fails) unless the build
-/// defines GPIPE_HOST_GEMM_REFERENCE; m = 0 or n = 0 leaves C untouched.
+/// or double. float goes through the library gemm_library() names (throws `gpipe::Error` if it
+/// fails) unless the build defines GPIPE_HOST_GEMM_REFERENCE; m = 0 or n = 0 leaves C untouched.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c, GemmStrides ld) {
@@ -131,7 +133,13 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
   if (m == 0 || n == 0) return;
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   if constexpr (std::is_same_v<T, float>) {
-    if (k > 0) return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
+    if (k > 0) {
+      detail::SingleComputeThread one_thread;  // for an OpenBLAS built on OpenMP too
+      if (gemm_library() == GemmLibrary::openblas)
+        return detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld.lda,
+                                      ld.ldb, ld.ldc);
+      return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
+    }
   }
 #endif
   reference_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
