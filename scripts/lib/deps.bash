@@ -12,6 +12,12 @@ _gpipe_links() {  # _gpipe_links <source> [link flags...]: true when g++ compile
     printf '%s\n' "$source" | g++ -std=c++20 -x c++ - -o /dev/null "$@" >/dev/null 2>&1
 }
 
+_gpipe_has_library() {  # _gpipe_has_library <soname>: true when the dynamic loader knows it
+  local listing
+  listing=$({ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null) || true
+  [[ $listing == *$'\t'"$1 "* ]]
+}
+
 _gpipe_missing_packages() {
   local want_benchmark=$1
   local missing=()
@@ -29,8 +35,7 @@ _gpipe_missing_packages() {
     command -v doxygen >/dev/null 2>&1 || missing+=(doxygen)
     # OpenBLAS, the host GEMM's second library (loaded at run time, gemm_library.hpp): its tests
     # run where it is installed, and it is the default GEMM on AMD Zen CPUs
-    { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libopenblas\.so\.0 ' ||
-      missing+=(libopenblas0-pthread)
+    _gpipe_has_library libopenblas.so.0 || missing+=(libopenblas0-pthread)
     # the MPI backend's tests run under mpirun (Open MPI)
     if ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
       missing+=(libopenmpi-dev openmpi-bin)
