@@ -97,37 +97,26 @@ TEST_SUITE("backend host kernels") {
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   TEST_CASE("each float GEMM library matches the definition, strided operands included") {
     INFO("this process's choice: ", gpipe::host::gemm_library_description());
-    auto with_strides = [](auto sgemm) {
+    // Each library's sgemm (k > 0) on dense strides; k = 0 is host::gemm's to handle.
+    auto dense = [](auto sgemm) {
       return [sgemm](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                      const float* a, const float* b, float beta, float* c) {
         if (k == 0) return gpipe::host::reference_gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
-        const auto ld = gpipe::host::dense_strides(ta, tb, m, n, k);
-        sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld);
+        sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, gpipe::host::dense_strides(ta, tb, m, n, k));
       };
     };
-    check_gemm(with_strides([](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
-                               float alpha, const float* a, const float* b, float beta, float* c,
-                               gpipe::host::GemmStrides ld) {
-                 gpipe::detail::onednn_sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld);
-               }),
-               1e-5);
+    check_gemm(dense(gpipe::detail::onednn_sgemm), 1e-5);
     if (gpipe::detail::OpenBlas::get() == nullptr) {
       MESSAGE("skipped: OpenBLAS (libopenblas.so.0) is not installed, so only oneDNN was checked");
       return;
     }
-    check_gemm(with_strides([](bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k,
-                               float alpha, const float* a, const float* b, float beta, float* c,
-                               gpipe::host::GemmStrides ld) {
-                 gpipe::detail::openblas_sgemm(ta, tb, m, n, k, alpha, a, b, beta, c, ld.lda,
-                                               ld.ldb, ld.ldc);
-               }),
-               1e-5);
+    check_gemm(dense(gpipe::detail::openblas_sgemm), 1e-5);
     // A sub-matrix: C's and A's rows longer than their width (leading dimensions of a parent).
     const std::size_t m = 5, n = 6, k = 7, lda = 11, ldc = 9;
     const auto a = random_floats(m * lda, 11), b = random_floats(k * n, 12);
     std::vector<float> c(m * ldc, 2.0f);
     gpipe::detail::openblas_sgemm(false, false, m, n, k, 1.0f, a.data(), b.data(), 0.0f, c.data(),
-                                  lda, n, ldc);
+                                  {lda, n, ldc});
     for (std::size_t i = 0; i < m; ++i) {
       for (std::size_t j = 0; j < n; ++j) {
         double sum = 0;

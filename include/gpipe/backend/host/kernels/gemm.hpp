@@ -10,6 +10,7 @@
 // float too: correct, and slow. double (the finite-difference tests and the double-precision
 // reference model) always takes reference_gemm: no optimized library is needed for test sizes.
 
+#include <climits>
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -103,10 +104,11 @@ class SingleComputeThread {
   int previous_;
 };
 
+// The two libraries' float GEMMs, k > 0; each runs with the calling thread's OpenMP setting
+// (host::gemm sets it to one thread around them).
 inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
                          float alpha, const float* a, const float* b, float beta, float* c,
                          host::GemmStrides ld) {
-  SingleComputeThread one_thread;
   const dnnl_status_t status =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
                  static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
@@ -116,6 +118,21 @@ inline void onednn_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t 
     throw Error("gpipe: oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) +
                 ") for m = " + std::to_string(m) + ", n = " + std::to_string(n) +
                 ", k = " + std::to_string(k));
+}
+
+inline void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                           float alpha, const float* a, const float* b, float beta, float* c,
+                           host::GemmStrides ld) {
+  const OpenBlas* blas = OpenBlas::get();
+  if (blas == nullptr) throw Error("gpipe: OpenBLAS (libopenblas.so.0) is not loaded");
+  for (std::size_t v : {m, n, k, ld.lda, ld.ldb, ld.ldc})
+    if (v > static_cast<std::size_t>(INT_MAX))
+      throw Error("gpipe: OpenBLAS takes GEMM sizes and strides up to " + std::to_string(INT_MAX) +
+                  ", got " + std::to_string(v));
+  blas->sgemm(OpenBlas::row_major, trans_a ? OpenBlas::trans : OpenBlas::no_trans,
+              trans_b ? OpenBlas::trans : OpenBlas::no_trans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(ld.lda), b,
+              static_cast<int>(ld.ldb), beta, c, static_cast<int>(ld.ldc));
 }
 
 }  // namespace gpipe::detail
@@ -134,10 +151,9 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   if constexpr (std::is_same_v<T, float>) {
     if (k > 0) {
-      detail::SingleComputeThread one_thread;  // for an OpenBLAS built on OpenMP too
+      detail::SingleComputeThread one_thread;  // oneDNN's, and an OpenMP-built OpenBLAS's
       if (gemm_library() == GemmLibrary::openblas)
-        return detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld.lda,
-                                      ld.ldb, ld.ldc);
+        return detail::openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
       return detail::onednn_sgemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
     }
   }

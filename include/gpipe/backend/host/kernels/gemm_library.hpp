@@ -24,7 +24,6 @@
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include <climits>
 #include <cstddef>
 #include <cstdlib>
 #include <optional>
@@ -78,7 +77,10 @@ struct OpenBlas {
         reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
     const auto corename = reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_corename"));
     const auto config = reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_config"));
-    if (blas.sgemm == nullptr || set_threads == nullptr || corename == nullptr) return std::nullopt;
+    if (blas.sgemm == nullptr || set_threads == nullptr || corename == nullptr) {
+      dlclose(lib);  // not an OpenBLAS gpipe can use
+      return std::nullopt;
+    }
     set_threads(1);
     const char* core = corename();
     blas.core = core != nullptr ? core : "";
@@ -116,27 +118,12 @@ inline host::GemmLibrary choose_gemm_library(const char* setting) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   return host::GemmLibrary::onednn;  // sanitizer builds stay on one library's code
 #else
-  if (amd_cpu()) {
+  if (amd_cpu()) {  // first: other CPUs never load OpenBLAS (and start its threads)
     const OpenBlas* blas = OpenBlas::get();
     if (blas != nullptr && blas->core.starts_with("Zen")) return host::GemmLibrary::openblas;
   }
   return host::GemmLibrary::onednn;
 #endif
-}
-
-inline void openblas_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                           float alpha, const float* a, const float* b, float beta, float* c,
-                           std::size_t lda, std::size_t ldb, std::size_t ldc) {
-  const OpenBlas* blas = OpenBlas::get();
-  if (blas == nullptr) throw Error("gpipe: OpenBLAS (libopenblas.so.0) is not loaded");
-  for (std::size_t v : {m, n, k, lda, ldb, ldc})
-    if (v > static_cast<std::size_t>(INT_MAX))
-      throw Error("gpipe: OpenBLAS takes GEMM sizes and strides up to " + std::to_string(INT_MAX) +
-                  ", got " + std::to_string(v));
-  blas->sgemm(OpenBlas::row_major, trans_a ? OpenBlas::trans : OpenBlas::no_trans,
-              trans_b ? OpenBlas::trans : OpenBlas::no_trans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 }  // namespace gpipe::detail
