@@ -5,6 +5,8 @@
 //   K = 1        the unpipelined model on one device (one worker thread); M = 1 is the whole
 //                batch at once, M = 8 accumulates gradients over 8 micro-batches one after the
 //                other: GEMMs of the pipeline's micro-batch size, without a pipeline
+//   K = 1, threads:2  the same with each GEMM split over two threads, the device's worker and
+//                one helper (host::BackendOptions::threads_per_device): both cores on one device
 //   K = 2        two stages of two hidden layers each (the second also holds the classifier), one
 //                device per core, M micro-batches, under GPipe's fill-drain schedule, 1F1B and
 //                ZB-H1 (BM_MlpStep<Schedule>)
@@ -52,11 +54,13 @@ struct MlpFor<2> {
 
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
-template <std::size_t K, class Schedule>
+// threads:T (Threaded) gives the device T threads (host::BackendOptions::threads_per_device).
+template <std::size_t K, class Schedule, bool Threaded = false>
 void BM_MlpStep(benchmark::State& state) {
   using Model = typename MlpFor<K>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
-  gpipe::host::Backend backend(K);
+  const auto threads = Threaded ? static_cast<std::size_t>(state.range(2)) : std::size_t{1};
+  gpipe::host::Backend backend(K, {.threads_per_device = threads});
   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, Schedule> trainer(
       backend, {.micro_batches = m, .seed = 1});
   gpipe::Rng rng(2);
@@ -78,7 +82,7 @@ void BM_MlpStep(benchmark::State& state) {
   }
   if (state.error_occurred()) return;
   const double step_ms = 1e3 * seconds / static_cast<double>(state.iterations());
-  if (K == 1 && m == 1) baseline_ms = step_ms;
+  if (K == 1 && m == 1 && threads == 1) baseline_ms = step_ms;
   state.counters["step_ms"] = step_ms;
   if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
   state.counters["bubble"] = trainer.last_step().bubble_fraction;
@@ -97,6 +101,11 @@ void register_all() {
   benchmark::RegisterBenchmark("BM_MlpStep<GPipe>", BM_MlpStep<1, gpipe::GPipe>)
       ->ArgNames({"K", "M"})
       ->ArgsProduct({{1}, {1, 8}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_MlpStep<GPipe>", BM_MlpStep<1, gpipe::GPipe, true>)
+      ->ArgNames({"K", "M", "threads"})
+      ->ArgsProduct({{1}, {1, 8}, {2}})
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
   add_pipelined<gpipe::GPipe>("BM_MlpStep<GPipe>");

@@ -110,6 +110,21 @@ TEST_CASE("bubble_breakdown: the schedule's own bubble from the simulator, the r
   CHECK(why.devices_share_cores == (std::thread::hardware_concurrency() == 1));
 }
 
+TEST_CASE("bubble_breakdown: devices share cores when devices x threads_per_device exceed them") {
+  const unsigned cores = std::thread::hardware_concurrency();
+  for (std::size_t threads : {1u, 2u, 3u}) {
+    INFO("threads per device ", threads, ", cores ", cores);
+    host::Backend backend(2, {.threads_per_device = threads});
+    Trainer<Model2, SoftmaxCrossEntropy, host::Backend, GPipe> trainer(backend,
+                                                                       {.micro_batches = 4});
+    (void)trainer.forward_backward(random_inputs(16, Model2::in_features, 1),
+                                   random_classes(16, Model2::out_features, 2));
+    const auto why = trainer.bubble_breakdown();
+    REQUIRE(why.busy_devices == 2);
+    CHECK(why.devices_share_cores == (cores != 0 && 2 * threads > cores));
+  }
+}
+
 TEST_CASE("bubble_breakdown: uneven stages show as imbalance, not as executor overhead") {
   // Stage 1 does about 250 times stage 0's work per op (two 256 x 256 GEMMs against one 4 x 4).
   using Uneven = Pipeline<Stage<Linear<4, 4>>,

@@ -278,7 +278,8 @@ class Trainer {
     double mean_op_us = 0;             ///< the step's busy time / its compute ops
     std::vector<double> device_op_us;  ///< [device] its busy time / its compute ops (0: none ran)
     std::size_t busy_devices = 0;      ///< devices of the pipeline that computed in the step
-    bool devices_share_cores = false;  ///< host backend: more busy devices than hardware threads
+    bool devices_share_cores =
+        false;  ///< host: busy devices x threads_per_device > hardware threads
   };
   /// The breakdown of `last_step()`'s bubble; all zero when the backend does not time work.
   BubbleBreakdown bubble_breakdown() const {
@@ -302,7 +303,8 @@ class Trainer {
     out.overhead = out.measured - out.schedule - out.imbalance;
     if constexpr (Backend::name == std::string_view("host")) {
       const unsigned cores = std::thread::hardware_concurrency();
-      out.devices_share_cores = cores != 0 && out.busy_devices > cores;
+      out.devices_share_cores =
+          cores != 0 && out.busy_devices * backend_.threads_per_device() > cores;
     }
     return out;
   }

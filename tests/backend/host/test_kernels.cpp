@@ -6,7 +6,8 @@
 // length around the pack width (tails), in place where the contract allows; the SIMD exp and tanh
 // against double over their whole float range, packs against scalars bit for bit, and the float
 // GELUTanh, softmax cross-entropy and attention kernels built on them against double definitions;
-// and that a GEMM runs on its caller's thread alone without changing the caller's OpenMP setting.
+// and that a GEMM runs on its caller's thread alone without changing the caller's OpenMP setting;
+// and a GEMM split over a Team of threads (gemm_split's blocks) against the same definition.
 
 #include <doctest/doctest.h>
 
@@ -157,6 +158,103 @@ TEST_SUITE("backend host kernels") {
             ", OpenBLAS core: ", blas != nullptr ? blas->core : std::string("not installed"), ")");
   }
 #endif
+
+  TEST_CASE("gemm_split cuts the longer side of C into aligned blocks, and small GEMMs not") {
+    using gpipe::host::gemm_split;
+    for (const Shape& s :
+         {Shape{256, 1024, 1024}, Shape{1500, 48, 128}, Shape{96, 1030, 128}, Shape{32, 1024, 1024},
+          Shape{256, 16, 1024}, Shape{32, 16, 1024}, Shape{8, 8, 8}, Shape{4096, 4096, 0}})
+      for (std::size_t threads : {1u, 2u, 3u, 8u}) {
+        INFO("m ", s.m, " n ", s.n, " k ", s.k, " threads ", threads);
+        const auto split = gemm_split(s.m, s.n, s.k, threads);
+        const std::size_t extent = split.by_columns ? s.n : s.m, other = s.m + s.n - extent;
+        CHECK(split.by_columns == (s.n >= s.m));
+        CHECK(split.parts >= 1);
+        CHECK(split.parts <= threads);
+        if (split.parts == 1) continue;
+        CHECK(split.block % gpipe::host::gemm_split_align == 0);
+        CHECK(split.block * (split.parts - 1) < extent);  // every block has columns (rows)
+        CHECK(split.block * split.parts >= extent);       // and together they cover C
+        CHECK(split.block * other * s.k >= gpipe::host::gemm_split_min_work);
+      }
+    // The MLP's layers split over two threads; a 32-row head GEMM (0.5 M multiply-adds) does not.
+    CHECK(gemm_split(256, 1024, 1024, 2).parts == 2);
+    CHECK(gemm_split(32, 1024, 1024, 2).parts == 2);
+    CHECK(gemm_split(256, 16, 1024, 2).parts == 2);
+    CHECK(gemm_split(32, 16, 1024, 2).parts == 1);
+    CHECK(gemm_split(8, 8, 8, 8).parts == 1);
+    CHECK(gemm_split(4096, 4096, 0, 8).parts == 1);
+  }
+
+  TEST_CASE("a GEMM split over a team matches the definition, strided operands included") {
+    // Shapes gemm_split cuts into 2 and 3 blocks, by columns and by rows, the last block shorter;
+    // pad > 0 stores every operand inside a wider parent, whose padding must stay untouched.
+    for (std::size_t threads : {2u, 3u}) {
+      gpipe::host::Team team(threads);
+      for (const Shape& s : {Shape{64, 1000, 96}, Shape{1500, 48, 128}, Shape{96, 1030, 128}}) {
+        const auto split = gpipe::host::gemm_split(s.m, s.n, s.k, threads);
+        REQUIRE(split.parts > 1);
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (std::size_t pad : {0u, 5u}) {
+              const float beta = pad == 0 ? 0.0f : -0.5f;
+              INFO("threads ", threads, " m ", s.m, " n ", s.n, " k ", s.k, " trans_a ", ta,
+                   " trans_b ", tb, " pad ", pad, " parts ", split.parts);
+              const auto a = random_floats(s.m * s.k, 1), b = random_floats(s.k * s.n, 2);
+              const auto c0 = random_floats(s.m * s.n, 3);
+              const gpipe::host::GemmStrides dense =
+                  gpipe::host::dense_strides(ta, tb, s.m, s.n, s.k);
+              const gpipe::host::GemmStrides ld{dense.lda + pad, dense.ldb + pad, dense.ldc + pad};
+              // Each operand's stored rows inside a parent of rows ld long, padding = 7.
+              auto embed = [](const std::vector<float>& v, std::size_t cols, std::size_t stride) {
+                std::vector<float> parent(v.size() / cols * stride, 7.0f);
+                for (std::size_t r = 0; r < v.size() / cols; ++r)
+                  std::copy_n(v.begin() + r * cols, cols, parent.begin() + r * stride);
+                return parent;
+              };
+              const auto pa = embed(a, dense.lda, ld.lda), pb = embed(b, dense.ldb, ld.ldb);
+              auto pc = embed(c0, s.n, ld.ldc);
+              if (beta == 0.0f)  // beta = 0 overwrites C, NaN included
+                for (std::size_t r = 0; r < s.m; ++r)
+                  std::fill_n(pc.begin() + r * ld.ldc, s.n,
+                              std::numeric_limits<float>::quiet_NaN());
+              gpipe::host::gemm(ta, tb, s.m, s.n, s.k, 1.5f, pa.data(), pb.data(), beta, pc.data(),
+                                ld, &team);
+              std::vector<float> c(s.m * s.n);
+              bool padding_kept = true;
+              for (std::size_t r = 0; r < s.m; ++r) {
+                std::copy_n(pc.begin() + r * ld.ldc, s.n, c.begin() + r * s.n);
+                for (std::size_t j = s.n; j < ld.ldc; ++j)
+                  padding_kept = padding_kept && pc[r * ld.ldc + j] == 7.0f;
+              }
+              CHECK(padding_kept);
+              CHECK(relative_error(c, naive_gemm(ta, tb, s.m, s.n, s.k, 1.5, a, b, beta, c0)) <
+                    1e-5);
+            }
+      }
+    }
+  }
+
+  TEST_CASE("a kernel context with a team splits its GEMMs and Linear's forward over it") {
+    gpipe::host::Team team(2);
+    gpipe::host::Kernels<float> k(0, &team);
+    CHECK(k.threads() == 2);
+    CHECK(gpipe::host::Kernels<float>().threads() == 1);
+    const std::size_t rows = 256, in = 512, out = 64;
+    REQUIRE(gpipe::host::gemm_split(rows, out, in, 2).parts == 2);
+    const auto x = random_floats(rows * in, 8), w = random_floats(out * in, 9),
+               b = random_floats(out, 10);
+    std::vector<float> y(rows * out, std::numeric_limits<float>::quiet_NaN());
+    k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
+    std::vector<float> bias_rows(rows * out);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t o = 0; o < out; ++o) bias_rows[r * out + o] = b[o];
+    CHECK(relative_error(y, naive_gemm(false, true, rows, out, in, 1.0, x, w, 1.0, bias_rows)) <
+          1e-5);
+    std::vector<float> dx(rows * in, std::numeric_limits<float>::quiet_NaN());
+    k.gemm(false, false, rows, in, out, 1.0f, y.data(), w.data(), 0.0f, dx.data());
+    CHECK(relative_error(dx, naive_gemm(false, false, rows, in, out, 1.0, y, w, 0.0, dx)) < 1e-5);
+  }
 
   TEST_CASE("reference_gemm matches the definition, in float and in double") {
     check_gemm([](auto... args) { gpipe::host::reference_gemm<float>(args...); }, 1e-5);

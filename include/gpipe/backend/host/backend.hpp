@@ -35,11 +35,17 @@ struct BackendOptions {
   /// The number the first device goes by in errors, traces and out-of-memory messages (the
   /// devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
   std::size_t first_device = 0;
+  /// The threads each device computes its GEMMs on (1 to Team::max_threads): its worker and
+  /// `threads_per_device - 1` helpers (kernels/team.hpp). 1 keeps a device on one core; more
+  /// uses cores that K devices would leave idle (K * threads_per_device up to the core count),
+  /// the way PyTorch splits each GEMM over its intra-op threads.
+  std::size_t threads_per_device = 1;
 };
 
 /// K devices on the CPU, a `gpipe::backend` (backend/concepts.hpp): each device is a worker
 /// thread running an in-order Stream, with its own counted and optionally capped memory. A device
-/// computes on one core (oneDNN runs on the worker's thread alone), so K devices want K cores.
+/// computes on one core (its GEMMs run on the worker's thread alone), so K devices want K cores,
+/// unless Options::threads_per_device gives each device's GEMMs more threads.
 ///
 ///     gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
 ///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
@@ -69,6 +75,10 @@ class Backend {
     detail::require(num_devices > 0, "host::Backend needs at least one device");
     detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
                                              std::to_string(num_devices));
+    detail::require(
+        options.threads_per_device >= 1 && options.threads_per_device <= Team::max_threads,
+        "host::Backend: threads_per_device must be 1 to " + std::to_string(Team::max_threads) +
+            ", got " + std::to_string(options.threads_per_device));
 #ifndef GPIPE_HOST_GEMM_REFERENCE
     gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
 #endif
@@ -77,8 +87,10 @@ class Backend {
     for (std::size_t d = 0; d < num_devices; ++d) {
       const std::size_t named = options.first_device + d;
       allocators_.push_back(std::make_unique<DeviceAllocator>(named, options.device_capacity));
-      streams_.push_back(std::make_unique<Stream>(named, group_, epoch_));
+      streams_.push_back(
+          std::make_unique<Stream>(named, group_, epoch_, options.threads_per_device));
     }
+    threads_per_device_ = options.threads_per_device;
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -87,6 +99,8 @@ class Backend {
 
   /// K, the devices given at construction.
   std::size_t num_devices() const { return streams_.size(); }
+  /// The threads each device computes on (Options::threads_per_device).
+  std::size_t threads_per_device() const { return threads_per_device_; }
   /// What the microseconds of traces and timings count from: the backend's construction.
   Stream::Clock::time_point epoch() const { return epoch_; }
 
@@ -183,6 +197,7 @@ class Backend {
   /// Declaration order matters: streams (which may free buffers as they drop work) are destroyed
   /// before the allocators and the group they use.
   Stream::Clock::time_point epoch_ = Stream::Clock::now();
+  std::size_t threads_per_device_ = 1;
   std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   StreamGroup group_;
   std::vector<std::unique_ptr<Stream>> streams_;

@@ -13,6 +13,8 @@
 // layer's GEMM and bias in one call, which Linear uses where a context provides it: the float
 // context runs it as one oneDNN matmul with the bias fused (kernels/linear.hpp) where oneDNN is
 // the GEMM library (kernels/gemm_library.hpp), else as a GEMM and a bias pass.
+//
+// A context may be given a Team (kernels/team.hpp): its GEMMs then split over the team's threads.
 
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +27,7 @@
 #include "gpipe/backend/host/kernels/linear.hpp"
 #include "gpipe/backend/host/kernels/loss.hpp"
 #include "gpipe/backend/host/kernels/optimizer.hpp"
+#include "gpipe/backend/host/kernels/team.hpp"
 
 namespace gpipe::host {
 
@@ -39,27 +42,34 @@ class Kernels {
   /// finite-difference tests and the double-precision reference.
   using value_type = T;
 
-  /// A context for `device`, the number device() reports; it allocates nothing until used.
-  explicit Kernels(std::size_t device = 0) : device_(device) {}
+  /// A context for `device`, the number device() reports, computing on the calling thread and on
+  /// `team`'s helpers where given (the team outlives the context; null = the calling thread
+  /// alone); it allocates nothing until used.
+  explicit Kernels(std::size_t device = 0, Team* team = nullptr) : device_(device), team_(team) {}
   /// The device whose memory the pointer arguments are.
   std::size_t device() const { return device_; }
+  /// The threads this context's GEMMs split over: 1, or the size of its Team.
+  std::size_t threads() const { return team_ == nullptr ? 1 : team_->size(); }
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major. op(A) (m, k) is A, or the transpose of a
   /// stored (k, m) A when `trans_a`; op(B) (k, n) likewise with `trans_b`. beta = 0 overwrites C,
-  /// NaN included.
+  /// NaN included. Split over the context's team where it has one (host::gemm_split).
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
             const T* a, const T* b, T beta, T* c) {
-    host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+    host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c,
+               dense_strides(trans_a, trans_b, m, n, k), team_);
   }
   /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten. For float
-  /// with oneDNN as the GEMM library one matmul with the bias fused (kernels/linear.hpp), else
-  /// (OpenBLAS, double, and a build that defines GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
+  /// with oneDNN as the GEMM library and one thread, one matmul with the bias fused
+  /// (kernels/linear.hpp), else (OpenBLAS, a team of threads, double, and a build that defines
+  /// GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
                       const T* b, T* y) {
     if (rows == 0) return;
 #ifndef GPIPE_HOST_GEMM_REFERENCE
     if constexpr (fused_linear) {
-      if (gemm_library() == GemmLibrary::onednn) return linear_(rows, in, out, x, w, b, y);
+      if (gemm_library() == GemmLibrary::onednn && threads() == 1)
+        return linear_(rows, in, out, x, w, b, y);
     }
 #endif
     gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
@@ -165,6 +175,7 @@ class Kernels {
 #endif
 
   std::size_t device_;
+  Team* team_;
   [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
 };
 

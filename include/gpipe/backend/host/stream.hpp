@@ -127,9 +127,16 @@ class Stream {
   using Clock = std::chrono::steady_clock;
 
   /// Starts the worker thread of `device` (the number the device goes by in traces and failure
-  /// messages), attached to `group`; trace and timing microseconds count from `epoch`.
-  Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now())
-      : device_(device), group_(group), epoch_(epoch), kernels_(device) {
+  /// messages), attached to `group`; trace and timing microseconds count from `epoch`. The work's
+  /// GEMMs compute on `threads` threads (1 to Team::max_threads, else throws `gpipe::Error`):
+  /// the worker and `threads - 1` helpers of the stream's own Team.
+  Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now(),
+         std::size_t threads = 1)
+      : device_(device),
+        group_(group),
+        epoch_(epoch),
+        team_(threads == 1 ? nullptr : std::make_unique<Team>(threads)),
+        kernels_(device, team_.get()) {
     group_.attach(&event_cv_);
     thread_ = std::thread([this] { run(); });
   }
@@ -249,6 +256,7 @@ class Stream {
   std::atomic<bool> tracing_{false};
   std::vector<TraceEvent> trace_;
   ComputeTiming timing_;
+  std::unique_ptr<Team> team_;  ///< null for one thread; outlives kernels_, which points to it
   Kernels<float> kernels_;
   std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_, event_cv_;

@@ -5,21 +5,26 @@
 // it runs on, always in fp32 (the gemm API has no reduced-precision mode), or through OpenBLAS's
 // cblas_sgemm where gemm_library() chooses it (AMD Zen CPUs, or GPIPE_HOST_GEMM=openblas; see
 // gemm_library.hpp). It runs on the calling thread alone: a device's worker is one compute
-// thread, so K devices use K cores and never oversubscribe them. A build configured with
+// thread, so K devices use K cores and never oversubscribe them; a device given a Team of more
+// threads (kernels/team.hpp) splits each large GEMM's output into one block per thread, each
+// block again a one-thread library call. A build configured with
 // GPIPE_HOST_ONEDNN=OFF (CMake) defines GPIPE_HOST_GEMM_REFERENCE and uses reference_gemm for
 // float too: correct, and slow. double (the finite-difference tests and the double-precision
 // reference model) always takes reference_gemm: no optimized library is needed for test sizes.
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <string>
 #include <type_traits>
 
+#include "gpipe/backend/host/kernels/team.hpp"
+#include "gpipe/error.hpp"
+
 #ifndef GPIPE_HOST_GEMM_REFERENCE
 #include <oneapi/dnnl/dnnl.h>
 
 #include "gpipe/backend/host/kernels/gemm_library.hpp"
-#include "gpipe/error.hpp"
 
 /// The OpenMP runtime oneDNN is built on (its thread count is a per-thread setting).
 extern "C" int omp_get_max_threads() noexcept;
@@ -166,6 +171,70 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c) {
   gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, dense_strides(trans_a, trans_b, m, n, k));
+}
+
+/// How gemm() splits a GEMM over a team: `parts` blocks (1 = not split) of `block` columns of C
+/// (`by_columns`) or rows, the last one possibly shorter.
+struct GemmSplit {
+  /// The number of blocks, at most the team's size; 1 when the GEMM is too small to gain.
+  std::size_t parts = 1;
+  /// Columns (or rows) per block, a multiple of gemm_split_align except for a single block.
+  std::size_t block = 0;
+  /// Whether blocks are column ranges of C (op(B)'s columns) or row ranges (op(A)'s rows).
+  bool by_columns = true;
+};
+
+/// Blocks are whole multiples of this many columns or rows (64 bytes of floats), so that no two
+/// threads write one cache line of C and each library call keeps its full register tiles.
+inline constexpr std::size_t gemm_split_align = 16;
+/// A block is not worth a hand-over below this many multiply-adds (about 60 microseconds of one
+/// core's GEMM): waking a helper and waiting for it costs tens of microseconds.
+inline constexpr std::size_t gemm_split_min_work = std::size_t{1} << 21;
+
+/// The split gemm() uses for an (m, n, k) GEMM on a team of `threads`: along the longer of C's two
+/// dimensions, into at most `threads` blocks of at least gemm_split_align columns (rows) and
+/// gemm_split_min_work multiply-adds each.
+constexpr GemmSplit gemm_split(std::size_t m, std::size_t n, std::size_t k, std::size_t threads) {
+  GemmSplit split;
+  split.by_columns = n >= m;
+  const std::size_t extent = split.by_columns ? n : m;
+  split.block = extent;
+  const std::size_t other = split.by_columns ? m : n;
+  if (threads <= 1 || k == 0 || other == 0) return split;
+  const std::size_t aligned_blocks = extent / gemm_split_align;
+  const std::size_t per_line = other * k;  // multiply-adds per column (row) of C
+  const std::size_t work_blocks = extent / ((gemm_split_min_work + per_line - 1) / per_line);
+  std::size_t parts = threads;
+  if (aligned_blocks < parts) parts = aligned_blocks;
+  if (work_blocks < parts) parts = work_blocks;
+  if (parts <= 1) return split;
+  std::size_t block = (extent + parts - 1) / parts;
+  block = (block + gemm_split_align - 1) / gemm_split_align * gemm_split_align;
+  split.parts = (extent + block - 1) / block;
+  split.block = block;
+  return split;
+}
+
+/// gemm() with C split over `team`'s threads as gemm_split() says (a null team, or a GEMM too
+/// small to gain, runs on the calling thread alone). Each block is its own library call, so the
+/// result is the library's for each block's shape; every element of C still sums its k products
+/// in one call.
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
+          const T* a, const T* b, T beta, T* c, GemmStrides ld, Team* team) {
+  const GemmSplit split = gemm_split(m, n, k, team == nullptr ? 1 : team->size());
+  if (split.parts <= 1) return gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
+  const std::size_t extent = split.by_columns ? n : m;
+  team->run(split.parts, [&](std::size_t part) {
+    const std::size_t first = part * split.block;
+    const std::size_t count = std::min(split.block, extent - first);
+    if (split.by_columns)  // C(:, first..) = op(A) op(B)(:, first..)
+      gemm(trans_a, trans_b, m, count, k, alpha, a, trans_b ? b + first * ld.ldb : b + first, beta,
+           c + first, ld);
+    else  // C(first.., :) = op(A)(first.., :) op(B)
+      gemm(trans_a, trans_b, count, n, k, alpha, trans_a ? a + first : a + first * ld.lda, b, beta,
+           c + first * ld.ldc, ld);
+  });
 }
 
 }  // namespace gpipe::host
