@@ -256,6 +256,75 @@ TEST_SUITE("backend host kernels") {
     CHECK(relative_error(dx, naive_gemm(false, false, rows, in, out, 1.0, y, w, 0.0, dx)) < 1e-5);
   }
 
+  TEST_CASE("split over a team, every blocked kernel gives the one-thread result bit for bit") {
+    // Sizes the context cuts into three blocks (and an odd tail); each kernel's output from a
+    // team of three against the same kernel on one thread, which the tests above check.
+    gpipe::host::Team team(3);
+    gpipe::host::Kernels<float> split(0, &team), alone;
+    const std::size_t n = 3 * gpipe::host::Kernels<float>::split_min_elements + 21;
+    const std::size_t rows = 3 * 64 + 5, cols = 1024 + 3;  // rows x cols: three row blocks
+    REQUIRE(split.split(n, 1).parts == 3);
+    REQUIRE(split.split(rows, cols).parts == 3);
+    REQUIRE(alone.split(n, 1).parts == 1);
+    const auto x = random_floats(std::max(n, rows * cols), 21);
+    const auto dy = random_floats(std::max(n, rows * cols), 22);
+    const auto params = random_floats(cols, 23);
+    // Runs `kernel(context, out)` on both contexts from the same starting `out`; compares.
+    auto same = [&](const char* name, std::size_t size, auto kernel) {
+      INFO(name);
+      std::vector<float> a = random_floats(size, 24), b = a;
+      kernel(split, a.data());
+      kernel(alone, b.data());
+      CHECK(a == b);
+    };
+    same("relu_forward", n, [&](auto& k, float* out) { k.relu_forward(n, x.data(), out); });
+    same("relu_backward", n,
+         [&](auto& k, float* out) { k.relu_backward(n, x.data(), dy.data(), out); });
+    same("gelu_forward", n, [&](auto& k, float* out) { k.gelu_forward(n, x.data(), out); });
+    same("gelu_backward", n,
+         [&](auto& k, float* out) { k.gelu_backward(n, x.data(), dy.data(), out); });
+    same("add", n, [&](auto& k, float* out) { k.add(n, x.data(), dy.data(), out); });
+    same("accumulate", n, [&](auto& k, float* out) { k.accumulate(n, x.data(), out); });
+    same("copy", n, [&](auto& k, float* out) { k.copy(n, x.data(), out); });
+    same("fill", n, [&](auto& k, float* out) { k.fill(n, 0.25f, out); });
+    same("bias_add", rows * cols,
+         [&](auto& k, float* out) { k.bias_add(rows, cols, params.data(), out); });
+    same("sgd_update", n, [&](auto& k, float* out) {
+      std::vector<float> buf(n, 0.5f);
+      k.sgd_update(n, out, dy.data(), buf.data(), 0.1, 0.9, 0.0, 0.01, true, false);
+      std::copy(buf.begin(), buf.end(), out);  // the momentum buffer, which the update writes
+    });
+    same("adamw_update", n, [&](auto& k, float* out) {
+      std::vector<float> m(n, 0.1f), v(n, 0.2f);
+      k.adamw_update(n, out, dy.data(), m.data(), v.data(), 1e-3, 0.9, 0.999, 1e-8, 0.01, 3);
+      for (std::size_t i = 0; i < n; ++i) out[i] += m[i] + v[i];  // all three written
+    });
+    const auto gamma = random_floats(cols, 25), beta = random_floats(cols, 26);
+    same("layer_norm_forward", rows * cols + 2 * rows, [&](auto& k, float* out) {
+      k.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), out,
+                           out + rows * cols);
+    });
+    std::vector<float> stats(2 * rows), y(rows * cols);
+    alone.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(),
+                             stats.data());
+    same("layer_norm_backward_input", rows * cols, [&](auto& k, float* out) {
+      k.layer_norm_backward_input(rows, cols, x.data(), dy.data(), gamma.data(), stats.data(), out);
+    });
+    same("GELUTanh forward", n, [&](auto& k, float* out) {
+      gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<float>>::forward(k, n, x.data(),
+                                                                                   out);
+    });
+    same("GELUTanh backward", n, [&](auto& k, float* out) {
+      gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<float>>::backward(k, n, x.data(),
+                                                                                    dy.data(), out);
+    });
+    // bias_grad in column blocks (each sums its columns over all rows).
+    const std::size_t tall = 3 * gpipe::host::Kernels<float>::split_min_elements / 256;
+    REQUIRE(split.split(768, tall).parts == 3);
+    const auto g = random_floats(tall * 768, 27);
+    same("bias_grad", 768, [&](auto& k, float* out) { k.bias_grad(tall, 768, g.data(), out); });
+  }
+
   TEST_CASE("reference_gemm matches the definition, in float and in double") {
     check_gemm([](auto... args) { gpipe::host::reference_gemm<float>(args...); }, 1e-5);
     for (const Shape& s : shapes) {

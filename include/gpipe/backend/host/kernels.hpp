@@ -51,6 +51,26 @@ class Kernels {
   /// The threads this context's GEMMs split over: 1, or the size of its Team.
   std::size_t threads() const { return team_ == nullptr ? 1 : team_->size(); }
 
+  /// The split in_blocks() makes of `units` units of `unit_work` elements each: one block per
+  /// thread of the team where each gets at least split_min_elements elements, else one block.
+  BlockSplit split(std::size_t units, std::size_t unit_work) const {
+    return block_split(units, unit_work, threads(), unit_work == 1 ? split_align : 1,
+                       split_min_elements);
+  }
+  /// Calls `f(first, count)` over blocks of [0, units) as split() cuts them, on the team's
+  /// threads (at once) or on the calling thread alone; the kernels below and the host layers'
+  /// kernels (layers/) run their rows or elements through it. Blocks of single elements are
+  /// whole multiples of split_align (a cache line of float), so no two threads write one line.
+  template <class F>
+  void in_blocks(std::size_t units, std::size_t unit_work, const F& f) {
+    run_blocks(team_, units, split(units, unit_work), f);
+  }
+  /// A block of an elementwise pass is not worth a hand-over below this many elements (256 KiB
+  /// of floats, tens of microseconds of one core's pass).
+  static constexpr std::size_t split_min_elements = std::size_t{1} << 16;
+  /// Elementwise blocks are whole multiples of this many elements.
+  static constexpr std::size_t split_align = 16;
+
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major. op(A) (m, k) is A, or the transpose of a
   /// stored (k, m) A when `trans_a`; op(B) (k, n) likewise with `trans_b`. beta = 0 overwrites C,
   /// NaN included. Split over the context's team where it has one (host::gemm_split).
@@ -77,36 +97,52 @@ class Kernels {
   }
   /// y(rows, cols) += bias(cols), on every row.
   void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
-    host::bias_add(rows, cols, bias, y);
+    in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      host::bias_add(count, cols, bias, y + first * cols);
+    });
   }
   /// db(cols) += the column sums of dy(rows, cols).
   void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
-    host::bias_grad(rows, cols, dy, db);
+    in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+      host::bias_grad(rows, count, dy + first, db + first, cols);
+    });
   }
   /// y(n) = max(x, 0); y may be x.
-  void relu_forward(std::size_t n, const T* x, T* y) { host::relu_forward(n, x, y); }
+  void relu_forward(std::size_t n, const T* x, T* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::relu_forward(c, x + i, y + i); });
+  }
   /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch).
   void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-    host::relu_backward(n, x, dy, dx);
+    in_blocks(n, 1,
+              [&](std::size_t i, std::size_t c) { host::relu_backward(c, x + i, dy + i, dx + i); });
   }
   /// Exact GELU: y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-  void gelu_forward(std::size_t n, const T* x, T* y) { host::gelu_forward(n, x, y); }
+  void gelu_forward(std::size_t n, const T* x, T* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::gelu_forward(c, x + i, y + i); });
+  }
   /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density.
   void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-    host::gelu_backward(n, x, dy, dx);
+    in_blocks(n, 1,
+              [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
   }
   /// Per row of x(rows, cols): y = (x - mean) rstd gamma(cols) + beta(cols), rstd =
   /// 1 / sqrt(var + eps) with the biased variance (torch.nn.LayerNorm); also writes
   /// stats(rows, 2) = (mean, rstd) for the backward kernels. Statistics are computed in double.
   void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
                           const T* gamma, const T* beta, T* y, T* stats) {
-    host::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats);
+    in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
+      host::layer_norm_forward(count, cols, eps, x + r * cols, gamma, beta, y + r * cols,
+                               stats + 2 * r);
+    });
   }
   /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat =
   /// (x - mean) rstd, from the forward's x and stats.
   void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                  const T* gamma, const T* stats, T* dx) {
-    host::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+    in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
+      host::layer_norm_backward_input(count, cols, x + r * cols, dy + r * cols, gamma,
+                                      stats + 2 * r, dx + r * cols);
+    });
   }
   /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy, from the
   /// forward's x(rows, cols) and stats.
@@ -115,13 +151,21 @@ class Kernels {
     host::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
   }
   /// y(n) = a + b; y may be a or b.
-  void add(std::size_t n, const T* a, const T* b, T* y) { host::add(n, a, b, y); }
+  void add(std::size_t n, const T* a, const T* b, T* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::add(c, a + i, b + i, y + i); });
+  }
   /// y(n) += x.
-  void accumulate(std::size_t n, const T* x, T* y) { host::accumulate(n, x, y); }
+  void accumulate(std::size_t n, const T* x, T* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::accumulate(c, x + i, y + i); });
+  }
   /// dst(n) = src; the two must not overlap.
-  void copy(std::size_t n, const T* src, T* dst) { host::copy(n, src, dst); }
+  void copy(std::size_t n, const T* src, T* dst) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::copy(c, src + i, dst + i); });
+  }
   /// dst(n) = value.
-  void fill(std::size_t n, T value, T* dst) { host::fill(n, value, dst); }
+  void fill(std::size_t n, T value, T* dst) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::fill(c, value, dst + i); });
+  }
 
   /// dst(n) on this device = host_src(n) in host memory (U = float, or std::int32_t for class
   /// ids); on the host both are ordinary memory.
@@ -154,8 +198,10 @@ class Kernels {
   /// d + momentum buf : buf; then p -= lr d. momentum_buf(n) is used only when momentum != 0.
   void sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr, double momentum,
                   double dampening, double weight_decay, bool nesterov, bool first_step) {
-    host::sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
-                     first_step);
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
+      host::sgd_update(c, p + i, g + i, momentum_buf == nullptr ? nullptr : momentum_buf + i, lr,
+                       momentum, dampening, weight_decay, nesterov, first_step);
+    });
   }
   /// One torch.optim.AdamW step on p(n) with gradient g(n) and moments m(n), v(n), all three
   /// updated in place: p *= 1 - lr weight_decay; m = beta1 m + (1 - beta1) g; v = beta2 v +
@@ -163,7 +209,9 @@ class Kernels {
   /// counted from 1.
   void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
                     double beta2, double eps, double weight_decay, std::size_t step) {
-    host::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
+      host::adamw_update(c, p + i, g + i, m + i, v + i, lr, beta1, beta2, eps, weight_decay, step);
+    });
   }
 
  private:

@@ -22,12 +22,19 @@ void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   }
 }
 
+/// db(cols) += sum over rows of dy(rows, cols), dy's rows `ld` elements apart (a column block of
+/// a wider dy)
+template <class T>
+void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db, std::size_t ld) {
+  for (std::size_t r = 0; r < rows; ++r)
+    simd::transform(
+        cols, [](auto acc, auto g) { return acc + g; }, db, db, dy + r * ld);
+}
+
 /// db(cols) += sum over rows of dy(rows, cols)
 template <class T>
 void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
-  for (std::size_t r = 0; r < rows; ++r)
-    simd::transform(
-        cols, [](auto acc, auto g) { return acc + g; }, db, db, dy + r * cols);
+  bias_grad(rows, cols, dy, db, cols);
 }
 
 /// y = max(x, 0) (y may be x)

@@ -173,13 +173,8 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
   gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, dense_strides(trans_a, trans_b, m, n, k));
 }
 
-/// How gemm() splits a GEMM over a team: `parts` blocks (1 = not split) of `block` columns of C
-/// (`by_columns`) or rows, the last one possibly shorter.
-struct GemmSplit {
-  /// The number of blocks, at most the team's size; 1 when the GEMM is too small to gain.
-  std::size_t parts = 1;
-  /// Columns (or rows) per block, a multiple of gemm_split_align except for a single block.
-  std::size_t block = 0;
+/// How gemm() splits a GEMM over a team: C's columns (`by_columns`) or rows cut into blocks.
+struct GemmSplit : BlockSplit {
   /// Whether blocks are column ranges of C (op(B)'s columns) or row ranges (op(A)'s rows).
   bool by_columns = true;
 };
@@ -192,26 +187,15 @@ inline constexpr std::size_t gemm_split_align = 16;
 inline constexpr std::size_t gemm_split_min_work = std::size_t{1} << 21;
 
 /// The split gemm() uses for an (m, n, k) GEMM on a team of `threads`: along the longer of C's two
-/// dimensions, into at most `threads` blocks of at least gemm_split_align columns (rows) and
-/// gemm_split_min_work multiply-adds each.
+/// dimensions, into at most `threads` blocks of whole multiples of gemm_split_align columns (rows)
+/// and at least gemm_split_min_work multiply-adds each (block_split).
 constexpr GemmSplit gemm_split(std::size_t m, std::size_t n, std::size_t k, std::size_t threads) {
+  const bool by_columns = n >= m;
+  const std::size_t extent = by_columns ? n : m, other = by_columns ? m : n;
   GemmSplit split;
-  split.by_columns = n >= m;
-  const std::size_t extent = split.by_columns ? n : m;
-  split.block = extent;
-  const std::size_t other = split.by_columns ? m : n;
-  if (threads <= 1 || k == 0 || other == 0) return split;
-  const std::size_t aligned_blocks = extent / gemm_split_align;
-  const std::size_t per_line = other * k;  // multiply-adds per column (row) of C
-  const std::size_t work_blocks = extent / ((gemm_split_min_work + per_line - 1) / per_line);
-  std::size_t parts = threads;
-  if (aligned_blocks < parts) parts = aligned_blocks;
-  if (work_blocks < parts) parts = work_blocks;
-  if (parts <= 1) return split;
-  std::size_t block = (extent + parts - 1) / parts;
-  block = (block + gemm_split_align - 1) / gemm_split_align * gemm_split_align;
-  split.parts = (extent + block - 1) / block;
-  split.block = block;
+  static_cast<BlockSplit&>(split) =
+      block_split(extent, other * k, threads, gemm_split_align, gemm_split_min_work);
+  split.by_columns = by_columns;
   return split;
 }
 
@@ -224,10 +208,7 @@ void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t 
           const T* a, const T* b, T beta, T* c, GemmStrides ld, Team* team) {
   const GemmSplit split = gemm_split(m, n, k, team == nullptr ? 1 : team->size());
   if (split.parts <= 1) return gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
-  const std::size_t extent = split.by_columns ? n : m;
-  team->run(split.parts, [&](std::size_t part) {
-    const std::size_t first = part * split.block;
-    const std::size_t count = std::min(split.block, extent - first);
+  run_blocks(team, split.by_columns ? n : m, split, [&](std::size_t first, std::size_t count) {
     if (split.by_columns)  // C(:, first..) = op(A) op(B)(:, first..)
       gemm(trans_a, trans_b, m, count, k, alpha, a, trans_b ? b + first * ld.ldb : b + first, beta,
            c + first, ld);

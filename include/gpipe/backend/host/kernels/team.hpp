@@ -143,4 +143,42 @@ class Team {
   std::vector<std::thread> helpers_;        ///< last: they start after the members they use
 };
 
+/// How a kernel cuts `units` units of work (columns, rows, elements) over a team: `parts` blocks
+/// of `block` units, the last one possibly shorter; parts = 1 runs on the calling thread alone.
+struct BlockSplit {
+  std::size_t parts = 1;  ///< the number of blocks, at most the team's size
+  std::size_t block = 0;  ///< units per block (all of them when parts = 1)
+};
+
+/// The split of `units` units of `unit_work` work each (multiply-adds, elements) over `threads`
+/// threads: as many blocks as threads, fewer where a block would get less than `min_work` work or
+/// fewer than `align` units; blocks are whole multiples of `align` units but for the last.
+constexpr BlockSplit block_split(std::size_t units, std::size_t unit_work, std::size_t threads,
+                                 std::size_t align, std::size_t min_work) {
+  BlockSplit split{1, units};
+  if (threads <= 1 || units == 0 || unit_work == 0 || align == 0) return split;
+  const std::size_t min_units = (min_work + unit_work - 1) / unit_work;  // per block, for min_work
+  std::size_t parts = threads;
+  if (units / align < parts) parts = units / align;
+  if (min_units > 0 && units / min_units < parts) parts = units / min_units;
+  if (parts <= 1) return split;
+  std::size_t block = (units + parts - 1) / parts;
+  block = (block + align - 1) / align * align;
+  return {(units + block - 1) / block, block};
+}
+
+/// Calls `f(first, count)` for each block of `split` over `units` units: on `team`'s threads, or
+/// on the calling thread alone when there is one block (or no team).
+template <class F>
+void run_blocks(Team* team, std::size_t units, BlockSplit split, const F& f) {
+  if (split.parts <= 1 || team == nullptr) {
+    if (units > 0) f(std::size_t{0}, units);
+    return;
+  }
+  team->run(split.parts, [&](std::size_t part) {
+    const std::size_t first = part * split.block;
+    f(first, units - first < split.block ? units - first : split.block);
+  });
+}
+
 }  // namespace gpipe::host

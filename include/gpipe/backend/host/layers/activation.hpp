@@ -14,13 +14,13 @@ namespace gpipe {
 template <class T>
 struct LayerKernels<ReluOp, host::Kernels<T>> {
   /// y(n) = max(x, 0); y may be x.
-  static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
-    host::relu_forward(n, x, y);
+  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
+    k.relu_forward(n, x, y);
   }
   /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch); x is the
   /// forward's input.
-  static void backward(host::Kernels<T>&, std::size_t n, const T* x, const T* dy, T* dx) {
-    host::relu_backward(n, x, dy, dx);
+  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    k.relu_backward(n, x, dy, dx);
   }
 };
 
@@ -28,13 +28,13 @@ struct LayerKernels<ReluOp, host::Kernels<T>> {
 template <class T>
 struct LayerKernels<GeluOp, host::Kernels<T>> {
   /// y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-  static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
-    host::gelu_forward(n, x, y);
+  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
+    k.gelu_forward(n, x, y);
   }
   /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density; x is
   /// the forward's input.
-  static void backward(host::Kernels<T>&, std::size_t n, const T* x, const T* dy, T* dx) {
-    host::gelu_backward(n, x, dy, dx);
+  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    k.gelu_backward(n, x, dy, dx);
   }
 };
 

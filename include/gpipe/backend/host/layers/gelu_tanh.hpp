@@ -25,21 +25,26 @@ struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
   static constexpr T c = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;  ///< sqrt(2/pi)
 
   /// y(n) = 0.5 x (1 + tanh u), u = c (x + a x^3); y may be x.
-  static void forward(host::Kernels<T>&, std::size_t n, const T* x, T* y) {
-    host::simd::transform(
-        n, [](auto v) { return T(0.5) * v * (T(1) + tanh_of(c * (v + a * v * v * v))); }, y, x);
+  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
+    k.in_blocks(n, 1, [&](std::size_t i, std::size_t count) {
+      host::simd::transform(
+          count, [](auto v) { return T(0.5) * v * (T(1) + tanh_of(c * (v + a * v * v * v))); },
+          y + i, x + i);
+    });
   }
   /// dx(n) = dy (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 a x^2)); x is the forward's
   /// input.
-  static void backward(host::Kernels<T>&, std::size_t n, const T* x, const T* dy, T* dx) {
-    host::simd::transform(
-        n,
-        [](auto v, auto g) {
-          const auto th = tanh_of(c * (v + a * v * v * v));
-          return g * (T(0.5) * (T(1) + th) +
-                      T(0.5) * v * (T(1) - th * th) * c * (T(1) + T(3) * a * v * v));
-        },
-        dx, x, dy);
+  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    k.in_blocks(n, 1, [&](std::size_t i, std::size_t count) {
+      host::simd::transform(
+          count,
+          [](auto v, auto g) {
+            const auto th = tanh_of(c * (v + a * v * v * v));
+            return g * (T(0.5) * (T(1) + th) +
+                        T(0.5) * v * (T(1) - th * th) * c * (T(1) + T(3) * a * v * v));
+          },
+          dx + i, x + i, dy + i);
+    });
   }
 
  private:
