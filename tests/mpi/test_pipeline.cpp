@@ -195,6 +195,13 @@ TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   check_every_schedule<mpi::Backend, host::Backend>(backend);
 }
 
+TEST_CASE("a rank's device with a team of threads runs every schedule, and says so") {
+  // The split itself is the host backend's, tested there (tests/backend/host, tests/runtime).
+  mpi::Backend backend(MPI_COMM_WORLD, {.threads_per_device = 2});
+  CHECK(backend.threads_per_device() == 2);
+  check_every_schedule<mpi::Backend, host::Backend>(backend);
+}
+
 TEST_CASE("data-parallel replicas of a pipeline give the one-process step on the whole batch") {
   check_replicas<mpi::Backend, host::Backend>();
 }

@@ -1,7 +1,8 @@
 #pragma once
 // gpipe::host::Backend: K devices on the CPU. Each device is a worker thread running an in-order
-// stream, with its own counted (and optionally capped) memory. GEMMs go through oneDNN on the
-// worker's own thread alone, so K workers use K cores and do not oversubscribe them.
+// stream, with its own counted (and optionally capped) memory. Kernels run on the worker's own
+// thread alone, so K workers use K cores and do not oversubscribe them, unless
+// Options::threads_per_device gives each device a team of threads to split its kernels over.
 //
 //   gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
 //   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });

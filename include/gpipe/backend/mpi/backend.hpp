@@ -91,6 +91,9 @@ struct BackendOptions {
   /// How long a rank waits for a message before it fails the step: a peer that died (or hangs)
   /// ends the step here within this time. A peer that throws ends it at once.
   std::chrono::seconds peer_timeout{600};
+  /// The threads this rank's device computes on (host::BackendOptions::threads_per_device): more
+  /// than 1 where a rank has cores of its own to spare, e.g. one rank per machine.
+  std::size_t threads_per_device = 1;
 };
 
 /// One host device per MPI rank: a `gpipe::data_parallel_backend` (backend/concepts.hpp) whose
@@ -113,7 +116,7 @@ class Backend {
   using Buffer = host::Buffer<T>;
   /// A piece of work: runs on this rank's device worker with its Kernels.
   using Work = host::Stream::Work;
-  /// Construction options: replicas, capacity, peer timeout.
+  /// Construction options: replicas, capacity, peer timeout, threads per device.
   using Options = BackendOptions;
 
   /// The backend's name as the runtime tests it.
@@ -124,13 +127,17 @@ class Backend {
   Backend(int& argc, char**& argv, Options options = {})
       : session_(std::make_unique<Session>(argc, argv)),
         control_(MPI_COMM_WORLD, options.data_parallel, options.peer_timeout),
-        local_(1, {.device_capacity = options.device_capacity, .first_device = control_.device()}) {
+        local_(1, {.device_capacity = options.device_capacity,
+                   .first_device = control_.device(),
+                   .threads_per_device = options.threads_per_device}) {
     control_.align_clocks(local_.epoch());
   }
   /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
       : control_(comm, options.data_parallel, options.peer_timeout),
-        local_(1, {.device_capacity = options.device_capacity, .first_device = control_.device()}) {
+        local_(1, {.device_capacity = options.device_capacity,
+                   .first_device = control_.device(),
+                   .threads_per_device = options.threads_per_device}) {
     control_.align_clocks(local_.epoch());
   }
   Backend(const Backend&) = delete;
@@ -150,6 +157,8 @@ class Backend {
   std::size_t world_size() const { return control_.size(); }
   /// This process's rank in the communicator (rank 0 writes the files of a collective save).
   std::size_t rank() const { return control_.rank(); }
+  /// The threads this rank's device computes on (Options::threads_per_device).
+  std::size_t threads_per_device() const { return local_.threads_per_device(); }
   /// The pipeline device this rank runs: rank() % K.
   std::size_t device() const { return control_.device(); }
   /// R, the pipeline replicas (Options::data_parallel).
