@@ -1,7 +1,8 @@
 // The threads a host device computes on (host::Team): each part of a run runs exactly once, part 0
 // on the caller and the others each on a helper of its own, all at once; a run returns only when
 // every part has; an exception in any part reaches the caller after the others finished, and the
-// team runs on; bad sizes are clear errors. ThreadSanitizer runs this file in CI.
+// team runs on; a run inside a part does not deadlock; bad sizes are clear errors. ThreadSanitizer
+// runs this file in CI.
 
 #include <doctest/doctest.h>
 
@@ -93,6 +94,22 @@ TEST_SUITE("backend host team") {
       if (i == 0) ran = 1;
     });
     CHECK(ran == 1);  // the team runs on
+  }
+
+  TEST_CASE("a run inside a part runs its parts one after the other, without a deadlock") {
+    Team team(2);
+    std::atomic<int> inner{0};
+    std::vector<std::thread::id> inner_on(4);
+    team.run(2, [&](std::size_t i) {
+      team.run(2, [&](std::size_t j) {
+        ++inner;
+        inner_on[2 * i + j] = std::this_thread::get_id();
+      });
+    });
+    CHECK(inner.load() == 4);
+    CHECK(inner_on[0] == inner_on[1]);  // each part ran both inner parts on its own thread
+    CHECK(inner_on[2] == inner_on[3]);
+    CHECK(inner_on[0] != inner_on[2]);
   }
 
   TEST_CASE("bad sizes are clear errors") {

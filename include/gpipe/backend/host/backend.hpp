@@ -36,17 +36,18 @@ struct BackendOptions {
   /// The number the first device goes by in errors, traces and out-of-memory messages (the
   /// devices are still addressed 0..K-1): an mpi::Backend's one device is its pipeline index.
   std::size_t first_device = 0;
-  /// The threads each device computes its GEMMs on (1 to Team::max_threads): its worker and
-  /// `threads_per_device - 1` helpers (kernels/team.hpp). 1 keeps a device on one core; more
+  /// The threads each device computes on (1 to Team::max_threads): its worker and
+  /// `threads_per_device - 1` helpers (kernels/team.hpp), over which its large kernels split
+  /// (GEMMs by blocks of C, the others by rows or elements). 1 keeps a device on one core; more
   /// uses cores that K devices would leave idle (K * threads_per_device up to the core count),
-  /// the way PyTorch splits each GEMM over its intra-op threads.
+  /// the way PyTorch splits each kernel over its intra-op threads.
   std::size_t threads_per_device = 1;
 };
 
 /// K devices on the CPU, a `gpipe::backend` (backend/concepts.hpp): each device is a worker
 /// thread running an in-order Stream, with its own counted and optionally capped memory. A device
 /// computes on one core (its GEMMs run on the worker's thread alone), so K devices want K cores,
-/// unless Options::threads_per_device gives each device's GEMMs more threads.
+/// unless Options::threads_per_device gives each device's kernels more threads.
 ///
 ///     gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
 ///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });

@@ -14,7 +14,9 @@
 // context runs it as one oneDNN matmul with the bias fused (kernels/linear.hpp) where oneDNN is
 // the GEMM library (kernels/gemm_library.hpp), else as a GEMM and a bias pass.
 //
-// A context may be given a Team (kernels/team.hpp): its GEMMs then split over the team's threads.
+// A context may be given a Team (kernels/team.hpp): its GEMMs (gemm_split), and its elementwise,
+// bias, LayerNorm (forward and input gradient) and optimizer kernels (in_blocks), then split over
+// the team's threads; the loss, attention and LayerNorm's weight gradient stay on the caller.
 
 #include <cstddef>
 #include <cstdint>
@@ -48,7 +50,7 @@ class Kernels {
   explicit Kernels(std::size_t device = 0, Team* team = nullptr) : device_(device), team_(team) {}
   /// The device whose memory the pointer arguments are.
   std::size_t device() const { return device_; }
-  /// The threads this context's GEMMs split over: 1, or the size of its Team.
+  /// The threads this context's kernels split over: 1, or the size of its Team.
   std::size_t threads() const { return team_ == nullptr ? 1 : team_->size(); }
 
   /// The split in_blocks() makes of `units` units of `unit_work` elements each: one block per

@@ -12,7 +12,6 @@
 // float too: correct, and slow. double (the finite-difference tests and the double-precision
 // reference model) always takes reference_gemm: no optimized library is needed for test sizes.
 
-#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <string>

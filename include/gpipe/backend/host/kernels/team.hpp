@@ -26,7 +26,8 @@ namespace gpipe::host {
 
 /// The threads one device computes on: the thread that calls run() and `size() - 1` helpers the
 /// team owns, started at construction and joined by the destructor. Not copyable; run() is called
-/// by one thread at a time (the device's worker).
+/// by one thread at a time (the device's worker); a run() from inside a part runs its parts one
+/// after the other on that thread, since the team is busy.
 class Team {
  public:
   /// The most threads a team may have.
@@ -62,16 +63,20 @@ class Team {
     if (parts > size())
       throw Error("gpipe: a team of " + std::to_string(size()) + " threads cannot run " +
                   std::to_string(parts) + " parts at once");
-    if (parts <= 1) {
-      if (parts == 1) part(std::size_t{0});
-      return;
-    }
-    {
+    bool started = false;
+    if (parts > 1) {
       std::lock_guard lock(mu_);
-      job_ = {[](const void* f, std::size_t i) { (*static_cast<const F*>(f))(i); }, &part, parts};
-      errors_.assign(parts, nullptr);
-      remaining_ = parts - 1;
-      ++generation_;
+      if (!busy_) {  // busy: a part of a run in progress runs a team kernel itself
+        busy_ = started = true;
+        job_ = {[](const void* f, std::size_t i) { (*static_cast<const F*>(f))(i); }, &part, parts};
+        errors_.assign(parts, nullptr);
+        remaining_ = parts - 1;
+        ++generation_;
+      }
+    }
+    if (!started) {
+      for (std::size_t i = 0; i < parts; ++i) part(i);
+      return;
     }
     start_cv_.notify_all();
     std::exception_ptr first;
@@ -84,6 +89,7 @@ class Team {
     done_cv_.wait(lock, [&] { return remaining_ == 0; });
     for (std::size_t i = 1; i < parts && !first; ++i) first = errors_[i];
     job_ = {};
+    busy_ = false;
     lock.unlock();
     if (first) std::rethrow_exception(first);
   }
@@ -139,6 +145,7 @@ class Team {
   std::vector<std::exception_ptr> errors_;  ///< per part; guarded by mu_
   std::size_t remaining_ = 0;               ///< helper parts not yet finished; guarded by mu_
   std::uint64_t generation_ = 0;            ///< counts jobs; guarded by mu_
+  bool busy_ = false;                       ///< a run() is in progress; guarded by mu_
   bool stopping_ = false;                   ///< guarded by mu_
   std::vector<std::thread> helpers_;        ///< last: they start after the members they use
 };
