@@ -76,6 +76,20 @@ void check_gemm(Gemm gemm, double tolerance) {
         }
 }
 
+// k.linear_forward(rows, in, out) against x W^T + b in double, y's NaNs overwritten.
+void check_linear_forward(gpipe::host::Kernels<float>& k, std::size_t rows, std::size_t in,
+                          std::size_t out) {
+  const auto x = random_floats(rows * in, 8), w = random_floats(out * in, 9),
+             b = random_floats(out, 10);
+  std::vector<float> y(rows * out, std::numeric_limits<float>::quiet_NaN());
+  k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
+  std::vector<float> bias_rows(rows * out);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t o = 0; o < out; ++o) bias_rows[r * out + o] = b[o];
+  CHECK(relative_error(y, naive_gemm(false, true, rows, out, in, 1.0, x, w, 1.0, bias_rows)) <
+        1e-5);
+}
+
 template <class T>
 std::vector<T> iota_signed(std::size_t n, T scale) {
   std::vector<T> v(n);
@@ -242,15 +256,8 @@ TEST_SUITE("backend host kernels") {
     CHECK(gpipe::host::Kernels<float>().threads() == 1);
     const std::size_t rows = 256, in = 512, out = 64;
     REQUIRE(gpipe::host::gemm_split(rows, out, in, 2).parts == 2);
-    const auto x = random_floats(rows * in, 8), w = random_floats(out * in, 9),
-               b = random_floats(out, 10);
-    std::vector<float> y(rows * out, std::numeric_limits<float>::quiet_NaN());
-    k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
-    std::vector<float> bias_rows(rows * out);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t o = 0; o < out; ++o) bias_rows[r * out + o] = b[o];
-    CHECK(relative_error(y, naive_gemm(false, true, rows, out, in, 1.0, x, w, 1.0, bias_rows)) <
-          1e-5);
+    check_linear_forward(k, rows, in, out);
+    const auto y = random_floats(rows * out, 11), w = random_floats(out * in, 9);
     std::vector<float> dx(rows * in, std::numeric_limits<float>::quiet_NaN());
     k.gemm(false, false, rows, in, out, 1.0f, y.data(), w.data(), 0.0f, dx.data());
     CHECK(relative_error(dx, naive_gemm(false, false, rows, in, out, 1.0, y, w, 0.0, dx)) < 1e-5);
@@ -342,17 +349,8 @@ TEST_SUITE("backend host kernels") {
     gpipe::host::Kernels<float> k;
     for (std::size_t rows : {0u, 1u, 33u, 64u, 33u}) {  // 33 twice: the cached primitive again
       for (const Shape& s : {Shape{0, 7, 5}, Shape{0, 1024, 16}, Shape{0, 40, 300}}) {
-        const std::size_t in = s.n, out = s.k;
-        INFO("rows ", rows, " in ", in, " out ", out);
-        const auto x = random_floats(rows * in, 8), w = random_floats(out * in, 9),
-                   b = random_floats(out, 10);
-        std::vector<float> y(rows * out, std::numeric_limits<float>::quiet_NaN());
-        k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
-        std::vector<float> bias_rows(rows * out);
-        for (std::size_t r = 0; r < rows; ++r)
-          for (std::size_t o = 0; o < out; ++o) bias_rows[r * out + o] = b[o];
-        CHECK(relative_error(y, naive_gemm(false, true, rows, out, in, 1.0, x, w, 1.0, bias_rows)) <
-              1e-5);
+        INFO("rows ", rows, " in ", s.n, " out ", s.k);
+        check_linear_forward(k, rows, s.n, s.k);
       }
     }
   }

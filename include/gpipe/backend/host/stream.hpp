@@ -128,8 +128,8 @@ class Stream {
 
   /// Starts the worker thread of `device` (the number the device goes by in traces and failure
   /// messages), attached to `group`; trace and timing microseconds count from `epoch`. The work's
-  /// GEMMs compute on `threads` threads (1 to Team::max_threads, else throws `gpipe::Error`):
-  /// the worker and `threads - 1` helpers of the stream's own Team.
+  /// kernels compute on `threads` threads (1 to Team::max_threads, else throws `gpipe::Error`):
+  /// the worker and `threads - 1` helpers of the stream's own Team (kernels/team.hpp).
   Stream(std::size_t device, StreamGroup& group, Clock::time_point epoch = Clock::now(),
          std::size_t threads = 1)
       : device_(device),
