@@ -16,6 +16,10 @@
 //                                  oneDNN matmul, linear_forward) or gemm_then_bias
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
 //                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2).
+//   BM_TeamRun/threads:T           a device's hand-over to its team's helpers (host::Team::run with
+//                                  T empty parts): the cost that sets how much work a kernel
+//                                  block needs before host::gemm_split and Kernels::in_blocks
+//                                  split (threads_per_device > 1)
 // What it shows: how the GEMM rate falls with the micro-batch's rows and when both cores work,
 // which bounds what a K = 2 pipeline can gain over K = 1 (bench_mlp_step).
 
@@ -132,6 +136,13 @@ void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
       benchmark::Counter::kIsRate);
 }
 
+// One Team::run of `threads` empty parts, round trip: wake the helpers, wait for all.
+void BM_TeamRun(benchmark::State& state) {
+  gpipe::host::Team team(static_cast<std::size_t>(state.range(0)));
+  for (auto _ : state)
+    team.run(team.size(), [](std::size_t part) { benchmark::DoNotOptimize(part); });
+}
+
 void register_all() {
   const std::pair<const char*, GemmOp> gemms[] = {{"forward", GemmOp::forward},
                                                   {"backward_input", GemmOp::backward_input},
@@ -166,6 +177,12 @@ void register_all() {
         ->ArgName("n")
         ->Arg(256 * width)
         ->Arg(32 * width);
+  benchmark::RegisterBenchmark("BM_TeamRun", BM_TeamRun)
+      ->ArgName("threads")
+      ->Arg(2)
+      ->Arg(3)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
 }
 
 [[maybe_unused]] const bool registered = (register_all(), true);

@@ -5,8 +5,9 @@
 //   K = 1        the unpipelined model on one device (one worker thread); M = 1 is the whole
 //                batch at once, M = 8 accumulates gradients over 8 micro-batches one after the
 //                other: GEMMs of the pipeline's micro-batch size, without a pipeline
-//   K = 1, threads:2  the same with each GEMM split over two threads, the device's worker and
-//                one helper (host::BackendOptions::threads_per_device): both cores on one device
+//   K = 1, threads:2  the same with its large kernels (GEMMs above all) split over two threads,
+//                the device's worker and one helper (host::BackendOptions::threads_per_device):
+//                both cores on one device
 //   K = 2        two stages of two hidden layers each (the second also holds the classifier), one
 //                device per core, M micro-batches, under GPipe's fill-drain schedule, 1F1B and
 //                ZB-H1 (BM_MlpStep<Schedule>)

@@ -1,7 +1,7 @@
 // A pipelined step equals the unpipelined model on the host backend: the backend-conformance
 // suite of tests/support/conformance_equivalence.hpp (K = 1..4 stages, M in {1, 2, 3, 8}, every
 // remat policy, both losses; gradient accumulation; memory after a step; remat's peak); devices
-// that split their GEMMs over a team of threads give the one-thread step.
+// that split their kernels over a team of threads give the one-thread step.
 
 #include <doctest/doctest.h>
 

@@ -278,8 +278,8 @@ class Trainer {
     double mean_op_us = 0;             ///< the step's busy time / its compute ops
     std::vector<double> device_op_us;  ///< [device] its busy time / its compute ops (0: none ran)
     std::size_t busy_devices = 0;      ///< devices of the pipeline that computed in the step
-    bool devices_share_cores =
-        false;  ///< host: busy devices x threads_per_device > hardware threads
+    /// host: busy devices x threads_per_device outnumber the hardware threads
+    bool devices_share_cores = false;
   };
   /// The breakdown of `last_step()`'s bubble; all zero when the backend does not time work.
   BubbleBreakdown bubble_breakdown() const {

@@ -182,7 +182,8 @@ struct GemmSplit : BlockSplit {
 /// threads write one cache line of C and each library call keeps its full register tiles.
 inline constexpr std::size_t gemm_split_align = 16;
 /// A block is not worth a hand-over below this many multiply-adds (about 60 microseconds of one
-/// core's GEMM): waking a helper and waiting for it costs tens of microseconds.
+/// core's GEMM): waking a helper and waiting for it costs about 20 microseconds on the 2-core
+/// Zen 3 of BENCHMARKS.md (bench_host_kernels' BM_TeamRun).
 inline constexpr std::size_t gemm_split_min_work = std::size_t{1} << 21;
 
 /// The split gemm() uses for an (m, n, k) GEMM on a team of `threads`: along the longer of C's two
@@ -206,7 +207,6 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
           const T* a, const T* b, T beta, T* c, GemmStrides ld, Team* team) {
   const GemmSplit split = gemm_split(m, n, k, team == nullptr ? 1 : team->size());
-  if (split.parts <= 1) return gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, ld);
   run_blocks(team, split.by_columns ? n : m, split, [&](std::size_t first, std::size_t count) {
     if (split.by_columns)  // C(:, first..) = op(A) op(B)(:, first..)
       gemm(trans_a, trans_b, m, count, k, alpha, a, trans_b ? b + first * ld.ldb : b + first, beta,
