@@ -17,9 +17,9 @@
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
 //                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2).
 //   BM_TeamRun/threads:T           a device's hand-over to its team's helpers (host::Team::run with
-//                                  T empty parts): the cost that sets how much work a kernel
-//                                  block needs before host::gemm_split and Kernels::in_blocks
-//                                  split (threads_per_device > 1)
+//                                  T empty parts; time per run and runs/s): the cost that sets how
+//                                  much work a kernel block needs before host::gemm_split and
+//                                  Kernels::in_blocks split (threads_per_device > 1)
 // What it shows: how the GEMM rate falls with the micro-batch's rows and when both cores work,
 // which bounds what a K = 2 pipeline can gain over K = 1 (bench_mlp_step).
 
@@ -141,6 +141,8 @@ void BM_TeamRun(benchmark::State& state) {
   gpipe::host::Team team(static_cast<std::size_t>(state.range(0)));
   for (auto _ : state)
     team.run(team.size(), [](std::size_t part) { benchmark::DoNotOptimize(part); });
+  state.counters["runs/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void register_all() {
