@@ -8,7 +8,9 @@
 //           FLOPs and cannot be split as a whole layer, so the balanced cut is before it:
 //           K = 2: [embedding, 4 blocks] [LayerNorm, head]; K = 4: [embedding, block]
 //           [2 blocks] [block] [LayerNorm, head] (four device threads on this machine's 2 cores)
-// Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1 of this run), bubble.
+//   threads K = 1, threads:2: the one device with its large kernels split over two threads, its
+//           worker and one helper (host::BackendOptions::threads_per_device)
+// Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1, one thread, of this run), bubble.
 
 #include <benchmark/benchmark.h>
 
@@ -44,11 +46,13 @@ struct GptFor<4> {
 
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
-template <std::size_t K>
+// threads:T (Threaded) gives each device T threads (host::BackendOptions::threads_per_device).
+template <std::size_t K, bool Threaded = false>
 void BM_GptStep(benchmark::State& state) {
   using Model = typename GptFor<K>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
-  gpipe::host::Backend backend(K);
+  const auto threads = Threaded ? static_cast<std::size_t>(state.range(2)) : std::size_t{1};
+  gpipe::host::Backend backend(K, {.threads_per_device = threads});
   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB> trainer(
       backend, {.micro_batches = m, .seed = 1});
   gpipe::Rng rng(2);
@@ -63,7 +67,7 @@ void BM_GptStep(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const double step_ms = 1e3 * seconds / static_cast<double>(state.iterations());
-  if (K == 1 && m == 1) baseline_ms = step_ms;
+  if (K == 1 && m == 1 && threads == 1) baseline_ms = step_ms;
   state.counters["step_ms"] = step_ms;
   state.counters["tokens_per_s"] = static_cast<double>(samples * T) / (step_ms / 1e3);
   if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
@@ -79,6 +83,11 @@ void register_all() {
         ->UseRealTime();
   };
   add(BM_GptStep<1>, {1}, {1});
+  benchmark::RegisterBenchmark("BM_GptStep<1F1B>", BM_GptStep<1, true>)
+      ->ArgNames({"K", "M", "threads"})
+      ->ArgsProduct({{1}, {1}, {2}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   add(BM_GptStep<2>, {2}, {1, 2, 4, 8});
   add(BM_GptStep<4>, {4}, {1, 4, 8});
 }

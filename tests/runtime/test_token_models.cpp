@@ -1,7 +1,8 @@
 // A GPT on the pipeline (host backend): for K in {1, 2, 4} stages, every schedule, M in {1, 2, 3}
 // and remat never / always, the loss and every gradient equal the unpipelined double-precision
 // model; predict returns its logits; micro-batches split between samples; the memory model
-// predicts the measured activation peak; bad token input is a clear gpipe::Error.
+// predicts the measured activation peak; bad token input is a clear gpipe::Error; devices with a
+// team of threads give the one-thread step.
 
 #include <doctest/doctest.h>
 
@@ -121,6 +122,37 @@ TEST_SUITE("token models") {
   }
   TEST_CASE("a pipelined GPT step equals the unpipelined model: interleaved, 2 stages a device") {
     check_schedule<Interleaved<2>>();
+  }
+
+  TEST_CASE("a GPT whose devices have a team of threads gives the one-thread step") {
+    // Large enough that a team of two splits the attention core (8 heads' pairs of 2 T T d = 2^20
+    // multiply-adds: two a block), the loss (256 rows of 512 classes) and every GEMM; the kernel
+    // tests check each split bit for bit, this that the pipeline hands the team to all of them.
+    constexpr std::size_t Vt = 512, Tt = 128, Dt = 128, Ht = 4, n = 4;
+    using Gpt = Pipeline<Stage<Embedding<Vt, Tt, Dt>, TransformerBlock<Dt, Ht>>,
+                         Stage<TransformerBlock<Dt, Ht>, LayerNorm<Dt>, Linear<Dt, Vt>>>;
+    host::Team pair(2);
+    REQUIRE(
+        host::block_split(2 * Ht, 2 * Tt * Tt * (Dt / Ht), 2, 1, host::gemm_split_min_work).parts ==
+        2);
+    REQUIRE(host::Kernels<float>(0, &pair).split(2 * Tt, Vt).parts == 2);
+    Rng rng(4);
+    std::vector<std::int32_t> x(n * Tt), y(n * Tt);
+    for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
+    for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
+    host::Backend one(2), team(2, {.threads_per_device = 2});
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(to_string(remat));
+      Trainer<Gpt, SoftmaxCrossEntropy, host::Backend, OneFOneB> alone(
+          one, {.micro_batches = 2, .remat = remat, .seed = 5}),
+          split(team, {.micro_batches = 2, .remat = remat, .seed = 5});
+      CHECK(split.forward_backward(x, y) ==
+            doctest::Approx(alone.forward_backward(x, y)).epsilon(1e-6));
+      for (const auto& info : alone.parameter_info()) {
+        CAPTURE(info.name);
+        CHECK(relative_error(split.gradient(info.name), alone.gradient(info.name)) < 1e-6);
+      }
+    }
   }
 
   TEST_CASE("predict returns the unpipelined model's logits for every token") {

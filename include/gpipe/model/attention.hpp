@@ -28,7 +28,7 @@ namespace gpipe {
 /// = samples T tokens, heads of width d (D = H d):
 ///   forward(ctx, samples, T, H, d, qkv (rows, 3D), probs (rows, H T) out, o (rows, D) out)
 ///   backward(ctx, samples, T, H, d, qkv, probs, do (rows, D), dqkv (rows, 3D) out,
-///            scratch (T, T))
+///            scratch (rows, T): a (T, T) per sample)
 struct CausalAttentionOp {};
 
 namespace detail {
@@ -40,7 +40,7 @@ struct CausalAttentionCore : ParameterFree {
   static constexpr std::size_t out_features = D;
   static constexpr std::size_t stash_per_row = H * T;  // the probabilities
   static constexpr std::size_t grad_stash_per_row = 0;
-  static constexpr std::size_t workspace_per_row = T;  // dP of one head of one sample: (T, T)
+  static constexpr std::size_t workspace_per_row = T;  // a (T, T) per sample, for dP
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {

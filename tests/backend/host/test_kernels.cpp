@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/layers/attention.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/model/layer.hpp"
 #include "support/relative_error.hpp"
@@ -330,6 +332,90 @@ TEST_SUITE("backend host kernels") {
     REQUIRE(split.split(768, tall).parts == 3);
     const auto g = random_floats(tall * 768, 27);
     same("bias_grad", 768, [&](auto& k, float* out) { k.bias_grad(tall, 768, g.data(), out); });
+  }
+
+  TEST_CASE("split over a team, the loss, LayerNorm's weight gradient and attention: bit for bit") {
+    // As above, against the same kernel on one thread (the tests above and test_token_layers
+    // check those against definitions). Each gets sizes a team of three cuts into blocks.
+    gpipe::host::Team team(3);
+    gpipe::host::Kernels<float> split(0, &team), alone;
+
+    SUBCASE("softmax cross-entropy, in row blocks, its loss summed in row order") {
+      const std::size_t rows = 7, classes = 3 * gpipe::host::Kernels<float>::split_min_elements / 6;
+      REQUIRE(split.split(rows, classes).parts == 3);
+      auto logits = random_floats(rows * classes, 31);
+      for (float& z : logits) z *= 20.0f;
+      std::vector<std::int32_t> targets(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        targets[r] = static_cast<std::int32_t>(r * 7919 % classes);
+      std::vector<float> g_split(rows * classes, 1.0f), g_alone(rows * classes, 2.0f);
+      float loss_split = 0, loss_alone = 1;
+      for (std::size_t step = 0; step < 2; ++step) {  // the second reuses the row buffer
+        split.softmax_cross_entropy(rows, classes, logits.data(), targets.data(), 0.125f,
+                                    g_split.data(), &loss_split);
+        alone.softmax_cross_entropy(rows, classes, logits.data(), targets.data(), 0.125f,
+                                    g_alone.data(), &loss_alone);
+        CHECK(loss_split == loss_alone);
+        CHECK(g_split == g_alone);
+      }
+    }
+
+    SUBCASE("LayerNorm's weight gradient, in column blocks") {
+      const std::size_t rows = 3 * gpipe::host::Kernels<float>::split_min_elements / 96,
+                        cols = 96 + 5;
+      REQUIRE(split.split(cols, rows).parts == 3);
+      const auto x = random_floats(rows * cols, 32), dy = random_floats(rows * cols, 33),
+                 gamma = random_floats(cols, 34), beta = random_floats(cols, 35);
+      std::vector<float> y(rows * cols), stats(2 * rows);
+      alone.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(),
+                               stats.data());
+      auto dgamma_split = random_floats(cols, 36), dbeta_split = random_floats(cols, 37);
+      auto dgamma_alone = dgamma_split, dbeta_alone = dbeta_split;  // both accumulate
+      split.layer_norm_backward_weight(rows, cols, x.data(), dy.data(), stats.data(),
+                                       dgamma_split.data(), dbeta_split.data());
+      alone.layer_norm_backward_weight(rows, cols, x.data(), dy.data(), stats.data(),
+                                       dgamma_alone.data(), dbeta_alone.data());
+      CHECK(dgamma_split == dgamma_alone);
+      CHECK(dbeta_split == dbeta_alone);
+    }
+
+    SUBCASE("the attention core, in blocks of (sample, head) pairs") {
+      using Attention = gpipe::LayerKernels<gpipe::CausalAttentionOp, gpipe::host::Kernels<float>>;
+      const std::size_t tokens = 64, d = 16;
+      // (samples, heads): 48 pairs of 2 T T d = 2^17 multiply-adds, at least 16 a block (2^21):
+      // three blocks forward; backward three, and two where there are two samples' scratch.
+      for (const auto [samples, heads, backward_blocks] :
+           {std::array<std::size_t, 3>{4, 12, 3}, std::array<std::size_t, 3>{2, 24, 2}}) {
+        CAPTURE(samples);
+        const std::size_t pairs = samples * heads;
+        REQUIRE(gpipe::host::block_split(pairs, 2 * tokens * tokens * d, 3, 1,
+                                         gpipe::host::gemm_split_min_work)
+                    .parts == 3);
+        REQUIRE(gpipe::host::block_split(pairs, 2 * tokens * tokens * d,
+                                         std::min<std::size_t>(3, samples), 1,
+                                         gpipe::host::gemm_split_min_work)
+                    .parts == backward_blocks);
+        const std::size_t rows = samples * tokens, D = heads * d;
+        const auto qkv = random_floats(rows * 3 * D, 38), dout = random_floats(rows * D, 39);
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::vector<float> p_split(rows * heads * tokens, nan), o_split(rows * D, nan);
+        std::vector<float> p_alone = p_split, o_alone = o_split;
+        Attention::forward(split, samples, tokens, heads, d, qkv.data(), p_split.data(),
+                           o_split.data());
+        Attention::forward(alone, samples, tokens, heads, d, qkv.data(), p_alone.data(),
+                           o_alone.data());
+        CHECK(p_split == p_alone);
+        CHECK(o_split == o_alone);
+        // The scratch is exactly the layer's workspace, (rows, T): a (T, T) per sample.
+        std::vector<float> dqkv_split(rows * 3 * D, nan), dqkv_alone = dqkv_split;
+        std::vector<float> scratch_split(rows * tokens, nan), scratch_alone = scratch_split;
+        Attention::backward(split, samples, tokens, heads, d, qkv.data(), p_alone.data(),
+                            dout.data(), dqkv_split.data(), scratch_split.data());
+        Attention::backward(alone, samples, tokens, heads, d, qkv.data(), p_alone.data(),
+                            dout.data(), dqkv_alone.data(), scratch_alone.data());
+        CHECK(dqkv_split == dqkv_alone);
+      }
+    }
   }
 
   TEST_CASE("reference_gemm matches the definition, in float and in double") {

@@ -15,13 +15,15 @@
 // the GEMM library (kernels/gemm_library.hpp), else as a GEMM and a bias pass.
 //
 // A context may be given a Team (kernels/team.hpp): its GEMMs (gemm_split), and its elementwise,
-// bias, LayerNorm (forward and input gradient) and optimizer kernels (in_blocks), then split over
-// the team's threads; the loss, attention and LayerNorm's weight gradient stay on the caller.
+// bias, LayerNorm, softmax cross-entropy and optimizer kernels and the attention core (in_blocks),
+// then split over the team's threads, each result bit for bit the one-thread one (but a GEMM's,
+// whose library may round a block as it would not the whole); the MSE loss stays on the caller.
 
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
@@ -66,6 +68,13 @@ class Kernels {
   template <class F>
   void in_blocks(std::size_t units, std::size_t unit_work, const F& f) {
     run_blocks(team_, units, split(units, unit_work), f);
+  }
+  /// Calls `f(first, count)` over the blocks of a split the caller made (block_split, for at most
+  /// threads() threads), as in_blocks does: for kernels whose blocks need more than split() knows
+  /// (a scratch area per block, as the attention core's backward).
+  template <class F>
+  void in_blocks(std::size_t units, BlockSplit split, const F& f) {
+    run_blocks(team_, units, split, f);
   }
   /// A block of an elementwise pass is not worth a hand-over below this many elements (256 KiB
   /// of floats, tens of microseconds of one core's pass).
@@ -150,7 +159,10 @@ class Kernels {
   /// forward's x(rows, cols) and stats.
   void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                   const T* stats, T* dgamma, T* dbeta) {
-    host::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
+    in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+      host::layer_norm_backward_weight(rows, count, x + first, dy + first, stats, dgamma + first,
+                                       dbeta + first, cols);
+    });
   }
   /// y(n) = a + b; y may be a or b.
   void add(std::size_t n, const T* a, const T* b, T* y) {
@@ -186,9 +198,22 @@ class Kernels {
   /// -log softmax(logits_r)[t_r], dlogits (rows, classes) = grad_scale (softmax - onehot). Both
   /// overwritten; grad_scale = 1 / (mini-batch normalizer) makes micro-batches' gradients add up
   /// to the mini-batch mean's.
+  /// Split over the team by rows, each row's loss kept until all are done and then summed in
+  /// row order, as one thread sums them.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                              const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
-    host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits, loss_sum);
+    if (split(rows, classes).parts <= 1)
+      return host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits,
+                                         loss_sum);
+    row_losses_.resize(rows);  // grows to the largest rows seen, then is reused
+    in_blocks(rows, classes, [&](std::size_t first, std::size_t count) {
+      for (std::size_t r = first; r < first + count; ++r)
+        row_losses_[r] = host::softmax_cross_entropy_row(classes, logits + r * classes, targets[r],
+                                                         grad_scale, dlogits + r * classes);
+    });
+    double total = 0;
+    for (std::size_t r = 0; r < rows; ++r) total += row_losses_[r];
+    loss_sum[0] = static_cast<T>(total);
   }
   /// loss_sum[0] = sum (y - target)^2 over n elements, dy(n) = grad_scale 2 (y - target); both
   /// overwritten, grad_scale as for softmax_cross_entropy.
@@ -226,6 +251,7 @@ class Kernels {
 
   std::size_t device_;
   Team* team_;
+  std::vector<double> row_losses_;  ///< softmax_cross_entropy's per-row losses, when it splits
   [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
 };
 

@@ -50,18 +50,26 @@ void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, c
   }
 }
 
+/// dgamma(cols) += sum_rows dy * xhat,  dbeta(cols) += sum_rows dy, for x and dy whose rows are
+/// `ld` apart (a block of columns of wider ones, as a team's column blocks are)
+template <class T>
+void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
+                                const T* stats, T* dgamma, T* dbeta, std::size_t ld) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double mean = stats[2 * r], rstd = stats[2 * r + 1];
+    for (std::size_t c = 0; c < cols; ++c) {
+      const T xhat = static_cast<T>((x[r * ld + c] - mean) * rstd);
+      dgamma[c] += dy[r * ld + c] * xhat;
+      dbeta[c] += dy[r * ld + c];
+    }
+  }
+}
+
 /// dgamma += sum_rows dy * xhat,  dbeta += sum_rows dy
 template <class T>
 void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
                                 const T* stats, T* dgamma, T* dbeta) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const double mean = stats[2 * r], rstd = stats[2 * r + 1];
-    for (std::size_t c = 0; c < cols; ++c) {
-      const T xhat = static_cast<T>((x[r * cols + c] - mean) * rstd);
-      dgamma[c] += dy[r * cols + c] * xhat;
-      dbeta[c] += dy[r * cols + c];
-    }
-  }
+  layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta, cols);
 }
 
 }  // namespace gpipe::host

@@ -12,26 +12,33 @@
 
 namespace gpipe::host {
 
+/// One row of softmax_cross_entropy: z (classes) its logits, target its class; writes the row's
+/// dlogits to g (classes) and returns its loss, -log softmax(z)[target], in double.
+template <class T>
+double softmax_cross_entropy_row(std::size_t classes, const T* z, std::int32_t target, T grad_scale,
+                                 T* g) {
+  const T max = detail::row_max(z, classes);
+  const double sum = detail::exp_shifted(z, max, classes, g);
+  const auto t = static_cast<std::size_t>(target);
+  const double loss = std::log(sum) + max - z[t];
+  const T scale = static_cast<T>(grad_scale / sum);
+  simd::transform(
+      classes, [scale](auto e) { return e * scale; }, g, g);
+  g[t] -= grad_scale;
+  return loss;
+}
+
 /// logits (rows, classes), targets (rows) class ids in [0, classes), already validated.
 /// loss_sum[0] = sum_r -log softmax(logits_r)[t_r];  dlogits = grad_scale * (softmax - onehot)
 /// One exp per logit (float: simd::exp, within 2e-7 of e^x), summed in double; the row's exps
-/// wait in dlogits for the sum.
+/// wait in dlogits for the sum. The rows' losses are summed in double, in row order.
 template <class T>
 void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                            const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
   double total = 0;
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* z = logits + r * classes;
-    T* g = dlogits + r * classes;
-    const T max = detail::row_max(z, classes);
-    const double sum = detail::exp_shifted(z, max, classes, g);
-    const auto t = static_cast<std::size_t>(targets[r]);
-    total += std::log(sum) + max - z[t];
-    const T scale = static_cast<T>(grad_scale / sum);
-    simd::transform(
-        classes, [scale](auto e) { return e * scale; }, g, g);
-    g[t] -= grad_scale;
-  }
+  for (std::size_t r = 0; r < rows; ++r)
+    total += softmax_cross_entropy_row(classes, logits + r * classes, targets[r], grad_scale,
+                                       dlogits + r * classes);
   loss_sum[0] = static_cast<T>(total);
 }
 

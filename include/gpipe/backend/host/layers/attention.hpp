@@ -2,6 +2,9 @@
 // The causal attention core on the host: per sample and head, GEMMs on strided views of qkv
 // (row length 3D) and of the probabilities (row length H T), and a row-wise causal softmax.
 // Each (T, T) product is computed whole; the masked upper triangle of P is stored as 0.
+// With a team (host::Kernels' in_blocks) the (sample, head) pairs are cut into blocks, one per
+// thread, each pair computed as on one thread; in backward each block takes the (T, T) of the
+// scratch that belongs to its number, so there are at most `samples` blocks.
 
 #include <algorithm>
 #include <cmath>
@@ -24,12 +27,13 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
   /// each: probs (rows, H T) = per head, the causal softmax of q k^T / sqrt(d) (row t of a
   /// sample, head h, at columns [h T, (h + 1) T), keys after t stored as 0), and o (rows, D) =
   /// per head, P v. Both overwritten; probs is what backward needs.
-  static void forward(host::Kernels<T>&, std::size_t samples, std::size_t tokens, std::size_t heads,
-                      std::size_t d, const T* qkv, T* probs, T* o) {
-    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+  static void forward(host::Kernels<T>& ctx, std::size_t samples, std::size_t tokens,
+                      std::size_t heads, std::size_t d, const T* qkv, T* probs, T* o) {
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
     const T scale = T(1) / std::sqrt(static_cast<T>(d));
-    for (std::size_t b = 0; b < samples; ++b) {
-      for (std::size_t h = 0; h < heads; ++h) {
+    ctx.in_blocks(pairs, pair_split(ctx, pairs, tokens, d), [&](std::size_t first, std::size_t n) {
+      for (std::size_t pair = first; pair < first + n; ++pair) {
+        const std::size_t b = pair / heads, h = pair % heads;
         const T* q = qkv + b * tokens * ld_qkv + h * d;
         const T* k = q + D;
         const T* v = q + 2 * D;
@@ -41,19 +45,24 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
         host::gemm(false, false, tokens, d, tokens, T(1), p, v, T(0), o + b * tokens * D + h * d,
                    {ld_p, ld_qkv, D});
       }
-    }
+    });
   }
 
   /// dqkv (rows, 3D), overwritten, from the forward's qkv and probs and dout (rows, D):
   /// dv = P^T dout, dS = P .* (dP - rowsum(dP .* P)) with dP = dout v^T, dq = dS k / sqrt(d),
-  /// dk = dS^T q / sqrt(d). scratch is (T, T) workspace, its contents left undefined.
-  static void backward(host::Kernels<T>&, std::size_t samples, std::size_t tokens,
+  /// dk = dS^T q / sqrt(d). scratch is (samples T, T) workspace, a (T, T) per sample, its
+  /// contents left undefined.
+  static void backward(host::Kernels<T>& ctx, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const T* qkv, const T* probs,
                        const T* dout, T* dqkv, T* scratch) {
-    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
+    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
     const T scale = T(1) / std::sqrt(static_cast<T>(d));
-    for (std::size_t b = 0; b < samples; ++b) {
-      for (std::size_t h = 0; h < heads; ++h) {
+    // a block per (T, T) of the scratch at most: one per sample
+    const host::BlockSplit split = pair_split(ctx, pairs, tokens, d, samples);
+    ctx.in_blocks(pairs, split, [&](std::size_t first, std::size_t count) {
+      T* ds = scratch + first / split.block * tokens * tokens;  // (T, T): dP, then dS in place
+      for (std::size_t pair = first; pair < first + count; ++pair) {
+        const std::size_t b = pair / heads, h = pair % heads;
         const std::size_t head = b * tokens * ld_qkv + h * d;
         const T* q = qkv + head;
         const T* k = q + D;
@@ -63,7 +72,6 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
         T* dv = dq + 2 * D;
         const T* p = probs + b * tokens * ld_p + h * tokens;
         const T* dout_h = dout + b * tokens * D + h * d;
-        T* ds = scratch;  // (T, T): dP, then dS in place
         host::gemm(false, true, tokens, tokens, d, T(1), dout_h, v, T(0), ds, {D, ld_qkv, tokens});
         host::gemm(true, false, tokens, d, tokens, T(1), p, dout_h, T(0), dv, {ld_p, D, ld_qkv});
         for (std::size_t t = 0; t < tokens; ++t)
@@ -73,10 +81,20 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
         host::gemm(true, false, tokens, d, tokens, scale, ds, q, T(0), dk,
                    {tokens, ld_qkv, ld_qkv});
       }
-    }
+    });
   }
 
  private:
+  /// How a team cuts `pairs` (sample, head) pairs, each two (T, T, d) products (forward; backward
+  /// four), into at most max_blocks blocks: by the GEMMs' rule (host::gemm_split_min_work
+  /// multiply-adds a block at least).
+  static host::BlockSplit pair_split(const host::Kernels<T>& ctx, std::size_t pairs,
+                                     std::size_t tokens, std::size_t d,
+                                     std::size_t max_blocks = std::size_t(-1)) {
+    return host::block_split(pairs, 2 * tokens * tokens * d, std::min(ctx.threads(), max_blocks), 1,
+                             host::gemm_split_min_work);
+  }
+
   /// row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
   static void causal_softmax(T* row, std::size_t n, std::size_t len) {
     const T max = detail::row_max(row, n);
