@@ -125,9 +125,10 @@ TEST_SUITE("token models") {
   }
 
   TEST_CASE("a GPT whose devices have a team of threads gives the one-thread step") {
-    // Large enough that a team of two splits the attention core (8 heads' pairs of 2 T T d = 2^20
-    // multiply-adds: two a block), the loss (256 rows of 512 classes) and every GEMM; the kernel
-    // tests check each split bit for bit, this that the pipeline hands the team to all of them.
+    // Large enough that a team of two splits the attention core (a micro-batch's 8 (sample, head)
+    // pairs of 2 T T d = 2^20 multiply-adds: two a block), the loss (256 rows of 512 classes) and
+    // the GEMMs; the kernel tests check each split bit for bit, this that the pipeline hands the
+    // team to them, remat's recomputation included.
     constexpr std::size_t Vt = 512, Tt = 128, Dt = 128, Ht = 4, n = 4;
     using Gpt = Pipeline<Stage<Embedding<Vt, Tt, Dt>, TransformerBlock<Dt, Ht>>,
                          Stage<TransformerBlock<Dt, Ht>, LayerNorm<Dt>, Linear<Dt, Vt>>>;
