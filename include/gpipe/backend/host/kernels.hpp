@@ -202,11 +202,12 @@ class Kernels {
   /// row order, as one thread sums them.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
                              const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
-    if (split(rows, classes).parts <= 1)
+    const BlockSplit rows_split = split(rows, classes);
+    if (rows_split.parts <= 1)
       return host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits,
                                          loss_sum);
     row_losses_.resize(rows);  // grows to the largest rows seen, then is reused
-    in_blocks(rows, classes, [&](std::size_t first, std::size_t count) {
+    in_blocks(rows, rows_split, [&](std::size_t first, std::size_t count) {
       for (std::size_t r = first; r < first + count; ++r)
         row_losses_[r] = host::softmax_cross_entropy_row(classes, logits + r * classes, targets[r],
                                                          grad_scale, dlogits + r * classes);
