@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpipe/error.hpp"
@@ -132,7 +133,9 @@ class Team {
       bool last = false;
       {
         std::lock_guard lock(mu_);
-        errors_[index] = error;
+        // moved, not copied: the helper keeps no reference to the exception once the caller can
+        // see it, so the caller's side (rethrow, then errors_.assign) frees it, not this thread
+        errors_[index] = std::move(error);
         last = --remaining_ == 0;
       }
       if (last) done_cv_.notify_one();
