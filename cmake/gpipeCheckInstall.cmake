@@ -1,6 +1,7 @@
 # cmake -DBUILD_DIR=<gpipe build> -DCONSUMER_DIR=<tests/install/consumer> -DGENERATOR=<generator>
 #       [-DMAKE_PROGRAM=<path>] [-DCXX_COMPILER=<path>] [-DCUDA_COMPILER=<path>]
-#       [-DCONFIG=<build type>] -P gpipeCheckInstall.cmake
+#       [-DCONFIG=<build type>] [-DLAUNCHER=<compiler launcher, its arguments joined by |>]
+#       -P gpipeCheckInstall.cmake
 #
 # Installs BUILD_DIR into BUILD_DIR/install-test, configures CONSUMER_DIR against that prefix
 # alone (find_package(gpipe)) into BUILD_DIR/consumer-build, builds it and runs its `app`, and
@@ -41,6 +42,11 @@ if(CXX_COMPILER)
 endif()
 if(CUDA_COMPILER)
   list(APPEND _tool_args "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}")
+endif()
+if(LAUNCHER)  # the compiler cache of gpipe's own build (gpipeCompilerCache.cmake)
+  string(REPLACE "|" ";" _launcher "${LAUNCHER}")
+  list(APPEND _tool_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${_launcher}"
+                         "-DCMAKE_CUDA_COMPILER_LAUNCHER=${_launcher}")
 endif()
 
 _gpipe_step("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${_prefix}"

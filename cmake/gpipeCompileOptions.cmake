@@ -32,14 +32,21 @@ function(gpipe_add_sanitizers target)
     return()
   endif()
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:${flags} -fno-omit-frame-pointer -O1 -g>)
+    $<$<COMPILE_LANGUAGE:CXX>:${flags} -fno-omit-frame-pointer -O1 -g1>)
   target_link_options(${target} PRIVATE ${flags})
 endfunction()
 
-# gpipe_configure_target(<target>): everything a project-owned target gets.
+# gpipe_configure_target(<target>): everything a project-owned target gets. Through the compiler
+# cache (gpipeCompilerCache.cmake), C++ debug info names the source tree "." (gdb: run it from
+# the source tree, or `set substitute-path`), so that the same code compiled in another folder
+# gives the same object file.
 function(gpipe_configure_target target)
   gpipe_add_warnings(${target})
   gpipe_add_sanitizers(${target})
+  if(GPIPE_COMPILER_LAUNCHER)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-fdebug-prefix-map=${PROJECT_SOURCE_DIR}=.>)
+  endif()
 endfunction()
 
 # gpipe_use_cuda_emulation(<target>): the target's CUDA code (kernels, backend, CUDA benchmark
@@ -63,6 +70,12 @@ endfunction()
 function(gpipe_add_emulated_executable target source)
   get_filename_component(_name "${source}" NAME_WLE)
   set(_wrapper "${CMAKE_CURRENT_BINARY_DIR}/emulated/${_name}.cpp")
+  # The include names the source relative to the directory of the CMakeLists that adds it, which
+  # is on the include path: the wrapper reads the same in every clone (the compiler cache hashes
+  # it).
+  if(IS_ABSOLUTE "${source}")
+    file(RELATIVE_PATH source "${CMAKE_CURRENT_SOURCE_DIR}" "${source}")
+  endif()
   file(CONFIGURE OUTPUT "${_wrapper}" CONTENT
     "// Generated: ${_name}.cu on the CUDA emulator.\n#include \"support/cuda_emulation.hpp\"\n#include \"${source}\"\n")
   add_executable(${target} "${_wrapper}")
@@ -70,4 +83,19 @@ function(gpipe_add_emulated_executable target source)
   target_include_directories(${target} PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
   gpipe_configure_target(${target})
   gpipe_use_cuda_emulation(${target})
+endfunction()
+
+# gpipe_machine_has_gpu(<var>): TRUE in <var> when this machine has an NVIDIA GPU that the
+# driver lists (nvidia-smi -L), else FALSE. Decides which CUDA architectures a build compiles.
+function(gpipe_machine_has_gpu var)
+  set(_has FALSE)
+  find_program(GPIPE_NVIDIA_SMI nvidia-smi)
+  if(GPIPE_NVIDIA_SMI)
+    execute_process(COMMAND "${GPIPE_NVIDIA_SMI}" -L RESULT_VARIABLE _result
+                    OUTPUT_VARIABLE _gpus ERROR_QUIET)
+    if(_result EQUAL 0 AND _gpus MATCHES "GPU [0-9]")
+      set(_has TRUE)
+    endif()
+  endif()
+  set(${var} ${_has} PARENT_SCOPE)
 endfunction()

@@ -126,16 +126,38 @@ TEST_CASE("bubble_breakdown: devices share cores when devices x threads_per_devi
 }
 
 TEST_CASE("bubble_breakdown: uneven stages show as imbalance, not as executor overhead") {
-  // Stage 1 does about 250 times stage 0's work per op (two 256 x 256 GEMMs against one 4 x 4).
-  using Uneven = Pipeline<Stage<Linear<4, 4>>,
-                          Stage<Linear<4, 256>, ReLU, Linear<256, 256>, ReLU, Linear<256, 2>>>;
-  host::Backend backend(2);
-  Trainer<Uneven, SoftmaxCrossEntropy, host::Backend, GPipe> trainer(backend, {.micro_batches = 4});
-  (void)trainer.forward_backward(random_inputs(256, 4, 1), random_classes(256, 2, 2));
-  const auto why = trainer.bubble_breakdown();
+  // The timings of a GPipe step on K = 2, M = 4 whose stage 1 takes 25 times stage 0's time
+  // per op, as the simulator runs it: given, not measured, so that the breakdown, a function of
+  // the timings and the schedule, is checked on exact numbers.
+  const Schedule schedule = GPipe::make(2, 4);
+  const std::vector<OpCosts> per_device{{10, 10, 10}, {250, 250, 250}};
+  const SimulationResult ran = simulate(schedule, per_device);
+  std::vector<ComputeTiming> devices;
+  for (std::size_t d = 0; d < 2; ++d)
+    devices.push_back({.busy_us = ran.busy[d],
+                       .first_start_us = ran.start[d].front(),
+                       .last_end_us = ran.finish[d].back(),
+                       .ops = 12});
+  const StepStats step = step_stats(devices, 2);
+  CHECK(step.makespan_us == ran.makespan);
+  CHECK(step.busy_us == 12 * 10 + 12 * 250);
+  CHECK(step.bubble_fraction == doctest::Approx(ran.bubble_fraction));
+  const BubbleBreakdown why = bubble_breakdown(schedule, step);
   REQUIRE(why.device_op_us.size() == 2);
-  CHECK(why.device_op_us[1] > 10 * why.device_op_us[0]);
-  // Device 0 idles while device 1 works: nearly half the devices' time, over the schedule's 20 %.
-  CHECK(why.imbalance > 0.15);
+  CHECK(why.device_op_us[0] == 10);
+  CHECK(why.device_op_us[1] == 250);
+  CHECK(why.mean_op_us == 130);
+  CHECK(why.busy_devices == 2);
   CHECK(why.schedule == doctest::Approx(1.0 / 5));
+  // Device 0 idles while device 1 works: nearly half the devices' time, over the schedule's
+  // 20 %, all of it imbalance and none the executor's.
+  CHECK(why.imbalance == doctest::Approx(ran.bubble_fraction - 0.2));
+  CHECK(why.imbalance > 0.25);
+  CHECK(why.overhead == doctest::Approx(0).epsilon(1e-12));
+
+  // An untimed step has nothing to break down; a third device's timing is not the pipeline's.
+  CHECK(bubble_breakdown(schedule, step_stats({}, 2)).mean_op_us == 0);
+  devices.push_back({.busy_us = 5, .first_start_us = 0, .last_end_us = 99999, .ops = 1});
+  CHECK(step_stats(devices, 2).makespan_us == ran.makespan);
+  CHECK(step_stats(devices, 2).devices.size() == 2);
 }

@@ -59,6 +59,19 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// The one-process reference for `backend`'s pipeline of `devices`: as many devices, each with as
+// many threads where the backend's devices have a team (a GEMM large enough to split over a team
+// is one library call per block, which a library such as oneDNN may round otherwise than the
+// whole; the split itself is the host backend's, tested in tests/backend/host and
+// tests/runtime).
+template <class OneProcess, class Backend>
+OneProcess one_process_like(const Backend& backend, std::size_t devices) {
+  if constexpr (requires { backend.threads_per_device(); })
+    return OneProcess(devices, {.threads_per_device = backend.threads_per_device()});
+  else
+    return OneProcess(devices);
+}
+
 // Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels.
 template <class Model, class Kind, class Backend, class OneProcess>
 void check_against_one_process(Backend& backend) {
@@ -73,7 +86,7 @@ void check_against_one_process(Backend& backend) {
       CAPTURE(m);
       CAPTURE(to_string(remat));
       CAPTURE(backend.rank());
-      OneProcess one_process(devices);
+      OneProcess one_process = one_process_like<OneProcess>(backend, devices);
       Trainer<Model, Loss, OneProcess, Kind> reference(
           one_process, {.micro_batches = m, .remat = remat, .seed = seed});
       Trainer<Model, Loss, Backend, Kind> trainer(
@@ -155,7 +168,7 @@ void check_data_parallel(std::size_t replicas) {
       CAPTURE(m);
       CAPTURE(to_string(remat));
       CAPTURE(backend.rank());
-      OneProcess one_process(devices);
+      OneProcess one_process = one_process_like<OneProcess>(backend, devices);
       Trainer<Model, Loss, OneProcess, Kind> reference(
           one_process, {.micro_batches = m, .remat = remat, .seed = seed});
       Trainer<Model, Loss, Backend, Kind> trainer(

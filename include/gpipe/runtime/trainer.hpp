@@ -34,6 +34,7 @@
 #include "gpipe/runtime/executor.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/gpipe.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
 #include "gpipe/schedule/simulator.hpp"
@@ -101,17 +102,10 @@ class Trainer {
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
 
-  /// What the last forward_backward measured: busy time per device (compute ops only) and the
-  /// makespan from the first compute start to the last compute end, over all devices. The
-  /// bubble is the idle fraction of the devices' time in between, 1 - busy / (K makespan).
-  struct StepStats {
-    double makespan_us = 0;      ///< microseconds, first compute start to last compute end
-    double busy_us = 0;          ///< summed over devices
-    double bubble_fraction = 0;  ///< 1 - busy_us / (num_devices makespan_us); 0 when untimed
-    /// [device] each pipeline device's busy time, first start and last end (microseconds) and
-    /// compute-op count; empty when the backend does not time work.
-    std::vector<ComputeTiming> devices;
-  };
+  /// What the last forward_backward measured (see `gpipe::StepStats`).
+  using StepStats = gpipe::StepStats;
+  /// What the last step's measured bubble is made of (see `gpipe::BubbleBreakdown`).
+  using BubbleBreakdown = gpipe::BubbleBreakdown;
 
   /// A weight tie, for `Options::ties` (see `gpipe::Tie`).
   using Tie = gpipe::Tie;
@@ -259,48 +253,11 @@ class Trainer {
   /// Timing of the last successful forward_backward (empty if the backend does not time work).
   const StepStats& last_step() const { return last_step_; }
 
-  /// What the last step's measured bubble is made of (computed when asked: it runs the schedule's
-  /// simulator twice): measured = schedule + imbalance + overhead.
-  struct BubbleBreakdown {
-    double measured = 0;  ///< last_step().bubble_fraction: 1 - busy / (devices x makespan)
-    /// The schedule's own bubble: its simulation with every op taking the step's mean op time;
-    /// what remains at zero executor cost on a balanced pipeline ((K-1)/(M+K-1) for GPipe and
-    /// 1F1B).
-    double schedule = 0;
-    /// What uneven stages add: the simulation with each device's ops taking that device's mean op
-    /// time (device_op_us), minus `schedule`. A device with more work per op keeps the others
-    /// waiting; the executor is not the cause.
-    double imbalance = 0;
-    /// measured - schedule - imbalance: what the executor adds (hand-overs between devices, waiting
-    /// for a worker to wake), and devices waiting for a core when they outnumber the cores. Per op
-    /// it is about 5-20 us on a host (BENCHMARKS.md), so it matters for ops below a millisecond.
-    double overhead = 0;
-    double mean_op_us = 0;             ///< the step's busy time / its compute ops
-    std::vector<double> device_op_us;  ///< [device] its busy time / its compute ops (0: none ran)
-    std::size_t busy_devices = 0;      ///< devices of the pipeline that computed in the step
-    /// host: busy devices x threads_per_device outnumber the hardware threads
-    bool devices_share_cores = false;
-  };
-  /// The breakdown of `last_step()`'s bubble; all zero when the backend does not time work.
+  /// What the last step's measured bubble is made of, measured = schedule + imbalance +
+  /// overhead (computed when asked: it runs the schedule's simulator twice; see
+  /// `gpipe::bubble_breakdown`); all zero when the backend does not time work.
   BubbleBreakdown bubble_breakdown() const {
-    BubbleBreakdown out;
-    out.measured = last_step_.bubble_fraction;
-    std::size_t ops = 0;
-    for (const ComputeTiming& t : last_step_.devices) {
-      ops += t.ops;
-      if (t.ops > 0) ++out.busy_devices;
-      out.device_op_us.push_back(t.ops > 0 ? t.busy_us / static_cast<double>(t.ops) : 0.0);
-    }
-    if (ops == 0) return out;
-    out.mean_op_us = last_step_.busy_us / static_cast<double>(ops);
-    const double t = out.mean_op_us;
-    out.schedule = simulate(schedule_, {t, t, t}).bubble_fraction;
-    if (out.device_op_us.size() == schedule_.num_devices) {
-      std::vector<OpCosts> per_device;
-      for (const double d : out.device_op_us) per_device.push_back({d, d, d});
-      out.imbalance = simulate(schedule_, per_device).bubble_fraction - out.schedule;
-    }
-    out.overhead = out.measured - out.schedule - out.imbalance;
+    BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
     if constexpr (Backend::name == std::string_view("host")) {
       const unsigned cores = std::thread::hardware_concurrency();
       out.devices_share_cores =
@@ -464,7 +421,7 @@ class Trainer {
                                        .remat = options_.remat,
                                        .loss_rows = rows,
                                        .sum_over_replicas = replicas > 1});
-    last_step_ = measure_step(take_timing());
+    last_step_ = step_stats(take_timing(), num_devices);
     sum_tied_gradients();
     float loss = static_cast<float>(total / Loss::normalizer(rows, out));
     // the last stage's process has its replica's part; the replicas' parts add up
@@ -519,28 +476,6 @@ class Trainer {
       return {};
     }
   }
-  StepStats measure_step(std::vector<ComputeTiming> devices) const {
-    StepStats stats;
-    double first = 0, last = 0;
-    bool any = false;
-    for (std::size_t d = 0; d < devices.size() && d < num_devices; ++d) {
-      const ComputeTiming& t = devices[d];
-      if (t.ops == 0) continue;
-      first = any ? std::min(first, t.first_start_us) : t.first_start_us;
-      last = any ? std::max(last, t.last_end_us) : t.last_end_us;
-      any = true;
-      stats.busy_us += t.busy_us;
-    }
-    devices.resize(std::min(devices.size(), num_devices));
-    stats.devices = std::move(devices);
-    if (!any) return stats;
-    stats.makespan_us = last - first;
-    if (stats.makespan_us > 0)
-      stats.bubble_fraction =
-          1 - stats.busy_us / (static_cast<double>(num_devices) * stats.makespan_us);
-    return stats;
-  }
-
   void initialize(std::uint64_t seed) {
     Rng rng(seed);
     std::vector<std::vector<float>> host(num_stages);

@@ -16,8 +16,10 @@
 //
 // A context may be given a Team (kernels/team.hpp): its GEMMs (gemm_split), and its elementwise,
 // bias, LayerNorm, softmax cross-entropy and optimizer kernels and the attention core (in_blocks),
-// then split over the team's threads, each result bit for bit the one-thread one (but a GEMM's,
-// whose library may round a block as it would not the whole); the MSE loss stays on the caller.
+// then split over the team's threads, each result bit for bit the one-thread one (but a GEMM's
+// that splits, whose library may round a block as it would not the whole: oneDNN picks its
+// kernel per shape, and the unsplit Linear forward is its fused matmul); the MSE loss stays on
+// the caller.
 
 #include <cstddef>
 #include <cstdint>
@@ -91,15 +93,17 @@ class Kernels {
                dense_strides(trans_a, trans_b, m, n, k), team_);
   }
   /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten. For float
-  /// with oneDNN as the GEMM library and one thread, one matmul with the bias fused
-  /// (kernels/linear.hpp), else (OpenBLAS, a team of threads, double, and a build that defines
-  /// GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
+  /// with oneDNN as the GEMM library, one matmul with the bias fused (kernels/linear.hpp) where
+  /// the GEMM does not split over the team (gemm_split: one thread, or too little work), so that
+  /// a team computes such a Linear with the very call one thread makes; else (OpenBLAS, a GEMM
+  /// that splits, double, a build that defines GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
                       const T* b, T* y) {
     if (rows == 0) return;
 #ifndef GPIPE_HOST_GEMM_REFERENCE
     if constexpr (fused_linear) {
-      if (gemm_library() == GemmLibrary::onednn && threads() == 1)
+      if (gemm_library() == GemmLibrary::onednn &&
+          host::gemm_split(rows, out, in, threads()).parts == 1)
         return linear_(rows, in, out, x, w, b, y);
     }
 #endif
