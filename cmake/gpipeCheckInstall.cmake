@@ -44,9 +44,13 @@ if(CUDA_COMPILER)
   list(APPEND _tool_args "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}")
 endif()
 if(LAUNCHER)  # the compiler cache of gpipe's own build (gpipeCompilerCache.cmake)
+  # A list does not survive a -D argument of a list of arguments: an initial cache file holds it.
   string(REPLACE "|" ";" _launcher "${LAUNCHER}")
-  list(APPEND _tool_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${_launcher}"
-                         "-DCMAKE_CUDA_COMPILER_LAUNCHER=${_launcher}")
+  set(_initial_cache "${BUILD_DIR}/consumer-launcher.cmake")
+  file(WRITE "${_initial_cache}"
+    "set(CMAKE_CXX_COMPILER_LAUNCHER \"${_launcher}\" CACHE STRING \"\")\n"
+    "set(CMAKE_CUDA_COMPILER_LAUNCHER \"${_launcher}\" CACHE STRING \"\")\n")
+  list(APPEND _tool_args -C "${_initial_cache}")
 endif()
 
 _gpipe_step("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${_prefix}"

@@ -1,6 +1,7 @@
 #pragma once
 // The executor: runs one forward-backward step of a Pipeline by walking a schedule and issuing
-// each op to the stream of its stage's device. Written once for every backend.
+// each op to the stream of its stage's device. Written once for every backend, and compiled once
+// per backend: it sees the model as its stages' programs (runtime/stage_program.hpp).
 //
 // Per (stage s, micro-batch mb) it keeps a Slot of device buffers (rows = the micro-batch's size):
 //   input       (rows, in_s)            from forward (stage 0: the user's rows) or recv_activation
@@ -34,37 +35,22 @@
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/select.hpp"
 
 namespace gpipe::detail {
 
-// Calls f(std::integral_constant<std::size_t, S>{}) for the run-time stage index s < K.
-template <std::size_t K, class F>
-void visit_stage(std::size_t s, F&& f) {
-  [&]<std::size_t... S>(std::index_sequence<S...>) {
-    (void)((s == S ? (f(std::integral_constant<std::size_t, S>{}), true) : false) || ...);
-  }
-  (std::make_index_sequence<K>{});
-}
-
-// skips_input_gradient<L>: L::backward_input accepts dx == nullptr (see model/detail/chain.hpp).
-template <class L>
-constexpr bool skips_input_gradient = requires {
-  requires L::skips_input_gradient;
-};
-
-template <class Model, class Loss, class Backend,
-          class Transport = transport::transport_for<Backend>>
+// Target: the loss's target type (std::int32_t class ids, or floats).
+template <class Backend, class Target, class Transport = transport::transport_for<Backend>>
 class Executor {
  public:
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
   using Event = typename Backend::Event;
   using Kernels = typename Backend::Kernels;
-  using target_type = typename Loss::target_type;
-  static constexpr std::size_t K = Model::num_stages;
+  using target_type = Target;
   static_assert(stage_transport<Transport, Kernels>,
                 "gpipe: a backend's transport needs receive(kernels, src, dst, n) and sends "
                 "(backend/concepts.hpp)");
@@ -74,28 +60,38 @@ class Executor {
     std::span<const target_type> y;  // (N, targets per row), host memory
     MicroBatchSplit split;
     Remat remat = Remat::never;
-    std::size_t loss_rows = 0;  // the loss is the mean over this many rows (0: split.rows); a
-                                // data-parallel replica's step holds part of the mini-batch
+    // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
+    // part of it): the factor of every micro-batch's loss gradient
+    float loss_scale = 1;
     // With data-parallel replicas: the step's gradients are summed over them, each stage's as
     // soon as its last backward_weight is done; the gradients accumulated before the step are
     // set aside meanwhile and added back after it.
     bool sum_over_replicas = false;
   };
 
-  // params[s], grads[s]: stage s's flat parameter and gradient arrays on its device.
-  // order: issue_order(schedule), computed once by the owner.
+  // stages[s]: stage s's program; loss: the last stage's. params[s], grads[s]: stage s's flat
+  // parameter and gradient arrays on its device. order: issue_order(schedule), computed once by
+  // the owner. All of them outlive the executor.
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
+           std::span<const StageProgram<Kernels>> stages, const LossProgram<Kernels, Target>& loss,
            std::span<Buffer<float>> params, std::span<Buffer<float>> grads)
-      : backend_(backend), schedule_(schedule), order_(order), params_(params), grads_(grads) {}
+      : backend_(backend),
+        schedule_(schedule),
+        order_(order),
+        stages_(stages),
+        loss_program_(loss),
+        num_stages_(stages.size()),
+        params_(params),
+        grads_(grads) {}
 
   // Runs the step; returns the summed loss of every micro-batch. Throws (from the backend's
   // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
   double run(const Step& step) {
     step_ = &step;
     const std::size_t M = step.split.micro_batches;
-    slots_ = std::vector<Slot>(K * M);
+    slots_ = std::vector<Slot>(num_stages_ * M);
     std::vector<float> losses(M);
-    const std::size_t last_device = schedule_.device_of_stage(K - 1);
+    const std::size_t last_device = schedule_.device_of_stage(num_stages_ - 1);
     const bool has_loss = is_local(backend_, last_device);
     try {
       if constexpr (data_parallel_backend<Backend>)
@@ -134,10 +130,10 @@ class Executor {
   // processes, `out` is written on the last stage's.
   void run_forward(std::span<const float> x, MicroBatchSplit split, std::span<float> out) {
     const std::size_t M = split.micro_batches;
-    slots_ = std::vector<Slot>(K * M);
+    slots_ = std::vector<Slot>(num_stages_ * M);
     try {
       for (std::size_t mb = 0; mb < M; ++mb) {
-        for (std::size_t s = 0; s < K; ++s) {
+        for (std::size_t s = 0; s < num_stages_; ++s) {
           const std::size_t device = schedule_.device_of_stage(s);
           if (!is_local(backend_, device)) continue;
           const WorkLabel label{
@@ -146,20 +142,18 @@ class Executor {
             if (s > 0)
               backend_.receive(device, label, schedule_.device_of_stage(s - 1),
                                message_tag(s - 1, mb, M, false), slot(s, mb, M).input,
-                               split.size(mb) * stage_in_features(s), MemoryKind::activations);
+                               split.size(mb) * stages_[s].in_features, MemoryKind::activations);
           } else if (s > 0) {
             backend_.wait(device, slot(s - 1, mb, M).activation_ready);
             submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input,
                            MemoryKind::activations);
           }
-          visit_stage<K>(s, [&](auto S) {
-            submit_inference<decltype(S)::value>(device, label, x, split, mb, out);
-          });
+          submit_inference(s, device, label, x, split, mb, out);
           if constexpr (multi_process_backend<Backend>) {
-            if (s + 1 < K)
+            if (s + 1 < num_stages_)
               backend_.send(device, label, schedule_.device_of_stage(s + 1),
                             message_tag(s, mb, M, false), slot(s, mb, M).output);
-          } else if (s + 1 < K) {
+          } else if (s + 1 < num_stages_) {
             backend_.record(device, slot(s, mb, M).activation_ready);
           }
         }
@@ -215,9 +209,9 @@ class Executor {
         sums.emplace_back(grads_[*s].data(), grads_[*s].size());
     }
     backend_.expect_reductions(std::move(sums));
-    weights_done_.assign(K, 0);
-    earlier_.resize(K);
-    for (std::size_t s = 0; s < K; ++s) {
+    weights_done_.assign(num_stages_, 0);
+    earlier_.resize(num_stages_);
+    for (std::size_t s = 0; s < num_stages_; ++s) {
       const std::size_t d = schedule_.device_of_stage(s);
       if (!is_local(backend_, d)) continue;
       const std::size_t n = grads_[s].size();
@@ -239,7 +233,7 @@ class Executor {
   // After the sums: the gradients set aside before the step, added back.
   void add_back_earlier_gradients() {
     if (earlier_.empty()) return;
-    for (std::size_t s = 0; s < K; ++s) {
+    for (std::size_t s = 0; s < num_stages_; ++s) {
       if (earlier_[s].size() == 0) continue;
       backend_.submit(schedule_.device_of_stage(s), {"add earlier gradients", s},
                       [n = grads_[s].size(), g = grads_[s].data(),
@@ -282,18 +276,6 @@ class Executor {
   static std::size_t message_tag(std::size_t s, std::size_t mb, std::size_t M, bool gradient) {
     return (s * M + mb) * 2 + (gradient ? 1 : 0);
   }
-  static std::size_t stage_in_features(std::size_t s) {
-    std::size_t features = 0;
-    visit_stage<K>(
-        s, [&](auto S) { features = Model::template stage_t<decltype(S)::value>::in_features; });
-    return features;
-  }
-  static std::size_t stage_out_features(std::size_t s) {
-    std::size_t features = 0;
-    visit_stage<K>(
-        s, [&](auto S) { features = Model::template stage_t<decltype(S)::value>::out_features; });
-    return features;
-  }
 
   // The transfers between processes: sends and recvs are messages, each side frees its own.
   void issue_message(std::size_t device, const Op& op, std::size_t s, WorkLabel label) {
@@ -309,11 +291,11 @@ class Executor {
       case OpKind::recv_activation:
         return backend_.receive(device, label, schedule_.device_of_stage(s - 1),
                                 message_tag(s - 1, mb, M, false), slot(s, mb).input,
-                                rows * stage_in_features(s), MemoryKind::activations);
+                                rows * stages_[s].in_features, MemoryKind::activations);
       case OpKind::recv_gradient:
         return backend_.receive(device, label, schedule_.device_of_stage(s + 1),
                                 message_tag(s + 1, mb, M, true), slot(s, mb).grad_output,
-                                rows * stage_out_features(s), MemoryKind::workspace);
+                                rows * stages_[s].out_features, MemoryKind::workspace);
       default:
         return;
     }
@@ -329,14 +311,11 @@ class Executor {
     }
     switch (op.kind) {
       case OpKind::forward:
-        return visit_stage<K>(
-            s, [&](auto S) { submit_forward<decltype(S)::value>(device, label, mb); });
+        return submit_forward(s, device, label, mb);
       case OpKind::backward_input:
-        return visit_stage<K>(
-            s, [&](auto S) { submit_backward_input<decltype(S)::value>(device, label, mb); });
+        return submit_backward_input(s, device, label, mb);
       case OpKind::backward_weight:
-        visit_stage<K>(
-            s, [&](auto S) { submit_backward_weight<decltype(S)::value>(device, label, mb); });
+        submit_backward_weight(s, device, label, mb);
         return after_backward_weight(device, s);
       case OpKind::send_activation:
         return backend_.record(device, slot(s, mb).activation_ready);
@@ -363,131 +342,126 @@ class Executor {
     });
   }
 
-  template <std::size_t S>
-  void submit_forward(std::size_t device, WorkLabel label, std::size_t mb) {
-    using StageT = typename Model::template stage_t<S>;
-    backend_.submit(device, label, [this, device, mb](Kernels& k) {
+  void submit_forward(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
+    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
+      const StageProgram<Kernels>& stage = stages_[s];
       const Step& step = *step_;
       const std::size_t rows = step.split.size(mb);
-      Slot& sl = slot(S, mb);
-      if constexpr (S == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features,
+      Slot& sl = slot(s, mb);
+      if (s == 0) {
+        sl.input = backend_.template allocate<float>(device, rows * stage.in_features,
                                                      MemoryKind::activations);
-        k.upload(rows * StageT::in_features,
-                 step.x.data() + step.split.begin(mb) * StageT::in_features, sl.input.data());
+        k.upload(rows * stage.in_features, step.x.data() + step.split.begin(mb) * stage.in_features,
+                 sl.input.data());
       }
-      sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+      sl.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
                                                    MemoryKind::activations);
-      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
+      sl.output = backend_.template allocate<float>(device, rows * stage.out_features,
                                                     MemoryKind::workspace);
       {
-        auto ws = workspace<StageT>(device, rows);
-        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
-                                              params_[S].data(), sl.stash.data(), ws.data()});
+        auto ws = workspace(stage, device, rows);
+        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                            params_[s].data(), sl.stash.data(), ws.data()});
       }
-      if constexpr (S == K - 1) apply_loss(device, k, mb, rows, sl);
+      if (s == num_stages_ - 1) apply_loss(device, k, mb, rows, sl);
       sl.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
       if (!sl.stashed) sl.stash.reset();
     });
   }
 
-  template <std::size_t S>
-  void submit_inference(std::size_t device, WorkLabel label, std::span<const float> x,
-                        MicroBatchSplit split, std::size_t mb, std::span<float> out) {
-    using StageT = typename Model::template stage_t<S>;
-    backend_.submit(device, label, [this, device, x, split, mb, out](Kernels& k) {
+  void submit_inference(std::size_t s, std::size_t device, WorkLabel label,
+                        std::span<const float> x, MicroBatchSplit split, std::size_t mb,
+                        std::span<float> out) {
+    backend_.submit(device, label, [this, s, device, x, split, mb, out](Kernels& k) {
+      const StageProgram<Kernels>& stage = stages_[s];
       const std::size_t rows = split.size(mb);
-      Slot& sl = slot(S, mb, split.micro_batches);
-      if constexpr (S == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * StageT::in_features,
+      Slot& sl = slot(s, mb, split.micro_batches);
+      if (s == 0) {
+        sl.input = backend_.template allocate<float>(device, rows * stage.in_features,
                                                      MemoryKind::activations);
-        k.upload(rows * StageT::in_features, x.data() + split.begin(mb) * StageT::in_features,
+        k.upload(rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
                  sl.input.data());
       }
-      auto stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+      auto stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
                                                      MemoryKind::workspace);
-      sl.output = backend_.template allocate<float>(device, rows * StageT::out_features,
+      sl.output = backend_.template allocate<float>(device, rows * stage.out_features,
                                                     MemoryKind::workspace);
       {
-        auto ws = workspace<StageT>(device, rows);
-        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
-                                              params_[S].data(), stash.data(), ws.data()});
+        auto ws = workspace(stage, device, rows);
+        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+                                            params_[s].data(), stash.data(), ws.data()});
       }
       sl.input.reset();
-      if constexpr (S == K - 1) {
-        k.download(rows * StageT::out_features, sl.output.data(),
-                   out.data() + split.begin(mb) * StageT::out_features);
+      if (s == num_stages_ - 1) {
+        k.download(rows * stage.out_features, sl.output.data(),
+                   out.data() + split.begin(mb) * stage.out_features);
         sl.output.reset();
       }
     });
   }
 
   // The stage's scratch for one op (empty when it needs none).
-  template <class StageT>
-  Buffer<float> workspace(std::size_t device, std::size_t rows) {
-    return backend_.template allocate<float>(device, rows * workspace_per_row_v<StageT>,
+  Buffer<float> workspace(const StageProgram<Kernels>& stage, std::size_t device,
+                          std::size_t rows) {
+    return backend_.template allocate<float>(device, rows * stage.workspace_per_row,
                                              MemoryKind::workspace);
   }
 
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
   // grad_output. The logits are not needed after that.
   void apply_loss(std::size_t device, Kernels& k, std::size_t mb, std::size_t rows, Slot& sl) {
-    constexpr std::size_t out = Model::out_features;
+    const std::size_t out = stages_[num_stages_ - 1].out_features;
     const Step& step = *step_;
-    const std::size_t per_row = Loss::targets_per_row(out);
+    const std::size_t per_row = loss_program_.targets_per_row(out);
     auto targets =
         backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
     sl.grad_output = backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
-    const std::size_t loss_rows = step.loss_rows != 0 ? step.loss_rows : step.split.rows;
-    const auto scale = static_cast<float>(1.0 / Loss::normalizer(loss_rows, out));
-    Loss::apply(k, rows, out, sl.output.data(), targets.data(), scale, sl.grad_output.data(),
-                loss_.data() + mb);
+    loss_program_.apply(k, rows, out, sl.output.data(), targets.data(), step.loss_scale,
+                        sl.grad_output.data(), loss_.data() + mb);
     sl.output.reset();
   }
 
-  template <std::size_t S>
-  void submit_backward_input(std::size_t device, WorkLabel label, std::size_t mb) {
-    using StageT = typename Model::template stage_t<S>;
-    backend_.submit(device, label, [this, device, mb](Kernels& k) {
+  void submit_backward_input(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
+    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
+      const StageProgram<Kernels>& stage = stages_[s];
       const std::size_t rows = step_->split.size(mb);
-      Slot& sl = slot(S, mb);
-      auto ws = workspace<StageT>(device, rows);
-      if (!sl.stashed && StageT::stash_per_row > 0) {
+      Slot& sl = slot(s, mb);
+      auto ws = workspace(stage, device, rows);
+      if (!sl.stashed && stage.stash_per_row > 0) {
         // Re-materialization: run the stage's forward again from its kept input.
-        sl.stash = backend_.template allocate<float>(device, rows * StageT::stash_per_row,
+        sl.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
                                                      MemoryKind::activations);
-        auto scratch = backend_.template allocate<float>(device, rows * StageT::out_features,
+        auto scratch = backend_.template allocate<float>(device, rows * stage.out_features,
                                                          MemoryKind::workspace);
-        StageT::forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
-                                              params_[S].data(), sl.stash.data(), ws.data()});
+        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
+                                            params_[s].data(), sl.stash.data(), ws.data()});
       }
       // Nobody upstream wants the first stage's input gradient: skip it where the stage can.
-      constexpr bool skip_dx = S == 0 && skips_input_gradient<StageT>;
-      if constexpr (!skip_dx)
-        sl.grad_input = backend_.template allocate<float>(device, rows * StageT::in_features,
+      const bool skip_dx = s == 0 && stage.skips_input_gradient;
+      if (!skip_dx)
+        sl.grad_input = backend_.template allocate<float>(device, rows * stage.in_features,
                                                           MemoryKind::workspace);
-      sl.grad_stash = backend_.template allocate<float>(device, rows * StageT::grad_stash_per_row,
+      sl.grad_stash = backend_.template allocate<float>(device, rows * stage.grad_stash_per_row,
                                                         MemoryKind::workspace);
-      StageT::backward_input(
+      stage.backward_input(
           k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
-                                      sl.grad_input.data(), params_[S].data(), sl.stash.data(),
+                                      sl.grad_input.data(), params_[s].data(), sl.stash.data(),
                                       sl.grad_stash.data(), ws.data()});
-      if constexpr (S == 0) sl.grad_input.reset();
+      if (s == 0) sl.grad_input.reset();
     });
   }
 
-  template <std::size_t S>
-  void submit_backward_weight(std::size_t device, WorkLabel label, std::size_t mb) {
-    using StageT = typename Model::template stage_t<S>;
-    backend_.submit(device, label, [this, device, mb](Kernels& k) {
+  void submit_backward_weight(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
+    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
+      const StageProgram<Kernels>& stage = stages_[s];
       const std::size_t rows = step_->split.size(mb);
-      Slot& sl = slot(S, mb);
-      auto ws = workspace<StageT>(device, rows);
-      StageT::backward_weight(
+      Slot& sl = slot(s, mb);
+      auto ws = workspace(stage, device, rows);
+      stage.backward_weight(
           k, BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
-                                       params_[S].data(), sl.stash.data(), sl.grad_stash.data(),
-                                       grads_[S].data(), ws.data()});
+                                       params_[s].data(), sl.stash.data(), sl.grad_stash.data(),
+                                       grads_[s].data(), ws.data()});
       sl.input.reset();
       sl.stash.reset();
       sl.grad_output.reset();
@@ -498,6 +472,9 @@ class Executor {
   Backend& backend_;
   const Schedule& schedule_;
   std::span<const OpPlace> order_;
+  std::span<const StageProgram<Kernels>> stages_;
+  const LossProgram<Kernels, Target>& loss_program_;
+  const std::size_t num_stages_;
   std::span<Buffer<float>> params_, grads_;
   const Step* step_ = nullptr;
   std::vector<Slot> slots_;

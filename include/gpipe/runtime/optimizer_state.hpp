@@ -1,0 +1,60 @@
+#pragma once
+// The trainer's optimizer state: per stage, on the stage's device, what the optimizer keeps per
+// parameter (SGD's momentum buffer, AdamW's two moments) and the step count, restarted when the
+// optimizer's type changes. Compiled once per backend and optimizer type.
+
+#include <cstddef>
+#include <typeinfo>
+#include <vector>
+
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/runtime/parameter_store.hpp"
+
+namespace gpipe::detail {
+
+template <class Backend>
+class OptimizerState {
+ public:
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using Kernels = typename Backend::Kernels;
+
+  // Trainer::step's contract: one update of every parameter of `store` from its gradient.
+  template <class Optimizer>
+  void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend) {
+    optimizer.check();
+    if (type_ != &typeid(Optimizer)) {
+      state_.clear();
+      for (std::size_t s = 0; s < store.num_stages(); ++s) {
+        if (!store.local(s)) {
+          state_.emplace_back();
+          continue;
+        }
+        const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
+        state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
+                                                          MemoryKind::optimizer_state));
+        backend.submit(store.device_of_stage(s), {"optimizer state", s},
+                       [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
+      }
+      type_ = &typeid(Optimizer);
+      steps_ = 0;
+    }
+    ++steps_;
+    for (std::size_t s = 0; s < store.num_stages(); ++s) {
+      if (!store.local(s)) continue;
+      backend.submit(store.device_of_stage(s), {"optimizer step", s},
+                     [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
+                      st = state_[s].data(), n = store.params()[s].size(),
+                      t = steps_](Kernels& k) { optimizer.update(k, n, p, g, st, t); });
+    }
+    backend.synchronize();
+    store.sync_tied_parameters();
+  }
+
+ private:
+  std::vector<Buffer<float>> state_;
+  const std::type_info* type_ = nullptr;
+  std::size_t steps_ = 0;
+};
+
+}  // namespace gpipe::detail

@@ -1,0 +1,335 @@
+#pragma once
+// The trainer's parameter store: each stage's flat parameter and gradient arrays on its device,
+// the parameters' names, initialization, weight ties, and safetensors load and save. It knows
+// the model only as data (stage sizes, ParameterInfo, the stages' init functions), so it is
+// compiled once per backend.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/io/safetensors.hpp"
+#include "gpipe/model/layer.hpp"
+#include "gpipe/model/pipeline.hpp"
+#include "gpipe/runtime/stage_program.hpp"
+
+namespace gpipe {
+
+/// Weight tying: `parameter` is the same tensor as `to` (GPT-2's LM head weight and its token
+/// embedding, on the last and the first stage). Both are kept equal: at initialization, load,
+/// set_parameter and after every optimizer step. Each forward_backward sums the two gradients
+/// (d loss / d shared tensor) into both. The file that save and save_gradients write holds the
+/// tensor once, under `to`; load accepts a file without `parameter` (or with it, equal to `to`).
+struct Tie {
+  /// The follower's name (as in `parameter_info()`): its values are copied from `to`'s, and files
+  /// leave it out. A parameter follows at most one other.
+  std::string parameter;
+  /// The leader's name, of the same shape: the tensor that files hold. A leader follows none (no
+  /// chains of ties).
+  std::string to;
+};
+
+namespace detail {
+
+// "[3, 4]"
+inline std::string shape_string(const std::vector<std::size_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+template <class Backend>
+class ParameterStore {
+ public:
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using Kernels = typename Backend::Kernels;
+
+  // stages[s]: stage s's program (its parameter count and initializer), device_of_stage[s] its
+  // device; infos: every tensor (Pipeline::parameters()). Allocates the parameters and gradients
+  // of every stage this process runs and checks the ties (gpipe::Error for an unknown name, a
+  // shape mismatch, a self-tie or a chain); initialize() sets the values. `stages` outlives the
+  // store.
+  ParameterStore(Backend& backend, std::span<const StageProgram<Kernels>> stages,
+                 std::vector<std::size_t> device_of_stage, std::vector<ParameterInfo> infos,
+                 std::span<const Tie> ties)
+      : backend_(backend),
+        stages_(stages),
+        device_of_stage_(std::move(device_of_stage)),
+        infos_(std::move(infos)) {
+    for (std::size_t s = 0; s < device_of_stage_.size(); ++s) {
+      // Another process's stage keeps no memory here (a multi_process_backend).
+      if (!local(s)) {
+        params_.emplace_back();
+        grads_.emplace_back();
+        continue;
+      }
+      const std::size_t d = device_of_stage_[s];
+      const std::size_t n = stages_[s].num_params;
+      params_.push_back(backend_.template allocate<float>(d, n, MemoryKind::parameters));
+      grads_.push_back(backend_.template allocate<float>(d, n, MemoryKind::gradients));
+    }
+    resolve_ties(ties);
+  }
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  std::size_t num_stages() const { return device_of_stage_.size(); }
+  std::size_t device_of_stage(std::size_t s) const { return device_of_stage_[s]; }
+  // Whether this process holds stage s (always, in one process).
+  bool local(std::size_t s) const { return is_local(backend_, device_of_stage_[s]); }
+  const std::vector<ParameterInfo>& infos() const { return infos_; }
+  std::vector<Buffer<float>>& params() { return params_; }
+  std::vector<Buffer<float>>& grads() { return grads_; }
+
+  // Every parameter from `seed` in nn.Sequential order (each stage's initializer), tied followers
+  // from their leaders, gradients zero.
+  void initialize(std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<std::vector<float>> host(num_stages());
+    for (std::size_t s = 0; s < num_stages(); ++s) {
+      host[s].resize(stages_[s].num_params);
+      // every process draws every stage, so that each stage's values are those of one process
+      stages_[s].init(std::span<float>(host[s]), rng);
+    }
+    for (std::size_t s = 0; s < num_stages(); ++s) {
+      if (!local(s)) continue;
+      backend_.submit(
+          device_of_stage_[s], {"initialize", s},
+          [&h = host[s], p = params_[s].data()](Kernels& k) { k.upload(h.size(), h.data(), p); });
+    }
+    backend_.synchronize();
+    sync_tied_parameters();
+    zero_grad();
+  }
+
+  // Every gradient of this process's stages <- 0; waits for the devices.
+  void zero_grad() {
+    for (std::size_t s = 0; s < num_stages(); ++s) {
+      if (!local(s)) continue;
+      backend_.submit(
+          device_of_stage_[s], {"zero_grad", s},
+          [g = grads_[s].data(), n = grads_[s].size()](Kernels& k) { k.fill(n, 0.0f, g); });
+    }
+    backend_.synchronize();
+  }
+
+  const ParameterInfo& find(std::string_view name) const {
+    for (const ParameterInfo& info : infos_)
+      if (info.name == name) return info;
+    throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
+  }
+  std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
+  std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
+
+  // Trainer::set_parameter's contract.
+  void set_parameter(std::string_view name, std::span<const float> values) {
+    const ParameterInfo& info = find(name);
+    require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
+                                            std::to_string(info.size) + " elements, got " +
+                                            std::to_string(values.size()));
+    const TiePair* tie = tie_of(info);
+    const ParameterInfo& leader = *leader_of(info);
+    // The leader's process writes (write() is an Error where it is not local), except that the
+    // follower's process of a pair on two processes only receives, in sync_tie.
+    const bool only_receives = tie != nullptr && !local(leader.stage) && local(tie->first->stage);
+    if (!only_receives) write(params_, leader, values);
+    backend_.synchronize();
+    if (tie != nullptr) sync_tie(*tie);
+  }
+
+  // Trainer::load's contract.
+  void load(const std::filesystem::path& path) {
+    const auto tensors = io::load_safetensors(path);
+    for (const ParameterInfo& info : infos_) {
+      const auto it = tensors.find(info.name);
+      if (it == tensors.end() && leader_of(info) != &info) continue;
+      require(it != tensors.end(),
+              path.string() + " has no tensor \"" + info.name + "\" that the model needs");
+      require(it->second.shape == info.shape, path.string() + ": tensor \"" + info.name +
+                                                  "\" has shape " + shape_string(it->second.shape) +
+                                                  ", the model expects " +
+                                                  shape_string(info.shape));
+    }
+    for (const auto& [name, tensor] : tensors)
+      require(has(name),
+              path.string() + " has a tensor \"" + name + "\" that the model does not have");
+    for (const auto& [follower, leader] : ties_) {
+      const auto it = tensors.find(follower->name);
+      require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
+              path.string() + ": \"" + follower->name + "\" is tied to \"" + leader->name +
+                  "\", but the file holds different values for them");
+    }
+    for (const ParameterInfo& info : infos_)
+      if (leader_of(info) == &info && local(info.stage))
+        write(params_, info, tensors.find(info.name)->second.data);
+    backend_.synchronize();
+    sync_tied_parameters();
+  }
+  void save(const std::filesystem::path& path) const { save_all(params_, path); }
+  void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
+
+  // Before a step: a tied pair holds the same gradient sum; the follower's copy restarts from 0
+  // so that the sum after the step counts every earlier step once.
+  void restart_tied_gradients() {
+    for (const auto& tie : ties_)
+      if (local(tie.first->stage)) fill(grads_, *tie.first, 0.0f);
+  }
+  // After a step: both tensors of each tie <- the sum of both gradients (leader + follower, in
+  // that order: one process and several give the same bits).
+  void sum_tied_gradients() {
+    for (const auto& [follower, leader] : ties_) {
+      const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
+      if (!has_follower && !has_leader) continue;
+      std::vector<float> total(leader->size), other(follower->size);
+      if (has_leader) total = read(grads_, *leader);
+      if (has_follower) other = read(grads_, *follower);
+      if (!has_follower) exchange_with(follower->stage, total, other);
+      if (!has_leader) exchange_with(leader->stage, other, total);
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
+      if (has_leader) write(grads_, *leader, total);
+      if (has_follower) write(grads_, *follower, total);
+      backend_.synchronize();
+    }
+  }
+  // Every follower <- its leader's values. A pair on two processes exchanges them; a pair on
+  // neither is that process's business.
+  void sync_tied_parameters() {
+    for (const auto& tie : ties_) sync_tie(tie);
+  }
+
+ private:
+  using TiePair = std::pair<const ParameterInfo*, const ParameterInfo*>;  // (follower, leader)
+
+  bool has(std::string_view name) const {
+    for (const ParameterInfo& info : infos_)
+      if (info.name == name) return true;
+    return false;
+  }
+  void require_local(const ParameterInfo& info) const {
+    require(local(info.stage), "parameter \"" + info.name + "\" is on stage " +
+                                   std::to_string(info.stage) + ", device " +
+                                   std::to_string(device_of_stage_[info.stage]) +
+                                   ", which another process runs");
+  }
+
+  std::vector<float> read(const std::vector<Buffer<float>>& where,
+                          const ParameterInfo& info) const {
+    require_local(info);
+    std::vector<float> out(info.size);
+    backend_.submit(device_of_stage_[info.stage], {"read parameter", info.stage},
+                    [&out, src = where[info.stage].data() + info.offset](Kernels& k) {
+                      k.download(out.size(), src, out.data());
+                    });
+    backend_.synchronize();
+    return out;
+  }
+  // Issues the copy; the caller synchronizes before `values` goes away.
+  void write(std::vector<Buffer<float>>& where, const ParameterInfo& info,
+             std::span<const float> values) {
+    require_local(info);
+    backend_.submit(device_of_stage_[info.stage], {"write parameter", info.stage},
+                    [values, dst = where[info.stage].data() + info.offset](Kernels& k) {
+                      k.upload(values.size(), values.data(), dst);
+                    });
+  }
+  void fill(std::vector<Buffer<float>>& where, const ParameterInfo& info, float value) {
+    require_local(info);
+    backend_.submit(device_of_stage_[info.stage], {"fill tied gradient", info.stage},
+                    [value, n = info.size, dst = where[info.stage].data() + info.offset](
+                        Kernels& k) { k.fill(n, value, dst); });
+  }
+
+  // Every tensor once: a tied parameter is saved under its partner's name only.
+  void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path) const {
+    std::vector<const ParameterInfo*> saved;
+    for (const ParameterInfo& info : infos_)
+      if (leader_of(info) == &info) saved.push_back(&info);
+    std::vector<std::vector<float>> data;
+    data.reserve(saved.size());
+    for (const ParameterInfo* info : saved) {
+      data.push_back(local(info->stage) ? read(where, *info) : std::vector<float>(info->size));
+      broadcast_from(backend_, device_of_stage_[info->stage], std::span<float>(data.back()));
+    }
+    if (!writes_files(backend_)) return;
+    std::vector<io::TensorView> views;
+    for (std::size_t i = 0; i < saved.size(); ++i)
+      views.push_back({saved[i]->name, saved[i]->shape, data[i]});
+    io::save_safetensors(path, views);
+  }
+
+  // Checks the ties and resolves their names: every tie joins two distinct parameters of one
+  // shape, a parameter follows at most one other, and a followed one follows none.
+  void resolve_ties(std::span<const Tie> ties) {
+    for (const Tie& tie : ties) {
+      const ParameterInfo& follower = find(tie.parameter);
+      const ParameterInfo& leader = find(tie.to);
+      const std::string what = "tie of \"" + tie.parameter + "\" to \"" + tie.to + "\": ";
+      require(&follower != &leader, what + "a parameter cannot be tied to itself");
+      require(follower.shape == leader.shape, what + "their shapes differ (" +
+                                                  shape_string(follower.shape) + " and " +
+                                                  shape_string(leader.shape) + ")");
+      for (const auto& [f, l] : ties_) {
+        require(f != &follower,
+                what + "\"" + tie.parameter + "\" is already tied to \"" + l->name + "\"");
+        require(f != &leader && l != &follower,
+                what + "chains of ties are not supported: tie every parameter to the same one");
+      }
+      ties_.emplace_back(&follower, &leader);  // on every process: files name the tensor once
+    }
+  }
+  // The parameter that holds info's values in files: its tie partner, or itself.
+  const ParameterInfo* leader_of(const ParameterInfo& info) const {
+    for (const auto& [follower, leader] : ties_)
+      if (follower == &info) return leader;
+    return &info;
+  }
+  // The tie that `info` belongs to, either side (nullptr if none).
+  const TiePair* tie_of(const ParameterInfo& info) const {
+    for (const TiePair& tie : ties_)
+      if (tie.first == &info || tie.second == &info) return &tie;
+    return nullptr;
+  }
+  void sync_tie(const TiePair& tie) {
+    const auto& [follower, leader] = tie;
+    const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
+    std::vector<float> values;  // outlives the copy that write() issues
+    if (has_follower && has_leader) {
+      values = read(params_, *leader);
+      write(params_, *follower, values);
+    } else if (has_leader) {
+      values = read(params_, *leader);
+      exchange_with(follower->stage, values, {});
+    } else if (has_follower) {
+      values.resize(follower->size);
+      exchange_with(leader->stage, {}, values);
+      write(params_, *follower, values);
+    }
+    backend_.synchronize();
+  }
+  // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
+  void exchange_with(std::size_t stage, std::span<const float> mine, std::span<float> theirs) {
+    if constexpr (multi_process_backend<Backend>) {
+      backend_.exchange(device_of_stage_[stage], mine, theirs);
+    } else {
+      (void)stage, (void)mine, (void)theirs;  // one process: every stage is local
+    }
+  }
+
+  Backend& backend_;
+  std::span<const StageProgram<Kernels>> stages_;
+  std::vector<std::size_t> device_of_stage_;
+  std::vector<ParameterInfo> infos_;
+  std::vector<Buffer<float>> params_, grads_;
+  std::vector<TiePair> ties_;
+};
+
+}  // namespace detail
+}  // namespace gpipe

@@ -1,0 +1,86 @@
+#pragma once
+// What the runtime needs of a model, with the layers' types erased: per stage its sizes and its
+// three ops as function pointers for one kernel context, and the loss's hooks for one target
+// type. The executor, the parameter store and the step runner are written against these, so
+// they are compiled once per backend, not once per model: a model type costs a program of three
+// small functions per stage, and a translation unit that trains many models (a test of every
+// schedule) compiles the runtime once.
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe::detail {
+
+// skips_input_gradient<L>: L::backward_input accepts dx == nullptr (see model/detail/chain.hpp).
+template <class L>
+constexpr bool skips_input_gradient = requires {
+  requires L::skips_input_gradient;
+};
+
+// One stage (a bound Stage chain) for kernel context Kernels: sizes per row, and its ops.
+template <class Kernels>
+struct StageProgram {
+  std::size_t in_features = 0, out_features = 0, num_params = 0;
+  std::size_t stash_per_row = 0, grad_stash_per_row = 0, workspace_per_row = 0;
+  bool skips_input_gradient = false;  // backward_input takes dx == nullptr
+  void (*init)(std::span<float>, Rng&) = nullptr;
+  void (*forward)(Kernels&, const ForwardArgs<float>&) = nullptr;
+  void (*backward_input)(Kernels&, const BackwardInputArgs<float>&) = nullptr;
+  void (*backward_weight)(Kernels&, const BackwardWeightArgs<float>&) = nullptr;
+};
+
+// stage_program<S, Kernels>(): StageProgram of the concrete stage chain S.
+template <class S, class Kernels>
+constexpr StageProgram<Kernels> stage_program() {
+  return {.in_features = S::in_features,
+          .out_features = S::out_features,
+          .num_params = S::num_params,
+          .stash_per_row = S::stash_per_row,
+          .grad_stash_per_row = S::grad_stash_per_row,
+          .workspace_per_row = workspace_per_row_v<S>,
+          .skips_input_gradient = skips_input_gradient<S>,
+          .init = [](std::span<float> p, Rng& rng) { S::init(p, rng); },
+          .forward = [](Kernels& k, const ForwardArgs<float>& a) { S::forward(k, a); },
+          .backward_input = [](Kernels& k,
+                               const BackwardInputArgs<float>& a) { S::backward_input(k, a); },
+          .backward_weight = [](Kernels& k,
+                                const BackwardWeightArgs<float>& a) { S::backward_weight(k, a); }};
+}
+
+// model_program<Model, Kernels>: the StageProgram of every stage of a Pipeline, in order.
+template <class Model, class Kernels, std::size_t... S>
+constexpr std::array<StageProgram<Kernels>, sizeof...(S)> stage_programs(
+    std::index_sequence<S...>) {
+  return {stage_program<typename Model::template stage_t<S>, Kernels>()...};
+}
+template <class Model, class Kernels>
+inline constexpr std::array<StageProgram<Kernels>, Model::num_stages> model_program =
+    stage_programs<Model, Kernels>(std::make_index_sequence<Model::num_stages>{});
+
+// A loss for kernel context Kernels and targets of type Target (see model/loss.hpp).
+template <class Kernels, class Target>
+struct LossProgram {
+  std::size_t (*targets_per_row)(std::size_t out_features) = nullptr;
+  double (*normalizer)(std::size_t rows, std::size_t out_features) = nullptr;
+  void (*check)(std::span<const Target> targets, std::size_t out_features) = nullptr;
+  // loss_sum[0] and dy (rows, out) of one micro-batch, in device memory
+  void (*apply)(Kernels&, std::size_t rows, std::size_t out, const float* y, const Target* targets,
+                float grad_scale, float* dy, float* loss_sum) = nullptr;
+};
+
+template <class Loss, class Kernels>
+inline constexpr LossProgram<Kernels, typename Loss::target_type> loss_program{
+    .targets_per_row = [](std::size_t out) { return Loss::targets_per_row(out); },
+    .normalizer = [](std::size_t rows, std::size_t out) { return Loss::normalizer(rows, out); },
+    .check = [](std::span<const typename Loss::target_type> targets,
+                std::size_t out) { Loss::check(targets, out); },
+    .apply =
+        [](Kernels& k, std::size_t rows, std::size_t out, const float* y,
+           const typename Loss::target_type* targets, float grad_scale, float* dy,
+           float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
+
+}  // namespace gpipe::detail

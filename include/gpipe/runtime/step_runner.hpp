@@ -1,0 +1,230 @@
+#pragma once
+// The trainer's step runner: the schedule (ordered and validated for the backend's transport),
+// the checks of a step's inputs, the split of a batch over data-parallel replicas and
+// micro-batches, the executor's run, the loss, and the step's timing. It knows the model as its
+// stages' programs and shape, so it is compiled once per backend and target type.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/runtime/executor.hpp"
+#include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/parameter_store.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/stage_program.hpp"
+#include "gpipe/runtime/step_stats.hpp"
+#include "gpipe/schedule/rendezvous.hpp"
+#include "gpipe/schedule/validator.hpp"
+#include "gpipe/transport/select.hpp"
+
+namespace gpipe::detail {
+
+// What the runner needs of a Pipeline's shape.
+struct ModelShape {
+  std::size_t in_features = 0, out_features = 0;
+  std::size_t tokens_per_sample = 1;  // rows per sample: T for a token model, else 1
+  std::size_t vocab_size = 0;         // a token model's V; 0: rows are features
+};
+
+template <class Backend, class Target>
+class StepRunner {
+ public:
+  using Kernels = typename Backend::Kernels;
+  static constexpr Sends sends = transport::transport_for<Backend>::sends;
+
+  // generated: the schedule kind's op lists for (devices, micro_batches), which the runner orders
+  // for the transport's sends and validates (gpipe::Error if they do not fit it). stages and loss
+  // outlive the runner.
+  StepRunner(Backend& backend, Schedule generated, std::span<const StageProgram<Kernels>> stages,
+             const LossProgram<Kernels, Target>& loss, ModelShape shape, std::size_t micro_batches,
+             Remat remat)
+      : backend_(backend),
+        schedule_(std::move(generated)),
+        stages_(stages),
+        loss_(loss),
+        shape_(shape),
+        micro_batches_(micro_batches),
+        remat_(remat) {
+    if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
+    require_valid(schedule_, sends);
+    if constexpr (sends == Sends::rendezvous) {
+      // rendezvous transports (NCCL) also match a pair's messages by the order they are posted
+      const MessageOrder order = messages_in_order(schedule_);
+      require(order.ok, "the schedule's " +
+                            std::string(order.gradients ? "gradients" : "activations") +
+                            " from device " + std::to_string(order.sender) + " to device " +
+                            std::to_string(order.receiver) +
+                            " are received in another order than they are sent, and this "
+                            "backend's transport (NCCL) matches them by order");
+    }
+    issue_order_ = issue_order(schedule_);
+  }
+
+  const Schedule& schedule() const { return schedule_; }
+  std::vector<std::size_t> devices_of_stages() const {
+    std::vector<std::size_t> out;
+    for (std::size_t s = 0; s < stages_.size(); ++s) out.push_back(schedule_.device_of_stage(s));
+    return out;
+  }
+  const StepStats& last_step() const { return last_step_; }
+  BubbleBreakdown bubble_breakdown() const {
+    BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
+    if constexpr (Backend::name == std::string_view("host")) {
+      const unsigned cores = std::thread::hardware_concurrency();
+      out.devices_share_cores =
+          cores != 0 && out.busy_devices * backend_.threads_per_device() > cores;
+    }
+    return out;
+  }
+
+  // Trainer::forward_backward of a model of feature rows.
+  float forward_backward(std::span<const float> x, std::span<const Target> y,
+                         ParameterStore<Backend>& store) {
+    const std::size_t in = shape_.in_features;
+    require(x.size() % in == 0,
+            "x has " + std::to_string(x.size()) +
+                " floats, which is not a multiple of in_features = " + std::to_string(in) +
+                " (expected batch x " + std::to_string(in) + ", row-major)");
+    const std::size_t rows = x.size() / in;
+    require(rows >= micro_batches_,
+            "the batch has " + std::to_string(rows) + " rows, fewer than micro_batches = " +
+                std::to_string(micro_batches_) + " (every micro-batch needs at least one row)");
+    return run_step(x, y, rows, store);
+  }
+  // Trainer::forward_backward of a token model.
+  float forward_backward(std::span<const std::int32_t> tokens, std::span<const Target> targets,
+                         ParameterStore<Backend>& store) {
+    const std::vector<float> x = token_rows(tokens, micro_batches_);
+    return run_step(x, targets, tokens.size(), store);
+  }
+  // Trainer::predict of a model of feature rows.
+  std::vector<float> predict(std::span<const float> x, ParameterStore<Backend>& store) {
+    const std::size_t in = shape_.in_features;
+    require(x.size() % in == 0 && !x.empty(),
+            "x has " + std::to_string(x.size()) +
+                " floats, expected a positive multiple of in_features = " + std::to_string(in) +
+                " (batch x " + std::to_string(in) + ", row-major)");
+    return run_predict(x, x.size() / in, store);
+  }
+  // Trainer::predict of a token model.
+  std::vector<float> predict(std::span<const std::int32_t> tokens, ParameterStore<Backend>& store) {
+    const std::vector<float> x = token_rows(tokens, 1);
+    return run_predict(x, tokens.size(), store);
+  }
+
+ private:
+  // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
+  float run_step(std::span<const float> x, std::span<const Target> y, std::size_t rows,
+                 ParameterStore<Backend>& store) {
+    const std::size_t out = shape_.out_features, per_row = loss_.targets_per_row(out);
+    const std::size_t T = shape_.tokens_per_sample;
+    require(y.size() == rows * per_row, "y has " + std::to_string(y.size()) +
+                                            " targets, expected " + std::to_string(rows * per_row) +
+                                            " (" + std::to_string(rows) +
+                                            (shape_.vocab_size > 0 ? " tokens x " : " rows x ") +
+                                            std::to_string(per_row) + ")");
+    loss_.check(y, out);
+
+    // A data-parallel replica runs its share of the samples, as evenly as they go.
+    const std::size_t replicas = replicas_of(backend_);
+    const MicroBatchSplit shares{rows, replicas, T};
+    const std::size_t replica = replica_of(backend_);
+    const std::size_t mine = shares.size(replica), first = shares.begin(replica);
+    if (replicas > 1)
+      require(shares.size(replicas - 1) / T >= micro_batches_,
+              "the batch has " + std::to_string(shares.samples()) +
+                  " samples: " + std::to_string(replicas) +
+                  " replicas x micro_batches = " + std::to_string(micro_batches_) +
+                  " need at least " + std::to_string(replicas * micro_batches_));
+    const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
+    const auto my_y = y.subspan(first * per_row, mine * per_row);
+
+    Executor<Backend, Target> executor(backend_, schedule_, issue_order_, stages_, loss_,
+                                       store.params(), store.grads());
+    store.restart_tied_gradients();
+    take_timing();  // start this step's count afresh
+    // with replicas, each stage's gradients are summed over them during the step
+    const double total =
+        executor.run({.x = my_x,
+                      .y = my_y,
+                      .split = MicroBatchSplit{mine, micro_batches_, T},
+                      .remat = remat_,
+                      .loss_scale = static_cast<float>(1.0 / loss_.normalizer(rows, out)),
+                      .sum_over_replicas = replicas > 1});
+    last_step_ = step_stats(take_timing(), schedule_.num_devices);
+    store.sum_tied_gradients();
+    float loss = static_cast<float>(total / loss_.normalizer(rows, out));
+    // the last stage's process has its replica's part; the replicas' parts add up
+    broadcast_from(backend_, schedule_.device_of_stage(stages_.size() - 1),
+                   std::span<float>(&loss, 1));
+    if constexpr (data_parallel_backend<Backend>)
+      if (replicas > 1) backend_.allreduce_sum(std::span<float>(&loss, 1));
+    return loss;
+  }
+
+  std::vector<float> run_predict(std::span<const float> x, std::size_t rows,
+                                 ParameterStore<Backend>& store) {
+    const std::size_t T = shape_.tokens_per_sample;
+    std::vector<float> out(rows * shape_.out_features);
+    Executor<Backend, Target> executor(backend_, schedule_, issue_order_, stages_, loss_,
+                                       store.params(), store.grads());
+    executor.run_forward(x, {rows, std::min(rows / T, micro_batches_), T}, out);
+    broadcast_from(backend_, schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
+    return out;
+  }
+
+  // The first stage's rows of a token model: each id as a float (exact: ids are below
+  // vocab_size <= 2^24), after checking that the ids are whole samples, at least min_samples of
+  // them, and every one in [0, V).
+  std::vector<float> token_rows(std::span<const std::int32_t> tokens,
+                                std::size_t min_samples) const {
+    const std::size_t T = shape_.tokens_per_sample, V = shape_.vocab_size;
+    require(!tokens.empty() && tokens.size() % T == 0,
+            "the batch has " + std::to_string(tokens.size()) +
+                " tokens, which is not a positive number of whole samples of T = " +
+                std::to_string(T) + " tokens");
+    const std::size_t samples = tokens.size() / T;
+    require(samples >= min_samples,
+            "the batch has " + std::to_string(samples) +
+                " samples, fewer than micro_batches = " + std::to_string(min_samples) +
+                " (every micro-batch needs at least one whole sample)");
+    std::vector<float> rows(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::int32_t id = tokens[i];
+      require(id >= 0 && static_cast<std::size_t>(id) < V,
+              "token " + std::to_string(i) + " (sample " + std::to_string(i / T) + ", position " +
+                  std::to_string(i % T) + ") is " + std::to_string(id) +
+                  ", expected an id in [0, " + std::to_string(V) + ")");
+      rows[i] = static_cast<float>(id);
+    }
+    return rows;
+  }
+
+  std::vector<ComputeTiming> take_timing() {
+    if constexpr (requires { backend_.take_timing(); }) {
+      return backend_.take_timing();
+    } else {
+      return {};
+    }
+  }
+
+  Backend& backend_;
+  Schedule schedule_;
+  std::vector<OpPlace> issue_order_;
+  std::span<const StageProgram<Kernels>> stages_;
+  const LossProgram<Kernels, Target>& loss_;
+  ModelShape shape_;
+  std::size_t micro_batches_;
+  Remat remat_;
+  StepStats last_step_;
+};
+
+}  // namespace gpipe::detail
