@@ -270,8 +270,8 @@ TEST_SUITE("backend host kernels") {
     // this process uses: a model of small layers gives bit for bit the same step with a team.
     gpipe::host::Team team(2);
     gpipe::host::Kernels<float> k(0, &team), alone;
-    for (const auto& [rows, in, out] : {std::array<std::size_t, 3>{5, 8, 8}, {64, 64, 256},
-                                        {128, 96, 32}, {7, 300, 3}}) {
+    for (const auto& [rows, in, out] :
+         {std::array<std::size_t, 3>{5, 8, 8}, {64, 64, 256}, {128, 96, 32}, {7, 300, 3}}) {
       CAPTURE(rows);
       CAPTURE(in);
       CAPTURE(out);
