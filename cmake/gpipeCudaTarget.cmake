@@ -1,5 +1,6 @@
 # gpipe_add_cuda_target(<name> [IMPORTED]): the INTERFACE library of the CUDA backend
-# (<gpipe/cuda.cuh>, compiled by nvcc): gpipe::gpipe plus the CUDA runtime and cuBLAS of the
+# (<gpipe/cuda.cuh>, compiled by nvcc): gpipe::core (not the host backend's oneDNN: a program
+# that also runs the host backend links gpipe::gpipe too) plus the CUDA runtime and cuBLAS of the
 # CUDA toolkit (found by the caller: find_package(CUDAToolkit)), and NCCL (its include directory,
 # library and GPIPE_CUDA_NCCL=1) where nccl.h and libnccl are found and GPIPE_ENABLE_NCCL is not
 # OFF. Sets GPIPE_CUDA_NCCL (TRUE or FALSE) in the caller's scope. Used by gpipe's own build and
@@ -10,7 +11,7 @@ function(gpipe_add_cuda_target name)
   else()
     add_library(${name} INTERFACE)
   endif()
-  target_link_libraries(${name} INTERFACE gpipe::gpipe CUDA::cudart CUDA::cublas)
+  target_link_libraries(${name} INTERFACE gpipe::core CUDA::cudart CUDA::cublas)
   set(_nccl FALSE)
   if(NOT DEFINED GPIPE_ENABLE_NCCL OR GPIPE_ENABLE_NCCL)
     find_path(GPIPE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})

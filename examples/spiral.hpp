@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <gpipe/gpipe.hpp>
+#include <gpipe/core.hpp>
 #include <gpipe/io/svg_timeline.hpp>
 #include <numbers>
 #include <string>

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <gpipe/gpipe.hpp>
+#include <gpipe/core.hpp>
 #include <span>
 
 // The tag that names Scale's kernels: LayerKernels<ScaleOp, Ctx> on each backend.

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <gpipe/gpipe.hpp>
+#include <gpipe/core.hpp>
 #include <gpipe/testing/relative_error.hpp>
 #include <string>
 #include <vector>

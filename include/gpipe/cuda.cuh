@@ -1,7 +1,8 @@
 #pragma once
-// gpipe with the CUDA backend: everything <gpipe/gpipe.hpp> has, plus gpipe::cuda::Backend.
+// gpipe with the CUDA backend: the core library (<gpipe/core.hpp>) and gpipe::cuda::Backend.
 // Compile with nvcc (a .cu file) and link the CMake target gpipe::cuda (CUDA runtime, cuBLAS, and
-// NCCL where it was found).
+// NCCL where it was found). The host backend is not part of it (nor its GEMM libraries' headers):
+// a CUDA program that also runs gpipe::host::Backend includes <gpipe/gpipe.hpp> too.
 //
 //   gpipe::cuda::Backend backend(4);   // 4 virtual devices, spread over the GPUs there are
 //   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend> trainer(
@@ -13,4 +14,4 @@
 #endif
 
 #include "gpipe/backend/cuda.cuh"
-#include "gpipe/gpipe.hpp"
+#include "gpipe/core.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// gpipe across processes on GPUs: everything <gpipe/cuda.cuh> and <gpipe/mpi.hpp> have, plus
+// gpipe across processes on GPUs: everything <gpipe/cuda.cuh> has, plus
 // gpipe::mpi::CudaBackend (a rank per pipeline device, each on its own GPU, NCCL between them,
 // bootstrapped over MPI). Compile with nvcc, link the CMake targets gpipe::cuda (with NCCL) and
 // gpipe::mpi, and launch one rank per GPU:
@@ -18,4 +18,3 @@
 
 #include "gpipe/backend/mpi/cuda_backend.cuh"
 #include "gpipe/cuda.cuh"
-#include "gpipe/mpi.hpp"

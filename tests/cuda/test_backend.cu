@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpipe/cuda.cuh"
+#include "gpipe/gpipe.hpp"  // the host backend, the reference
 #include "support/cuda_factory.cuh"
 #include "support/errors.hpp"
 #include "support/models.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpipe/cuda.cuh"
+#include "gpipe/gpipe.hpp"  // the host backend, the reference
 #include "support/cuda_factory.cuh"
 #include "support/reference_model.hpp"
 

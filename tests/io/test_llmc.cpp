@@ -76,6 +76,7 @@ TEST_SUITE("io llm.c") {
 // ---- GPT-2 checkpoints -----------------------------------------------------------------------
 
 #include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/llmc.hpp"
 
 namespace {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <gpipe/gpipe.hpp>
+#include <gpipe/core.hpp>
 #include <string>
 #include <vector>
 

@@ -55,34 +55,10 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/session.hpp"
 #include "gpipe/error.hpp"
 
 namespace gpipe::mpi {
-
-/// MPI_Init_thread / MPI_Finalize for a program's lifetime, unless MPI is already initialized.
-class Session {
- public:
-  /// Initializes MPI with MPI_THREAD_SERIALIZED from main's `argc` and `argv` (which MPI may edit),
-  /// unless it is already initialized, in which case the destructor leaves it alone too. Throws
-  /// `gpipe::Error` when MPI_Init_thread fails.
-  Session(int& argc, char**& argv) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) return;
-    int provided = 0;
-    detail::check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided),
-                      "MPI_Init_thread");
-    owns_ = true;
-  }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  ~Session() {
-    if (owns_) MPI_Finalize();
-  }
-
- private:
-  bool owns_ = false;
-};
 
 /// Construction options of an mpi::Backend, the same on every rank.
 struct BackendOptions {

@@ -49,8 +49,8 @@
 #include <vector>
 
 #include "gpipe/backend/cuda/backend.cuh"
-#include "gpipe/backend/mpi/backend.hpp"
 #include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/session.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/nccl_ranks.cuh"
 

@@ -20,6 +20,11 @@
 #include "gpipe/backend/host/kernels/team.hpp"
 #include "gpipe/error.hpp"
 
+#ifdef GPIPE_HOST_GEMM_MISSING
+#error \
+    "gpipe's host backend needs oneDNN, which the gpipe package did not find (Debian/Ubuntu: libdnnl-dev); configure with -DGPIPE_HOST_ONEDNN=OFF for plain-loop GEMMs, or link only gpipe::core / gpipe::cuda"
+#endif
+
 #ifndef GPIPE_HOST_GEMM_REFERENCE
 #include <oneapi/dnnl/dnnl.h>
 
