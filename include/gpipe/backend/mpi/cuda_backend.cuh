@@ -300,9 +300,14 @@ class CudaBackend {
     } catch (...) {
       if (message.empty()) message = detail::MpiControl::message_of(std::current_exception());
     }
-    // after a failure the ranks' messages differ anyway; the failure is what to report
+    // after a failure the ranks' messages differ anyway; the failure is what to report. A rank
+    // may see the mismatch before it hears of another rank's failure (whose messages were never
+    // posted): so a mismatch counts as second-hand, and a first-hand failure elsewhere wins.
     std::string order = check_message_order();
-    if (message.empty() && !aborted_) message = std::move(order);
+    if (message.empty() && !aborted_ && !order.empty()) {
+      message = std::move(order);
+      control_.stop_for_peer();
+    }
     agree(std::move(message));
   }
   /// Collective, instead of finish_step, when issuing this rank's part of a step failed: tells

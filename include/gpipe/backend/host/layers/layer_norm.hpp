@@ -27,9 +27,9 @@ struct LayerKernels<LayerNormOp, host::Kernels<T>> {
     k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
   }
   /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy.
-  static void backward_weight(host::Kernels<T>&, std::size_t rows, std::size_t cols, const T* x,
+  static void backward_weight(host::Kernels<T>& k, std::size_t rows, std::size_t cols, const T* x,
                               const T* dy, const T* stats, T* dgamma, T* dbeta) {
-    host::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
+    k.layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta);
   }
 };
 
