@@ -65,11 +65,4 @@ void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, 
   }
 }
 
-/// dgamma += sum_rows dy * xhat,  dbeta += sum_rows dy
-template <class T>
-void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                                const T* stats, T* dgamma, T* dbeta) {
-  layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta, cols);
-}
-
 }  // namespace gpipe::host
