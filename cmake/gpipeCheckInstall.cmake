@@ -4,8 +4,9 @@
 #       -P gpipeCheckInstall.cmake
 #
 # Installs BUILD_DIR into BUILD_DIR/install-test, configures CONSUMER_DIR against that prefix
-# alone (find_package(gpipe)) into BUILD_DIR/consumer-build, builds it and runs its `app`, and
-# its `cuda_app` where the consumer found nvcc.
+# alone (find_package(gpipe)) into BUILD_DIR/consumer-build, builds it and runs its `app`, its
+# `app_compiled` (the same program on gpipe::compiled: both must print the same), and its
+# `cuda_app` where the consumer found nvcc.
 
 cmake_minimum_required(VERSION 3.25)
 foreach(_var BUILD_DIR CONSUMER_DIR GENERATOR)
@@ -78,8 +79,14 @@ if(CONFIG AND NOT EXISTS "${_app}")
 endif()
 _gpipe_step("run consumer" "${_app}")
 message(STATUS "consumer says: ${_step_output}")
+set(_header_only_output "${_step_output}")
 
 get_filename_component(_app_dir "${_app}" DIRECTORY)
+_gpipe_step("run compiled consumer" "${_app_dir}/app_compiled")
+if(NOT _step_output STREQUAL _header_only_output)
+  message(FATAL_ERROR "app_compiled (gpipe::compiled) printed\n${_step_output}\nbut app "
+                      "(gpipe::gpipe)\n${_header_only_output}")
+endif()
 if(EXISTS "${_app_dir}/cuda_app")
   _gpipe_step("run CUDA consumer" "${_app_dir}/cuda_app")
   message(STATUS "CUDA consumer says: ${_step_output}")

@@ -6,3 +6,4 @@
 
 #include "gpipe/backend/host.hpp"
 #include "gpipe/core.hpp"
+#include "gpipe/backend/host/compiled.hpp"

@@ -21,40 +21,47 @@ class OptimizerState {
 
   // Trainer::step's contract: one update of every parameter of `store` from its gradient.
   template <class Optimizer>
-  void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend) {
-    optimizer.check();
-    if (type_ != &typeid(Optimizer)) {
-      state_.clear();
-      for (std::size_t s = 0; s < store.num_stages(); ++s) {
-        if (!store.local(s)) {
-          state_.emplace_back();
-          continue;
-        }
-        const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
-        state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
-                                                          MemoryKind::optimizer_state));
-        backend.submit(store.device_of_stage(s), {"optimizer state", s},
-                       [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
-      }
-      type_ = &typeid(Optimizer);
-      steps_ = 0;
-    }
-    ++steps_;
-    for (std::size_t s = 0; s < store.num_stages(); ++s) {
-      if (!store.local(s)) continue;
-      backend.submit(store.device_of_stage(s), {"optimizer step", s},
-                     [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
-                      st = state_[s].data(), n = store.params()[s].size(),
-                      t = steps_](Kernels& k) { optimizer.update(k, n, p, g, st, t); });
-    }
-    backend.synchronize();
-    store.sync_tied_parameters();
-  }
+  void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend);
 
  private:
   std::vector<Buffer<float>> state_;
   const std::type_info* type_ = nullptr;
   std::size_t steps_ = 0;
 };
+
+// Defined out of the class, so that a program that declares its instantiation for
+// host::Backend extern (GPIPE_COMPILED_HOST, backend/host/compiled.hpp) does not compile it.
+template <class Backend>
+template <class Optimizer>
+void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Backend>& store,
+                                   Backend& backend) {
+  optimizer.check();
+  if (type_ != &typeid(Optimizer)) {
+    state_.clear();
+    for (std::size_t s = 0; s < store.num_stages(); ++s) {
+      if (!store.local(s)) {
+        state_.emplace_back();
+        continue;
+      }
+      const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
+      state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
+                                                        MemoryKind::optimizer_state));
+      backend.submit(store.device_of_stage(s), {"optimizer state", s},
+                     [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
+    }
+    type_ = &typeid(Optimizer);
+    steps_ = 0;
+  }
+  ++steps_;
+  for (std::size_t s = 0; s < store.num_stages(); ++s) {
+    if (!store.local(s)) continue;
+    backend.submit(store.device_of_stage(s), {"optimizer step", s},
+                   [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
+                    st = state_[s].data(), n = store.params()[s].size(),
+                    t = steps_](Kernels& k) { optimizer.update(k, n, p, g, st, t); });
+  }
+  backend.synchronize();
+  store.sync_tied_parameters();
+}
 
 }  // namespace gpipe::detail

@@ -59,25 +59,7 @@ class ParameterStore {
   // store.
   ParameterStore(Backend& backend, std::span<const StageProgram<Kernels>> stages,
                  std::vector<std::size_t> device_of_stage, std::vector<ParameterInfo> infos,
-                 std::span<const Tie> ties)
-      : backend_(backend),
-        stages_(stages),
-        device_of_stage_(std::move(device_of_stage)),
-        infos_(std::move(infos)) {
-    for (std::size_t s = 0; s < device_of_stage_.size(); ++s) {
-      // Another process's stage keeps no memory here (a multi_process_backend).
-      if (!local(s)) {
-        params_.emplace_back();
-        grads_.emplace_back();
-        continue;
-      }
-      const std::size_t d = device_of_stage_[s];
-      const std::size_t n = stages_[s].num_params;
-      params_.push_back(backend_.template allocate<float>(d, n, MemoryKind::parameters));
-      grads_.push_back(backend_.template allocate<float>(d, n, MemoryKind::gradients));
-    }
-    resolve_ties(ties);
-  }
+                 std::span<const Tie> ties);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -91,90 +73,26 @@ class ParameterStore {
 
   // Every parameter from `seed` in nn.Sequential order (each stage's initializer), tied followers
   // from their leaders, gradients zero.
-  void initialize(std::uint64_t seed) {
-    Rng rng(seed);
-    std::vector<std::vector<float>> host(num_stages());
-    for (std::size_t s = 0; s < num_stages(); ++s) {
-      host[s].resize(stages_[s].num_params);
-      // every process draws every stage, so that each stage's values are those of one process
-      stages_[s].init(std::span<float>(host[s]), rng);
-    }
-    for (std::size_t s = 0; s < num_stages(); ++s) {
-      if (!local(s)) continue;
-      backend_.submit(
-          device_of_stage_[s], {"initialize", s},
-          [&h = host[s], p = params_[s].data()](Kernels& k) { k.upload(h.size(), h.data(), p); });
-    }
-    backend_.synchronize();
-    sync_tied_parameters();
-    zero_grad();
-  }
+  void initialize(std::uint64_t seed);
 
   // Every gradient of this process's stages <- 0; waits for the devices.
-  void zero_grad() {
-    for (std::size_t s = 0; s < num_stages(); ++s) {
-      if (!local(s)) continue;
-      backend_.submit(
-          device_of_stage_[s], {"zero_grad", s},
-          [g = grads_[s].data(), n = grads_[s].size()](Kernels& k) { k.fill(n, 0.0f, g); });
-    }
-    backend_.synchronize();
-  }
+  void zero_grad();
 
   const ParameterInfo& find(std::string_view name) const {
     for (const ParameterInfo& info : infos_)
       if (info.name == name) return info;
     throw Error("gpipe: the model has no parameter \"" + std::string(name) + "\"");
   }
-  std::vector<float> parameter(std::string_view name) const { return read(params_, find(name)); }
-  std::vector<float> gradient(std::string_view name) const { return read(grads_, find(name)); }
+  std::vector<float> parameter(std::string_view name) const;
+  std::vector<float> gradient(std::string_view name) const;
 
   // Trainer::set_parameter's contract.
-  void set_parameter(std::string_view name, std::span<const float> values) {
-    const ParameterInfo& info = find(name);
-    require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
-                                            std::to_string(info.size) + " elements, got " +
-                                            std::to_string(values.size()));
-    const TiePair* tie = tie_of(info);
-    const ParameterInfo& leader = *leader_of(info);
-    // The leader's process writes (write() is an Error where it is not local), except that the
-    // follower's process of a pair on two processes only receives, in sync_tie.
-    const bool only_receives = tie != nullptr && !local(leader.stage) && local(tie->first->stage);
-    if (!only_receives) write(params_, leader, values);
-    backend_.synchronize();
-    if (tie != nullptr) sync_tie(*tie);
-  }
+  void set_parameter(std::string_view name, std::span<const float> values);
 
   // Trainer::load's contract.
-  void load(const std::filesystem::path& path) {
-    const auto tensors = io::load_safetensors(path);
-    for (const ParameterInfo& info : infos_) {
-      const auto it = tensors.find(info.name);
-      if (it == tensors.end() && leader_of(info) != &info) continue;
-      require(it != tensors.end(),
-              path.string() + " has no tensor \"" + info.name + "\" that the model needs");
-      require(it->second.shape == info.shape, path.string() + ": tensor \"" + info.name +
-                                                  "\" has shape " + shape_string(it->second.shape) +
-                                                  ", the model expects " +
-                                                  shape_string(info.shape));
-    }
-    for (const auto& [name, tensor] : tensors)
-      require(has(name),
-              path.string() + " has a tensor \"" + name + "\" that the model does not have");
-    for (const auto& [follower, leader] : ties_) {
-      const auto it = tensors.find(follower->name);
-      require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
-              path.string() + ": \"" + follower->name + "\" is tied to \"" + leader->name +
-                  "\", but the file holds different values for them");
-    }
-    for (const ParameterInfo& info : infos_)
-      if (leader_of(info) == &info && local(info.stage))
-        write(params_, info, tensors.find(info.name)->second.data);
-    backend_.synchronize();
-    sync_tied_parameters();
-  }
-  void save(const std::filesystem::path& path) const { save_all(params_, path); }
-  void save_gradients(const std::filesystem::path& path) const { save_all(grads_, path); }
+  void load(const std::filesystem::path& path);
+  void save(const std::filesystem::path& path) const;
+  void save_gradients(const std::filesystem::path& path) const;
 
   // Before a step: a tied pair holds the same gradient sum; the follower's copy restarts from 0
   // so that the sum after the step counts every earlier step once.
@@ -330,6 +248,125 @@ class ParameterStore {
   std::vector<Buffer<float>> params_, grads_;
   std::vector<TiePair> ties_;
 };
+
+template <class Backend>
+ParameterStore<Backend>::ParameterStore(Backend& backend,
+                                        std::span<const StageProgram<Kernels>> stages,
+                                        std::vector<std::size_t> device_of_stage,
+                                        std::vector<ParameterInfo> infos, std::span<const Tie> ties)
+    : backend_(backend),
+      stages_(stages),
+      device_of_stage_(std::move(device_of_stage)),
+      infos_(std::move(infos)) {
+  for (std::size_t s = 0; s < device_of_stage_.size(); ++s) {
+    // Another process's stage keeps no memory here (a multi_process_backend).
+    if (!local(s)) {
+      params_.emplace_back();
+      grads_.emplace_back();
+      continue;
+    }
+    const std::size_t d = device_of_stage_[s];
+    const std::size_t n = stages_[s].num_params;
+    params_.push_back(backend_.template allocate<float>(d, n, MemoryKind::parameters));
+    grads_.push_back(backend_.template allocate<float>(d, n, MemoryKind::gradients));
+  }
+  resolve_ties(ties);
+}
+
+template <class Backend>
+void ParameterStore<Backend>::initialize(std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::vector<float>> host(num_stages());
+  for (std::size_t s = 0; s < num_stages(); ++s) {
+    host[s].resize(stages_[s].num_params);
+    // every process draws every stage, so that each stage's values are those of one process
+    stages_[s].init(std::span<float>(host[s]), rng);
+  }
+  for (std::size_t s = 0; s < num_stages(); ++s) {
+    if (!local(s)) continue;
+    backend_.submit(
+        device_of_stage_[s], {"initialize", s},
+        [&h = host[s], p = params_[s].data()](Kernels& k) { k.upload(h.size(), h.data(), p); });
+  }
+  backend_.synchronize();
+  sync_tied_parameters();
+  zero_grad();
+}
+
+template <class Backend>
+void ParameterStore<Backend>::zero_grad() {
+  for (std::size_t s = 0; s < num_stages(); ++s) {
+    if (!local(s)) continue;
+    backend_.submit(
+        device_of_stage_[s], {"zero_grad", s},
+        [g = grads_[s].data(), n = grads_[s].size()](Kernels& k) { k.fill(n, 0.0f, g); });
+  }
+  backend_.synchronize();
+}
+
+template <class Backend>
+std::vector<float> ParameterStore<Backend>::parameter(std::string_view name) const {
+  return read(params_, find(name));
+}
+
+template <class Backend>
+std::vector<float> ParameterStore<Backend>::gradient(std::string_view name) const {
+  return read(grads_, find(name));
+}
+
+template <class Backend>
+void ParameterStore<Backend>::set_parameter(std::string_view name, std::span<const float> values) {
+  const ParameterInfo& info = find(name);
+  require(values.size() == info.size, "parameter \"" + info.name + "\" has " +
+                                          std::to_string(info.size) + " elements, got " +
+                                          std::to_string(values.size()));
+  const TiePair* tie = tie_of(info);
+  const ParameterInfo& leader = *leader_of(info);
+  // The leader's process writes (write() is an Error where it is not local), except that the
+  // follower's process of a pair on two processes only receives, in sync_tie.
+  const bool only_receives = tie != nullptr && !local(leader.stage) && local(tie->first->stage);
+  if (!only_receives) write(params_, leader, values);
+  backend_.synchronize();
+  if (tie != nullptr) sync_tie(*tie);
+}
+
+template <class Backend>
+void ParameterStore<Backend>::load(const std::filesystem::path& path) {
+  const auto tensors = io::load_safetensors(path);
+  for (const ParameterInfo& info : infos_) {
+    const auto it = tensors.find(info.name);
+    if (it == tensors.end() && leader_of(info) != &info) continue;
+    require(it != tensors.end(),
+            path.string() + " has no tensor \"" + info.name + "\" that the model needs");
+    require(it->second.shape == info.shape, path.string() + ": tensor \"" + info.name +
+                                                "\" has shape " + shape_string(it->second.shape) +
+                                                ", the model expects " + shape_string(info.shape));
+  }
+  for (const auto& [name, tensor] : tensors)
+    require(has(name),
+            path.string() + " has a tensor \"" + name + "\" that the model does not have");
+  for (const auto& [follower, leader] : ties_) {
+    const auto it = tensors.find(follower->name);
+    require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
+            path.string() + ": \"" + follower->name + "\" is tied to \"" + leader->name +
+                "\", but the file holds different values for them");
+  }
+  for (const ParameterInfo& info : infos_)
+    if (leader_of(info) == &info && local(info.stage))
+      write(params_, info, tensors.find(info.name)->second.data);
+  backend_.synchronize();
+  sync_tied_parameters();
+}
+
+template <class Backend>
+void ParameterStore<Backend>::save(const std::filesystem::path& path) const {
+  save_all(params_, path);
+}
+
+template <class Backend>
+void ParameterStore<Backend>::save_gradients(const std::filesystem::path& path) const {
+  save_all(grads_, path);
+}
 
 }  // namespace detail
 }  // namespace gpipe

@@ -45,28 +45,7 @@ class StepRunner {
   // outlive the runner.
   StepRunner(Backend& backend, Schedule generated, std::span<const StageProgram<Kernels>> stages,
              const LossProgram<Kernels, Target>& loss, ModelShape shape, std::size_t micro_batches,
-             Remat remat)
-      : backend_(backend),
-        schedule_(std::move(generated)),
-        stages_(stages),
-        loss_(loss),
-        shape_(shape),
-        micro_batches_(micro_batches),
-        remat_(remat) {
-    if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
-    require_valid(schedule_, sends);
-    if constexpr (sends == Sends::rendezvous) {
-      // rendezvous transports (NCCL) also match a pair's messages by the order they are posted
-      const MessageOrder order = messages_in_order(schedule_);
-      require(order.ok, "the schedule's " +
-                            std::string(order.gradients ? "gradients" : "activations") +
-                            " from device " + std::to_string(order.sender) + " to device " +
-                            std::to_string(order.receiver) +
-                            " are received in another order than they are sent, and this "
-                            "backend's transport (NCCL) matches them by order");
-    }
-    issue_order_ = issue_order(schedule_);
-  }
+             Remat remat);
 
   const Schedule& schedule() const { return schedule_; }
   std::vector<std::size_t> devices_of_stages() const {
@@ -75,50 +54,18 @@ class StepRunner {
     return out;
   }
   const StepStats& last_step() const { return last_step_; }
-  BubbleBreakdown bubble_breakdown() const {
-    BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
-    if constexpr (Backend::name == std::string_view("host")) {
-      const unsigned cores = std::thread::hardware_concurrency();
-      out.devices_share_cores =
-          cores != 0 && out.busy_devices * backend_.threads_per_device() > cores;
-    }
-    return out;
-  }
+  BubbleBreakdown bubble_breakdown() const;
 
   // Trainer::forward_backward of a model of feature rows.
   float forward_backward(std::span<const float> x, std::span<const Target> y,
-                         ParameterStore<Backend>& store) {
-    const std::size_t in = shape_.in_features;
-    require(x.size() % in == 0,
-            "x has " + std::to_string(x.size()) +
-                " floats, which is not a multiple of in_features = " + std::to_string(in) +
-                " (expected batch x " + std::to_string(in) + ", row-major)");
-    const std::size_t rows = x.size() / in;
-    require(rows >= micro_batches_,
-            "the batch has " + std::to_string(rows) + " rows, fewer than micro_batches = " +
-                std::to_string(micro_batches_) + " (every micro-batch needs at least one row)");
-    return run_step(x, y, rows, store);
-  }
+                         ParameterStore<Backend>& store);
   // Trainer::forward_backward of a token model.
   float forward_backward(std::span<const std::int32_t> tokens, std::span<const Target> targets,
-                         ParameterStore<Backend>& store) {
-    const std::vector<float> x = token_rows(tokens, micro_batches_);
-    return run_step(x, targets, tokens.size(), store);
-  }
+                         ParameterStore<Backend>& store);
   // Trainer::predict of a model of feature rows.
-  std::vector<float> predict(std::span<const float> x, ParameterStore<Backend>& store) {
-    const std::size_t in = shape_.in_features;
-    require(x.size() % in == 0 && !x.empty(),
-            "x has " + std::to_string(x.size()) +
-                " floats, expected a positive multiple of in_features = " + std::to_string(in) +
-                " (batch x " + std::to_string(in) + ", row-major)");
-    return run_predict(x, x.size() / in, store);
-  }
+  std::vector<float> predict(std::span<const float> x, ParameterStore<Backend>& store);
   // Trainer::predict of a token model.
-  std::vector<float> predict(std::span<const std::int32_t> tokens, ParameterStore<Backend>& store) {
-    const std::vector<float> x = token_rows(tokens, 1);
-    return run_predict(x, tokens.size(), store);
-  }
+  std::vector<float> predict(std::span<const std::int32_t> tokens, ParameterStore<Backend>& store);
 
  private:
   // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
@@ -226,5 +173,89 @@ class StepRunner {
   Remat remat_;
   StepStats last_step_;
 };
+
+// The members the Trainer calls are defined out of the class, so that a program that declares
+// StepRunner<host::Backend, ...> an explicit instantiation (extern template, under
+// GPIPE_COMPILED_HOST: backend/host/compiled.hpp) compiles none of the step's code itself.
+
+template <class Backend, class Target>
+StepRunner<Backend, Target>::StepRunner(Backend& backend, Schedule generated,
+                                        std::span<const StageProgram<Kernels>> stages,
+                                        const LossProgram<Kernels, Target>& loss, ModelShape shape,
+                                        std::size_t micro_batches, Remat remat)
+    : backend_(backend),
+      schedule_(std::move(generated)),
+      stages_(stages),
+      loss_(loss),
+      shape_(shape),
+      micro_batches_(micro_batches),
+      remat_(remat) {
+  if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
+  require_valid(schedule_, sends);
+  if constexpr (sends == Sends::rendezvous) {
+    // rendezvous transports (NCCL) also match a pair's messages by the order they are posted
+    const MessageOrder order = messages_in_order(schedule_);
+    require(order.ok, "the schedule's " +
+                          std::string(order.gradients ? "gradients" : "activations") +
+                          " from device " + std::to_string(order.sender) + " to device " +
+                          std::to_string(order.receiver) +
+                          " are received in another order than they are sent, and this "
+                          "backend's transport (NCCL) matches them by order");
+  }
+  issue_order_ = issue_order(schedule_);
+}
+
+template <class Backend, class Target>
+BubbleBreakdown StepRunner<Backend, Target>::bubble_breakdown() const {
+  BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
+  if constexpr (Backend::name == std::string_view("host")) {
+    const unsigned cores = std::thread::hardware_concurrency();
+    out.devices_share_cores =
+        cores != 0 && out.busy_devices * backend_.threads_per_device() > cores;
+  }
+  return out;
+}
+
+template <class Backend, class Target>
+float StepRunner<Backend, Target>::forward_backward(std::span<const float> x,
+                                                    std::span<const Target> y,
+                                                    ParameterStore<Backend>& store) {
+  const std::size_t in = shape_.in_features;
+  require(x.size() % in == 0,
+          "x has " + std::to_string(x.size()) +
+              " floats, which is not a multiple of in_features = " + std::to_string(in) +
+              " (expected batch x " + std::to_string(in) + ", row-major)");
+  const std::size_t rows = x.size() / in;
+  require(rows >= micro_batches_,
+          "the batch has " + std::to_string(rows) + " rows, fewer than micro_batches = " +
+              std::to_string(micro_batches_) + " (every micro-batch needs at least one row)");
+  return run_step(x, y, rows, store);
+}
+
+template <class Backend, class Target>
+float StepRunner<Backend, Target>::forward_backward(std::span<const std::int32_t> tokens,
+                                                    std::span<const Target> targets,
+                                                    ParameterStore<Backend>& store) {
+  const std::vector<float> x = token_rows(tokens, micro_batches_);
+  return run_step(x, targets, tokens.size(), store);
+}
+
+template <class Backend, class Target>
+std::vector<float> StepRunner<Backend, Target>::predict(std::span<const float> x,
+                                                        ParameterStore<Backend>& store) {
+  const std::size_t in = shape_.in_features;
+  require(x.size() % in == 0 && !x.empty(),
+          "x has " + std::to_string(x.size()) +
+              " floats, expected a positive multiple of in_features = " + std::to_string(in) +
+              " (batch x " + std::to_string(in) + ", row-major)");
+  return run_predict(x, x.size() / in, store);
+}
+
+template <class Backend, class Target>
+std::vector<float> StepRunner<Backend, Target>::predict(std::span<const std::int32_t> tokens,
+                                                        ParameterStore<Backend>& store) {
+  const std::vector<float> x = token_rows(tokens, 1);
+  return run_predict(x, tokens.size(), store);
+}
 
 }  // namespace gpipe::detail

@@ -23,6 +23,7 @@
 #include "gpipe/backend/host/layers/embedding.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/backend/host/layers/layer_norm.hpp"
+#include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/backend/host/memory.hpp"
 #include "gpipe/backend/host/stream.hpp"
 #include "gpipe/error.hpp"
@@ -73,31 +74,11 @@ class Backend {
 
   /// Starts `num_devices` workers (1 to 1024; otherwise throws `gpipe::Error`), each device with
   /// its own allocator capped at `options.device_capacity` bytes.
-  explicit Backend(std::size_t num_devices, Options options = {}) {
-    detail::require(num_devices > 0, "host::Backend needs at least one device");
-    detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
-                                             std::to_string(num_devices));
-    detail::require(
-        options.threads_per_device >= 1 && options.threads_per_device <= Team::max_threads,
-        "host::Backend: threads_per_device must be 1 to " + std::to_string(Team::max_threads) +
-            ", got " + std::to_string(options.threads_per_device));
-#ifndef GPIPE_HOST_GEMM_REFERENCE
-    gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
-#endif
-    allocators_.reserve(num_devices);
-    streams_.reserve(num_devices);
-    for (std::size_t d = 0; d < num_devices; ++d) {
-      const std::size_t named = options.first_device + d;
-      allocators_.push_back(std::make_unique<DeviceAllocator>(named, options.device_capacity));
-      streams_.push_back(
-          std::make_unique<Stream>(named, group_, epoch_, options.threads_per_device));
-    }
-    threads_per_device_ = options.threads_per_device;
-  }
+  explicit Backend(std::size_t num_devices, Options options = {});
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
   /// Joins every worker; work not yet started is dropped.
-  ~Backend() { streams_.clear(); }
+  ~Backend();
 
   /// K, the devices given at construction.
   std::size_t num_devices() const { return streams_.size(); }
@@ -142,44 +123,19 @@ class Backend {
   }
   /// Waits for every device's work, then returns what was traced since the last call, all
   /// devices, ordered by start time (microseconds since epoch()).
-  std::vector<TraceEvent> take_trace() {
-    std::vector<TraceEvent> all;
-    for (auto& s : streams_) {
-      s->synchronize();
-      for (TraceEvent& e : s->take_trace()) all.push_back(e);
-    }
-    std::sort(all.begin(), all.end(),
-              [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
-    return all;
-  }
+  std::vector<TraceEvent> take_trace();
 
   /// Waits for every device's work, then returns its compute time since the last call, one
   /// ComputeTiming per device, in device order (measured whether or not tracing is on).
-  std::vector<ComputeTiming> take_timing() {
-    std::vector<ComputeTiming> out;
-    for (auto& s : streams_) {
-      s->synchronize();
-      out.push_back(s->take_timing());
-    }
-    return out;
-  }
+  std::vector<ComputeTiming> take_timing();
 
   /// Skips all work not yet run and releases every event wait; the next synchronize() returns
   /// normally once the streams are idle. For a caller that cannot finish issuing a step.
-  void cancel() {
-    group_.fail(nullptr, {});
-    for (auto& s : streams_) s->synchronize();
-    group_.take_error();
-  }
+  void cancel();
 
   /// Blocks until all submitted work has finished; then, if any of it failed, throws the first
   /// failure (OutOfMemory stays OutOfMemory) with where it happened in front of its message.
-  void synchronize() {
-    for (auto& s : streams_) s->synchronize();
-    StreamGroup::Failure failure = group_.take_error();
-    if (!failure.error) return;
-    gpipe::detail::rethrow_from(failure.error, failure.where);
-  }
+  void synchronize();
 
  private:
   DeviceAllocator& allocator(std::size_t device) const {
@@ -204,6 +160,66 @@ class Backend {
   StreamGroup group_;
   std::vector<std::unique_ptr<Stream>> streams_;
 };
+
+// The members above that start threads, wait for them or sort their traces: compiled in the
+// library where the program uses it (backend/host/linkage.hpp).
+#if GPIPE_HOST_DEFINITIONS
+GPIPE_HOST_INLINE Backend::Backend(std::size_t num_devices, Options options) {
+  detail::require(num_devices > 0, "host::Backend needs at least one device");
+  detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
+                                           std::to_string(num_devices));
+  detail::require(
+      options.threads_per_device >= 1 && options.threads_per_device <= Team::max_threads,
+      "host::Backend: threads_per_device must be 1 to " + std::to_string(Team::max_threads) +
+          ", got " + std::to_string(options.threads_per_device));
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+  gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
+#endif
+  allocators_.reserve(num_devices);
+  streams_.reserve(num_devices);
+  for (std::size_t d = 0; d < num_devices; ++d) {
+    const std::size_t named = options.first_device + d;
+    allocators_.push_back(std::make_unique<DeviceAllocator>(named, options.device_capacity));
+    streams_.push_back(std::make_unique<Stream>(named, group_, epoch_, options.threads_per_device));
+  }
+  threads_per_device_ = options.threads_per_device;
+}
+
+GPIPE_HOST_INLINE Backend::~Backend() { streams_.clear(); }
+
+GPIPE_HOST_INLINE std::vector<TraceEvent> Backend::take_trace() {
+  std::vector<TraceEvent> all;
+  for (auto& s : streams_) {
+    s->synchronize();
+    for (TraceEvent& e : s->take_trace()) all.push_back(e);
+  }
+  std::sort(all.begin(), all.end(),
+            [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+  return all;
+}
+
+GPIPE_HOST_INLINE std::vector<ComputeTiming> Backend::take_timing() {
+  std::vector<ComputeTiming> out;
+  for (auto& s : streams_) {
+    s->synchronize();
+    out.push_back(s->take_timing());
+  }
+  return out;
+}
+
+GPIPE_HOST_INLINE void Backend::cancel() {
+  group_.fail(nullptr, {});
+  for (auto& s : streams_) s->synchronize();
+  group_.take_error();
+}
+
+GPIPE_HOST_INLINE void Backend::synchronize() {
+  for (auto& s : streams_) s->synchronize();
+  StreamGroup::Failure failure = group_.take_error();
+  if (!failure.error) return;
+  gpipe::detail::rethrow_from(failure.error, failure.where);
+}
+#endif  // GPIPE_HOST_DEFINITIONS
 
 }  // namespace gpipe::host
 

@@ -88,102 +88,47 @@ class Kernels {
   /// stored (k, m) A when `trans_a`; op(B) (k, n) likewise with `trans_b`. beta = 0 overwrites C,
   /// NaN included. Split over the context's team where it has one (host::gemm_split).
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha,
-            const T* a, const T* b, T beta, T* c) {
-    host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c,
-               dense_strides(trans_a, trans_b, m, n, k), team_);
-  }
+            const T* a, const T* b, T beta, T* c);
   /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major; y overwritten. For float
   /// with oneDNN as the GEMM library, one matmul with the bias fused (kernels/linear.hpp) where
   /// the GEMM does not split over the team (gemm_split: one thread, or too little work), so that
   /// a team computes such a Linear with the very call one thread makes; else (OpenBLAS, a GEMM
   /// that splits, double, a build that defines GPIPE_HOST_GEMM_REFERENCE) gemm then bias_add.
   void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x, const T* w,
-                      const T* b, T* y) {
-    if (rows == 0) return;
-#ifndef GPIPE_HOST_GEMM_REFERENCE
-    if constexpr (fused_linear) {
-      if (gemm_library() == GemmLibrary::onednn &&
-          host::gemm_split(rows, out, in, threads()).parts == 1)
-        return linear_(rows, in, out, x, w, b, y);
-    }
-#endif
-    gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
-    bias_add(rows, out, b, y);
-  }
+                      const T* b, T* y);
   /// y(rows, cols) += bias(cols), on every row.
-  void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
-    in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
-      host::bias_add(count, cols, bias, y + first * cols);
-    });
-  }
+  void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y);
   /// db(cols) += the column sums of dy(rows, cols).
-  void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
-    in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
-      host::bias_grad(rows, count, dy + first, db + first, cols);
-    });
-  }
+  void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db);
   /// y(n) = max(x, 0); y may be x.
-  void relu_forward(std::size_t n, const T* x, T* y) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::relu_forward(c, x + i, y + i); });
-  }
+  void relu_forward(std::size_t n, const T* x, T* y);
   /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch).
-  void relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-    in_blocks(n, 1,
-              [&](std::size_t i, std::size_t c) { host::relu_backward(c, x + i, dy + i, dx + i); });
-  }
+  void relu_backward(std::size_t n, const T* x, const T* dy, T* dx);
   /// Exact GELU: y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-  void gelu_forward(std::size_t n, const T* x, T* y) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::gelu_forward(c, x + i, y + i); });
-  }
+  void gelu_forward(std::size_t n, const T* x, T* y);
   /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density.
-  void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-    in_blocks(n, 1,
-              [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
-  }
+  void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx);
   /// Per row of x(rows, cols): y = (x - mean) rstd gamma(cols) + beta(cols), rstd =
   /// 1 / sqrt(var + eps) with the biased variance (torch.nn.LayerNorm); also writes
   /// stats(rows, 2) = (mean, rstd) for the backward kernels. Statistics are computed in double.
   void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
-                          const T* gamma, const T* beta, T* y, T* stats) {
-    in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
-      host::layer_norm_forward(count, cols, eps, x + r * cols, gamma, beta, y + r * cols,
-                               stats + 2 * r);
-    });
-  }
+                          const T* gamma, const T* beta, T* y, T* stats);
   /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat =
   /// (x - mean) rstd, from the forward's x and stats.
   void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                                 const T* gamma, const T* stats, T* dx) {
-    in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
-      host::layer_norm_backward_input(count, cols, x + r * cols, dy + r * cols, gamma,
-                                      stats + 2 * r, dx + r * cols);
-    });
-  }
+                                 const T* gamma, const T* stats, T* dx);
   /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy, from the
   /// forward's x(rows, cols) and stats.
   void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                                  const T* stats, T* dgamma, T* dbeta) {
-    in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
-      host::layer_norm_backward_weight(rows, count, x + first, dy + first, stats, dgamma + first,
-                                       dbeta + first, cols);
-    });
-  }
+                                  const T* stats, T* dgamma, T* dbeta);
   /// y(n) = a + b; y may be a or b.
-  void add(std::size_t n, const T* a, const T* b, T* y) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::add(c, a + i, b + i, y + i); });
-  }
+  void add(std::size_t n, const T* a, const T* b, T* y);
   /// y(n) += x.
-  void accumulate(std::size_t n, const T* x, T* y) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::accumulate(c, x + i, y + i); });
-  }
+  void accumulate(std::size_t n, const T* x, T* y);
   /// dst(n) = src; the two must not overlap.
-  void copy(std::size_t n, const T* src, T* dst) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::copy(c, src + i, dst + i); });
-  }
+  void copy(std::size_t n, const T* src, T* dst);
   /// dst(n) = value.
-  void fill(std::size_t n, T value, T* dst) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::fill(c, value, dst + i); });
-  }
+  void fill(std::size_t n, T value, T* dst);
 
   /// dst(n) on this device = host_src(n) in host memory (U = float, or std::int32_t for class
   /// ids); on the host both are ordinary memory.
@@ -205,46 +150,21 @@ class Kernels {
   /// Split over the team by rows, each row's loss kept until all are done and then summed in
   /// row order, as one thread sums them.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
-                             const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
-    const BlockSplit rows_split = split(rows, classes);
-    if (rows_split.parts <= 1)
-      return host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits,
-                                         loss_sum);
-    row_losses_.resize(rows);  // grows to the largest rows seen, then is reused
-    in_blocks(rows, rows_split, [&](std::size_t first, std::size_t count) {
-      for (std::size_t r = first; r < first + count; ++r)
-        row_losses_[r] = host::softmax_cross_entropy_row(classes, logits + r * classes, targets[r],
-                                                         grad_scale, dlogits + r * classes);
-    });
-    double total = 0;
-    for (std::size_t r = 0; r < rows; ++r) total += row_losses_[r];
-    loss_sum[0] = static_cast<T>(total);
-  }
+                             const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum);
   /// loss_sum[0] = sum (y - target)^2 over n elements, dy(n) = grad_scale 2 (y - target); both
   /// overwritten, grad_scale as for softmax_cross_entropy.
-  void mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
-    host::mse(n, y, target, grad_scale, dy, loss_sum);
-  }
+  void mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum);
   /// One torch.optim.SGD step on p(n) with gradient g(n): d = g + weight_decay p; when
   /// momentum != 0, buf = first_step ? d : momentum buf + (1 - dampening) d and d = nesterov ?
   /// d + momentum buf : buf; then p -= lr d. momentum_buf(n) is used only when momentum != 0.
   void sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr, double momentum,
-                  double dampening, double weight_decay, bool nesterov, bool first_step) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
-      host::sgd_update(c, p + i, g + i, momentum_buf == nullptr ? nullptr : momentum_buf + i, lr,
-                       momentum, dampening, weight_decay, nesterov, first_step);
-    });
-  }
+                  double dampening, double weight_decay, bool nesterov, bool first_step);
   /// One torch.optim.AdamW step on p(n) with gradient g(n) and moments m(n), v(n), all three
   /// updated in place: p *= 1 - lr weight_decay; m = beta1 m + (1 - beta1) g; v = beta2 v +
   /// (1 - beta2) g^2; p -= lr / (1 - beta1^t) m / (sqrt(v) / sqrt(1 - beta2^t) + eps), t = `step`,
   /// counted from 1.
   void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
-                    double beta2, double eps, double weight_decay, std::size_t step) {
-    in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
-      host::adamw_update(c, p + i, g + i, m + i, v + i, lr, beta1, beta2, eps, weight_decay, step);
-    });
-  }
+                    double beta2, double eps, double weight_decay, std::size_t step);
 
  private:
 #ifdef GPIPE_HOST_GEMM_REFERENCE
@@ -259,5 +179,155 @@ class Kernels {
   std::vector<double> row_losses_;  ///< softmax_cross_entropy's per-row losses, when it splits
   [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
 };
+
+// The kernels are defined out of the class, so that a program that declares Kernels<float> an
+// explicit instantiation (GPIPE_COMPILED_HOST: backend/host/compiled.hpp) compiles none of them.
+
+template <class T>
+void Kernels<T>::gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                      T alpha, const T* a, const T* b, T beta, T* c) {
+  host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c,
+             dense_strides(trans_a, trans_b, m, n, k), team_);
+}
+
+template <class T>
+void Kernels<T>::linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x,
+                                const T* w, const T* b, T* y) {
+  if (rows == 0) return;
+#ifndef GPIPE_HOST_GEMM_REFERENCE
+  if constexpr (fused_linear) {
+    if (gemm_library() == GemmLibrary::onednn &&
+        host::gemm_split(rows, out, in, threads()).parts == 1)
+      return linear_(rows, in, out, x, w, b, y);
+  }
+#endif
+  gemm(false, true, rows, out, in, T(1), x, w, T(0), y);
+  bias_add(rows, out, b, y);
+}
+
+template <class T>
+void Kernels<T>::bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
+  in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    host::bias_add(count, cols, bias, y + first * cols);
+  });
+}
+
+template <class T>
+void Kernels<T>::bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
+  in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+    host::bias_grad(rows, count, dy + first, db + first, cols);
+  });
+}
+
+template <class T>
+void Kernels<T>::relu_forward(std::size_t n, const T* x, T* y) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::relu_forward(c, x + i, y + i); });
+}
+
+template <class T>
+void Kernels<T>::relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
+  in_blocks(n, 1,
+            [&](std::size_t i, std::size_t c) { host::relu_backward(c, x + i, dy + i, dx + i); });
+}
+
+template <class T>
+void Kernels<T>::gelu_forward(std::size_t n, const T* x, T* y) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::gelu_forward(c, x + i, y + i); });
+}
+
+template <class T>
+void Kernels<T>::gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
+  in_blocks(n, 1,
+            [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
+}
+
+template <class T>
+void Kernels<T>::layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
+                                    const T* gamma, const T* beta, T* y, T* stats) {
+  in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
+    host::layer_norm_forward(count, cols, eps, x + r * cols, gamma, beta, y + r * cols,
+                             stats + 2 * r);
+  });
+}
+
+template <class T>
+void Kernels<T>::layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x,
+                                           const T* dy, const T* gamma, const T* stats, T* dx) {
+  in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
+    host::layer_norm_backward_input(count, cols, x + r * cols, dy + r * cols, gamma, stats + 2 * r,
+                                    dx + r * cols);
+  });
+}
+
+template <class T>
+void Kernels<T>::layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x,
+                                            const T* dy, const T* stats, T* dgamma, T* dbeta) {
+  in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+    host::layer_norm_backward_weight(rows, count, x + first, dy + first, stats, dgamma + first,
+                                     dbeta + first, cols);
+  });
+}
+
+template <class T>
+void Kernels<T>::add(std::size_t n, const T* a, const T* b, T* y) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::add(c, a + i, b + i, y + i); });
+}
+
+template <class T>
+void Kernels<T>::accumulate(std::size_t n, const T* x, T* y) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::accumulate(c, x + i, y + i); });
+}
+
+template <class T>
+void Kernels<T>::copy(std::size_t n, const T* src, T* dst) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::copy(c, src + i, dst + i); });
+}
+
+template <class T>
+void Kernels<T>::fill(std::size_t n, T value, T* dst) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::fill(c, value, dst + i); });
+}
+
+template <class T>
+void Kernels<T>::softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
+                                       const std::int32_t* targets, T grad_scale, T* dlogits,
+                                       T* loss_sum) {
+  const BlockSplit rows_split = split(rows, classes);
+  if (rows_split.parts <= 1)
+    return host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits,
+                                       loss_sum);
+  row_losses_.resize(rows);  // grows to the largest rows seen, then is reused
+  in_blocks(rows, rows_split, [&](std::size_t first, std::size_t count) {
+    for (std::size_t r = first; r < first + count; ++r)
+      row_losses_[r] = host::softmax_cross_entropy_row(classes, logits + r * classes, targets[r],
+                                                       grad_scale, dlogits + r * classes);
+  });
+  double total = 0;
+  for (std::size_t r = 0; r < rows; ++r) total += row_losses_[r];
+  loss_sum[0] = static_cast<T>(total);
+}
+
+template <class T>
+void Kernels<T>::mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
+  host::mse(n, y, target, grad_scale, dy, loss_sum);
+}
+
+template <class T>
+void Kernels<T>::sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr,
+                            double momentum, double dampening, double weight_decay, bool nesterov,
+                            bool first_step) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
+    host::sgd_update(c, p + i, g + i, momentum_buf == nullptr ? nullptr : momentum_buf + i, lr,
+                     momentum, dampening, weight_decay, nesterov, first_step);
+  });
+}
+
+template <class T>
+void Kernels<T>::adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
+                              double beta2, double eps, double weight_decay, std::size_t step) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
+    host::adamw_update(c, p + i, g + i, m + i, v + i, lr, beta1, beta2, eps, weight_decay, step);
+  });
+}
 
 }  // namespace gpipe::host
