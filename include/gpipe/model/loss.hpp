@@ -3,19 +3,86 @@
 // PyTorch's reduction='mean': SoftmaxCrossEntropy over rows (torch.nn.CrossEntropyLoss),
 // MSELoss over all rows * out_features elements (torch.nn.MSELoss).
 //
-// A loss L provides: target_type; targets_per_row(out_features); check(targets, out_features)
-// (throws gpipe::Error for a bad target); normalizer(rows, out_features), the divisor of the
-// summed loss; and apply(ctx, rows, out_features, y, targets, grad_scale, dy, loss_sum), which
-// writes the micro-batch's summed loss and dy = grad_scale * d(sum)/dy.
+// A loss L provides (the concepts `loss` and `loss_for` below, each from named parts): target_type;
+// targets_per_row(out_features); normalizer(rows, out_features), the divisor of the summed loss;
+// check(targets, out_features) (throws gpipe::Error for a bad target); and apply(ctx, rows,
+// out_features, y, targets, grad_scale, dy, loss_sum), which writes the micro-batch's summed loss
+// and dy = grad_scale * d(sum)/dy.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "gpipe/error.hpp"
+#include "gpipe/model/layer.hpp"
 
 namespace gpipe {
+
+/// has_targets<L>: `target_type` (what one target is: class ids `std::int32_t`, values `float`),
+/// static `targets_per_row(out_features)` and `normalizer(rows, out_features)` (the divisor that
+/// makes the summed loss the mini-batch's mean).
+template <class L>
+concept has_targets = requires(std::size_t n) {
+  typename L::target_type;
+  { L::targets_per_row(n) } -> std::convertible_to<std::size_t>;
+  { L::normalizer(n, n) } -> std::convertible_to<double>;
+};
+
+/// has_target_check<L>: static `check(std::span<const target_type>, out_features)`, which throws
+/// gpipe::Error for a target the loss cannot take (a class id out of range).
+template <class L>
+concept has_target_check = has_targets<L> &&
+    requires(std::span<const typename L::target_type> targets, std::size_t n) {
+  L::check(targets, n);
+};
+
+/// loss<L>: what the Trainer needs of its Loss before any device runs it.
+template <class L>
+concept loss = has_targets<L> && has_target_check<L>;
+
+/// loss_for<L, Ctx>: L's static `apply(ctx, rows, out_features, y, targets, grad_scale, dy,
+/// loss_sum)` runs with the kernel context Ctx (float activations).
+template <class L, class Ctx>
+concept loss_for = loss<L> && requires(Ctx& ctx, std::size_t n, const float* y,
+                                       const typename L::target_type* targets, float* out) {
+  L::apply(ctx, n, n, y, targets, 1.0f, out, out);
+};
+
+namespace detail {
+
+// explain_loss_for<L, Ctx>(): true for a loss_for<L, Ctx>; otherwise a static_assert that names
+// the first piece L lacks (the Trainer checks its Loss with it).
+template <class L, class Ctx>
+constexpr bool explain_loss_for() {
+  if constexpr (loss_for<L, Ctx>) {
+    return true;
+  } else if constexpr (!requires { typename L::target_type; }) {
+    static_assert(lacks<L>,
+                  "gpipe: a loss needs `using target_type = ...` (std::int32_t class ids, float "
+                  "values); see gpipe/model/loss.hpp");
+  } else if constexpr (!requires(std::size_t n) {
+                         { L::targets_per_row(n) } -> std::convertible_to<std::size_t>;
+                       }) {
+    static_assert(lacks<L>, "gpipe: a loss needs static targets_per_row(std::size_t out_features)");
+  } else if constexpr (!has_targets<L>) {
+    static_assert(lacks<L>,
+                  "gpipe: a loss needs static normalizer(std::size_t rows, std::size_t "
+                  "out_features), the divisor of the summed loss");
+  } else if constexpr (!has_target_check<L>) {
+    static_assert(lacks<L>,
+                  "gpipe: a loss needs static check(std::span<const target_type>, std::size_t "
+                  "out_features) (throws gpipe::Error for a bad target)");
+  } else {
+    static_assert(lacks<L, Ctx>,
+                  "gpipe: a loss needs static apply(Ctx&, rows, out_features, y, targets, "
+                  "grad_scale, dy, loss_sum) callable with this backend's kernel context");
+  }
+  return false;
+}
+
+}  // namespace detail
 
 /// Softmax cross-entropy over the model's out_features classes, as torch.nn.CrossEntropyLoss:
 /// one class id per row, loss averaged over rows.

@@ -26,7 +26,9 @@
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/loss.hpp"
 #include "gpipe/model/pipeline.hpp"
+#include "gpipe/optim/optimizer.hpp"
 #include "gpipe/runtime/optimizer_state.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/runtime/remat.hpp"
@@ -34,6 +36,7 @@
 #include "gpipe/runtime/step_runner.hpp"
 #include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/kind.hpp"
 #include "gpipe/transport/select.hpp"
 
 namespace gpipe {
@@ -60,16 +63,23 @@ constexpr bool model_runs_on(std::index_sequence<S...>) {
 ///     trainer.step(optimizer);                      // on every stage's device
 ///     trainer.zero_grad();
 ///
-/// A compile error names a layer the backend cannot run, or a stage count that is not a multiple
-/// of the schedule's chunks per device.
+/// A compile error names a layer the backend cannot run, the piece a Loss, ScheduleKind or
+/// optimizer lacks (the concepts `loss_for`, `schedule_kind`, `optimizer_for`), or a stage count
+/// that is not a multiple of the schedule's chunks per device.
 template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe>
 class Trainer {
   // Every layer of every stage runs on this backend (names the operation a layer lacks, here
-  // rather than deep inside the first forward_backward).
+  // rather than deep inside the first forward_backward); so do the loss and the schedule kind
+  // (each names the piece it lacks: model/loss.hpp, schedule/kind.hpp).
   static_assert(detail::model_runs_on<Model, typename Backend::Kernels>(
                     std::make_index_sequence<Model::num_stages>{}),
                 "gpipe: a layer of the model cannot run on this backend (named above)");
-  static_assert(Model::num_stages % ScheduleKind::chunks_per_device == 0,
+  static_assert(detail::explain_loss_for<Loss, typename Backend::Kernels>(),
+                "gpipe: the Trainer's Loss is not a loss for this backend (named above)");
+  static_assert(detail::explain_schedule_kind<ScheduleKind>(),
+                "gpipe: the Trainer's ScheduleKind is not a schedule kind (named above)");
+  static_assert(!schedule_kind<ScheduleKind> ||
+                    Model::num_stages % ScheduleKind::chunks_per_device == 0,
                 "gpipe: the schedule puts chunks_per_device stages on each device; the number of "
                 "stages must be a multiple of it");
 
@@ -191,6 +201,9 @@ class Trainer {
   /// type changes.
   template <class Optimizer>
   void step(const Optimizer& optimizer) {
+    static_assert(detail::explain_optimizer_for<Optimizer, Kernels>(),
+                  "gpipe: Trainer::step's argument is not an optimizer for this backend (named "
+                  "above)");
     optimizer_.step(optimizer, store_, backend_);
   }
 
