@@ -154,6 +154,146 @@ inline constexpr std::array<TimelineStyle, 5> timeline_styles{{
     {"other", "#b07aa1", "#ffffff", "other work"},
 }};
 
+// Whether the timeline draws `e` under `options`.
+inline bool timeline_draws(const TraceEvent& e, const io::SvgTimelineOptions& options) {
+  switch (timeline_kind(e.label)) {
+    case TimelineKind::transfer:
+      return options.show_transfers && e.end_us > e.start_us;
+    case TimelineKind::other:
+      return options.show_other;
+    default:
+      return true;
+  }
+}
+
+// Where the timeline's parts go, px (title, legend, rows, axis from top to bottom), and the time
+// span it draws: from the first drawn record's start to the last one's end.
+struct TimelineLayout {
+  static constexpr double left = 84, right = 24, title_y = 26, legend_y = 48, rows_top = 66;
+  double t0 = 0, span_us = 1;
+  double width = 0, row_h = 0, row_gap = 0, plot_w = 0, axis_y = 0, height = 0;
+  std::array<bool, timeline_styles.size()> kind_seen{};  // which kinds are drawn
+  TimeAxis axis;
+
+  TimelineLayout(std::span<const TraceEvent> events, std::size_t num_devices,
+                 const io::SvgTimelineOptions& options) {
+    bool any = false;
+    double t1 = 0;
+    for (const TraceEvent& e : events) {
+      if (!timeline_draws(e, options)) continue;
+      t0 = any ? std::min(t0, e.start_us) : e.start_us;
+      t1 = any ? std::max(t1, e.end_us) : e.end_us;
+      any = true;
+      kind_seen[static_cast<std::size_t>(timeline_kind(e.label))] = true;
+    }
+    span_us = t1 > t0 ? t1 - t0 : 1.0;
+    width = std::max(options.width, 300.0);
+    row_h = std::max(options.row_height, 8.0);
+    row_gap = std::max(2.0, row_h / 5);
+    plot_w = width - left - right;
+    axis_y = rows_top + static_cast<double>(num_devices) * (row_h + row_gap) + 2;
+    height = axis_y + 46;
+    axis = time_axis(span_us);
+  }
+  double x_of(double t) const { return left + (t - t0) / span_us * plot_w; }
+  double row_y(std::size_t device) const {
+    return rows_top + static_cast<double>(device) * (row_h + row_gap);
+  }
+};
+
+// The legend: the three compute kinds always, transfers and other work when drawn.
+inline void svg_legend(std::string& out, const TimelineLayout& layout) {
+  double x = TimelineLayout::left;
+  const double y = TimelineLayout::legend_y;
+  for (std::size_t k = 0; k < timeline_styles.size(); ++k) {
+    if (k >= 3 && !layout.kind_seen[k]) continue;
+    const TimelineStyle& style = timeline_styles[k];
+    out += "<rect class=\"legend\" x=\"" + svg_number(x) + "\" y=\"" + svg_number(y - 10) +
+           "\" width=\"12\" height=\"12\" fill=\"" + std::string(style.fill) + "\"/>\n";
+    out += "<text class=\"legend\" x=\"" + svg_number(x + 17) + "\" y=\"" + svg_number(y) +
+           "\" font-size=\"12\" fill=\"#333333\">" + xml_escape(style.legend) + "</text>\n";
+    x += 17 + 6.5 * static_cast<double>(style.legend.size()) + 20;
+  }
+}
+
+// The rows: a light background each, so that idle time shows as gaps between boxes.
+inline void svg_rows(std::string& out, const TimelineLayout& layout, std::size_t num_devices) {
+  const double left = TimelineLayout::left;
+  for (std::size_t d = 0; d < num_devices; ++d) {
+    const double y = layout.row_y(d);
+    out += "<rect class=\"row\" x=\"" + svg_number(left) + "\" y=\"" + svg_number(y) +
+           "\" width=\"" + svg_number(layout.plot_w) + "\" height=\"" + svg_number(layout.row_h) +
+           "\" fill=\"#f2f2f2\"/>\n";
+    out += "<text class=\"device\" x=\"" + svg_number(left - 8) + "\" y=\"" +
+           svg_number(y + layout.row_h / 2 + 4) +
+           "\" font-size=\"12\" text-anchor=\"end\" fill=\"#333333\">device " + std::to_string(d) +
+           "</text>\n";
+  }
+}
+
+// A box per drawn record, with its micro-batch number inside where it fits (about 7 px per digit
+// at 11 px), or its name for other work; transfers as thin bars along the bottom of the row.
+inline void svg_boxes(std::string& out, const TimelineLayout& layout,
+                      std::span<const TraceEvent> events, const io::SvgTimelineOptions& options) {
+  const TimeAxis& axis = layout.axis;
+  const double row_h = layout.row_h;
+  const double font = std::min(11.0, row_h - 4);
+  for (const TraceEvent& e : events) {
+    if (!timeline_draws(e, options)) continue;
+    const TimelineKind kind = timeline_kind(e.label);
+    const TimelineStyle& style = timeline_styles[static_cast<std::size_t>(kind)];
+    const double row_y = layout.row_y(e.device);
+    const bool thin = kind == TimelineKind::transfer;
+    const double h = thin ? std::max(2.0, row_h / 6) : row_h;
+    const double y = thin ? row_y + row_h - h : row_y;
+    const double x = layout.x_of(e.start_us);
+    const double w = std::max(0.0, layout.x_of(e.end_us) - x);
+    out += "<rect class=\"" + std::string(style.css_class) + "\" x=\"" + svg_number(x) + "\" y=\"" +
+           svg_number(y) + "\" width=\"" + svg_number(w) + "\" height=\"" + svg_number(h) +
+           "\" fill=\"" + std::string(style.fill) +
+           "\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>" +
+           xml_escape(describe(e.label, e.device)) + ": " +
+           svg_number((e.start_us - layout.t0) / axis.unit_us, axis.decimals + 2) + " \u2013 " +
+           svg_number((e.end_us - layout.t0) / axis.unit_us, axis.decimals + 2) + " " +
+           std::string(axis.unit) + "</title></rect>\n";
+    if (thin || font < 6) continue;
+    const std::string text =
+        kind == TimelineKind::other
+            ? std::string(e.label.what)
+            : (e.label.micro_batch == WorkLabel::none ? std::string()
+                                                      : std::to_string(e.label.micro_batch));
+    if (text.empty() || w < 0.65 * font * static_cast<double>(text.size()) + 3) continue;
+    out += "<text class=\"label\" x=\"" + svg_number(x + w / 2) + "\" y=\"" +
+           svg_number(row_y + row_h / 2 + font * 0.36) + "\" font-size=\"" + svg_number(font) +
+           "\" text-anchor=\"middle\" fill=\"" + std::string(style.text_fill) + "\">" +
+           xml_escape(text) + "</text>\n";
+  }
+}
+
+// The time axis: a line, ticks at the axis's step with their labels, and the unit.
+inline void svg_time_axis(std::string& out, const TimelineLayout& layout) {
+  const TimeAxis& axis = layout.axis;
+  const double left = TimelineLayout::left, y = layout.axis_y, plot_w = layout.plot_w;
+  out += "<line class=\"axis\" x1=\"" + svg_number(left) + "\" y1=\"" + svg_number(y) + "\" x2=\"" +
+         svg_number(left + plot_w) + "\" y2=\"" + svg_number(y) +
+         "\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
+  const auto num_ticks =
+      static_cast<std::size_t>(std::floor(layout.span_us / axis.step_us + 1e-9)) + 1;
+  for (std::size_t i = 0; i < num_ticks; ++i) {
+    const double t = static_cast<double>(i) * axis.step_us;
+    const double x = left + t / layout.span_us * plot_w;
+    out += "<line class=\"tick\" x1=\"" + svg_number(x) + "\" y1=\"" + svg_number(y) + "\" x2=\"" +
+           svg_number(x) + "\" y2=\"" + svg_number(y + 5) +
+           "\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
+    out += "<text class=\"tick\" x=\"" + svg_number(x) + "\" y=\"" + svg_number(y + 18) +
+           "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#333333\">" +
+           svg_number(t / axis.unit_us, axis.decimals) + "</text>\n";
+  }
+  out += "<text class=\"axis-label\" x=\"" + svg_number(left + plot_w / 2) + "\" y=\"" +
+         svg_number(y + 38) + "\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333333\">" +
+         "time (" + std::string(axis.unit) + ")</text>\n";
+}
+
 }  // namespace detail
 
 namespace io {
@@ -168,146 +308,41 @@ namespace io {
 inline std::string svg_timeline(std::span<const TraceEvent> events,
                                 const SvgTimelineOptions& options = {}) {
   using detail::svg_number;
-  using detail::TimelineKind;
-  using detail::xml_escape;
 
   std::size_t num_devices = options.num_devices;
   if (num_devices == 0) {
     for (const TraceEvent& e : events) num_devices = std::max(num_devices, e.device + 1);
   }
   const TraceStats stats = trace_stats(events, num_devices);
-
-  auto drawn = [&](const TraceEvent& e) {
-    switch (detail::timeline_kind(e.label)) {
-      case TimelineKind::transfer:
-        return options.show_transfers && e.end_us > e.start_us;
-      case TimelineKind::other:
-        return options.show_other;
-      default:
-        return true;
-    }
-  };
-  bool any = false;
-  double t0 = 0, t1 = 0;
-  bool kind_seen[5] = {};
-  for (const TraceEvent& e : events) {
-    if (!drawn(e)) continue;
-    t0 = any ? std::min(t0, e.start_us) : e.start_us;
-    t1 = any ? std::max(t1, e.end_us) : e.end_us;
-    any = true;
-    kind_seen[static_cast<std::size_t>(detail::timeline_kind(e.label))] = true;
-  }
-  const double span_us = t1 > t0 ? t1 - t0 : 1.0;
-
-  // Layout, px: title, legend, rows, axis.
-  const double width = std::max(options.width, 300.0);
-  const double row_h = std::max(options.row_height, 8.0);
-  const double row_gap = std::max(2.0, row_h / 5);
-  const double left = 84, right = 24, title_y = 26, legend_y = 48, rows_top = 66;
-  const double plot_w = width - left - right;
-  const double rows_bottom = rows_top + static_cast<double>(num_devices) * (row_h + row_gap);
-  const double axis_y = rows_bottom + 2;
-  const double height = axis_y + 46;
-  auto x_of = [&](double t) { return left + (t - t0) / span_us * plot_w; };
-  const detail::TimeAxis axis = detail::time_axis(span_us);
+  const detail::TimelineLayout layout(events, num_devices, options);
+  const double left = detail::TimelineLayout::left;
 
   std::string title = options.title;
   title += " \u2014 bubble " + svg_number(100 * stats.bubble_fraction, 1) + "% (" +
            std::to_string(num_devices) + (num_devices == 1 ? " device" : " devices");
   if (stats.makespan_us > 0) {
-    title += ", step " + svg_number(stats.makespan_us / axis.unit_us, axis.decimals + 1) + " " +
-             std::string(axis.unit);
+    title += ", step " +
+             svg_number(stats.makespan_us / layout.axis.unit_us, layout.axis.decimals + 1) + " " +
+             std::string(layout.axis.unit);
   }
   title += ")";
 
+  const std::string width = svg_number(layout.width), height = svg_number(layout.height);
   std::string out;
   out += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + svg_number(width) + "\" height=\"" +
-         svg_number(height) + "\" viewBox=\"0 0 " + svg_number(width) + " " + svg_number(height) +
+  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + width + "\" height=\"" + height +
+         "\" viewBox=\"0 0 " + width + " " + height +
          "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  out += "<rect class=\"background\" x=\"0\" y=\"0\" width=\"" + svg_number(width) +
-         "\" height=\"" + svg_number(height) + "\" fill=\"#ffffff\"/>\n";
-  out += "<text class=\"title\" x=\"" + svg_number(left) + "\" y=\"" + svg_number(title_y) +
-         "\" font-size=\"16\" font-weight=\"bold\" fill=\"#222222\">" + xml_escape(title) +
+  out += "<rect class=\"background\" x=\"0\" y=\"0\" width=\"" + width + "\" height=\"" + height +
+         "\" fill=\"#ffffff\"/>\n";
+  out += "<text class=\"title\" x=\"" + svg_number(left) + "\" y=\"" +
+         svg_number(detail::TimelineLayout::title_y) +
+         "\" font-size=\"16\" font-weight=\"bold\" fill=\"#222222\">" + detail::xml_escape(title) +
          "</text>\n";
-
-  // Legend: the three compute kinds always, transfers and other work when drawn.
-  double legend_x = left;
-  for (std::size_t k = 0; k < detail::timeline_styles.size(); ++k) {
-    if (k >= 3 && !kind_seen[k]) continue;
-    const detail::TimelineStyle& style = detail::timeline_styles[k];
-    out += "<rect class=\"legend\" x=\"" + svg_number(legend_x) + "\" y=\"" +
-           svg_number(legend_y - 10) + "\" width=\"12\" height=\"12\" fill=\"" +
-           std::string(style.fill) + "\"/>\n";
-    out += "<text class=\"legend\" x=\"" + svg_number(legend_x + 17) + "\" y=\"" +
-           svg_number(legend_y) + "\" font-size=\"12\" fill=\"#333333\">" +
-           xml_escape(style.legend) + "</text>\n";
-    legend_x += 17 + 6.5 * static_cast<double>(style.legend.size()) + 20;
-  }
-
-  // Rows: a light background, so that idle time shows as gaps between boxes.
-  for (std::size_t d = 0; d < num_devices; ++d) {
-    const double y = rows_top + static_cast<double>(d) * (row_h + row_gap);
-    out += "<rect class=\"row\" x=\"" + svg_number(left) + "\" y=\"" + svg_number(y) +
-           "\" width=\"" + svg_number(plot_w) + "\" height=\"" + svg_number(row_h) +
-           "\" fill=\"#f2f2f2\"/>\n";
-    out += "<text class=\"device\" x=\"" + svg_number(left - 8) + "\" y=\"" +
-           svg_number(y + row_h / 2 + 4) +
-           "\" font-size=\"12\" text-anchor=\"end\" fill=\"#333333\">device " + std::to_string(d) +
-           "</text>\n";
-  }
-
-  // Boxes, with the micro-batch number inside where it fits (about 7 px per digit at 11 px).
-  const double font = std::min(11.0, row_h - 4);
-  for (const TraceEvent& e : events) {
-    if (!drawn(e)) continue;
-    const TimelineKind kind = detail::timeline_kind(e.label);
-    const detail::TimelineStyle& style = detail::timeline_styles[static_cast<std::size_t>(kind)];
-    const double row_y = rows_top + static_cast<double>(e.device) * (row_h + row_gap);
-    const bool thin = kind == TimelineKind::transfer;
-    const double h = thin ? std::max(2.0, row_h / 6) : row_h;
-    const double y = thin ? row_y + row_h - h : row_y;
-    const double x = x_of(e.start_us);
-    const double w = std::max(0.0, x_of(e.end_us) - x);
-    out += "<rect class=\"" + std::string(style.css_class) + "\" x=\"" + svg_number(x) + "\" y=\"" +
-           svg_number(y) + "\" width=\"" + svg_number(w) + "\" height=\"" + svg_number(h) +
-           "\" fill=\"" + std::string(style.fill) +
-           "\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>" +
-           xml_escape(describe(e.label, e.device)) + ": " +
-           svg_number((e.start_us - t0) / axis.unit_us, axis.decimals + 2) + " \u2013 " +
-           svg_number((e.end_us - t0) / axis.unit_us, axis.decimals + 2) + " " +
-           std::string(axis.unit) + "</title></rect>\n";
-    if (thin || font < 6) continue;
-    const std::string text =
-        kind == TimelineKind::other
-            ? std::string(e.label.what)
-            : (e.label.micro_batch == WorkLabel::none ? std::string()
-                                                      : std::to_string(e.label.micro_batch));
-    if (text.empty() || w < 0.65 * font * static_cast<double>(text.size()) + 3) continue;
-    out += "<text class=\"label\" x=\"" + svg_number(x + w / 2) + "\" y=\"" +
-           svg_number(row_y + row_h / 2 + font * 0.36) + "\" font-size=\"" + svg_number(font) +
-           "\" text-anchor=\"middle\" fill=\"" + std::string(style.text_fill) + "\">" +
-           xml_escape(text) + "</text>\n";
-  }
-
-  // Time axis.
-  out += "<line class=\"axis\" x1=\"" + svg_number(left) + "\" y1=\"" + svg_number(axis_y) +
-         "\" x2=\"" + svg_number(left + plot_w) + "\" y2=\"" + svg_number(axis_y) +
-         "\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
-  const auto num_ticks = static_cast<std::size_t>(std::floor(span_us / axis.step_us + 1e-9)) + 1;
-  for (std::size_t i = 0; i < num_ticks; ++i) {
-    const double t = static_cast<double>(i) * axis.step_us;
-    const double x = left + t / span_us * plot_w;
-    out += "<line class=\"tick\" x1=\"" + svg_number(x) + "\" y1=\"" + svg_number(axis_y) +
-           "\" x2=\"" + svg_number(x) + "\" y2=\"" + svg_number(axis_y + 5) +
-           "\" stroke=\"#333333\" stroke-width=\"1\"/>\n";
-    out += "<text class=\"tick\" x=\"" + svg_number(x) + "\" y=\"" + svg_number(axis_y + 18) +
-           "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#333333\">" +
-           svg_number(t / axis.unit_us, axis.decimals) + "</text>\n";
-  }
-  out += "<text class=\"axis-label\" x=\"" + svg_number(left + plot_w / 2) + "\" y=\"" +
-         svg_number(axis_y + 38) + "\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333333\">" +
-         "time (" + std::string(axis.unit) + ")</text>\n";
+  detail::svg_legend(out, layout);
+  detail::svg_rows(out, layout, num_devices);
+  detail::svg_boxes(out, layout, events, options);
+  detail::svg_time_axis(out, layout);
   out += "</svg>\n";
   return out;
 }

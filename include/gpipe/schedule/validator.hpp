@@ -322,9 +322,10 @@ constexpr ValidationResult op_error(ValidationError error, std::size_t device, s
           .reason = reason};
 }
 
-// validate(), leaving the filled index behind for the simulator.
-constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& index,
-                                         Sends sends = Sends::buffered) {
+// The rules of validate_into, in its order; each returns the first op that breaks it.
+
+// The schedule's shape: its sizes, and every op's kind, micro-batch and chunk in range.
+constexpr ValidationResult check_shape(const Schedule& schedule) {
   if (schedule.num_devices == 0) return schedule_error("num_devices is 0");
   if (schedule.num_micro_batches == 0) return schedule_error("num_micro_batches is 0");
   if (schedule.num_chunks == 0) return schedule_error("num_chunks is 0");
@@ -332,8 +333,6 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
     return schedule_error("ops.size() differs from num_devices");
   }
   const std::size_t num_devices = schedule.num_devices;
-  const std::size_t num_stages = schedule.num_stages();
-
   for (std::size_t d = 0; d < num_devices; ++d) {
     for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
       const Op& op = schedule.ops[d][p];
@@ -349,7 +348,13 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
       }
     }
   }
+  return {};
+}
 
+// Every op where it may run (is_required) and at most once; fills `index`.
+constexpr ValidationResult index_ops(const Schedule& schedule, OpIndex& index) {
+  const std::size_t num_devices = schedule.num_devices;
+  const std::size_t num_stages = schedule.num_stages();
   index = OpIndex(num_stages, schedule.num_micro_batches);
   for (std::size_t d = 0; d < num_devices; ++d) {
     for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
@@ -370,7 +375,12 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
       seen = p;
     }
   }
+  return {};
+}
 
+// Every send has its recv and every recv its send.
+constexpr ValidationResult check_pairs(const Schedule& schedule, const OpIndex& index) {
+  const std::size_t num_devices = schedule.num_devices;
   for (std::size_t d = 0; d < num_devices; ++d) {
     for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
       const Op& op = schedule.ops[d][p];
@@ -388,7 +398,12 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
       return result;
     }
   }
+  return {};
+}
 
+// Every required op is there.
+constexpr ValidationResult check_complete(const Schedule& schedule, const OpIndex& index) {
+  const std::size_t num_stages = schedule.num_stages();
   for (std::size_t stage = 0; stage < num_stages; ++stage) {
     const std::size_t d = schedule.device_of_stage(stage);
     const auto chunk = static_cast<std::uint32_t>(schedule.chunk_of_stage(stage));
@@ -403,7 +418,13 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
       }
     }
   }
+  return {};
+}
 
+// Every op's inputs are produced earlier on its device.
+constexpr ValidationResult check_dependencies(const Schedule& schedule, const OpIndex& index) {
+  const std::size_t num_devices = schedule.num_devices;
+  const std::size_t num_stages = schedule.num_stages();
   for (std::size_t d = 0; d < num_devices; ++d) {
     for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
       const Op& op = schedule.ops[d][p];
@@ -421,7 +442,13 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
       }
     }
   }
+  return {};
+}
 
+// The schedule runs to its end with `sends` (no device waits forever).
+constexpr ValidationResult check_progress(const Schedule& schedule, const OpIndex& index,
+                                          Sends sends) {
+  const std::size_t num_devices = schedule.num_devices;
   const auto ignore = [](std::size_t, std::size_t) {};
   std::vector<std::size_t> ran;
   if (sends == Sends::buffered) {
@@ -447,6 +474,17 @@ constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& inde
     return result;
   }
   return {};
+}
+
+// validate(), leaving the filled index behind for the simulator.
+constexpr ValidationResult validate_into(const Schedule& schedule, OpIndex& index,
+                                         Sends sends = Sends::buffered) {
+  if (ValidationResult r = check_shape(schedule); !r) return r;
+  if (ValidationResult r = index_ops(schedule, index); !r) return r;
+  if (ValidationResult r = check_pairs(schedule, index); !r) return r;
+  if (ValidationResult r = check_complete(schedule, index); !r) return r;
+  if (ValidationResult r = check_dependencies(schedule, index); !r) return r;
+  return check_progress(schedule, index, sends);
 }
 
 inline std::string describe_op(const Op& op) {
