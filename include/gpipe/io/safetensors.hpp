@@ -394,6 +394,79 @@ void read_converted(std::istream& in, const std::filesystem::path& path,
   std::transform(raw.begin(), raw.end(), out.begin(), convert);
 }
 
+// The tensors save_safetensors writes, sorted by name, after checking their names (non-empty,
+// not "__metadata__", valid UTF-8, unique), shapes and sizes, and the metadata's text; otherwise
+// gpipe::Error naming `path`.
+inline std::vector<const io::TensorView*> checked_for_saving(
+    const std::filesystem::path& path, std::span<const io::TensorView> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  const auto fail = [&](const std::string& what) { safetensors_fail(path, what); };
+  std::vector<const io::TensorView*> sorted;
+  sorted.reserve(tensors.size());
+  for (const io::TensorView& tensor : tensors) sorted.push_back(&tensor);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const io::TensorView* a, const io::TensorView* b) { return a->name < b->name; });
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const io::TensorView& tensor = *sorted[i];
+    if (tensor.name.empty()) fail("cannot save: a tensor has an empty name");
+    if (tensor.name == "__metadata__") {
+      fail("cannot save: \"__metadata__\" is reserved and cannot name a tensor");
+    }
+    if (!is_valid_utf8(tensor.name)) {
+      fail("cannot save: tensor name " + quoted_excerpt(tensor.name) + " is not valid UTF-8");
+    }
+    if (i > 0 && sorted[i - 1]->name == tensor.name) {
+      fail("cannot save: duplicate tensor name " + quoted_excerpt(tensor.name));
+    }
+    const std::optional<std::size_t> elements = shape_elements(tensor.shape);
+    if (!elements || *elements > std::numeric_limits<std::size_t>::max() / sizeof(float)) {
+      fail("cannot save: tensor " + quoted_excerpt(tensor.name) + " has shape " +
+           shape_string(tensor.shape) + " whose product overflows");
+    }
+    if (tensor.data.size() != *elements) {
+      fail("cannot save: tensor " + quoted_excerpt(tensor.name) + " has " +
+           std::to_string(tensor.data.size()) + " values but shape " + shape_string(tensor.shape) +
+           " needs " + std::to_string(*elements));
+    }
+  }
+  for (const auto& [key, value] : metadata) {
+    if (!is_valid_utf8(key) || !is_valid_utf8(value)) {
+      fail("cannot save: metadata entry " + quoted_excerpt(key) + " is not valid UTF-8");
+    }
+  }
+  return sorted;
+}
+
+// The JSON header of F32 tensors laid out in the order of `sorted`, with `metadata` (if any)
+// under "__metadata__", padded with spaces to a multiple of 8 bytes.
+inline std::string safetensors_header(std::span<const io::TensorView* const> sorted,
+                                      const std::map<std::string, std::string>& metadata) {
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      if (!first) header += ',';
+      first = false;
+      header += json_quote(key) + ':' + json_quote(value);
+    }
+    header += '}';
+  }
+  std::uint64_t offset = 0;
+  for (const io::TensorView* tensor : sorted) {
+    if (header.size() > 1) header += ',';
+    header += json_quote(tensor->name) +
+              ":{\"dtype\":\"F32\",\"shape\":" + shape_string(tensor->shape) +
+              ",\"data_offsets\":[" + std::to_string(offset) + ',';
+    offset += tensor->data.size_bytes();
+    header += std::to_string(offset) + "]}";
+  }
+  header += '}';
+  // Spaces are JSON whitespace, so the padding is invisible to readers but aligns the data.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
 }  // namespace gpipe::detail
 
 namespace gpipe::io {
@@ -403,66 +476,10 @@ namespace gpipe::io {
 /// opened, so bad input never truncates an existing file; an I/O failure removes the partial file.
 inline void save_safetensors(const std::filesystem::path& path, std::span<const TensorView> tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
-  using detail::quoted_excerpt;
   const auto fail = [&](const std::string& what) { detail::safetensors_fail(path, what); };
 
-  std::vector<const TensorView*> sorted;
-  sorted.reserve(tensors.size());
-  for (const TensorView& tensor : tensors) sorted.push_back(&tensor);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const TensorView* a, const TensorView* b) { return a->name < b->name; });
-  for (std::size_t i = 0; i < sorted.size(); ++i) {
-    const TensorView& tensor = *sorted[i];
-    if (tensor.name.empty()) fail("cannot save: a tensor has an empty name");
-    if (tensor.name == "__metadata__") {
-      fail("cannot save: \"__metadata__\" is reserved and cannot name a tensor");
-    }
-    if (!detail::is_valid_utf8(tensor.name)) {
-      fail("cannot save: tensor name " + quoted_excerpt(tensor.name) + " is not valid UTF-8");
-    }
-    if (i > 0 && sorted[i - 1]->name == tensor.name) {
-      fail("cannot save: duplicate tensor name " + quoted_excerpt(tensor.name));
-    }
-    const std::optional<std::size_t> elements = detail::shape_elements(tensor.shape);
-    if (!elements || *elements > std::numeric_limits<std::size_t>::max() / sizeof(float)) {
-      fail("cannot save: tensor " + quoted_excerpt(tensor.name) + " has shape " +
-           detail::shape_string(tensor.shape) + " whose product overflows");
-    }
-    if (tensor.data.size() != *elements) {
-      fail("cannot save: tensor " + quoted_excerpt(tensor.name) + " has " +
-           std::to_string(tensor.data.size()) + " values but shape " +
-           detail::shape_string(tensor.shape) + " needs " + std::to_string(*elements));
-    }
-  }
-  for (const auto& [key, value] : metadata) {
-    if (!detail::is_valid_utf8(key) || !detail::is_valid_utf8(value)) {
-      fail("cannot save: metadata entry " + quoted_excerpt(key) + " is not valid UTF-8");
-    }
-  }
-
-  std::string header = "{";
-  if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!first) header += ',';
-      first = false;
-      header += detail::json_quote(key) + ':' + detail::json_quote(value);
-    }
-    header += '}';
-  }
-  std::uint64_t offset = 0;
-  for (const TensorView* tensor : sorted) {
-    if (header.size() > 1) header += ',';
-    header += detail::json_quote(tensor->name) +
-              ":{\"dtype\":\"F32\",\"shape\":" + detail::shape_string(tensor->shape) +
-              ",\"data_offsets\":[" + std::to_string(offset) + ',';
-    offset += tensor->data.size_bytes();
-    header += std::to_string(offset) + "]}";
-  }
-  header += '}';
-  // Spaces are JSON whitespace, so the padding is invisible to readers but aligns the data.
-  header.append((8 - header.size() % 8) % 8, ' ');
+  const std::vector<const TensorView*> sorted = detail::checked_for_saving(path, tensors, metadata);
+  const std::string header = detail::safetensors_header(sorted, metadata);
   if (header.size() > detail::safetensors_max_header_bytes) {
     fail("cannot save: the header would be " + std::to_string(header.size()) +
          " bytes, over the limit of " + std::to_string(detail::safetensors_max_header_bytes));
