@@ -28,6 +28,10 @@ using gpipe::bench::report_flops;
 using gpipe::bench::sized;
 using gpipe::bench::time_launches;
 using gpipe::cuda::Kernels;
+// The layers' own kernels (backend/cuda/layers/activation.cuh), as the layers call them.
+using Relu = gpipe::LayerKernels<gpipe::ReluOp, Kernels>;
+using Gelu = gpipe::LayerKernels<gpipe::GeluOp, Kernels>;
+using LayerNorm = gpipe::LayerKernels<gpipe::LayerNormOp, Kernels>;
 
 constexpr int reps = 10;     // launches per timed iteration
 constexpr double f32 = 4.0;  // bytes per element
@@ -94,22 +98,22 @@ void BM_fill(benchmark::State& state) {
 }
 void BM_relu_forward(benchmark::State& state) {
   elementwise(state, 1, 1, [](Kernels& k, std::size_t n, float* x, float*, float* y) {
-    k.relu_forward(n, x, y);
+    Relu::forward(k, n, x, y);
   });
 }
 void BM_relu_backward(benchmark::State& state) {
   elementwise(state, 2, 1, [](Kernels& k, std::size_t n, float* x, float* dy, float* dx) {
-    k.relu_backward(n, x, dy, dx);
+    Relu::backward(k, n, x, dy, dx);
   });
 }
 void BM_gelu_forward(benchmark::State& state) {
   elementwise(state, 1, 1, [](Kernels& k, std::size_t n, float* x, float*, float* y) {
-    k.gelu_forward(n, x, y);
+    Gelu::forward(k, n, x, y);
   });
 }
 void BM_gelu_backward(benchmark::State& state) {
   elementwise(state, 2, 1, [](Kernels& k, std::size_t n, float* x, float* dy, float* dx) {
-    k.gelu_backward(n, x, dy, dx);
+    Gelu::backward(k, n, x, dy, dx);
   });
 }
 void BM_add(benchmark::State& state) {
@@ -179,7 +183,7 @@ void layer_norm_forward(benchmark::State& state) {
         gpipe::cuda::layer_norm_forward_streaming(rows, cols, 1e-5, x, gamma, beta, y, stats,
                                                   k.stream());
       } else {
-        k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+        LayerNorm::forward(k, rows, cols, 1e-5, x, gamma, beta, y, stats);
       }
     });
     report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
@@ -197,13 +201,13 @@ void layer_norm_backward_input(benchmark::State& state) {
   float* beta = t.make(cols);
   float* stats = t.make(2 * rows);
   on_device([&](Kernels& k) {
-    k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, dx, stats);  // real statistics
+    LayerNorm::forward(k, rows, cols, 1e-5, x, gamma, beta, dx, stats);  // real statistics
     const double s = time_launches(state, k.stream(), reps, [&] {
       if constexpr (Streaming) {
         gpipe::cuda::layer_norm_backward_input_streaming(rows, cols, x, dy, gamma, stats, dx,
                                                          k.stream());
       } else {
-        k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+        LayerNorm::backward_input(k, rows, cols, x, dy, gamma, stats, dx);
       }
     });
     report_bandwidth(state, 3 * f32 * static_cast<double>(rows * cols), s);
@@ -228,9 +232,9 @@ void BM_layer_norm_backward_weight(benchmark::State& state) {
   float* beta = t.make(cols);
   float* stats = t.make(2 * rows);
   on_device([&](Kernels& k) {
-    k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
+    LayerNorm::forward(k, rows, cols, 1e-5, x, gamma, beta, y, stats);
     const double s = time_launches(state, k.stream(), reps, [&] {
-      k.layer_norm_backward_weight(rows, cols, x, dy, stats, gamma, beta);
+      LayerNorm::backward_weight(k, rows, cols, x, dy, stats, gamma, beta);
     });
     report_bandwidth(state, 2 * f32 * static_cast<double>(rows * cols), s);
   });

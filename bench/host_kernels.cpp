@@ -105,16 +105,17 @@ void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::size_t rows = n / width;
   gpipe::host::Kernels<float> k;
+  using Relu = gpipe::LayerKernels<gpipe::ReluOp, gpipe::host::Kernels<float>>;
   const auto x = random_floats(n, 4), dy = random_floats(n, 5), bias = random_floats(width, 6);
   std::vector<float> y(n), db(width, 0.0f);
   double floats_moved = 0;  // per call
   for (auto _ : state) {
     switch (kernel) {
       case Elementwise::relu_forward:
-        k.relu_forward(n, x.data(), y.data()), floats_moved = 2.0 * n;
+        Relu::forward(k, n, x.data(), y.data()), floats_moved = 2.0 * n;
         break;
       case Elementwise::relu_backward:
-        k.relu_backward(n, x.data(), dy.data(), y.data()), floats_moved = 3.0 * n;
+        Relu::backward(k, n, x.data(), dy.data(), y.data()), floats_moved = 3.0 * n;
         break;
       case Elementwise::bias_add:
         k.bias_add(rows, width, bias.data(), y.data()), floats_moved = 2.0 * n;

@@ -29,6 +29,7 @@
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
 #include "gpipe/backend/host.hpp"
 #include "gpipe/model/layer.hpp"
+#include "support/layer_kernels.hpp"
 #include "support/reference_model.hpp"
 
 namespace gpipe::test::conformance {
@@ -64,19 +65,29 @@ TEST_CASE_TEMPLATE_DEFINE("elementwise kernels match the host's", Device, kernel
       std::vector<double> ref(n);
 
       // relu forward and backward: exact
-      dev.run([&](auto& k) { k.relu_forward(n, dx, out); });
-      kernel_reference.relu_forward(n, wide(x).data(), ref.data());
+      dev.run(
+          [&](auto& k) { gpipe::test::layer_kernels<gpipe::ReluOp>(k).forward(k, n, dx, out); });
+      gpipe::test::layer_kernels<gpipe::ReluOp>(kernel_reference)
+          .forward(kernel_reference, n, wide(x).data(), ref.data());
       CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
-      dev.run([&](auto& k) { k.relu_backward(n, dx, dg, out); });
-      kernel_reference.relu_backward(n, wide(x).data(), wide(g).data(), ref.data());
+      dev.run([&](auto& k) {
+        gpipe::test::layer_kernels<gpipe::ReluOp>(k).backward(k, n, dx, dg, out);
+      });
+      gpipe::test::layer_kernels<gpipe::ReluOp>(kernel_reference)
+          .backward(kernel_reference, n, wide(x).data(), wide(g).data(), ref.data());
       CHECK(relative_error(wide(dev.get(out, n)), ref) == 0);
 
       // GELU forward and backward: erff and expf are within 2 ulp
-      dev.run([&](auto& k) { k.gelu_forward(n, dx, out); });
-      kernel_reference.gelu_forward(n, wide(x).data(), ref.data());
+      dev.run(
+          [&](auto& k) { gpipe::test::layer_kernels<gpipe::GeluOp>(k).forward(k, n, dx, out); });
+      gpipe::test::layer_kernels<gpipe::GeluOp>(kernel_reference)
+          .forward(kernel_reference, n, wide(x).data(), ref.data());
       CHECK(relative_error(wide(dev.get(out, n)), ref) < 1e-6);
-      dev.run([&](auto& k) { k.gelu_backward(n, dx, dg, out); });
-      kernel_reference.gelu_backward(n, wide(x).data(), wide(g).data(), ref.data());
+      dev.run([&](auto& k) {
+        gpipe::test::layer_kernels<gpipe::GeluOp>(k).backward(k, n, dx, dg, out);
+      });
+      gpipe::test::layer_kernels<gpipe::GeluOp>(kernel_reference)
+          .backward(kernel_reference, n, wide(x).data(), wide(g).data(), ref.data());
       CHECK(relative_error(wide(dev.get(out, n)), ref) < 2e-6);
 
       // add, accumulate (one rounding each, as on the host: exact against host float)
@@ -163,8 +174,9 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
       float* dbeta_in = dev.put(beta, offset);
 
       std::vector<double> ref_y(rows * cols), ref_stats(2 * rows);
-      kernel_reference.layer_norm_forward(rows, cols, 1e-5, wide(x).data(), wide(gamma).data(),
-                                          wide(beta).data(), ref_y.data(), ref_stats.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(kernel_reference)
+          .forward(kernel_reference, rows, cols, 1e-5, wide(x).data(), wide(gamma).data(),
+                   wide(beta).data(), ref_y.data(), ref_stats.data());
       // The launchers (resident kernels where rows fit registers), then the streaming kernels
       // alone on the same shape.
       for (const bool streaming : {false, true}) {
@@ -177,7 +189,8 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
             cuda::layer_norm_forward_streaming(rows, cols, 1e-5, dx_in, dgamma_in, dbeta_in, y,
                                                stats, k.stream());
           } else {
-            k.layer_norm_forward(rows, cols, 1e-5, dx_in, dgamma_in, dbeta_in, y, stats);
+            gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).forward(
+                k, rows, cols, 1e-5, dx_in, dgamma_in, dbeta_in, y, stats);
           }
         });
         CHECK(relative_error(wide(dev.get(y, rows * cols)), ref_y) < 1e-5);
@@ -197,9 +210,9 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
       // two row sums in float, < 1e-5
       float* ref_stats_dev = dev.put(std::vector<float>(ref_stats.begin(), ref_stats.end()));
       std::vector<double> ref_dx(rows * cols);
-      kernel_reference.layer_norm_backward_input(rows, cols, wide(x).data(), wide(dy).data(),
-                                                 wide(gamma).data(), ref_stats.data(),
-                                                 ref_dx.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(kernel_reference)
+          .backward_input(kernel_reference, rows, cols, wide(x).data(), wide(dy).data(),
+                          wide(gamma).data(), ref_stats.data(), ref_dx.data());
       for (const bool streaming : {false, true}) {
         CAPTURE(streaming);
         float* dx = dev.make(rows * cols, offset);
@@ -208,7 +221,8 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
             cuda::layer_norm_backward_input_streaming(rows, cols, dx_in, ddy, dgamma_in,
                                                       ref_stats_dev, dx, k.stream());
           } else {
-            k.layer_norm_backward_input(rows, cols, dx_in, ddy, dgamma_in, ref_stats_dev, dx);
+            gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).backward_input(
+                k, rows, cols, dx_in, ddy, dgamma_in, ref_stats_dev, dx);
           }
         });
         CHECK(relative_error(wide(dev.get(dx, rows * cols)), ref_dx) < 1e-5);
@@ -219,12 +233,13 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
       float* dgamma = dev.put(g0, offset);
       float* dbeta = dev.put(b0, offset);
       dev.run([&](auto& k) {
-        k.layer_norm_backward_weight(rows, cols, dx_in, ddy, ref_stats_dev, dgamma, dbeta);
+        gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).backward_weight(
+            k, rows, cols, dx_in, ddy, ref_stats_dev, dgamma, dbeta);
       });
       std::vector<double> ref_dgamma = wide(g0), ref_dbeta = wide(b0);
-      kernel_reference.layer_norm_backward_weight(rows, cols, wide(x).data(), wide(dy).data(),
-                                                  ref_stats.data(), ref_dgamma.data(),
-                                                  ref_dbeta.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(kernel_reference)
+          .backward_weight(kernel_reference, rows, cols, wide(x).data(), wide(dy).data(),
+                           ref_stats.data(), ref_dgamma.data(), ref_dbeta.data());
       CHECK(relative_error(wide(dev.get(dgamma, cols)), ref_dgamma) < 1e-5);
       CHECK(relative_error(wide(dev.get(dbeta, cols)), ref_dbeta) < 1e-5);
     }

@@ -32,45 +32,28 @@
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
 #include "support/conformance_cuda_kernels.hpp"
 #include "support/errors.hpp"
+#include "support/layer_kernels.hpp"
 
 namespace {
 
 namespace cu = gpipe::cuda;
 
 // The members of gpipe::cuda::Kernels that the conformance suite calls, forwarding to the same
-// launchers with the same scratch sizes; scratch is host memory here.
+// launchers with the same scratch sizes; scratch is host memory here. The layers' kernels
+// (LayerKernels of ReLU, GELU and LayerNorm) follow, as the backend's layers/activation.cuh.
 class EmulatedKernels {
  public:
   cudaStream_t stream() const { return nullptr; }  // the launchers' stream, as Kernels::stream()
+  // Fresh NaN-filled scratch per call: a kernel that reads scratch it did not write sees NaN.
+  float* scratch(std::size_t floats) {
+    scratch_.assign(floats, std::nanf(""));
+    return floats == 0 ? nullptr : scratch_.data();
+  }
   void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
     cu::bias_add_forward(rows, cols, bias, y, nullptr);
   }
   void bias_grad(std::size_t rows, std::size_t cols, const float* dy, float* db) {
     cu::bias_grad_backward(rows, cols, dy, db, scratch(cu::bias_grad_scratch(rows, cols)), nullptr);
-  }
-  void relu_forward(std::size_t n, const float* x, float* y) { cu::relu_forward(n, x, y, nullptr); }
-  void relu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
-    cu::relu_backward(n, x, dy, dx, nullptr);
-  }
-  void gelu_forward(std::size_t n, const float* x, float* y) { cu::gelu_forward(n, x, y, nullptr); }
-  void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
-    cu::gelu_backward(n, x, dy, dx, nullptr);
-  }
-  void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
-                          const float* gamma, const float* beta, float* y, float* stats) {
-    cu::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, nullptr);
-  }
-  void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
-                                 const float* dy, const float* gamma, const float* stats,
-                                 float* dx) {
-    cu::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, nullptr);
-  }
-  void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
-                                  const float* dy, const float* stats, float* dgamma,
-                                  float* dbeta) {
-    cu::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta,
-                                   scratch(cu::layer_norm_backward_weight_scratch(rows, cols)),
-                                   nullptr);
   }
   void add(std::size_t n, const float* a, const float* b, float* y) {
     cu::add(n, a, b, y, nullptr);
@@ -102,13 +85,53 @@ class EmulatedKernels {
   }
 
  private:
-  // Fresh NaN-filled scratch per call: a kernel that reads scratch it did not write sees NaN.
-  float* scratch(std::size_t floats) {
-    scratch_.assign(floats, std::nanf(""));
-    return floats == 0 ? nullptr : scratch_.data();
-  }
   std::vector<float> scratch_;
 };
+
+}  // namespace
+
+template <>
+struct gpipe::LayerKernels<gpipe::ReluOp, EmulatedKernels> {
+  static void forward(EmulatedKernels& k, std::size_t n, const float* x, float* y) {
+    cu::relu_forward(n, x, y, k.stream());
+  }
+  static void backward(EmulatedKernels& k, std::size_t n, const float* x, const float* dy,
+                       float* dx) {
+    cu::relu_backward(n, x, dy, dx, k.stream());
+  }
+};
+template <>
+struct gpipe::LayerKernels<gpipe::GeluOp, EmulatedKernels> {
+  static void forward(EmulatedKernels& k, std::size_t n, const float* x, float* y) {
+    cu::gelu_forward(n, x, y, k.stream());
+  }
+  static void backward(EmulatedKernels& k, std::size_t n, const float* x, const float* dy,
+                       float* dx) {
+    cu::gelu_backward(n, x, dy, dx, k.stream());
+  }
+};
+template <>
+struct gpipe::LayerKernels<gpipe::LayerNormOp, EmulatedKernels> {
+  static void forward(EmulatedKernels& k, std::size_t rows, std::size_t cols, double eps,
+                      const float* x, const float* gamma, const float* beta, float* y,
+                      float* stats) {
+    cu::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, k.stream());
+  }
+  static void backward_input(EmulatedKernels& k, std::size_t rows, std::size_t cols,
+                             const float* x, const float* dy, const float* gamma,
+                             const float* stats, float* dx) {
+    cu::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, k.stream());
+  }
+  static void backward_weight(EmulatedKernels& k, std::size_t rows, std::size_t cols,
+                              const float* x, const float* dy, const float* stats, float* dgamma,
+                              float* dbeta) {
+    cu::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta,
+                                   k.scratch(cu::layer_norm_backward_weight_scratch(rows, cols)),
+                                   k.stream());
+  }
+};
+
+namespace {
 
 // Host memory that ends at a PROT_NONE page.
 class GuardedBuffer {
@@ -202,8 +225,10 @@ TEST_CASE("a resident LayerNorm kernel given fewer blocks than rows covers every
     float* beta = dev.put(random_floats(cols, 4));
     float *y = dev.make(rows * cols), *stats = dev.make(2 * rows), *dx = dev.make(rows * cols);
     dev.run([&](auto& k) {
-      k.layer_norm_forward(rows, cols, 1e-5, x, gamma, beta, y, stats);
-      k.layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx);
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).forward(k, rows, cols, 1e-5, x, gamma, beta,
+                                                                y, stats);
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).backward_input(k, rows, cols, x, dy, gamma,
+                                                                       stats, dx);
     });
     float *y3 = dev.make(rows * cols), *stats3 = dev.make(2 * rows), *dx3 = dev.make(rows * cols);
     layout.dispatch([&](auto packs, auto whole_block) {

@@ -22,9 +22,12 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/layers/activation.hpp"
 #include "gpipe/backend/host/layers/attention.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
+#include "gpipe/backend/host/layers/layer_norm.hpp"
 #include "gpipe/model/layer.hpp"
+#include "support/layer_kernels.hpp"
 #include "support/relative_error.hpp"
 
 namespace {
@@ -309,12 +312,18 @@ TEST_SUITE("backend host kernels") {
       kernel(alone, b.data());
       CHECK(a == b);
     };
-    same("relu_forward", n, [&](auto& k, float* out) { k.relu_forward(n, x.data(), out); });
-    same("relu_backward", n,
-         [&](auto& k, float* out) { k.relu_backward(n, x.data(), dy.data(), out); });
-    same("gelu_forward", n, [&](auto& k, float* out) { k.gelu_forward(n, x.data(), out); });
-    same("gelu_backward", n,
-         [&](auto& k, float* out) { k.gelu_backward(n, x.data(), dy.data(), out); });
+    same("relu_forward", n, [&](auto& k, float* out) {
+      gpipe::test::layer_kernels<gpipe::ReluOp>(k).forward(k, n, x.data(), out);
+    });
+    same("relu_backward", n, [&](auto& k, float* out) {
+      gpipe::test::layer_kernels<gpipe::ReluOp>(k).backward(k, n, x.data(), dy.data(), out);
+    });
+    same("gelu_forward", n, [&](auto& k, float* out) {
+      gpipe::test::layer_kernels<gpipe::GeluOp>(k).forward(k, n, x.data(), out);
+    });
+    same("gelu_backward", n, [&](auto& k, float* out) {
+      gpipe::test::layer_kernels<gpipe::GeluOp>(k).backward(k, n, x.data(), dy.data(), out);
+    });
     same("add", n, [&](auto& k, float* out) { k.add(n, x.data(), dy.data(), out); });
     same("accumulate", n, [&](auto& k, float* out) { k.accumulate(n, x.data(), out); });
     same("copy", n, [&](auto& k, float* out) { k.copy(n, x.data(), out); });
@@ -333,14 +342,15 @@ TEST_SUITE("backend host kernels") {
     });
     const auto gamma = random_floats(cols, 25), beta = random_floats(cols, 26);
     same("layer_norm_forward", rows * cols + 2 * rows, [&](auto& k, float* out) {
-      k.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), out,
-                           out + rows * cols);
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).forward(
+          k, rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), out, out + rows * cols);
     });
     std::vector<float> stats(2 * rows), y(rows * cols);
-    alone.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(),
-                             stats.data());
+    gpipe::test::layer_kernels<gpipe::LayerNormOp>(alone).forward(
+        alone, rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(), stats.data());
     same("layer_norm_backward_input", rows * cols, [&](auto& k, float* out) {
-      k.layer_norm_backward_input(rows, cols, x.data(), dy.data(), gamma.data(), stats.data(), out);
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(k).backward_input(
+          k, rows, cols, x.data(), dy.data(), gamma.data(), stats.data(), out);
     });
     same("GELUTanh forward", n, [&](auto& k, float* out) {
       gpipe::LayerKernels<gpipe::GeluTanhOp, gpipe::host::Kernels<float>>::forward(k, n, x.data(),
@@ -390,14 +400,16 @@ TEST_SUITE("backend host kernels") {
       const auto x = random_floats(rows * cols, 32), dy = random_floats(rows * cols, 33),
                  gamma = random_floats(cols, 34), beta = random_floats(cols, 35);
       std::vector<float> y(rows * cols), stats(2 * rows);
-      alone.layer_norm_forward(rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(),
-                               stats.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(alone).forward(
+          alone, rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), y.data(), stats.data());
       auto dgamma_split = random_floats(cols, 36), dbeta_split = random_floats(cols, 37);
       auto dgamma_alone = dgamma_split, dbeta_alone = dbeta_split;  // both accumulate
-      split.layer_norm_backward_weight(rows, cols, x.data(), dy.data(), stats.data(),
-                                       dgamma_split.data(), dbeta_split.data());
-      alone.layer_norm_backward_weight(rows, cols, x.data(), dy.data(), stats.data(),
-                                       dgamma_alone.data(), dbeta_alone.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(split).backward_weight(
+          split, rows, cols, x.data(), dy.data(), stats.data(), dgamma_split.data(),
+          dbeta_split.data());
+      gpipe::test::layer_kernels<gpipe::LayerNormOp>(alone).backward_weight(
+          alone, rows, cols, x.data(), dy.data(), stats.data(), dgamma_alone.data(),
+          dbeta_alone.data());
       CHECK(dgamma_split == dgamma_alone);
       CHECK(dbeta_split == dbeta_alone);
     }
@@ -470,10 +482,10 @@ TEST_SUITE("backend host kernels") {
       CAPTURE(n);
       const auto x = iota_signed<float>(n, 0.5f), dy = random_floats(n, 6);
       std::vector<float> y(n), expected(n);
-      k.relu_forward(n, x.data(), y.data());
+      gpipe::test::layer_kernels<gpipe::ReluOp>(k).forward(k, n, x.data(), y.data());
       for (std::size_t i = 0; i < n; ++i) expected[i] = x[i] > 0 ? x[i] : 0.0f;
       CHECK(y == expected);
-      k.relu_backward(n, x.data(), dy.data(), y.data());
+      gpipe::test::layer_kernels<gpipe::ReluOp>(k).backward(k, n, x.data(), dy.data(), y.data());
       for (std::size_t i = 0; i < n; ++i) expected[i] = x[i] > 0 ? dy[i] : 0.0f;
       CHECK(y == expected);
       y = x;  // in place: y = y + dy

@@ -1,6 +1,8 @@
 #pragma once
 // gpipe::cuda::Kernels: the CUDA backend's kernel context, the same members with the same
-// meaning as gpipe::host::Kernels<float> (see gpipe/backend/host/kernels.hpp). Every operation is
+// meaning as gpipe::host::Kernels<float> (see gpipe/backend/host/kernels.hpp): primitives only, a
+// layer's own kernels (ReLU, GELU, LayerNorm, attention, embedding) being its LayerKernels
+// specialization in layers/. Every operation is
 // enqueued on the virtual device's compute stream and returns at once; pointers are device
 // memory of that device (copy also accepts memory of other GPUs). The backend hands each piece
 // of work the context of the work's device, with that device's GPU current.
@@ -57,6 +59,24 @@ class Kernels {
   cudaStream_t copy_stream() const { return s_->copy; }
   /// The device's cuBLAS handle: bound to stream(), in the math mode of BackendOptions::tf32.
   cublasHandle_t blas() const { return s_->blas; }
+  /// `floats` of kernel scratch, valid for work enqueued on the compute stream until the next
+  /// call (growing it frees the old block in stream order), for the primitives below and for a
+  /// layer's own kernels (LayerNorm's weight gradient). Not counted in memory_stats.
+  float* scratch(std::size_t floats) {
+    if (floats == 0) return nullptr;
+    if (floats > s_->scratch_floats) {
+      const std::size_t grown = std::max(floats, s_->scratch_floats + s_->scratch_floats / 2);
+      if (s_->scratch != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(s_->scratch, s_->compute));
+      s_->scratch = nullptr;
+      s_->scratch_floats = 0;
+      void* p = nullptr;
+      GPIPE_CUDA_CHECK(
+          cudaMallocFromPoolAsync(&p, grown * sizeof(float), s_->gpu->pool, s_->compute));
+      s_->scratch = static_cast<float*>(p);
+      s_->scratch_floats = grown;
+    }
+    return s_->scratch;
+  }
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
@@ -71,48 +91,6 @@ class Kernels {
   /// order, no atomics); may grow the context's scratch.
   void bias_grad(std::size_t rows, std::size_t cols, const float* dy, float* db) {
     bias_grad_backward(rows, cols, dy, db, scratch(bias_grad_scratch(rows, cols)), s_->compute);
-  }
-  /// y(n) = max(x, 0); y may alias x.
-  void relu_forward(std::size_t n, const float* x, float* y) {
-    cuda::relu_forward(n, x, y, s_->compute);
-  }
-  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
-  void relu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
-    cuda::relu_backward(n, x, dy, dx, s_->compute);
-  }
-  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)), the exact GELU; y may alias x.
-  void gelu_forward(std::size_t n, const float* x, float* y) {
-    cuda::gelu_forward(n, x, y, s_->compute);
-  }
-  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal CDF and density; x is the
-  /// forward's input.
-  void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx) {
-    cuda::gelu_backward(n, x, dy, dx, s_->compute);
-  }
-  /// LayerNorm of each row of x(rows, cols), as torch.nn.LayerNorm: y(rows, cols) = (x - mean) rstd
-  /// gamma + beta, rstd = 1 / sqrt(biased variance + eps), gamma and beta (cols). Writes
-  /// stats(rows, 2) = (mean, rstd) for the backward ops.
-  void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
-                          const float* gamma, const float* beta, float* y, float* stats) {
-    cuda::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, s_->compute);
-  }
-  /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat = (x -
-  /// mean) rstd, from x, dy (rows, cols), gamma (cols) and the forward's stats(rows, 2); dx
-  /// overwritten.
-  void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
-                                 const float* dy, const float* gamma, const float* stats,
-                                 float* dx) {
-    cuda::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, s_->compute);
-  }
-  /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy: accumulated, from x,
-  /// dy (rows, cols) and the forward's stats(rows, 2). Deterministic; may grow the context's
-  /// scratch.
-  void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
-                                  const float* dy, const float* stats, float* dgamma,
-                                  float* dbeta) {
-    cuda::layer_norm_backward_weight(rows, cols, x, dy, stats, dgamma, dbeta,
-                                     scratch(layer_norm_backward_weight_scratch(rows, cols)),
-                                     s_->compute);
   }
   /// y(n) = a + b; y may alias a or b.
   void add(std::size_t n, const float* a, const float* b, float* y) {
@@ -251,24 +229,6 @@ class Kernels {
       }
     }
     GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_->compute));
-  }
-
-  /// `floats` of kernel scratch, valid for work enqueued on the compute stream until the next
-  /// call (growing it frees the old block in stream order). Not counted in memory_stats.
-  float* scratch(std::size_t floats) {
-    if (floats == 0) return nullptr;
-    if (floats > s_->scratch_floats) {
-      const std::size_t grown = std::max(floats, s_->scratch_floats + s_->scratch_floats / 2);
-      if (s_->scratch != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(s_->scratch, s_->compute));
-      s_->scratch = nullptr;
-      s_->scratch_floats = 0;
-      void* p = nullptr;
-      GPIPE_CUDA_CHECK(
-          cudaMallocFromPoolAsync(&p, grown * sizeof(float), s_->gpu->pool, s_->compute));
-      s_->scratch = static_cast<float*>(p);
-      s_->scratch_floats = grown;
-    }
-    return s_->scratch;
   }
 
   /// NCCL send on the sender GPU's send stream, receive on this device's copy stream, as one

@@ -3,9 +3,9 @@
 // that layers, losses and optimizers are written against (gpipe::kernel_context,
 // model/kernel_context.hpp). A backend's stream hands its kernel context to each piece of work;
 // the CUDA backend's enqueues the same operations on its stream. Pointers are device memory of
-// the context's device; on the host that is ordinary memory. The relu, gelu and layer_norm
-// members are this backend's kernels for those layers, which reach them through their
-// LayerKernels specializations (layers/); they are not part of the concept.
+// the context's device; on the host that is ordinary memory. It keeps only primitives: a layer's
+// own kernels (ReLU, GELU, LayerNorm, attention, embedding) are its LayerKernels specialization
+// for this context, in layers/, which splits them over the team with in_blocks.
 //
 // Kernels<double> exists for the finite-difference tests and the double-precision reference.
 //
@@ -15,8 +15,8 @@
 // the GEMM library (kernels/gemm_library.hpp), else as a GEMM and a bias pass.
 //
 // A context may be given a Team (kernels/team.hpp): its GEMMs (gemm_split), and its elementwise,
-// bias, LayerNorm, softmax cross-entropy and optimizer kernels and the attention core (in_blocks),
-// then split over the team's threads, each result bit for bit the one-thread one (but a GEMM's
+// bias, softmax cross-entropy and optimizer kernels and the layers' kernels (in_blocks), then
+// split over the team's threads, each result bit for bit the one-thread one (but a GEMM's
 // that splits, whose library may round a block as it would not the whole: oneDNN picks its
 // kernel per shape, and the unsplit Linear forward is its fused matmul); the MSE loss stays on
 // the caller.
@@ -29,7 +29,6 @@
 
 #include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
-#include "gpipe/backend/host/kernels/layer_norm.hpp"
 #include "gpipe/backend/host/kernels/linear.hpp"
 #include "gpipe/backend/host/kernels/loss.hpp"
 #include "gpipe/backend/host/kernels/optimizer.hpp"
@@ -100,27 +99,6 @@ class Kernels {
   void bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y);
   /// db(cols) += the column sums of dy(rows, cols).
   void bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db);
-  /// y(n) = max(x, 0); y may be x.
-  void relu_forward(std::size_t n, const T* x, T* y);
-  /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch).
-  void relu_backward(std::size_t n, const T* x, const T* dy, T* dx);
-  /// Exact GELU: y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-  void gelu_forward(std::size_t n, const T* x, T* y);
-  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density.
-  void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx);
-  /// Per row of x(rows, cols): y = (x - mean) rstd gamma(cols) + beta(cols), rstd =
-  /// 1 / sqrt(var + eps) with the biased variance (torch.nn.LayerNorm); also writes
-  /// stats(rows, 2) = (mean, rstd) for the backward kernels. Statistics are computed in double.
-  void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
-                          const T* gamma, const T* beta, T* y, T* stats);
-  /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat =
-  /// (x - mean) rstd, from the forward's x and stats.
-  void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                                 const T* gamma, const T* stats, T* dx);
-  /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy, from the
-  /// forward's x(rows, cols) and stats.
-  void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                                  const T* stats, T* dgamma, T* dbeta);
   /// y(n) = a + b; y may be a or b.
   void add(std::size_t n, const T* a, const T* b, T* y);
   /// y(n) += x.
@@ -216,55 +194,6 @@ template <class T>
 void Kernels<T>::bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
   in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
     host::bias_grad(rows, count, dy + first, db + first, cols);
-  });
-}
-
-template <class T>
-void Kernels<T>::relu_forward(std::size_t n, const T* x, T* y) {
-  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::relu_forward(c, x + i, y + i); });
-}
-
-template <class T>
-void Kernels<T>::relu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-  in_blocks(n, 1,
-            [&](std::size_t i, std::size_t c) { host::relu_backward(c, x + i, dy + i, dx + i); });
-}
-
-template <class T>
-void Kernels<T>::gelu_forward(std::size_t n, const T* x, T* y) {
-  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::gelu_forward(c, x + i, y + i); });
-}
-
-template <class T>
-void Kernels<T>::gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-  in_blocks(n, 1,
-            [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
-}
-
-template <class T>
-void Kernels<T>::layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
-                                    const T* gamma, const T* beta, T* y, T* stats) {
-  in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
-    host::layer_norm_forward(count, cols, eps, x + r * cols, gamma, beta, y + r * cols,
-                             stats + 2 * r);
-  });
-}
-
-template <class T>
-void Kernels<T>::layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x,
-                                           const T* dy, const T* gamma, const T* stats, T* dx) {
-  in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
-    host::layer_norm_backward_input(count, cols, x + r * cols, dy + r * cols, gamma, stats + 2 * r,
-                                    dx + r * cols);
-  });
-}
-
-template <class T>
-void Kernels<T>::layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x,
-                                            const T* dy, const T* stats, T* dgamma, T* dbeta) {
-  in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
-    host::layer_norm_backward_weight(rows, count, x + first, dy + first, stats, dgamma + first,
-                                     dbeta + first, cols);
   });
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// ReLU and GELU on the host: the elementwise kernels of kernels/elementwise.hpp.
+// ReLU and GELU on the host: the elementwise kernels of kernels/elementwise.hpp, split over the
+// context's team by elements (Kernels::in_blocks).
 
 #include <cstddef>
 
@@ -14,28 +15,49 @@ namespace gpipe {
 template <class T>
 struct LayerKernels<ReluOp, host::Kernels<T>> {
   /// y(n) = max(x, 0); y may be x.
-  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
-    k.relu_forward(n, x, y);
-  }
+  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y);
   /// dx(n) = dy where x > 0, else 0 (the subgradient at 0 is 0, as in PyTorch); x is the
   /// forward's input.
-  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    k.relu_backward(n, x, dy, dx);
-  }
+  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx);
 };
 
 /// Exact (erf) GELU on the host, over n elements, with std::erf and std::exp per element.
 template <class T>
 struct LayerKernels<GeluOp, host::Kernels<T>> {
   /// y(n) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
-  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
-    k.gelu_forward(n, x, y);
-  }
+  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y);
   /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal's CDF and density; x is
   /// the forward's input.
-  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    k.gelu_backward(n, x, dy, dx);
-  }
+  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx);
 };
+
+// Defined out of the classes, so that a program on gpipe::compiled compiles none of them
+// (backend/host/compiled.hpp declares the float ones extern).
+
+template <class T>
+void LayerKernels<ReluOp, host::Kernels<T>>::forward(host::Kernels<T>& k, std::size_t n, const T* x,
+                                                     T* y) {
+  k.in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::relu_forward(c, x + i, y + i); });
+}
+
+template <class T>
+void LayerKernels<ReluOp, host::Kernels<T>>::backward(host::Kernels<T>& k, std::size_t n,
+                                                      const T* x, const T* dy, T* dx) {
+  k.in_blocks(n, 1,
+              [&](std::size_t i, std::size_t c) { host::relu_backward(c, x + i, dy + i, dx + i); });
+}
+
+template <class T>
+void LayerKernels<GeluOp, host::Kernels<T>>::forward(host::Kernels<T>& k, std::size_t n, const T* x,
+                                                     T* y) {
+  k.in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::gelu_forward(c, x + i, y + i); });
+}
+
+template <class T>
+void LayerKernels<GeluOp, host::Kernels<T>>::backward(host::Kernels<T>& k, std::size_t n,
+                                                      const T* x, const T* dy, T* dx) {
+  k.in_blocks(n, 1,
+              [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
+}
 
 }  // namespace gpipe
