@@ -11,31 +11,31 @@
 
 namespace gpipe {
 
-/// has_chunks_per_device<S>: static `chunks_per_device` >= 1, the stages each device runs (a
+/// has_chunks_per_device<Kind>: static `chunks_per_device` >= 1, the stages each device runs (a
 /// model of S stages runs on S / chunks_per_device devices).
-template <class S>
+template <class Kind>
 concept has_chunks_per_device = requires {
-  { S::chunks_per_device } -> std::convertible_to<std::size_t>;
+  { Kind::chunks_per_device } -> std::convertible_to<std::size_t>;
 }
-&&(S::chunks_per_device >= 1);
+&&(Kind::chunks_per_device >= 1);
 
-/// has_schedule_generator<S>: static `make(num_devices, num_micro_batches)`, the Schedule (per
+/// has_schedule_generator<Kind>: static `make(num_devices, num_micro_batches)`, the Schedule (per
 /// device its ops) for K devices and M micro-batches, which the Trainer validates before use.
-template <class S>
+template <class Kind>
 concept has_schedule_generator = requires(std::size_t n) {
-  { S::make(n, n) } -> std::convertible_to<Schedule>;
+  { Kind::make(n, n) } -> std::convertible_to<Schedule>;
 };
 
-/// has_schedule_name<S>: static `name`, how benchmark labels and test output call it.
-template <class S>
+/// has_schedule_name<Kind>: static `name`, how benchmark labels and test output call it.
+template <class Kind>
 concept has_schedule_name = requires {
-  { S::name } -> std::convertible_to<std::string_view>;
+  { Kind::name } -> std::convertible_to<std::string_view>;
 };
 
-/// schedule_kind<S>: a schedule tag the Trainer can run.
-template <class S>
+/// schedule_kind<Kind>: a schedule tag the Trainer can run.
+template <class Kind>
 concept schedule_kind =
-    has_chunks_per_device<S> && has_schedule_generator<S> && has_schedule_name<S>;
+    has_chunks_per_device<Kind> && has_schedule_generator<Kind> && has_schedule_name<Kind>;
 
 namespace detail {
 
@@ -43,26 +43,26 @@ namespace detail {
 template <class...>
 inline constexpr bool schedule_lacks = false;
 
-// explain_schedule_kind<S>(): true for a schedule_kind; otherwise a static_assert that names the
-// first piece S lacks (the Trainer checks its ScheduleKind with it).
-template <class S>
+// explain_schedule_kind<Kind>(): true for a schedule_kind; otherwise a static_assert that names the
+// first piece Kind lacks (the Trainer checks its ScheduleKind with it).
+template <class Kind>
 constexpr bool explain_schedule_kind() {
-  if constexpr (schedule_kind<S>) {
+  if constexpr (schedule_kind<Kind>) {
     return true;
   } else if constexpr (!requires {
-                         { S::chunks_per_device } -> std::convertible_to<std::size_t>;
+                         { Kind::chunks_per_device } -> std::convertible_to<std::size_t>;
                        }) {
-    static_assert(schedule_lacks<S>,
+    static_assert(schedule_lacks<Kind>,
                   "gpipe: a schedule kind needs static constexpr std::size_t chunks_per_device "
                   "(stages per device); see gpipe/schedule/kind.hpp");
-  } else if constexpr (!has_chunks_per_device<S>) {
-    static_assert(schedule_lacks<S>, "gpipe: a schedule kind's chunks_per_device must be >= 1");
-  } else if constexpr (!has_schedule_generator<S>) {
-    static_assert(schedule_lacks<S>,
+  } else if constexpr (!has_chunks_per_device<Kind>) {
+    static_assert(schedule_lacks<Kind>, "gpipe: a schedule kind's chunks_per_device must be >= 1");
+  } else if constexpr (!has_schedule_generator<Kind>) {
+    static_assert(schedule_lacks<Kind>,
                   "gpipe: a schedule kind needs static Schedule make(std::size_t num_devices, "
                   "std::size_t num_micro_batches)");
   } else {
-    static_assert(schedule_lacks<S>,
+    static_assert(schedule_lacks<Kind>,
                   "gpipe: a schedule kind needs static constexpr std::string_view name");
   }
   return false;
