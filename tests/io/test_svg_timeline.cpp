@@ -148,8 +148,8 @@ TEST_CASE("op_kind_of reads the labels the executor writes") {
     CHECK(gpipe::op_kind_of(gpipe::to_string(kind)) == kind);
   }
   CHECK_FALSE(gpipe::op_kind_of("optimizer step").has_value());
-  CHECK(gpipe::is_compute(gpipe::WorkLabel{"backward_weight", 0, 0, false, true}));
-  CHECK_FALSE(gpipe::is_compute(gpipe::WorkLabel{"send_gradient", 0, 0}));
+  CHECK(gpipe::is_busy_work(gpipe::WorkLabel{"backward_weight", 0, 0, false, true}));
+  CHECK_FALSE(gpipe::is_busy_work(gpipe::WorkLabel{"send_gradient", 0, 0}));
   static_assert(gpipe::op_kind_of("forward") == gpipe::OpKind::forward);
 }
 

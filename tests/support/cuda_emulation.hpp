@@ -43,7 +43,9 @@
 // synchronization (it runs work at once on the calling thread), the GPU's math library rounding.
 //
 // Include this first, in one translation unit per test program that links none of cudart,
-// cuBLAS and NCCL: it defines their functions that the backend calls.
+// cuBLAS and NCCL: it defines their functions that the backend calls, or, with
+// GPIPE_CUDA_EMULATION_LINKED defined, leaves them to the library gpipe_cuda_emulation
+// (cuda_emulation.cpp, which gpipe_use_cuda_emulation links).
 
 #include "support/cuda_emulation/device.hpp"
 // device.hpp first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.

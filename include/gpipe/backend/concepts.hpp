@@ -19,6 +19,8 @@
 //     synchronize()          waits for all work; rethrows the first failure
 //     cancel()               drops work not yet run and releases every wait
 //     set_tracing(on), take_trace(), take_timing()
+//     devices_share_cores(busy)   optional: whether `busy` devices computing at once share the
+//                            machine's cores (for BubbleBreakdown; false where not provided)
 //   multi_process_backend<B>  a backend whose devices live in several processes (mpi::Backend):
 //     is_local(d)            whether this process runs device d; the runtime issues only the
 //                            ops, allocations and parameter work of its own devices

@@ -10,7 +10,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "gpipe/backend/concepts.hpp"
@@ -208,11 +207,8 @@ StepRunner<Backend, Target>::StepRunner(Backend& backend, Schedule generated,
 template <class Backend, class Target>
 BubbleBreakdown StepRunner<Backend, Target>::bubble_breakdown() const {
   BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
-  if constexpr (Backend::name == std::string_view("host")) {
-    const unsigned cores = std::thread::hardware_concurrency();
-    out.devices_share_cores =
-        cores != 0 && out.busy_devices * backend_.threads_per_device() > cores;
-  }
+  if constexpr (requires { backend_.devices_share_cores(out.busy_devices); })
+    out.devices_share_cores = backend_.devices_share_cores(out.busy_devices);
   return out;
 }
 

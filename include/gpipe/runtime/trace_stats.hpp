@@ -38,9 +38,10 @@ constexpr std::optional<OpKind> op_kind_of(std::string_view what) {
 }
 
 /// Work that keeps a device busy: what the executor labels compute (forward, backward_input,
-/// backward_weight, and the forwards of predict()). The same flag feeds the trainer's per-step
-/// timing, so a trace and last_step() agree on what is busy.
-constexpr bool is_compute(const WorkLabel& label) { return label.compute; }
+/// backward_weight, and the forwards of predict()), where `is_compute(OpKind)` names the
+/// schedule's compute ops. The same flag feeds the trainer's per-step timing, so a trace and
+/// last_step() agree on what is busy.
+constexpr bool is_busy_work(const WorkLabel& label) { return label.compute; }
 
 /// What a trace measures; all times in microseconds.
 struct TraceStats {
@@ -67,7 +68,7 @@ inline TraceStats trace_stats(std::span<const TraceEvent> events, std::size_t nu
                   "' has an invalid time span [" + std::to_string(e.start_us) + ", " +
                   std::to_string(e.end_us) + "] us");
     }
-    if (!is_compute(e.label)) continue;
+    if (!is_busy_work(e.label)) continue;
     stats.busy_us[e.device] += e.end_us - e.start_us;
     stats.begin_us = any ? std::min(stats.begin_us, e.start_us) : e.start_us;
     stats.end_us = any ? std::max(stats.end_us, e.end_us) : e.end_us;

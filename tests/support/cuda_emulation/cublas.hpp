@@ -37,6 +37,7 @@ inline float to_tf32(float v) {
 
 // The cuBLAS functions that the backend calls.
 
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
 extern "C" {
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
@@ -70,6 +71,7 @@ const char* cublasGetStatusName(cublasStatus_t status) {
 const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatusName(status); }
 
 }  // extern "C"
+#endif  // GPIPE_CUDA_EMULATION_LINKED
 
 namespace gpipe::test::cuda_emulation {
 
@@ -132,6 +134,7 @@ inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cub
 
 }  // namespace gpipe::test::cuda_emulation
 
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
 extern "C" {
 
 // C(m, n) = alpha op(A)(m, k) op(B)(k, n) + beta C, column-major.
@@ -155,3 +158,4 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 }
 
 }  // extern "C"
+#endif  // GPIPE_CUDA_EMULATION_LINKED

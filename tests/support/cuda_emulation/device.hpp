@@ -80,9 +80,11 @@ inline float min(float a, float b) { return std::fmin(a, b); }
 // gpipe_cuda_emulation_switch(save, load): *save = this context's stack pointer; continues the
 // context whose stack pointer is load.
 extern "C" void gpipe_cuda_emulation_switch(void** save, void* load);
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
 asm(R"(
   .text
   .p2align 4
+  .globl gpipe_cuda_emulation_switch
   .type gpipe_cuda_emulation_switch, @function
 gpipe_cuda_emulation_switch:
   pushq %rbp
@@ -108,6 +110,7 @@ gpipe_cuda_emulation_switch:
   ret
   .size gpipe_cuda_emulation_switch, .-gpipe_cuda_emulation_switch
 )");
+#endif  // GPIPE_CUDA_EMULATION_LINKED
 #else
 #define GPIPE_CUDA_EMULATION_SWITCH 0
 #endif

@@ -186,6 +186,7 @@ inline ncclResult_t nccl_add(NcclOp op, ncclDataType_t type, std::size_t count) 
 
 // The NCCL functions that the backend calls.
 
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
 extern "C" {
 
 ncclResult_t ncclCommInitAll(ncclComm_t* comms, int count, const int* gpus) {
@@ -301,3 +302,4 @@ const char* ncclGetErrorString(ncclResult_t result) {
 }
 
 }  // extern "C"
+#endif  // GPIPE_CUDA_EMULATION_LINKED

@@ -283,6 +283,7 @@ inline cudaError_t allocate_device(void** ptr, std::size_t bytes, int gpu) {
 
 // The runtime functions that the backend and its kernels call.
 
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
 extern "C" {
 
 cudaError_t cudaGetLastError() {
@@ -615,3 +616,4 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data)
 }
 
 }  // extern "C"
+#endif  // GPIPE_CUDA_EMULATION_LINKED

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,8 +69,7 @@ class Backend {
   template <class T>
   using Buffer = host::Buffer<T>;
 
-  /// The backend's name as the runtime tests it (the Trainer checks for "host" to flag devices
-  /// that share cores).
+  /// The backend's name, in benchmark labels and messages.
   static constexpr std::string_view name = "host";
 
   /// Starts `num_devices` workers (1 to 1024; otherwise throws `gpipe::Error`), each device with
@@ -84,6 +84,12 @@ class Backend {
   std::size_t num_devices() const { return streams_.size(); }
   /// The threads each device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return threads_per_device_; }
+  /// Whether `busy` devices computing at once, each on threads_per_device() threads, want more
+  /// cores than the machine has (std::thread::hardware_concurrency(); false when unknown).
+  bool devices_share_cores(std::size_t busy) const {
+    const unsigned cores = std::thread::hardware_concurrency();
+    return cores != 0 && busy * threads_per_device_ > cores;
+  }
   /// What the microseconds of traces and timings count from: the backend's construction.
   Stream::Clock::time_point epoch() const { return epoch_; }
 

@@ -31,7 +31,7 @@
 // as its stage's last backward is done (expect_reductions, start_reduction) and end in
 // finish_step.
 // Tied parameters on two ranks are kept equal and their gradients summed with exchange().
-// Not yet (see the README's "Many processes"): NCCL between GPUs.
+// A GPU per rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
 
 #include <mpi.h>
 

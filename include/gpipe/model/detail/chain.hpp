@@ -27,9 +27,6 @@
 
 namespace gpipe::detail {
 
-template <class... Ts>
-struct type_list {};
-
 // Shows up in the compiler's message as
 // feature_chain_check<out_features<A>, in_features<B>, at_stage_layer<S, P>>: A features come
 // into layer P (counted from 0) of stage S, which takes B; a chain outside a Pipeline's stages
