@@ -5,5 +5,5 @@
 // so that a program that only trains does not compile them.
 
 #include "gpipe/backend/host.hpp"
-#include "gpipe/core.hpp"
 #include "gpipe/backend/host/compiled.hpp"
+#include "gpipe/core.hpp"

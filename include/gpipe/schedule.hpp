@@ -1,9 +1,9 @@
 #pragma once
 // The schedule layer: schedules as data (op.hpp), the generators and their tag types (GPipe
-// fill-drain, 1F1B, interleaved 1F1B, ZB-H1; what a tag provides: kind.hpp), the validator that proves a schedule runnable (at
-// run time, or while compiling: compile_time.hpp; with buffered or rendezvous sends, and
-// order_for_rendezvous for the second), and the simulator that times it. All of it is
-// constexpr and independent of backends and models.
+// fill-drain, 1F1B, interleaved 1F1B, ZB-H1; what a tag provides: kind.hpp), the validator that
+// proves a schedule runnable (at run time, or while compiling: compile_time.hpp; with buffered or
+// rendezvous sends, and order_for_rendezvous for the second), and the simulator that times it. All
+// of it is constexpr and independent of backends and models.
 
 #include "gpipe/schedule/compile_time.hpp"
 #include "gpipe/schedule/gpipe.hpp"

@@ -117,9 +117,8 @@ struct gpipe::LayerKernels<gpipe::LayerNormOp, EmulatedKernels> {
                       float* stats) {
     cu::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, k.stream());
   }
-  static void backward_input(EmulatedKernels& k, std::size_t rows, std::size_t cols,
-                             const float* x, const float* dy, const float* gamma,
-                             const float* stats, float* dx) {
+  static void backward_input(EmulatedKernels& k, std::size_t rows, std::size_t cols, const float* x,
+                             const float* dy, const float* gamma, const float* stats, float* dx) {
     cu::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, k.stream());
   }
   static void backward_weight(EmulatedKernels& k, std::size_t rows, std::size_t cols,
