@@ -30,8 +30,8 @@ box("backend", 200, 410, 260, 72, "backend seam  backend/concepts.hpp",
     ["submit(device, label, work(Kernels&)),", "record / wait (events), allocate,",
      "synchronize; host/, cuda/, mpi/"], seam_fill, seam_stroke)
 box("transport", 500, 410, 260, 72, "transport seam  transport/",
-    ["a stage's output to the next device:", "stage_transport (copy after an event),",
-     "NCCL; mpi:: backends send messages"], seam_fill, seam_stroke)
+    ["Transport<Backend>: send, receive, sums,", "finish/abort, collectives; one process:",
+     "copy after an event; mpi.hpp: MPI, NCCL"], seam_fill, seam_stroke)
 box("layer", 200, 520, 260, 72, "layers  model/",
     ["Layer::forward, backward_input (B),", "backward_weight (W), called by a",
      "stream's work with its Kernels&"])
@@ -96,9 +96,9 @@ legend = [
     "One step, Trainer::forward_backward: (1) the typed call (2) the step runner checks inputs and splits the",
     "batch (3) the executor walks the schedule (4) it submits each op to its device's stream (5) sends and recvs",
     "go through the backend's transport (6) a stream runs the stage's forward / B / W (7) which compute through",
-    "the kernel context's primitives and the layers' own LayerKernels; synchronize, then the loss comes back.",
-    "Orange boxes are seams, each a concept or a specialization point. Not yet a seam: the multi-process",
-    "protocol (messages, tags, finish/abort), which the executor and step runner still branch to.",
+    "the kernel context's primitives and the layers' own LayerKernels; the transport's finish_step (one process:",
+    "synchronize; several: the ranks agree whether one failed), then the loss comes back.",
+    "Orange boxes are seams, each a concept or a specialization point.",
 ]
 for i, line in enumerate(legend):
     out.append(f'<text x="40" y="{730 + 15 * i}" font-size="12" fill="#333333">{esc(line)}</text>')

@@ -16,13 +16,13 @@
 #include <cstring>
 #include <filesystem>
 #include <gpipe/backend/common.hpp>
-#include <gpipe/backend/concepts.hpp>
 #include <gpipe/io/chrome_trace.hpp>
 #include <gpipe/io/svg_timeline.hpp>
 #include <gpipe/model.hpp>
 #include <gpipe/runtime/trainer.hpp>
 #include <gpipe/schedule.hpp>
 #include <gpipe/schedule/simulator.hpp>
+#include <gpipe/transport/transport.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,14 +126,15 @@ void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backe
     overhead += (wall - ideal) / (ideal / mean_op);
   }
   // the devices of this process; with several processes, every process gets the largest
+  transport::Transport<std::remove_cvref_t<decltype(backend)>> transport(backend);
   float peak = 0;
   for (std::size_t d = 0; d < K; ++d)
-    if (detail::is_local(backend, d))
+    if (transport.is_local(d))
       peak = std::max(peak,
                       static_cast<float>(backend.memory_stats(d).peak_of(MemoryKind::activations)));
   for (std::size_t d = 0; d < K; ++d) {
     float of_d = peak;
-    detail::broadcast_from(backend, d, std::span<float>(&of_d, 1));
+    transport.broadcast(d, std::span<float>(&of_d, 1));
     peak = std::max(peak, of_d);
   }
 
@@ -152,7 +153,7 @@ void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backe
     trainer.forward_backward(x, y);
     backend.set_tracing(false);
     const auto events = backend.take_trace();  // with several processes: all of them, each
-    if (!detail::writes_files(backend)) return;
+    if (!transport.writes_files()) return;
     const std::string name(Schedule::name), k = std::to_string(K);
     const std::string path = dir + "/" + setup.trace_stem + name + "_k" + k + "_m8";
     const std::string title = name + ", K = " + k + ", M = 8, measured on " + setup.where;

@@ -26,5 +26,12 @@ inline void require(bool condition, const std::string& message) {
   if (!condition) throw Error("gpipe: " + message);
 }
 
+// Always false, but only once instantiated: a static_assert in a branch of `if constexpr` that
+// names the piece a type lacks (the branch's condition says which). The explain_* helpers of the
+// concepts (model/layer.hpp, model/loss.hpp, optim/optimizer.hpp, schedule/kind.hpp) use it, so
+// that a compile error says what to add.
+template <class...>
+inline constexpr bool lacks = false;
+
 }  // namespace detail
 }  // namespace gpipe

@@ -120,8 +120,9 @@ TEST_CASE("the world, a replica count that does not fit, another rank's device")
 
 TEST_CASE("messages a receiver posts in another order than their sender fail the step") {
   // NCCL has no tags: a pair's messages match in the order they are posted, so two same-sized
-  // messages received crossed would swap silently. finish_step compares what each rank sent to
-  // each peer with what the peer received, in order, and fails the step on every rank.
+  // messages received crossed would swap silently. The step's end (the transport's finish_step,
+  // whose agreement is mpi::CudaBackend::agree) compares what each rank sent to each peer with
+  // what the peer received, in order, and fails the step on every rank.
   mpi::CudaBackend backend;
   if (backend.num_devices() != 2) return;
   constexpr std::size_t count = 16;
@@ -138,7 +139,8 @@ TEST_CASE("messages a receiver posts in another order than their sender fail the
       backend.receive(1, label, 0, crossed ? 2 : 0, first, count, MemoryKind::activations);
       backend.receive(1, label, 0, crossed ? 0 : 2, second, count, MemoryKind::activations);
     }
-    const std::string message = error_of([&] { backend.finish_step(); });
+    const std::string message =
+        error_of([&] { transport::Transport<mpi::CudaBackend>(backend).finish_step(); });
     CAPTURE(message);
     if (crossed) {
       CHECK(message.find("the NCCL activations from device 0 to device 1 were posted in another "

@@ -21,47 +21,36 @@
 //     set_tracing(on), take_trace(), take_timing()
 //     devices_share_cores(busy)   optional: whether `busy` devices computing at once share the
 //                            machine's cores (for BubbleBreakdown; false where not provided)
-//   multi_process_backend<B>  a backend whose devices live in several processes (mpi::Backend):
-//     is_local(d)            whether this process runs device d; the runtime issues only the
-//                            ops, allocations and parameter work of its own devices
+//   multi_process_backend<B>  a backend of one device per process, R replicas of a pipeline of
+//                            K devices (mpi::Backend, mpi::CudaBackend); the runtime reaches it
+//                            only through its transport (transport/mpi.hpp), which calls:
+//     is_local(d), rank(), world_size(), replicas(), replica()   the layout
 //     send(d, label, peer, tag, buffer)   on local device d: hands `buffer` (taken over when the
 //                            work runs) to device `peer`; a send never blocks the device. `tag`
-//                            names the message (the recv has the same); it is even for an
-//                            activation (to the next stage) and odd for a gradient
+//                            names the message (the recv has the same; its parity is the
+//                            direction, see transport/mpi.hpp)
 //     receive(d, label, peer, tag, buffer, count, kind)   on local device d: `buffer` <- count
 //                            floats from `peer`, allocated there as `kind`
-//     broadcast(d, values)   collective, between steps: every process of the pipeline gets d's
-//                            values
-//     exchange(d, mine, theirs)  between steps, with device d's process (which calls it with
-//                            this one's device): sends mine, receives theirs
-//     finish_step()          collective, ends a step (instead of synchronize): the processes
-//                            agree whether any failed, and all throw the same Error if one did
-//     abort_step(failure)    collective, ends a step whose issuing threw `failure` on this
-//                            process: tells the others, cancels, and throws the agreed Error
-//     rank()                 this process's place in the world (rank 0 writes files)
-//   data_parallel_backend<B>  a multi_process_backend with R replicas of the pipeline:
-//     replicas(), replica()  R, and which one this process belongs to
-//     allreduce_sum(values)  collective over the replicas, between steps: values <- their sum
-//     expect_reductions(v)   at the start of a step: the arrays (of this process's devices)
-//                            whose sum over the replicas the step computes, in the order the
-//                            sums start
+//     expect_reductions(v)   at the start of a step: the arrays (of this process's device) whose
+//                            sum over the replicas the step computes, in the order they start
 //     start_reduction(d, label)  on local device d, after the work before it: starts the next
-//                            expected sum (in place); finish_step / abort_step start those not
-//                            started (a failed step) and wait for all of them
-//   stage_transport<T, Kernels>  how a stage's output reaches the next stage's device:
-//     T::receive(k, src, dst, n)   on the receiver's stream, after its wait for the sender's
-//                                  event: dst (its memory) <- src (the sender's)
-//     T::sends               Sends::buffered when a send never blocks (one process: the
-//                            receiver reads the sender's memory); Sends::rendezvous when a send
-//                            completes only with its recv (between processes, NCCL across
-//                            ranks): the Trainer then runs order_for_rendezvous(schedule),
-//                            validates it under that rule (schedule/op.hpp) and requires
-//                            messages_in_order (NCCL matches a pair's messages by order).
+//     finish_reductions()    at the step's end: starts those not started (a failed step), waits
+//     announce_failure()     tells the other processes at once that this one failed
+//     agree(failure)         collective, ends a step: the processes agree whether any failed
+//                            ("" = not this one), and all throw the same Error if one did
+//     broadcast(d, values), exchange(d, mine, theirs), allreduce_sum(values)   collectives
+//                            between steps: from d's process; with d's process; over replicas
+//   stage_transport<T, Kernels>  a backend's copy policy (transport_for<B>, transport/select.hpp):
+//     T::receive(k, src, dst, n)   how transport::Transport copies within one process, on the
+//                                  receiver's stream after its wait for the sender's event
+//     T::sends               Sends::buffered when a send never blocks; Sends::rendezvous when a
+//                            send completes only with its recv (NCCL across ranks): the Trainer
+//                            then orders and validates its schedule for that (schedule/op.hpp)
 
 #include <concepts>
 #include <cstddef>
-#include <exception>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -115,96 +104,39 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
   { b.take_timing() } -> std::same_as<std::vector<ComputeTiming>>;
 };
 
-/// A backend whose devices live in several processes (mpi::Backend). `is_local(d)` says
-/// whether this process runs device d (the runtime issues only the work of its own devices);
-/// `send(d, label, peer, tag, buffer)` hands `buffer` from local device d to device `peer`
-/// without blocking d; `receive(d, label, peer, tag, buffer, count, kind)` fills `buffer`,
-/// allocated on d as `kind`, with count floats from `peer`; `broadcast` and `exchange` run
-/// between steps; `finish_step()` ends a step instead of
-/// `synchronize()`, and it and `abort_step(failure)` make every process throw the same Error if
-/// one failed; `rank()` is this process's rank (rank 0 writes files).
+/// A backend of one device per process, running R replicas of a pipeline (mpi::Backend,
+/// mpi::CudaBackend): the layout (`is_local(d)`, `rank()`, `world_size()`, `replicas()`,
+/// `replica()`), tagged messages (`send`, `receive`), the step's gradient sums over the replicas
+/// (`expect_reductions`, `start_reduction`, `finish_reductions`), the failure agreement
+/// (`announce_failure`, `agree`) and the collectives between steps (`broadcast`, `exchange`,
+/// `allreduce_sum`). The runtime reaches it only through `transport::Transport`
+/// (transport/mpi.hpp).
 template <class B>
 concept multi_process_backend = backend<B> &&
     requires(B& b, const B& cb, std::size_t device, WorkLabel label,
              typename B::template Buffer<float>& buffer, std::span<float> values) {
   { cb.is_local(device) } -> std::convertible_to<bool>;
-  b.send(device, label, device, device, buffer);
-  b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
-  b.broadcast(device, values);
-  b.exchange(device, std::span<const float>(values), values);
-  b.finish_step();
-  b.abort_step(std::exception_ptr{});
   { cb.rank() } -> std::convertible_to<std::size_t>;
-};
-
-/// A multi_process_backend running R replicas of the pipeline: `replicas()` is R and
-/// `replica()` the one this process belongs to. `allreduce_sum(values)` sums over the replicas
-/// between steps; within a step, `expect_reductions(arrays)` lists the arrays to sum, in the
-/// order the sums start, and `start_reduction(d, label)` starts the next one (in place) after the
-/// work queued before it on device d; `finish_step()` waits for all of them.
-template <class B>
-concept data_parallel_backend = multi_process_backend<B> &&
-    requires(B& b, const B& cb, std::span<float> values, std::size_t device, WorkLabel label) {
+  { cb.world_size() } -> std::convertible_to<std::size_t>;
   { cb.replicas() } -> std::convertible_to<std::size_t>;
   { cb.replica() } -> std::convertible_to<std::size_t>;
-  b.allreduce_sum(values);
+  b.send(device, label, device, device, buffer);
+  b.receive(device, label, device, device, buffer, device, MemoryKind::activations);
   b.expect_reductions(std::vector<std::span<float>>{});
   b.start_reduction(device, label);
+  b.finish_reductions();
+  b.announce_failure();
+  b.agree(std::string{});
+  b.broadcast(device, values);
+  b.exchange(device, std::span<const float>(values), values);
+  b.allreduce_sum(values);
 };
 
-namespace detail {
-
-// Whether this process runs `device` (always, for a backend of one process).
-template <class B>
-bool is_local(const B& backend, std::size_t device) {
-  if constexpr (multi_process_backend<B>) {
-    return backend.is_local(device);
-  } else {
-    return true;
-  }
-}
-
-// Every process gets `device`'s values (nothing to do in one process).
-template <class B>
-void broadcast_from(B& backend, std::size_t device, std::span<float> values) {
-  if constexpr (multi_process_backend<B>) backend.broadcast(device, values);
-}
-
-// Whether this process writes the files of a collective save (the only one, or rank 0).
-template <class B>
-bool writes_files(const B& backend) {
-  if constexpr (multi_process_backend<B>) {
-    return backend.rank() == 0;
-  } else {
-    return true;
-  }
-}
-
-// The replicas of the pipeline (1 but for a data_parallel_backend) and this process's.
-template <class B>
-std::size_t replicas_of(const B& backend) {
-  if constexpr (data_parallel_backend<B>) {
-    return backend.replicas();
-  } else {
-    return 1;
-  }
-}
-template <class B>
-std::size_t replica_of(const B& backend) {
-  if constexpr (data_parallel_backend<B>) {
-    return backend.replica();
-  } else {
-    return 0;
-  }
-}
-
-}  // namespace detail
-
-/// How a stage's output reaches the next stage's device: `T::receive(k, src, dst, n)` copies n
+/// A backend's copy policy (`transport_for<Backend>`): `T::receive(k, src, dst, n)` copies n
 /// floats from the sender's memory to `dst` on the receiver's stream, after its wait for the
-/// sender's event. `T::sends` is Sends::buffered when a send never blocks (one process) and
-/// Sends::rendezvous when it completes only with its recv; the Trainer then reorders the
-/// schedule with order_for_rendezvous.
+/// sender's event; `T::sends` is Sends::buffered when a send never blocks and Sends::rendezvous
+/// when it completes only with its recv (the Trainer then orders the schedule with
+/// order_for_rendezvous).
 template <class T, class Kernels>
 concept stage_transport = requires(Kernels& k, const float* src, float* dst, std::size_t n) {
   T::receive(k, src, dst, n);

@@ -85,16 +85,6 @@ struct CausalSelfAttentionOf : Chain<Linear<D, 3 * D>, CausalAttentionCore<D, H,
 /// "i.c_attn.bias" (3D), "i.c_proj.weight" (D, D), "i.c_proj.bias" (D). Stashes 4D + H T floats
 /// per row (qkv, o, the attention probabilities); needs a token model (Embedding first).
 template <std::size_t D, std::size_t H>
-struct CausalSelfAttention {
-  static_assert(D > 0 && H > 0 && D % H == 0,
-                "gpipe: CausalSelfAttention's width D must be a multiple of its heads H");
-  /// Marks a sequence_layer: the model's tokens per sample T binds it.
-  using sequence_generic = void;
-  /// D, the width it takes and gives: fixed, so a Stage may start with it.
-  static constexpr std::size_t natural_in_features = D;
-  /// The layer for samples of T tokens (T consecutive rows).
-  template <std::size_t T>
-  using with_tokens = detail::CausalSelfAttentionOf<D, H, T>;
-};
+struct CausalSelfAttention : detail::HeadedSequenceLayer<D, H, detail::CausalSelfAttentionOf> {};
 
 }  // namespace gpipe

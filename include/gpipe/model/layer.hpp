@@ -23,6 +23,8 @@
 #include <span>
 #include <string_view>
 
+#include "gpipe/error.hpp"
+
 namespace gpipe {
 
 /// One named parameter tensor of a layer: leaf `name` ("weight", "bias"), the child indices that
@@ -206,16 +208,30 @@ concept sequence_layer = requires {
   { L::natural_in_features } -> std::convertible_to<std::size_t>;
 };
 
+namespace detail {
+
+// The sequence_layer spec of a layer of width D with H heads (CausalSelfAttention,
+// TransformerBlock): Of<D, H, T> once the model's T binds it.
+template <std::size_t D, std::size_t H, template <std::size_t, std::size_t, std::size_t> class Of>
+struct HeadedSequenceLayer {
+  static_assert(D > 0 && H > 0 && D % H == 0,
+                "gpipe: a layer's width D must be a multiple of its heads H");
+  /// Marks a sequence_layer: the model's tokens per sample T binds it.
+  using sequence_generic = void;
+  /// D, the width it takes and gives: fixed, so a Stage may start with it.
+  static constexpr std::size_t natural_in_features = D;
+  /// The layer for samples of T tokens (T consecutive rows).
+  template <std::size_t T>
+  using with_tokens = Of<D, H, T>;
+};
+
+}  // namespace detail
+
 /// layer_spec<L>: what a Stage accepts: a layer, a width-generic layer or a sequence layer.
 template <class L>
 concept layer_spec = layer<L> || width_generic_layer<L> || sequence_layer<L>;
 
 namespace detail {
-
-// Always false, but only once instantiated: a static_assert in a branch of `if constexpr` that
-// names the piece a layer lacks (the branch's condition says which).
-template <class...>
-inline constexpr bool lacks = false;
 
 // explain_layer_spec<L>(): true for a layer_spec; otherwise a static_assert that names the first
 // piece L lacks (a Stage checks each of its layers with it, so that the error says what to add).

@@ -45,16 +45,6 @@ struct TransformerBlockOf : TransformerBody<D, H, T> {
 /// One entry of nn.Sequential with nanoGPT's parameter names ("i.ln_1.weight",
 /// "i.attn.c_attn.weight", ..., "i.mlp.c_proj.bias"); needs a token model (Embedding first).
 template <std::size_t D, std::size_t H>
-struct TransformerBlock {
-  static_assert(D > 0 && H > 0 && D % H == 0,
-                "gpipe: TransformerBlock's width D must be a multiple of its heads H");
-  /// Marks a sequence_layer: the model's tokens per sample T binds it.
-  using sequence_generic = void;
-  /// D, the width it takes and gives: fixed, so a Stage may start with it.
-  static constexpr std::size_t natural_in_features = D;
-  /// The layer for samples of T tokens (T consecutive rows).
-  template <std::size_t T>
-  using with_tokens = detail::TransformerBlockOf<D, H, T>;
-};
+struct TransformerBlock : detail::HeadedSequenceLayer<D, H, detail::TransformerBlockOf> {};
 
 }  // namespace gpipe

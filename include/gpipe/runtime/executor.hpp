@@ -14,14 +14,13 @@
 //                                       forward) until backward_weight
 //   grad_input  (rows, in_s)            from backward_input until received by stage s-1
 //   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
-// and two events, recorded by send_activation and send_gradient.
+// and the transport's mailboxes of its two messages (its output, its input gradient).
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
-// schedule's order of execution.
-// A multi_process_backend (backend/concepts.hpp) runs one device per process: each process issues
-// only its own device's ops, a send hands its buffer to the backend (which frees it once sent)
-// and a recv allocates and fills the receiver's buffer; message tags name (sending stage,
-// micro-batch, direction). Memory kinds: what is kept from a forward until a backward
-// (input, stash, the loss gradient) counts as activations; everything else as workspace.
+// schedule's order of execution. Every send, receive, gradient sum and the step's end go through
+// the backend's transport (transport/transport.hpp), the same calls for every backend; a process
+// issues only the ops of its own devices (all of them, with one process). Memory kinds: what is
+// kept from a forward until a backward (input, stash, the loss gradient) counts as activations;
+// everything else as workspace.
 
 #include <algorithm>
 #include <cstddef>
@@ -32,28 +31,24 @@
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
-#include "gpipe/backend/concepts.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/schedule/validator.hpp"
-#include "gpipe/transport/select.hpp"
+#include "gpipe/transport/transport.hpp"
 
 namespace gpipe::detail {
 
 // Target: the loss's target type (std::int32_t class ids, or floats).
-template <class Backend, class Target, class Transport = transport::transport_for<Backend>>
+template <class Backend, class Target>
 class Executor {
  public:
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
-  using Event = typename Backend::Event;
   using Kernels = typename Backend::Kernels;
+  using Transport = transport::Transport<Backend>;
   using target_type = Target;
-  static_assert(stage_transport<Transport, Kernels>,
-                "gpipe: a backend's transport needs receive(kernels, src, dst, n) and sends "
-                "(backend/concepts.hpp)");
 
   struct Step {
     std::span<const float> x;        // (N, in_features), host memory
@@ -76,6 +71,7 @@ class Executor {
            std::span<const StageProgram<Kernels>> stages, const LossProgram<Kernels, Target>& loss,
            std::span<Buffer<float>> params, std::span<Buffer<float>> grads)
       : backend_(backend),
+        transport_(backend),
         schedule_(schedule),
         order_(order),
         stages_(stages),
@@ -92,16 +88,15 @@ class Executor {
     slots_ = std::vector<Slot>(num_stages_ * M);
     std::vector<float> losses(M);
     const std::size_t last_device = schedule_.device_of_stage(num_stages_ - 1);
-    const bool has_loss = is_local(backend_, last_device);
+    const bool has_loss = transport_.is_local(last_device);
     try {
-      if constexpr (data_parallel_backend<Backend>)
-        if (step.sum_over_replicas) prepare_gradient_sums();
+      if (step.sum_over_replicas) prepare_gradient_sums();
       if (has_loss)
         loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
       // Every record is issued before the waits for it: a CUDA stream that waits on an event
       // not yet recorded does not wait at all.
       for (const OpPlace& place : order_)
-        if (is_local(backend_, place.device))
+        if (transport_.is_local(place.device))
           issue(place.device, schedule_.ops[place.device][place.position]);
       if (has_loss)
         backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
@@ -135,27 +130,17 @@ class Executor {
       for (std::size_t mb = 0; mb < M; ++mb) {
         for (std::size_t s = 0; s < num_stages_; ++s) {
           const std::size_t device = schedule_.device_of_stage(s);
-          if (!is_local(backend_, device)) continue;
+          if (!transport_.is_local(device)) continue;
           const WorkLabel label{
               .what = "forward (inference)", .stage = s, .micro_batch = mb, .compute = true};
-          if constexpr (multi_process_backend<Backend>) {
-            if (s > 0)
-              backend_.receive(device, label, schedule_.device_of_stage(s - 1),
-                               message_tag(s - 1, mb, M, false), slot(s, mb, M).input,
-                               split.size(mb) * stages_[s].in_features, MemoryKind::activations);
-          } else if (s > 0) {
-            backend_.wait(device, slot(s - 1, mb, M).activation_ready);
-            submit_receive(device, label, slot(s - 1, mb, M).output, slot(s, mb, M).input,
-                           MemoryKind::activations);
-          }
+          if (s > 0)
+            transport_.receive(label, message(s - 1, mb, M, false), slot(s, mb, M).input,
+                               split.size(mb) * stages_[s].in_features, MemoryKind::activations,
+                               slot(s - 1, mb, M).activation);
           submit_inference(s, device, label, x, split, mb, out);
-          if constexpr (multi_process_backend<Backend>) {
-            if (s + 1 < num_stages_)
-              backend_.send(device, label, schedule_.device_of_stage(s + 1),
-                            message_tag(s, mb, M, false), slot(s, mb, M).output);
-          } else if (s + 1 < num_stages_) {
-            backend_.record(device, slot(s, mb, M).activation_ready);
-          }
+          if (s + 1 < num_stages_)
+            transport_.send(label, message(s, mb, M, false), slot(s, mb, M).output,
+                            slot(s, mb, M).activation);
         }
       }
     } catch (...) {
@@ -174,7 +159,7 @@ class Executor {
   struct Slot {
     Buffer<float> input, stash, output, grad_output, grad_input, grad_stash;
     bool stashed = false;  // stash holds this micro-batch's forward activations
-    Event activation_ready, gradient_ready;
+    typename Transport::Mailbox activation, gradient;  // of its output, of its input gradient
   };
 
   Slot& slot(std::size_t s, std::size_t mb) { return slot(s, mb, step_->split.micro_batches); }
@@ -188,14 +173,14 @@ class Executor {
     step_ = nullptr;
   }
 
-  // The start of a data-parallel step: tells the backend which gradient sums the step starts
+  // The start of a data-parallel step: tells the transport which gradient sums the step starts
   // and in what order (the order of each stage's last backward_weight on its device), sets the
   // gradients accumulated so far aside (on the devices' streams, before the step's work) and
   // zeroes them, so that the sums add only this step's.
   void prepare_gradient_sums() {
     std::vector<std::span<float>> sums;
     for (std::size_t d = 0; d < schedule_.num_devices; ++d) {
-      if (!is_local(backend_, d)) continue;
+      if (!transport_.is_local(d)) continue;
       // the stages of d in the order of their last backward_weight: the first W of each stage
       // met walking the list backwards, reversed
       std::vector<std::size_t> order;
@@ -208,12 +193,12 @@ class Executor {
       for (auto s = order.rbegin(); s != order.rend(); ++s)
         sums.emplace_back(grads_[*s].data(), grads_[*s].size());
     }
-    backend_.expect_reductions(std::move(sums));
+    transport_.begin_gradient_sums(std::move(sums));
     weights_done_.assign(num_stages_, 0);
     earlier_.resize(num_stages_);
     for (std::size_t s = 0; s < num_stages_; ++s) {
       const std::size_t d = schedule_.device_of_stage(s);
-      if (!is_local(backend_, d)) continue;
+      if (!transport_.is_local(d)) continue;
       const std::size_t n = grads_[s].size();
       earlier_[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
       backend_.submit(d, {"set gradients aside", s},
@@ -225,10 +210,8 @@ class Executor {
   }
   // After stage s's backward_weight is issued: its sum over the replicas starts after the last.
   void after_backward_weight(std::size_t device, std::size_t s) {
-    if constexpr (data_parallel_backend<Backend>) {
-      if (weights_done_.empty() || ++weights_done_[s] != step_->split.micro_batches) return;
-      backend_.start_reduction(device, {"sum gradients over replicas", s});
-    }
+    if (weights_done_.empty() || ++weights_done_[s] != step_->split.micro_batches) return;
+    transport_.start_gradient_sum(device, {"sum gradients over replicas", s});
   }
   // After the sums: the gradients set aside before the step, added back.
   void add_back_earlier_gradients() {
@@ -242,60 +225,52 @@ class Executor {
     backend_.synchronize();
   }
 
-  // Issuing the step threw: cancels what was issued, then `cleanup()`, then rethrows; with
-  // several processes, the others are told and every process throws the same Error.
+  // Issuing the step threw: the transport cancels what was issued (and with several processes
+  // tells the others, so that every process throws the same Error), then `cleanup()`, then the
+  // failure is rethrown.
   template <class Cleanup>
   [[noreturn]] void abandon(Cleanup cleanup) {
-    const std::exception_ptr failure = std::current_exception();
-    if constexpr (multi_process_backend<Backend>) {
-      try {
-        backend_.abort_step(failure);
-      } catch (...) {
-        cleanup();
-        throw;
-      }
-    } else {
-      backend_.cancel();
+    try {
+      transport_.abort_step(std::current_exception());
+    } catch (...) {
       cleanup();
-      std::rethrow_exception(failure);
+      throw;
     }
   }
 
   // Waits for the step's work; with several processes, they agree whether any failed.
-  void finish() {
-    if constexpr (multi_process_backend<Backend>) {
-      backend_.finish_step();
-    } else {
-      backend_.synchronize();
-    }
+  void finish() { transport_.finish_step(); }
+
+  // Stage s's message for micro-batch mb (of M): its output for stage s + 1, or its input
+  // gradient for stage s - 1.
+  transport::Message message(std::size_t s, std::size_t mb, std::size_t M, bool gradient) const {
+    return {.stage = s,
+            .micro_batch = mb,
+            .micro_batches = M,
+            .gradient = gradient,
+            .from = schedule_.device_of_stage(s),
+            .to = schedule_.device_of_stage(gradient ? s - 1 : s + 1)};
   }
 
-  // The tag of stage s's message for micro-batch mb: its output (activation) or its input
-  // gradient. Even for activations, odd for gradients: multi_process_backend's contract
-  // (mpi::CudaBackend keeps the two directions on separate NCCL communicators).
-  static std::size_t message_tag(std::size_t s, std::size_t mb, std::size_t M, bool gradient) {
-    return (s * M + mb) * 2 + (gradient ? 1 : 0);
-  }
-
-  // The transfers between processes: sends and recvs are messages, each side frees its own.
-  void issue_message(std::size_t device, const Op& op, std::size_t s, WorkLabel label) {
+  // A send or receive of stage s's slot, through the transport.
+  void issue_transfer(const Op& op, std::size_t s, WorkLabel label) {
     const std::size_t mb = op.micro_batch, M = step_->split.micro_batches;
     const std::size_t rows = step_->split.size(mb);
     switch (op.kind) {
       case OpKind::send_activation:
-        return backend_.send(device, label, schedule_.device_of_stage(s + 1),
-                             message_tag(s, mb, M, false), slot(s, mb).output);
+        return transport_.send(label, message(s, mb, M, false), slot(s, mb).output,
+                               slot(s, mb).activation);
       case OpKind::send_gradient:
-        return backend_.send(device, label, schedule_.device_of_stage(s - 1),
-                             message_tag(s, mb, M, true), slot(s, mb).grad_input);
+        return transport_.send(label, message(s, mb, M, true), slot(s, mb).grad_input,
+                               slot(s, mb).gradient);
       case OpKind::recv_activation:
-        return backend_.receive(device, label, schedule_.device_of_stage(s - 1),
-                                message_tag(s - 1, mb, M, false), slot(s, mb).input,
-                                rows * stages_[s].in_features, MemoryKind::activations);
+        return transport_.receive(label, message(s - 1, mb, M, false), slot(s, mb).input,
+                                  rows * stages_[s].in_features, MemoryKind::activations,
+                                  slot(s - 1, mb).activation);
       case OpKind::recv_gradient:
-        return backend_.receive(device, label, schedule_.device_of_stage(s + 1),
-                                message_tag(s + 1, mb, M, true), slot(s, mb).grad_output,
-                                rows * stages_[s].out_features, MemoryKind::workspace);
+        return transport_.receive(label, message(s + 1, mb, M, true), slot(s, mb).grad_output,
+                                  rows * stages_[s].out_features, MemoryKind::workspace,
+                                  slot(s + 1, mb).gradient);
       default:
         return;
     }
@@ -306,9 +281,6 @@ class Executor {
     const std::size_t mb = op.micro_batch;
     const WorkLabel label{
         .what = to_string(op.kind), .stage = s, .micro_batch = mb, .compute = is_compute(op.kind)};
-    if constexpr (multi_process_backend<Backend>) {
-      if (!is_compute(op.kind)) return issue_message(device, op, s, label);
-    }
     switch (op.kind) {
       case OpKind::forward:
         return submit_forward(s, device, label, mb);
@@ -318,28 +290,11 @@ class Executor {
         submit_backward_weight(s, device, label, mb);
         return after_backward_weight(device, s);
       case OpKind::send_activation:
-        return backend_.record(device, slot(s, mb).activation_ready);
       case OpKind::send_gradient:
-        return backend_.record(device, slot(s, mb).gradient_ready);
       case OpKind::recv_activation:
-        backend_.wait(device, slot(s - 1, mb).activation_ready);
-        return submit_receive(device, label, slot(s - 1, mb).output, slot(s, mb).input,
-                              MemoryKind::activations);
       case OpKind::recv_gradient:
-        backend_.wait(device, slot(s + 1, mb).gradient_ready);
-        return submit_receive(device, label, slot(s + 1, mb).grad_input, slot(s, mb).grad_output,
-                              MemoryKind::workspace);
+        return issue_transfer(op, s, label);
     }
-  }
-
-  // dst (on `device`) <- src (on the sender's device); src is released once copied.
-  void submit_receive(std::size_t device, WorkLabel label, Buffer<float>& src, Buffer<float>& dst,
-                      MemoryKind kind) {
-    backend_.submit(device, label, [this, device, &src, &dst, kind](Kernels& k) {
-      dst = backend_.template allocate<float>(device, src.size(), kind);
-      Transport::receive(k, src.data(), dst.data(), src.size());
-      src.reset();
-    });
   }
 
   void submit_forward(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
@@ -347,25 +302,25 @@ class Executor {
       const StageProgram<Kernels>& stage = stages_[s];
       const Step& step = *step_;
       const std::size_t rows = step.split.size(mb);
-      Slot& sl = slot(s, mb);
+      Slot& here = slot(s, mb);
       if (s == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                     MemoryKind::activations);
+        here.input = backend_.template allocate<float>(device, rows * stage.in_features,
+                                                       MemoryKind::activations);
         k.upload(rows * stage.in_features, step.x.data() + step.split.begin(mb) * stage.in_features,
-                 sl.input.data());
+                 here.input.data());
       }
-      sl.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
-                                                   MemoryKind::activations);
-      sl.output = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                    MemoryKind::workspace);
+      here.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
+                                                     MemoryKind::activations);
+      here.output = backend_.template allocate<float>(device, rows * stage.out_features,
+                                                      MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
-                                            params_[s].data(), sl.stash.data(), ws.data()});
+        stage.forward(k, ForwardArgs<float>{rows, here.input.data(), here.output.data(),
+                                            params_[s].data(), here.stash.data(), ws.data()});
       }
-      if (s == num_stages_ - 1) apply_loss(device, k, mb, rows, sl);
-      sl.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
-      if (!sl.stashed) sl.stash.reset();
+      if (s == num_stages_ - 1) apply_loss(device, k, mb, rows, here);
+      here.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
+      if (!here.stashed) here.stash.reset();
     });
   }
 
@@ -375,27 +330,27 @@ class Executor {
     backend_.submit(device, label, [this, s, device, x, split, mb, out](Kernels& k) {
       const StageProgram<Kernels>& stage = stages_[s];
       const std::size_t rows = split.size(mb);
-      Slot& sl = slot(s, mb, split.micro_batches);
+      Slot& here = slot(s, mb, split.micro_batches);
       if (s == 0) {
-        sl.input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                     MemoryKind::activations);
+        here.input = backend_.template allocate<float>(device, rows * stage.in_features,
+                                                       MemoryKind::activations);
         k.upload(rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
-                 sl.input.data());
+                 here.input.data());
       }
       auto stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
                                                      MemoryKind::workspace);
-      sl.output = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                    MemoryKind::workspace);
+      here.output = backend_.template allocate<float>(device, rows * stage.out_features,
+                                                      MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), sl.output.data(),
+        stage.forward(k, ForwardArgs<float>{rows, here.input.data(), here.output.data(),
                                             params_[s].data(), stash.data(), ws.data()});
       }
-      sl.input.reset();
+      here.input.reset();
       if (s == num_stages_ - 1) {
-        k.download(rows * stage.out_features, sl.output.data(),
+        k.download(rows * stage.out_features, here.output.data(),
                    out.data() + split.begin(mb) * stage.out_features);
-        sl.output.reset();
+        here.output.reset();
       }
     });
   }
@@ -409,67 +364,78 @@ class Executor {
 
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
   // grad_output. The logits are not needed after that.
-  void apply_loss(std::size_t device, Kernels& k, std::size_t mb, std::size_t rows, Slot& sl) {
+  void apply_loss(std::size_t device, Kernels& k, std::size_t mb, std::size_t rows, Slot& here) {
     const std::size_t out = stages_[num_stages_ - 1].out_features;
     const Step& step = *step_;
     const std::size_t per_row = loss_program_.targets_per_row(out);
     auto targets =
         backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
-    sl.grad_output = backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
-    loss_program_.apply(k, rows, out, sl.output.data(), targets.data(), step.loss_scale,
-                        sl.grad_output.data(), loss_.data() + mb);
-    sl.output.reset();
+    here.grad_output =
+        backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
+    loss_program_.apply(k, rows, out, here.output.data(), targets.data(), step.loss_scale,
+                        here.grad_output.data(), loss_.data() + mb);
+    here.output.reset();
+  }
+
+  // Submits stage s's op on micro-batch mb to `device`: run(k, stage, rows, slot, workspace).
+  template <class Run>
+  void submit_op(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb, Run run) {
+    backend_.submit(device, label, [this, s, device, mb, run](Kernels& k) {
+      const StageProgram<Kernels>& stage = stages_[s];
+      const std::size_t rows = step_->split.size(mb);
+      Buffer<float> ws = workspace(stage, device, rows);
+      run(k, stage, rows, slot(s, mb), ws);
+    });
   }
 
   void submit_backward_input(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
-      const StageProgram<Kernels>& stage = stages_[s];
-      const std::size_t rows = step_->split.size(mb);
-      Slot& sl = slot(s, mb);
-      auto ws = workspace(stage, device, rows);
-      if (!sl.stashed && stage.stash_per_row > 0) {
-        // Re-materialization: run the stage's forward again from its kept input.
-        sl.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
-                                                     MemoryKind::activations);
-        auto scratch = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                         MemoryKind::workspace);
-        stage.forward(k, ForwardArgs<float>{rows, sl.input.data(), scratch.data(),
-                                            params_[s].data(), sl.stash.data(), ws.data()});
-      }
-      // Nobody upstream wants the first stage's input gradient: skip it where the stage can.
-      const bool skip_dx = s == 0 && stage.skips_input_gradient;
-      if (!skip_dx)
-        sl.grad_input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                          MemoryKind::workspace);
-      sl.grad_stash = backend_.template allocate<float>(device, rows * stage.grad_stash_per_row,
-                                                        MemoryKind::workspace);
-      stage.backward_input(
-          k, BackwardInputArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
-                                      sl.grad_input.data(), params_[s].data(), sl.stash.data(),
-                                      sl.grad_stash.data(), ws.data()});
-      if (s == 0) sl.grad_input.reset();
-    });
+    submit_op(
+        s, device, label, mb,
+        [this, s, device](Kernels& k, const StageProgram<Kernels>& stage, std::size_t rows,
+                          Slot& here, Buffer<float>& ws) {
+          if (!here.stashed && stage.stash_per_row > 0) {
+            // Re-materialization: run the stage's forward again from its kept input.
+            here.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
+                                                           MemoryKind::activations);
+            auto scratch = backend_.template allocate<float>(device, rows * stage.out_features,
+                                                             MemoryKind::workspace);
+            stage.forward(k, ForwardArgs<float>{rows, here.input.data(), scratch.data(),
+                                                params_[s].data(), here.stash.data(), ws.data()});
+          }
+          // Nobody upstream wants the first stage's input gradient: skip it where the
+          // stage can.
+          const bool skip_dx = s == 0 && stage.skips_input_gradient;
+          if (!skip_dx)
+            here.grad_input = backend_.template allocate<float>(device, rows * stage.in_features,
+                                                                MemoryKind::workspace);
+          here.grad_stash = backend_.template allocate<float>(
+              device, rows * stage.grad_stash_per_row, MemoryKind::workspace);
+          stage.backward_input(
+              k, BackwardInputArgs<float>{rows, here.input.data(), here.grad_output.data(),
+                                          here.grad_input.data(), params_[s].data(),
+                                          here.stash.data(), here.grad_stash.data(), ws.data()});
+          if (s == 0) here.grad_input.reset();
+        });
   }
 
   void submit_backward_weight(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
-      const StageProgram<Kernels>& stage = stages_[s];
-      const std::size_t rows = step_->split.size(mb);
-      Slot& sl = slot(s, mb);
-      auto ws = workspace(stage, device, rows);
-      stage.backward_weight(
-          k, BackwardWeightArgs<float>{rows, sl.input.data(), sl.grad_output.data(),
-                                       params_[s].data(), sl.stash.data(), sl.grad_stash.data(),
-                                       grads_[s].data(), ws.data()});
-      sl.input.reset();
-      sl.stash.reset();
-      sl.grad_output.reset();
-      sl.grad_stash.reset();
-    });
+    submit_op(s, device, label, mb,
+              [this, s](Kernels& k, const StageProgram<Kernels>& stage, std::size_t rows,
+                        Slot& here, Buffer<float>& ws) {
+                stage.backward_weight(
+                    k, BackwardWeightArgs<float>{
+                           rows, here.input.data(), here.grad_output.data(), params_[s].data(),
+                           here.stash.data(), here.grad_stash.data(), grads_[s].data(), ws.data()});
+                here.input.reset();
+                here.stash.reset();
+                here.grad_output.reset();
+                here.grad_stash.reset();
+              });
   }
 
   Backend& backend_;
+  Transport transport_;
   const Schedule& schedule_;
   std::span<const OpPlace> order_;
   std::span<const StageProgram<Kernels>> stages_;

@@ -30,10 +30,10 @@ namespace detail {
 
 // heads_v<Model>: H of the model's Transformer blocks (0 when it has none).
 template <class B>
-constexpr std::size_t heads_of_v = 0;
-template <class B>
-requires requires { B::heads; }
-constexpr std::size_t heads_of_v<B> = B::heads;
+constexpr std::size_t heads_of_v = [] {
+  if constexpr (requires { B::heads; }) return std::size_t{B::heads};
+  return std::size_t{0};
+}();
 template <class C>
 constexpr std::size_t chain_heads_v = 0;
 template <class... Bs>

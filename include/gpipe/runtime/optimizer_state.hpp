@@ -15,16 +15,13 @@ namespace gpipe::detail {
 template <class Backend>
 class OptimizerState {
  public:
-  template <class T>
-  using Buffer = typename Backend::template Buffer<T>;
-  using Kernels = typename Backend::Kernels;
-
   // Trainer::step's contract: one update of every parameter of `store` from its gradient.
   template <class Optimizer>
   void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend);
 
  private:
-  std::vector<Buffer<float>> state_;
+  using Kernels = typename Backend::Kernels;
+  std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
   const std::type_info* type_ = nullptr;
   std::size_t steps_ = 0;
 };

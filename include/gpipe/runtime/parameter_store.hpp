@@ -19,6 +19,7 @@
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/runtime/stage_program.hpp"
+#include "gpipe/transport/transport.hpp"
 
 namespace gpipe {
 
@@ -66,7 +67,7 @@ class ParameterStore {
   std::size_t num_stages() const { return device_of_stage_.size(); }
   std::size_t device_of_stage(std::size_t s) const { return device_of_stage_[s]; }
   // Whether this process holds stage s (always, in one process).
-  bool local(std::size_t s) const { return is_local(backend_, device_of_stage_[s]); }
+  bool local(std::size_t s) const { return transport_.is_local(device_of_stage_[s]); }
   const std::vector<ParameterInfo>& infos() const { return infos_; }
   std::vector<Buffer<float>>& params() { return params_; }
   std::vector<Buffer<float>>& grads() { return grads_; }
@@ -174,9 +175,9 @@ class ParameterStore {
     data.reserve(saved.size());
     for (const ParameterInfo* info : saved) {
       data.push_back(local(info->stage) ? read(where, *info) : std::vector<float>(info->size));
-      broadcast_from(backend_, device_of_stage_[info->stage], std::span<float>(data.back()));
+      transport_.broadcast(device_of_stage_[info->stage], std::span<float>(data.back()));
     }
-    if (!writes_files(backend_)) return;
+    if (!transport_.writes_files()) return;
     std::vector<io::TensorView> views;
     for (std::size_t i = 0; i < saved.size(); ++i)
       views.push_back({saved[i]->name, saved[i]->shape, data[i]});
@@ -234,14 +235,11 @@ class ParameterStore {
   }
   // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
   void exchange_with(std::size_t stage, std::span<const float> mine, std::span<float> theirs) {
-    if constexpr (multi_process_backend<Backend>) {
-      backend_.exchange(device_of_stage_[stage], mine, theirs);
-    } else {
-      (void)stage, (void)mine, (void)theirs;  // one process: every stage is local
-    }
+    transport_.exchange(device_of_stage_[stage], mine, theirs);
   }
 
   Backend& backend_;
+  transport::Transport<Backend> transport_;
   std::span<const StageProgram<Kernels>> stages_;
   std::vector<std::size_t> device_of_stage_;
   std::vector<ParameterInfo> infos_;
@@ -255,6 +253,7 @@ ParameterStore<Backend>::ParameterStore(Backend& backend,
                                         std::vector<std::size_t> device_of_stage,
                                         std::vector<ParameterInfo> infos, std::span<const Tie> ties)
     : backend_(backend),
+      transport_(backend),
       stages_(stages),
       device_of_stage_(std::move(device_of_stage)),
       infos_(std::move(infos)) {

@@ -22,7 +22,7 @@
 #include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
 #include "gpipe/schedule/validator.hpp"
-#include "gpipe/transport/select.hpp"
+#include "gpipe/transport/transport.hpp"
 
 namespace gpipe::detail {
 
@@ -37,7 +37,7 @@ template <class Backend, class Target>
 class StepRunner {
  public:
   using Kernels = typename Backend::Kernels;
-  static constexpr Sends sends = transport::transport_for<Backend>::sends;
+  static constexpr Sends sends = transport::Transport<Backend>::sends;
 
   // generated: the schedule kind's op lists for (devices, micro_batches), which the runner orders
   // for the transport's sends and validates (gpipe::Error if they do not fit it). stages and loss
@@ -80,9 +80,9 @@ class StepRunner {
     loss_.check(y, out);
 
     // A data-parallel replica runs its share of the samples, as evenly as they go.
-    const std::size_t replicas = replicas_of(backend_);
+    const std::size_t replicas = transport_.replicas();
     const MicroBatchSplit shares{rows, replicas, T};
-    const std::size_t replica = replica_of(backend_);
+    const std::size_t replica = transport_.replica();
     const std::size_t mine = shares.size(replica), first = shares.begin(replica);
     if (replicas > 1)
       require(shares.size(replicas - 1) / T >= micro_batches_,
@@ -109,10 +109,8 @@ class StepRunner {
     store.sum_tied_gradients();
     float loss = static_cast<float>(total / loss_.normalizer(rows, out));
     // the last stage's process has its replica's part; the replicas' parts add up
-    broadcast_from(backend_, schedule_.device_of_stage(stages_.size() - 1),
-                   std::span<float>(&loss, 1));
-    if constexpr (data_parallel_backend<Backend>)
-      if (replicas > 1) backend_.allreduce_sum(std::span<float>(&loss, 1));
+    transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(&loss, 1));
+    if (replicas > 1) transport_.allreduce_sum(std::span<float>(&loss, 1));
     return loss;
   }
 
@@ -123,7 +121,7 @@ class StepRunner {
     Executor<Backend, Target> executor(backend_, schedule_, issue_order_, stages_, loss_,
                                        store.params(), store.grads());
     executor.run_forward(x, {rows, std::min(rows / T, micro_batches_), T}, out);
-    broadcast_from(backend_, schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
+    transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
     return out;
   }
 
@@ -154,15 +152,10 @@ class StepRunner {
     return rows;
   }
 
-  std::vector<ComputeTiming> take_timing() {
-    if constexpr (requires { backend_.take_timing(); }) {
-      return backend_.take_timing();
-    } else {
-      return {};
-    }
-  }
+  std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
 
   Backend& backend_;
+  transport::Transport<Backend> transport_;
   Schedule schedule_;
   std::vector<OpPlace> issue_order_;
   std::span<const StageProgram<Kernels>> stages_;
@@ -183,6 +176,7 @@ StepRunner<Backend, Target>::StepRunner(Backend& backend, Schedule generated,
                                         const LossProgram<Kernels, Target>& loss, ModelShape shape,
                                         std::size_t micro_batches, Remat remat)
     : backend_(backend),
+      transport_(backend),
       schedule_(std::move(generated)),
       stages_(stages),
       loss_(loss),

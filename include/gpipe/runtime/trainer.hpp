@@ -37,7 +37,7 @@
 #include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/gpipe.hpp"
 #include "gpipe/schedule/kind.hpp"
-#include "gpipe/transport/select.hpp"
+#include "gpipe/transport/transport.hpp"
 
 namespace gpipe {
 
@@ -121,7 +121,7 @@ class Trainer {
   /// S, the model's stages.
   static constexpr std::size_t num_stages = Model::num_stages;
   /// How the backend's transport completes a send: the schedule is ordered and validated for it.
-  static constexpr Sends sends = transport::transport_for<Backend>::sends;
+  static constexpr Sends sends = transport::Transport<Backend>::sends;
   /// Pipeline devices the schedule uses: S / chunks_per_device (S, or S / V for
   /// `Interleaved<V>`). The backend needs at least this many (exactly this many per replica when
   /// it runs across processes).
@@ -247,19 +247,7 @@ class Trainer {
   // The schedule kind's op lists, after checking that the backend runs num_devices devices.
   static Schedule generate_schedule(const Backend& backend, std::size_t micro_batches) {
     detail::require(micro_batches >= 1, "micro_batches must be at least 1");
-    detail::require(backend.num_devices() >= num_devices,
-                    "the model has " + std::to_string(num_stages) + " stages on " +
-                        std::to_string(num_devices) + " devices but the backend has only " +
-                        std::to_string(backend.num_devices()));
-    if constexpr (multi_process_backend<Backend>)
-      detail::require(
-          backend.num_devices() == num_devices,
-          "the model has " + std::to_string(num_stages) + " stages on " +
-              std::to_string(num_devices) + " devices, but the backend's pipeline has " +
-              std::to_string(backend.num_devices()) + " (world size " +
-              std::to_string(backend.world_size()) + " = " +
-              std::to_string(detail::replicas_of(backend)) +
-              " replicas x devices): launch replicas x " + std::to_string(num_devices) + " ranks");
+    transport::Transport<Backend>::check_device_count(backend, num_devices, num_stages);
     return ScheduleKind::make(num_devices, micro_batches);
   }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "gpipe/error.hpp"
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
@@ -39,10 +40,6 @@ concept schedule_kind =
 
 namespace detail {
 
-// Always false once instantiated (as model/layer.hpp's lacks, which this layer does not include).
-template <class...>
-inline constexpr bool schedule_lacks = false;
-
 // explain_schedule_kind<Kind>(): true for a schedule_kind; otherwise a static_assert that names the
 // first piece Kind lacks (the Trainer checks its ScheduleKind with it).
 template <class Kind>
@@ -52,17 +49,17 @@ constexpr bool explain_schedule_kind() {
   } else if constexpr (!requires {
                          { Kind::chunks_per_device } -> std::convertible_to<std::size_t>;
                        }) {
-    static_assert(schedule_lacks<Kind>,
+    static_assert(lacks<Kind>,
                   "gpipe: a schedule kind needs static constexpr std::size_t chunks_per_device "
                   "(stages per device); see gpipe/schedule/kind.hpp");
   } else if constexpr (!has_chunks_per_device<Kind>) {
-    static_assert(schedule_lacks<Kind>, "gpipe: a schedule kind's chunks_per_device must be >= 1");
+    static_assert(lacks<Kind>, "gpipe: a schedule kind's chunks_per_device must be >= 1");
   } else if constexpr (!has_schedule_generator<Kind>) {
-    static_assert(schedule_lacks<Kind>,
+    static_assert(lacks<Kind>,
                   "gpipe: a schedule kind needs static Schedule make(std::size_t num_devices, "
                   "std::size_t num_micro_batches)");
   } else {
-    static_assert(schedule_lacks<Kind>,
+    static_assert(lacks<Kind>,
                   "gpipe: a schedule kind needs static constexpr std::string_view name");
   }
   return false;

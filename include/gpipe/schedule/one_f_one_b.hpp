@@ -27,20 +27,34 @@
 
 namespace gpipe {
 
+namespace detail {
+
+// 1F1B's order on device `device` of K, one chunk, M micro-batches: w = min(K-1-d, M) warm-up
+// forwards, then (F_{w+j}, backward(j)) for each remaining j, then the remaining backward(j);
+// `backward(j)` emits micro-batch j's backward ops (ZB-H1 emits its own).
+template <class Backward>
+constexpr void one_f_one_b_order(Program& program, std::size_t num_devices, std::size_t device,
+                                 std::size_t num_micro_batches, Backward backward) {
+  const std::size_t m = num_micro_batches;
+  const std::size_t warm_up = std::min(num_devices - 1 - device, m);
+  for (std::size_t i = 0; i < warm_up; ++i) program.forward(i);
+  for (std::size_t j = 0; j + warm_up < m; ++j) {
+    program.forward(warm_up + j);
+    backward(j);
+  }
+  for (std::size_t j = m - warm_up; j < m; ++j) backward(j);
+}
+
+}  // namespace detail
+
 /// (K, M) => device d: min(K-1-d, M) x F, then (F_{w+j}, B_j W_j) for each remaining j, then the
 /// remaining B W. Throws Error when K or M is 0.
 constexpr Schedule make_1f1b_schedule(std::size_t num_devices, std::size_t num_micro_batches) {
   Schedule schedule = detail::empty_schedule("a 1F1B schedule", num_devices, num_micro_batches, 1);
-  const std::size_t m = num_micro_batches;
   for (std::size_t device = 0; device < num_devices; ++device) {
     detail::Program program(schedule, device);
-    const std::size_t warm_up = std::min(num_devices - 1 - device, m);
-    for (std::size_t i = 0; i < warm_up; ++i) program.forward(i);
-    for (std::size_t j = 0; j + warm_up < m; ++j) {
-      program.forward(warm_up + j);
-      program.backward(j);
-    }
-    for (std::size_t j = m - warm_up; j < m; ++j) program.backward(j);
+    detail::one_f_one_b_order(program, num_devices, device, num_micro_batches,
+                              [&](std::size_t j) { program.backward(j); });
   }
   return schedule;
 }

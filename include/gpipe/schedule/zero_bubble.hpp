@@ -26,11 +26,11 @@
 // Deadlock freedom: F and B (and their transfers) are in 1F1B's order and W's never
 // wait, so the proof in schedule/interleaved.hpp (V = 1) applies unchanged.
 
-#include <algorithm>
 #include <cstddef>
 #include <string_view>
 
 #include "gpipe/schedule/detail/program.hpp"
+#include "gpipe/schedule/one_f_one_b.hpp"
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
@@ -42,18 +42,11 @@ constexpr Schedule make_zb_h1_schedule(std::size_t num_devices, std::size_t num_
   const std::size_t m = num_micro_batches;
   for (std::size_t device = 0; device < num_devices; ++device) {
     detail::Program program(schedule, device);
-    const std::size_t warm_up = std::min(num_devices - 1 - device, m);
     std::size_t weights_done = 0;
-    const auto backward = [&](std::size_t j) {
+    detail::one_f_one_b_order(program, num_devices, device, m, [&](std::size_t j) {
       program.backward_input(j);
       if (j >= device) program.backward_weight(weights_done++);
-    };
-    for (std::size_t i = 0; i < warm_up; ++i) program.forward(i);
-    for (std::size_t j = 0; j + warm_up < m; ++j) {
-      program.forward(warm_up + j);
-      backward(j);
-    }
-    for (std::size_t j = m - warm_up; j < m; ++j) backward(j);
+    });
     while (weights_done < m) program.backward_weight(weights_done++);
   }
   return schedule;

@@ -1,10 +1,10 @@
 #pragma once
-// NCCL between ranks: the transport of gpipe::mpi::CudaBackend. Each rank holds one device, so
-// the executor hands activations and gradients over with the backend's send and receive
-// (ncclSend/ncclRecv); what the transport tells the Trainer is how those behave: a send completes
-// only together with its receive (Sends::rendezvous), so the schedule is ordered for that
-// (order_for_rendezvous) and each pair's messages must be posted in one order on both sides
-// (messages_in_order), as NCCL matches them by order.
+// NCCL between ranks: the copy policy of gpipe::mpi::CudaBackend. Each rank holds one device, so
+// its transport (transport/mpi.hpp) hands activations and gradients over with the backend's send
+// and receive (ncclSend/ncclRecv); what this policy tells the Trainer is how those behave: a
+// send completes only together with its receive (Sends::rendezvous), so the schedule is ordered
+// for that (order_for_rendezvous) and each pair's messages must be posted in one order on both
+// sides (messages_in_order), as NCCL matches them by order.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/transport/nccl_ranks.cuh is CUDA code: compile it with nvcc"
@@ -18,9 +18,9 @@
 
 namespace gpipe::transport {
 
-/// The transport of `gpipe::mpi::CudaBackend`: NCCL between ranks, whose sends complete only with
-/// their receives. The executor hands data over with the backend's send and receive; `receive`
-/// here is never called (a rank has one device).
+/// The copy policy of `gpipe::mpi::CudaBackend`: NCCL between ranks, whose sends complete only
+/// with their receives. Its transport (transport/mpi.hpp) hands data over with the backend's
+/// send and receive; `receive` here is never called (a rank has one device).
 struct NcclRanks {
   /// NCCL point-to-point: a send completes only together with its receive.
   static constexpr Sends sends = Sends::rendezvous;

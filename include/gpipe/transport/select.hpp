@@ -1,7 +1,9 @@
 #pragma once
-// transport_for<Backend>: how the runtime hands activations and gradients between the stages of
-// a Backend. Backend::transport when the backend names one (gpipe::cuda::Backend: peer copies on
-// copy streams, or NCCL), else transport::InProcess (a copy by the receiving device's kernels).
+// transport_for<Backend>: a backend's copy policy, how transport::Transport<Backend>
+// (transport/transport.hpp) copies a message between two devices of one process, and whether a
+// send completes only with its receive. Backend::transport when the backend names one
+// (gpipe::cuda::Backend: peer copies on copy streams, or NCCL), else transport::InProcess (a
+// copy by the receiving device's kernels).
 
 #include "gpipe/transport/in_process.hpp"
 
@@ -19,8 +21,8 @@ struct default_transport<Backend> {
   using type = typename Backend::transport;  ///< the chosen transport
 };
 
-/// How the runtime hands activations and gradients between the stages of a Backend:
-/// `Backend::transport` when it names one, else `InProcess`.
+/// A Backend's copy policy (`stage_transport`): `Backend::transport` when it names one, else
+/// `InProcess`.
 template <class Backend>
 using transport_for = typename default_transport<Backend>::type;
 

@@ -20,16 +20,16 @@
 // MPI is called from the rank's device worker during a step and from the calling thread between
 // steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
 // Failures: work that throws tells every other rank at once; receives poll for that (and give
-// up after Options::peer_timeout); finish_step, collective at the end of every step, makes all
-// ranks throw the same Error naming the failing rank. A failure while a rank issues its part
-// of a step (before its work runs) takes the same way (abort_step). A rank that dies ends the
-// job (mpirun).
+// up after Options::peer_timeout); the agreement at the end of every step (transport/mpi.hpp's
+// finish_step) makes all ranks throw the same Error naming the failing rank. A failure while a
+// rank issues its part of a step (before its work runs) takes the same way (abort_step). A rank
+// that dies ends the job (mpirun).
 // Time: every rank's traces and timings count from one origin (align_clocks); take_trace()
 // merges all ranks' work into one trace and take_timing() gives every rank the whole
 // pipeline's timing (both collective), so a Trainer's last_step() is the pipeline's.
 // Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
-// as its stage's last backward is done (expect_reductions, start_reduction) and end in
-// finish_step.
+// as its stage's last backward is done (expect_reductions, start_reduction) and end with the
+// step (finish_reductions).
 // Tied parameters on two ranks are kept equal and their gradients summed with exchange().
 // A GPU per rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
 
@@ -55,8 +55,9 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/backend/mpi/control.hpp"
-#include "gpipe/backend/mpi/session.hpp"
+#include "gpipe/backend/mpi/ranks.hpp"
 #include "gpipe/error.hpp"
+#include "gpipe/transport/mpi.hpp"
 
 namespace gpipe::mpi {
 
@@ -72,16 +73,16 @@ struct BackendOptions {
   std::size_t threads_per_device = 1;
 };
 
-/// One host device per MPI rank: a `gpipe::data_parallel_backend` (backend/concepts.hpp) whose
+/// One host device per MPI rank: a `gpipe::multi_process_backend` (backend/concepts.hpp) whose
 /// world of R x K ranks runs R replicas of a K-device pipeline, rank r being device r % K of
 /// replica r / K. Each rank runs its own device on a one-device host::Backend and issues only that
 /// device's ops; activations and gradients cross between ranks as MPI messages (send, receive),
-/// and a step ends with the collective finish_step(), which makes every rank throw the same Error
-/// if any failed. Device arguments name pipeline devices 0..K-1; one that is not this rank's
-/// throws `gpipe::Error`, except where a member says otherwise.
+/// and a step ends with the collective agreement of its transport (transport/mpi.hpp), which makes
+/// every rank throw the same Error if any failed. Device arguments name pipeline devices 0..K-1;
+/// one that is not this rank's throws `gpipe::Error`, except where a member says otherwise.
 ///
 ///     gpipe::mpi::Backend backend(argc, argv);  // MPI_COMM_WORLD; launched as mpirun -n K ./train
-class Backend {
+class Backend : public detail::MpiRanks {
  public:
   /// The host backend's float kernel context: a rank's device is a host device.
   using Kernels = host::Kernels<float>;
@@ -101,19 +102,14 @@ class Backend {
   /// MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
   /// finalizes it when the backend goes.
   Backend(int& argc, char**& argv, Options options = {})
-      : session_(std::make_unique<Session>(argc, argv)),
-        control_(MPI_COMM_WORLD, options.data_parallel, options.peer_timeout),
-        local_(1, {.device_capacity = options.device_capacity,
-                   .first_device = control_.device(),
-                   .threads_per_device = options.threads_per_device}) {
+      : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
+        local_(1, local_options(options)) {
     control_.align_clocks(local_.epoch());
   }
   /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
-      : control_(comm, options.data_parallel, options.peer_timeout),
-        local_(1, {.device_capacity = options.device_capacity,
-                   .first_device = control_.device(),
-                   .threads_per_device = options.threads_per_device}) {
+      : MpiRanks(comm, options.data_parallel, options.peer_timeout),
+        local_(1, local_options(options)) {
     control_.align_clocks(local_.epoch());
   }
   Backend(const Backend&) = delete;
@@ -126,27 +122,8 @@ class Backend {
     complete_sends();
   }
 
-  /// One device per rank: world rank r is device r % K of replica r / K (K = world size /
-  /// data_parallel).
-  std::size_t num_devices() const { return control_.devices(); }
-  /// Ranks in the communicator: R replicas x K devices.
-  std::size_t world_size() const { return control_.size(); }
-  /// This process's rank in the communicator (rank 0 writes the files of a collective save).
-  std::size_t rank() const { return control_.rank(); }
   /// The threads this rank's device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return local_.threads_per_device(); }
-  /// The pipeline device this rank runs: rank() % K.
-  std::size_t device() const { return control_.device(); }
-  /// R, the pipeline replicas (Options::data_parallel).
-  std::size_t replicas() const { return control_.replicas(); }
-  /// The replica this rank belongs to: rank() / K.
-  std::size_t replica() const { return control_.replica(); }
-  /// Whether this rank runs `device`; the runtime issues only its own device's work. Any device
-  /// number is accepted.
-  bool is_local(std::size_t device) const { return device == control_.device(); }
-  /// The communicator given at construction; the backend's messages within a replica and its sums
-  /// over the replicas use communicators split from it.
-  MPI_Comm communicator() const { return control_.comm(); }
 
   /// Bytes of this rank's device, as host::Backend::memory_stats counts them.
   MemoryStats memory_stats(std::size_t device) const {
@@ -162,7 +139,7 @@ class Backend {
     return local_.template allocate<T>(control_.local(device), count, kind);
   }
   /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
-  /// for this one's data stops waiting; the step then fails everywhere (finish_step).
+  /// for this one's data stops waiting; the step then fails everywhere (the agreement).
   void submit(std::size_t device, WorkLabel label, Work work) {
     local_.submit(control_.local(device), label, [this, work = std::move(work)](Kernels& k) {
       try {
@@ -223,25 +200,11 @@ class Backend {
     });
   }
 
-  /// Collective over this replica's ranks, between steps: each gets the values of `device`'s.
-  void broadcast(std::size_t device, std::span<float> values) {
-    control_.broadcast(device, values);
-  }
-  /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
-  /// sends `mine` and receives `theirs` (either may be empty; the sizes must match the peer's).
-  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
-    control_.exchange(peer, mine, theirs);
-  }
-  /// Collective over the replicas (the ranks of the same device in every replica), between
-  /// steps: values <- their sum over the replicas, in place. values is host memory or memory of
-  /// this rank's device (the same thing here).
-  void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
-
   /// The step's gradient sums over the replicas, overlapped with the step: `values` (memory of
   /// this rank's device) in the order start_reduction will start them. Each is an
   /// MPI_Iallreduce over the replicas, started on the device's worker once its stage's last
-  /// backward is done and completed by finish_step. A collective cannot be cancelled, so after a
-  /// failure finish_step (or abort_step) starts the sums not yet started, on whatever the arrays
+  /// backward is done and completed by finish_reductions. A collective cannot be cancelled, so
+  /// after a failure finish_reductions starts the sums not yet started, on whatever the arrays
   /// hold: every rank starts the same ones, in the same order, every step.
   void expect_reductions(std::vector<std::span<float>> values) {
     std::lock_guard lock(mu_);
@@ -275,7 +238,7 @@ class Backend {
 
   /// Drops this rank's work not yet run and releases its event waits, then waits for its pending
   /// sends (a send that may never be received after a failure is let go). Local: it tells no other
-  /// rank; abort_step() does.
+  /// rank; the transport's abort_step() does.
   void cancel() {
     local_.cancel();
     complete_sends();
@@ -286,59 +249,10 @@ class Backend {
     complete_sends();
   }
 
-  /// Collective, at the end of a step (the executor calls it instead of synchronize): waits for
-  /// this rank's work, then the ranks agree whether any of them failed. If one did, every rank
-  /// throws the same Error: the rank, and the failure as that rank saw it (stage, micro-batch and
-  /// the original message). The next step's messages carry other tags than this one's.
-  void finish_step() {
-    std::string message;
-    try {
-      synchronize();
-    } catch (...) {
-      message = detail::MpiControl::message_of(std::current_exception());
-    }
-    try {
-      complete_reductions();
-    } catch (...) {
-      if (message.empty()) message = detail::MpiControl::message_of(std::current_exception());
-    }
-    control_.agree(std::move(message));
-  }
-  /// Collective, instead of finish_step, when issuing this rank's part of a step failed before
-  /// its work could (an allocation of the issuing thread, say): tells the other ranks at once,
-  /// drops the work issued so far, and joins the agreement; throws the agreed Error.
-  [[noreturn]] void abort_step(std::exception_ptr failure) {
-    control_.announce_failure();
-    try {
-      cancel();
-      complete_reductions();
-    } catch (...) {  // the failure to report is `failure`
-    }
-    control_.agree(detail::MpiControl::message_of(failure));
-    throw Error("gpipe: rank " + std::to_string(control_.rank()) + " failed");  // agree threw
-  }
-
- private:
-  struct Pending {
-    MPI_Request request;
-    Buffer<float> buffer;
-  };
-
-  /// Starts the next expected gradient sum, if any is left; called with mu_ held.
-  void start_next_reduction() {
-    if (reductions_started_ == reductions_.size()) return;
-    const std::span<float> values = reductions_[reductions_started_++];
-    MPI_Request request = MPI_REQUEST_NULL;
-    detail::check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, values.data(), detail::MpiControl::count_of(values.size()),
-                       MPI_FLOAT, MPI_SUM, control_.replicas_comm(), &request),
-        "MPI_Iallreduce");
-    reduction_requests_.push_back(request);
-  }
   /// Between steps (the worker idle): starts the expected sums not started, then waits for all.
   /// Every rank of the replicas' communicator starts the same sums (see expect_reductions), so
   /// the wait ends unless a rank died, which ends the job.
-  void complete_reductions() {
+  void finish_reductions() {
     std::lock_guard lock(mu_);
     while (reductions_started_ < reductions_.size()) start_next_reduction();
     std::vector<MPI_Request> requests = std::move(reduction_requests_);
@@ -351,6 +265,30 @@ class Backend {
         "MPI_Waitall");
   }
 
+ private:
+  struct Pending {
+    MPI_Request request;
+    Buffer<float> buffer;
+  };
+
+  /// The rank's one-device host::Backend: its pipeline device, capacity and threads.
+  host::BackendOptions local_options(const Options& options) const {
+    return {.device_capacity = options.device_capacity,
+            .first_device = control_.device(),
+            .threads_per_device = options.threads_per_device};
+  }
+
+  /// Starts the next expected gradient sum, if any is left; called with mu_ held.
+  void start_next_reduction() {
+    if (reductions_started_ == reductions_.size()) return;
+    const std::span<float> values = reductions_[reductions_started_++];
+    MPI_Request request = MPI_REQUEST_NULL;
+    detail::check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, values.data(), detail::MpiControl::count_of(values.size()),
+                       MPI_FLOAT, MPI_SUM, control_.replicas_comm(), &request),
+        "MPI_Iallreduce");
+    reduction_requests_.push_back(request);
+  }
   /// Frees the buffers of sends that have completed; called with mu_ held.
   void release_completed_sends() {
     for (std::size_t i = 0; i < pending_.size();) {
@@ -386,8 +324,6 @@ class Backend {
     }
   }
 
-  std::unique_ptr<Session> session_;  ///< set when this backend initialized MPI: finalized last
-  detail::MpiControl control_;        ///< layout, tags, faults, clocks (communicators freed last)
   std::vector<Buffer<float>> abandoned_;  ///< buffers of sends let go after a failure
   std::mutex mu_;
   std::vector<Pending> pending_;
@@ -398,3 +334,4 @@ class Backend {
 };
 
 }  // namespace gpipe::mpi
+static_assert(gpipe::multi_process_backend<gpipe::mpi::Backend>);

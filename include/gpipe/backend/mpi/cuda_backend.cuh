@@ -16,16 +16,17 @@
 //                 validates its schedule for that (order_for_rendezvous). A sent buffer is freed
 //                 once its group has completed.
 //   messages      NCCL matches a pair's messages on a communicator in the order they are posted,
-//                 without tags. With one communicator per direction that is the order of
-//                 messages_in_order (schedule/rendezvous.hpp), which the Trainer requires; every
-//                 step, finish_step also checks with MPI that what each rank sent to each peer
-//                 in each direction (tags and sizes, hashed) is what that peer received.
+//                 without tags. With one communicator per direction (by the tag's parity, see
+//                 transport/mpi.hpp) that is the order of messages_in_order
+//                 (schedule/rendezvous.hpp), which the Trainer requires; every step, the
+//                 agreement also checks with MPI that what each rank sent to each peer in each
+//                 direction (tags and sizes, hashed) is what that peer received.
 //   gradient sums ncclAllReduce on a third stream, started as each stage's last backward is done
-//                 (expect_reductions, start_reduction), completed by finish_step.
-//   faults        as mpi::Backend (a failing rank tells the others at once; finish_step is the
-//                 agreement); a rank that knows of a failure, or waits past Options::peer_timeout,
-//                 aborts its NCCL communicators (ncclCommAbort) so that no stream waits forever,
-//                 and after a failed step every rank makes new ones.
+//                 (expect_reductions, start_reduction), completed by finish_reductions.
+//   faults        as mpi::Backend (a failing rank tells the others at once; the step's end is
+//                 the agreement, transport/mpi.hpp); a rank that knows of a failure, or waits past
+//                 Options::peer_timeout, aborts its NCCL communicators (ncclCommAbort) so that no
+//                 stream waits forever, and after a failed step every rank makes new ones.
 // MPI is called by the thread that calls the backend (a cuda::Backend's work runs there).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
@@ -50,8 +51,9 @@
 
 #include "gpipe/backend/cuda/backend.cuh"
 #include "gpipe/backend/mpi/control.hpp"
-#include "gpipe/backend/mpi/session.hpp"
+#include "gpipe/backend/mpi/ranks.hpp"
 #include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/mpi.hpp"
 #include "gpipe/transport/nccl_ranks.cuh"
 
 #if !GPIPE_CUDA_NCCL
@@ -75,14 +77,14 @@ struct CudaBackendOptions {
   bool tf32 = false;  ///< TF32 tensor-core GEMMs (cuda::BackendOptions::tf32)
 };
 
-/// One GPU per MPI rank: a `gpipe::data_parallel_backend` (backend/concepts.hpp) like
+/// One GPU per MPI rank: a `gpipe::multi_process_backend` (backend/concepts.hpp) like
 /// mpi::Backend, whose ranks run their device on a one-device cuda::Backend and hand activations
 /// and gradients to each other with NCCL (see the top of gpipe/backend/mpi/cuda_backend.cuh).
 /// Device arguments name pipeline devices 0..K-1; one that is not this rank's throws
 /// `gpipe::Error`, except where a member says otherwise. Not thread-safe: one thread calls it.
 ///
 ///     gpipe::mpi::CudaBackend backend(argc, argv);  // mpirun -n K ./train, a GPU per rank
-class CudaBackend {
+class CudaBackend : public detail::MpiRanks {
  public:
   /// The CUDA backend's kernel context: a rank's device is a GPU.
   using Kernels = cuda::Kernels;
@@ -104,14 +106,13 @@ class CudaBackend {
   /// MPI_COMM_WORLD; initializes MPI (MPI_THREAD_SERIALIZED) unless the program did, and then
   /// finalizes it when the backend goes. Collective.
   CudaBackend(int& argc, char**& argv, Options options = {})
-      : session_(std::make_unique<Session>(argc, argv)),
-        control_(MPI_COMM_WORLD, options.data_parallel, options.peer_timeout),
+      : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
         local_(1, local_options(control_, options)) {
     start();
   }
   /// On the caller's communicator, MPI initialized by the caller. Collective.
   explicit CudaBackend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
-      : control_(comm, options.data_parallel, options.peer_timeout),
+      : MpiRanks(comm, options.data_parallel, options.peer_timeout),
         local_(1, local_options(control_, options)) {
     start();
   }
@@ -140,24 +141,8 @@ class CudaBackend {
       if (*s != nullptr) (void)cudaStreamDestroy(*s);
   }
 
-  /// One device per rank: world rank r is device r % K of replica r / K.
-  std::size_t num_devices() const { return control_.devices(); }
-  /// Ranks in the communicator: R replicas x K devices.
-  std::size_t world_size() const { return control_.size(); }
-  /// This process's rank in the communicator (rank 0 writes the files of a collective save).
-  std::size_t rank() const { return control_.rank(); }
-  /// The pipeline device this rank runs: rank() % K.
-  std::size_t device() const { return control_.device(); }
-  /// R, the pipeline replicas (Options::data_parallel).
-  std::size_t replicas() const { return control_.replicas(); }
-  /// The replica this rank belongs to: rank() / K.
-  std::size_t replica() const { return control_.replica(); }
   /// The CUDA device ordinal of this rank's GPU.
   int gpu() const { return local_.gpu(0); }
-  /// Whether this rank runs `device`; any device number is accepted.
-  bool is_local(std::size_t device) const { return device == control_.device(); }
-  /// The communicator given at construction.
-  MPI_Comm communicator() const { return control_.comm(); }
 
   /// Bytes of this rank's device, as cuda::Backend::memory_stats counts them.
   MemoryStats memory_stats(std::size_t device) const {
@@ -196,8 +181,9 @@ class CudaBackend {
   }
 
   /// On `device` (this rank's), after the work before it: sends src's floats to `peer`'s rank
-  /// (ncclSend), and takes src over until the send completes. `tag` names the message: the peer's
-  /// receive must have the same one, in the same order (checked by finish_step).
+  /// (ncclSend), and takes src over until the send completes. `tag` names the message (its parity
+  /// the direction): the peer's receive must have the same one, in the same order (checked by
+  /// agree).
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
             Buffer<float>& src) {
     control_.check_peer(peer, tag);
@@ -224,23 +210,10 @@ class CudaBackend {
                   });
   }
 
-  /// Collective over this replica's ranks, between steps: each gets the values (host memory) of
-  /// `device`'s rank.
-  void broadcast(std::size_t device, std::span<float> values) {
-    control_.broadcast(device, values);
-  }
-  /// Between steps, with `peer`'s rank of this replica: sends `mine` and receives `theirs` (host
-  /// memory).
-  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
-    control_.exchange(peer, mine, theirs);
-  }
-  /// Collective over the replicas, between steps: host `values` <- their sum over the replicas.
-  void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
-
   /// The step's gradient sums over the replicas (arrays on this rank's GPU), in the order
-  /// start_reduction will start them; each an ncclAllReduce in place, completed by finish_step.
-  /// After a failure finish_step starts those not yet started, so that every rank starts the
-  /// same ones in the same order.
+  /// start_reduction will start them; each an ncclAllReduce in place, completed by
+  /// finish_reductions. After a failure finish_reductions starts those not yet started, so that
+  /// every rank starts the same ones in the same order.
   void expect_reductions(std::vector<std::span<float>> values) {
     detail::require(reductions_started_ == reductions_.size(),
                     "mpi::CudaBackend: a step's gradient sums are still open");
@@ -284,44 +257,42 @@ class CudaBackend {
     pending_.clear();
   }
 
-  /// Collective, at the end of a step: waits for this rank's work and transfers, checks that
-  /// every pair of ranks posted the same messages in the same order, then the ranks agree whether
-  /// any failed; if one did, every rank throws the same Error (rank, stage, micro-batch and the
-  /// original message) and all make new NCCL communicators.
-  void finish_step() {
-    std::string message;
-    try {
-      synchronize();
-    } catch (...) {
-      message = detail::MpiControl::message_of(std::current_exception());
-    }
-    try {
-      complete_reductions();
-    } catch (...) {
-      if (message.empty()) message = detail::MpiControl::message_of(std::current_exception());
-    }
+  /// Between steps: starts the expected sums not started, then waits for all of them.
+  void finish_reductions() {
+    while (reductions_started_ < reductions_.size()) start_next_reduction(compute_stream_);
+    reductions_.clear();
+    reductions_started_ = 0;
+    wait_for_streams(/*abort_on_failure=*/true);
+  }
+
+  /// Collective, the agreement that ends every step (`failure`: this rank's, "" if none): first
+  /// checks that every pair of ranks posted the same messages in the same order this step, then
+  /// the ranks agree whether any failed; if one did, every rank throws the same Error (rank,
+  /// stage, micro-batch and the original message) and all make new NCCL communicators.
+  void agree(std::string failure) {
     // after a failure the ranks' messages differ anyway; the failure is what to report. A rank
     // may see the mismatch before it hears of another rank's failure (whose messages were never
     // posted): so a mismatch counts as second-hand, and a first-hand failure elsewhere wins.
     std::string order = check_message_order();
-    if (message.empty() && !aborted_ && !order.empty()) {
-      message = std::move(order);
+    if (failure.empty() && !aborted_ && !order.empty()) {
+      failure = std::move(order);
       control_.stop_for_peer();
     }
-    agree(std::move(message));
-  }
-  /// Collective, instead of finish_step, when issuing this rank's part of a step failed: tells
-  /// the other ranks, drops the work, and joins the agreement; throws the agreed Error.
-  [[noreturn]] void abort_step(std::exception_ptr failure) {
-    control_.announce_failure();
+    if (failure.empty() && aborted_)
+      failure = abort_reason_ == silent_peer
+                    ? "gpipe: no message from a peer within " +
+                          std::to_string(control_.peer_timeout().count()) +
+                          " s (Options::peer_timeout): is every rank alive?"
+                    : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
+                          abort_reason_;
     try {
-      cancel();
-      complete_reductions();
-    } catch (...) {  // the failure to report is `failure`
+      control_.agree(std::move(failure));
+    } catch (...) {
+      abort_reason_ = "";
+      abort_communicators();
+      make_communicators();
+      throw;
     }
-    (void)check_message_order();
-    agree(detail::MpiControl::message_of(failure));
-    throw Error("gpipe: rank " + std::to_string(control_.rank()) + " failed");  // agree threw
   }
 
  private:
@@ -576,18 +547,10 @@ class CudaBackend {
     GPIPE_NCCL_CHECK(ncclAllReduce(values.data(), values.data(), values.size(), ncclFloat32,
                                    ncclSum, replicas_nccl_, reduce_stream_));
   }
-  /// Between steps: starts the expected sums not started, then waits for all of them.
-  void complete_reductions() {
-    while (reductions_started_ < reductions_.size()) start_next_reduction(compute_stream_);
-    reductions_.clear();
-    reductions_started_ = 0;
-    wait_for_streams(/*abort_on_failure=*/true);
-  }
-
   /// Waits until this rank's streams are idle. With abort_on_failure, once this rank or another
   /// has failed, NCCL reports a lost peer, or Options::peer_timeout passes, it aborts the NCCL
   /// communicators first, so that no operation waits for a peer forever; the caller's
-  /// finish_step then fails the step.
+  /// transport's finish_step then fails the step.
   void wait_for_streams(bool abort_on_failure) {
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
@@ -617,28 +580,7 @@ class CudaBackend {
     release_completed_sends();
   }
 
-  /// The step's agreement; after a failed step (anywhere) every rank makes new communicators.
-  void agree(std::string message) {
-    if (message.empty() && aborted_)
-      message = abort_reason_ == silent_peer
-                    ? "gpipe: no message from a peer within " +
-                          std::to_string(control_.peer_timeout().count()) +
-                          " s (Options::peer_timeout): is every rank alive?"
-                    : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
-                          abort_reason_;
-    try {
-      control_.agree(std::move(message));
-    } catch (...) {
-      abort_reason_ = "";
-      abort_communicators();
-      make_communicators();
-      throw;
-    }
-  }
-
-  std::unique_ptr<Session> session_;  ///< set when this backend initialized MPI: finalized last
-  detail::MpiControl control_;        ///< layout, tags, faults, clocks
-  cuda::Backend local_;               ///< the rank's device
+  cuda::Backend local_;                    ///< the rank's device
   cudaStream_t compute_stream_ = nullptr;  ///< local_'s compute stream
   cudaStream_t comm_stream_ = nullptr;     ///< NCCL sends and receives
   cudaStream_t reduce_stream_ = nullptr;   ///< NCCL gradient sums
@@ -657,4 +599,4 @@ class CudaBackend {
 
 }  // namespace gpipe::mpi
 
-static_assert(gpipe::data_parallel_backend<gpipe::mpi::CudaBackend>);
+static_assert(gpipe::multi_process_backend<gpipe::mpi::CudaBackend>);

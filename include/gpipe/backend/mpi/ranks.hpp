@@ -1,0 +1,82 @@
+#pragma once
+// What gpipe's two MPI backends (mpi::Backend, mpi::CudaBackend) share as a base: MPI's session,
+// the control plane (backend/mpi/control.hpp) and, from it, the layout of the world, the
+// collectives between steps and the failure agreement. Each backend adds its device and the
+// mechanics of its messages and sums; the protocol that uses them is transport/mpi.hpp.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/session.hpp"
+
+namespace gpipe::detail {
+
+// The ranks of R replicas x K devices, rank r being device r % K of replica r / K.
+class MpiRanks {
+ public:
+  MpiRanks(const MpiRanks&) = delete;
+  MpiRanks& operator=(const MpiRanks&) = delete;
+
+  /// One device per rank: the pipeline's K devices (world size / data_parallel).
+  std::size_t num_devices() const { return control_.devices(); }
+  /// Ranks in the communicator: R replicas x K devices.
+  std::size_t world_size() const { return control_.size(); }
+  /// This process's rank in the communicator (rank 0 writes the files of a collective save).
+  std::size_t rank() const { return control_.rank(); }
+  /// The pipeline device this rank runs: rank() % K.
+  std::size_t device() const { return control_.device(); }
+  /// R, the pipeline replicas (Options::data_parallel).
+  std::size_t replicas() const { return control_.replicas(); }
+  /// The replica this rank belongs to: rank() / K.
+  std::size_t replica() const { return control_.replica(); }
+  /// Whether this rank runs `device`; the runtime issues only its own device's work. Any device
+  /// number is accepted.
+  bool is_local(std::size_t device) const { return device == control_.device(); }
+  /// The communicator given at construction; the backend's messages within a replica and its sums
+  /// over the replicas use communicators split from it.
+  MPI_Comm communicator() const { return control_.comm(); }
+
+  /// Collective over this replica's ranks, between steps: each gets the values (host memory) of
+  /// `device`'s rank.
+  void broadcast(std::size_t device, std::span<float> values) {
+    control_.broadcast(device, values);
+  }
+  /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
+  /// sends `mine` and receives `theirs` (host memory; either may be empty; the sizes must match
+  /// the peer's).
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
+    control_.exchange(peer, mine, theirs);
+  }
+  /// Collective over the replicas (the ranks of the same device in every replica), between
+  /// steps: host `values` <- their sum over the replicas, in place.
+  void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
+
+  /// Tells every other rank at once that this one failed (once a step).
+  void announce_failure() { control_.announce_failure(); }
+  /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none).
+  /// Returns when no rank failed; otherwise every rank throws the same Error, naming the rank
+  /// that failed first-hand and its message. The next step's messages carry other tags.
+  void agree(std::string failure) { control_.agree(std::move(failure)); }
+
+ protected:
+  /// MPI_COMM_WORLD, initializing MPI (MPI_THREAD_SERIALIZED) unless the program did.
+  MpiRanks(int& argc, char**& argv, std::size_t data_parallel, std::chrono::seconds peer_timeout)
+      : session_(std::make_unique<mpi::Session>(argc, argv)),
+        control_(MPI_COMM_WORLD, data_parallel, peer_timeout) {}
+  /// On the caller's communicator, MPI initialized by the caller.
+  MpiRanks(MPI_Comm comm, std::size_t data_parallel, std::chrono::seconds peer_timeout)
+      : control_(comm, data_parallel, peer_timeout) {}
+  ~MpiRanks() = default;
+
+  std::unique_ptr<mpi::Session> session_;  ///< set when this initialized MPI: finalized last
+  MpiControl control_;                     ///< layout, tags, faults, clocks
+};
+
+}  // namespace gpipe::detail

@@ -1,0 +1,145 @@
+#pragma once
+// The transport of every backend that runs one device per process (a multi_process_backend,
+// backend/concepts.hpp): mpi::Backend (host devices, MPI messages) and mpi::CudaBackend (GPUs,
+// NCCL messages bootstrapped over MPI) share this one implementation of the protocol; each
+// backend brings the mechanics (how a message is posted, how the sums run, how its device's work
+// is waited for). The protocol:
+//   messages   each process issues only its own device's ops; a send hands its buffer to the
+//              backend (freed once sent), a receive allocates and fills the receiver's buffer.
+//              A message's tag names it: (sending stage, micro-batch) and its direction, even
+//              for an activation and odd for a gradient (mpi::CudaBackend sends the two
+//              directions on separate NCCL communicators by this parity)
+//   sums       with replicas, each stage's gradients are summed over them during the step, each
+//              array as soon as its stage's last backward is done (begin_gradient_sums,
+//              start_gradient_sum), and waited for at the step's end
+//   agreement  finish_step waits for the rank's work and sums, then the ranks agree whether any
+//              failed: if one did, every rank throws the same Error naming it. abort_step, when
+//              issuing a step threw, first tells the other ranks at once.
+//   between steps  broadcast from a device's rank, exchange between two ranks, sums over the
+//              replicas (the backends' MPI collectives)
+
+#include <cstddef>
+#include <exception>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/transport.hpp"
+
+namespace gpipe::transport {
+
+/// The transport of a backend of one device per process (see the top of this file).
+template <class Backend>
+requires multi_process_backend<Backend>
+class Transport<Backend> {
+ public:
+  using Buffer = typename Backend::template Buffer<float>;  ///< a message's data on the device
+
+  /// How a send completes: buffered for MPI, rendezvous for NCCL (the backend's copy policy).
+  static constexpr Sends sends = transport_for<Backend>::sends;
+
+  /// A message between processes carries its data: nothing is left with the sender's slot.
+  struct Mailbox {};
+
+  /// A handle to `backend`, which must outlive it.
+  explicit Transport(Backend& backend) : backend_(backend) {}
+
+  /// `gpipe::Error` unless the backend's pipeline has exactly `devices` devices (ranks).
+  static void check_device_count(const Backend& backend, std::size_t devices, std::size_t stages) {
+    const std::string model =
+        "the model has " + std::to_string(stages) + " stages on " + std::to_string(devices);
+    detail::require(backend.num_devices() >= devices, model + " devices but the backend has only " +
+                                                          std::to_string(backend.num_devices()));
+    detail::require(backend.num_devices() == devices,
+                    model + " devices, but the backend's pipeline has " +
+                        std::to_string(backend.num_devices()) + " (world size " +
+                        std::to_string(backend.world_size()) + " = " +
+                        std::to_string(backend.replicas()) + " replicas x devices): launch " +
+                        "replicas x " + std::to_string(devices) + " ranks");
+  }
+  /// Whether this rank runs `device`.
+  bool is_local(std::size_t device) const { return backend_.is_local(device); }
+  /// Rank 0 writes the files of a collective save.
+  bool writes_files() const { return backend_.rank() == 0; }
+  /// The replicas of the pipeline.
+  std::size_t replicas() const { return backend_.replicas(); }
+  /// The replica this rank belongs to.
+  std::size_t replica() const { return backend_.replica(); }
+
+  /// The tag of a message: even for an activation, odd for a gradient.
+  static std::size_t tag(const Message& m) {
+    return (m.stage * m.micro_batches + m.micro_batch) * 2 + (m.gradient ? 1 : 0);
+  }
+  /// On message.from (this rank's device): src is handed to the backend, which frees it once
+  /// sent.
+  void send(WorkLabel label, const Message& message, Buffer& src, Mailbox&) const {
+    backend_.send(message.from, label, message.to, tag(message), src);
+  }
+  /// On message.to (this rank's device): dst <- count floats from message.from's rank.
+  void receive(WorkLabel label, const Message& message, Buffer& dst, std::size_t count,
+               MemoryKind kind, Mailbox&) const {
+    backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
+  }
+
+  /// The arrays (on this rank's device) whose sum over the replicas the step computes, in the
+  /// order start_gradient_sum starts them.
+  void begin_gradient_sums(std::vector<std::span<float>> arrays) const {
+    backend_.expect_reductions(std::move(arrays));
+  }
+  /// On `device`, after the work queued before it: starts the next sum.
+  void start_gradient_sum(std::size_t device, WorkLabel label) const {
+    backend_.start_reduction(device, label);
+  }
+
+  /// Collective, ends a step: waits for this rank's work and sums, then the ranks agree whether
+  /// any failed; if one did, every rank throws the same Error.
+  void finish_step() const {
+    std::string failure;
+    try {
+      backend_.synchronize();
+    } catch (...) {
+      failure = detail::MpiControl::message_of(std::current_exception());
+    }
+    try {
+      backend_.finish_reductions();
+    } catch (...) {
+      if (failure.empty()) failure = detail::MpiControl::message_of(std::current_exception());
+    }
+    backend_.agree(std::move(failure));
+  }
+  /// Collective, instead of finish_step when issuing this rank's part of a step threw `failure`
+  /// (before its work could fail): tells the other ranks at once, drops the work issued, and
+  /// joins the agreement; throws the agreed Error.
+  [[noreturn]] void abort_step(std::exception_ptr failure) const {
+    backend_.announce_failure();
+    try {
+      backend_.cancel();
+      backend_.finish_reductions();
+    } catch (...) {  // the failure to report is `failure`
+    }
+    backend_.agree(detail::MpiControl::message_of(failure));
+    throw Error("gpipe: rank " + std::to_string(backend_.rank()) + " failed");  // agree threw
+  }
+
+  /// Collective over this replica's ranks: each gets `device`'s values.
+  void broadcast(std::size_t device, std::span<float> values) const {
+    backend_.broadcast(device, values);
+  }
+  /// With `peer`'s rank, which calls it with this rank's device: sends mine, receives theirs.
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) const {
+    backend_.exchange(peer, mine, theirs);
+  }
+  /// Collective over the replicas: values <- their sum.
+  void allreduce_sum(std::span<float> values) const { backend_.allreduce_sum(values); }
+
+ private:
+  Backend& backend_;
+};
+
+}  // namespace gpipe::transport

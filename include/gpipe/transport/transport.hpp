@@ -1,0 +1,160 @@
+#pragma once
+// gpipe::transport::Transport<Backend>: the one seam through which the runtime moves data between
+// devices and processes. The executor, the step runner and the parameter store call it for every
+// backend alike, without asking what kind of backend it is; a kind of backend that moves data
+// differently specializes it in this folder:
+//   transport.hpp   (this file) the interface, and its definition for every backend whose devices
+//                   live in one process: a stage's output is handed over by the receiving
+//                   device's stream, which waits for the sender's event and then copies with the
+//                   backend's copy policy (transport_for<Backend>: in_process.hpp, a kernel copy;
+//                   cuda.cuh, a peer copy or an NCCL pair); the collectives have nothing to do
+//   mpi.hpp         every backend of one device per rank (mpi::Backend over MPI, mpi::CudaBackend
+//                   over NCCL): tagged messages, collectives over the ranks, gradient sums over
+//                   the replicas and the failure agreement that ends each step
+//
+// The interface (both definitions; `Buffer` is Backend::Buffer<float>):
+//   sends                           Sends::buffered or ::rendezvous: the Trainer orders and
+//                                   validates its schedule for it
+//   Mailbox                         what a message leaves with its sender's slot for the
+//                                   receiver (one process: the sender's event and buffer)
+//   check_device_count(b, n, stages)  gpipe::Error unless b runs a pipeline of n devices
+//   is_local(d)                     whether this process runs device d (issues its work)
+//   writes_files()                  whether this process writes the files of a collective save
+//   replicas(), replica()           the data-parallel replicas of the pipeline, and this one
+//   send(label, message, src, box)  within a step, on message.from's stream: hands src over
+//   receive(label, message, dst, count, kind, box)  on message.to's stream: dst <- the message's
+//                                   count floats, allocated there as `kind`; frees the sender's
+//                                   buffer where it can reach it
+//   begin_gradient_sums(arrays), start_gradient_sum(d, label)  with replicas: the arrays whose sum
+//                                   over the replicas this step computes, in the order the sums
+//                                   start; the next one starts after the work queued on d
+//   finish_step()                   ends a step: waits for its work; with several processes they
+//                                   agree whether one failed, and all throw the same Error
+//   abort_step(failure)             ends a step whose issuing threw `failure`: cancels its work,
+//                                   (tells the other processes) and throws
+//   broadcast(d, values), exchange(peer, mine, theirs), allreduce_sum(values)  between steps:
+//                                   every process gets device d's values; d's process and this
+//                                   one swap arrays; values <- their sum over the replicas
+
+#include <cstddef>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/select.hpp"
+
+namespace gpipe::transport {
+
+/// One message of a step: stage `stage`'s output for the next stage (an activation) or its input
+/// gradient for the previous one, of micro-batch `micro_batch` (of `micro_batches`), from device
+/// `from` to device `to`.
+struct Message {
+  std::size_t stage = 0;          ///< the sending stage
+  std::size_t micro_batch = 0;    ///< the micro-batch whose data it carries
+  std::size_t micro_batches = 1;  ///< M, the step's micro-batches (tags count with it)
+  bool gradient = false;  ///< an input gradient (to stage - 1), else an activation (to stage + 1)
+  std::size_t from = 0;   ///< the sending stage's device
+  std::size_t to = 0;     ///< the receiving stage's device
+};
+
+/// How the runtime moves data for a Backend: a handle (it holds a reference to the backend, and
+/// copies and const members are cheap). This definition serves every backend whose devices
+/// live in one process: a message is handed over by the receiving device's stream after it waits
+/// for the sender's event, with the backend's copy policy (`transport_for<Backend>`); there is
+/// one replica and nothing to agree on. Backends of one device per process get the
+/// specialization of gpipe/transport/mpi.hpp.
+template <class Backend>
+class Transport {
+ public:
+  using Kernels = typename Backend::Kernels;                ///< the backend's kernel context
+  using Buffer = typename Backend::template Buffer<float>;  ///< a message's data on a device
+  using Copy = transport_for<Backend>;  ///< the backend's copy policy (transport/select.hpp)
+  static_assert(stage_transport<Copy, Kernels>,
+                "gpipe: a backend's copy policy needs receive(kernels, src, dst, n) and sends "
+                "(backend/concepts.hpp)");
+
+  /// How a send completes: the copy policy's rule.
+  static constexpr Sends sends = Copy::sends;
+
+  /// A message of one process: the sender records `ready` after its data and leaves its buffer.
+  struct Mailbox {
+    typename Backend::Event ready;  ///< recorded on the sender's stream after its data
+    Buffer* sent = nullptr;         ///< the sender's buffer, freed by the receiver's copy
+  };
+
+  /// A handle to `backend`, which must outlive it.
+  explicit Transport(Backend& backend) : backend_(backend) {}
+
+  /// `gpipe::Error` unless the backend has the `devices` a pipeline of `stages` stages needs.
+  static void check_device_count(const Backend& backend, std::size_t devices, std::size_t stages) {
+    detail::require(backend.num_devices() >= devices, "the model has " + std::to_string(stages) +
+                                                          " stages on " + std::to_string(devices) +
+                                                          " devices but the backend has only " +
+                                                          std::to_string(backend.num_devices()));
+  }
+  /// Every device is this process's.
+  bool is_local(std::size_t) const { return true; }
+  /// The only process writes the files.
+  bool writes_files() const { return true; }
+  /// One replica of the pipeline.
+  std::size_t replicas() const { return 1; }
+  /// ... and this process runs it.
+  std::size_t replica() const { return 0; }
+
+  /// On message.from's stream: `box` gets src and an event recorded after the work before it.
+  void send(WorkLabel, const Message& message, Buffer& src, Mailbox& box) const {
+    box.sent = &src;
+    backend_.record(message.from, box.ready);
+  }
+  /// On message.to's stream, after its wait for the sender's event: dst <- the sender's buffer,
+  /// copied into memory allocated here as `kind` (so the bytes count where they live); the
+  /// sender's buffer is freed once copied.
+  void receive(WorkLabel label, const Message& message, Buffer& dst, std::size_t count,
+               MemoryKind kind, Mailbox& box) const {
+    detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
+    const std::size_t device = message.to;
+    backend_.wait(device, box.ready);
+    backend_.submit(device, label, [this, device, &src = *box.sent, &dst, count, kind](Kernels& k) {
+      detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
+                                               " floats where " + std::to_string(count) +
+                                               " were expected");
+      dst = backend_.template allocate<float>(device, count, kind);
+      Copy::receive(k, src.data(), dst.data(), count);
+      src.reset();
+    });
+  }
+
+  /// One replica: there is nothing to sum.
+  void begin_gradient_sums(std::vector<std::span<float>> arrays) const {
+    detail::require(arrays.empty(), "gpipe: one process has no replicas to sum gradients over");
+  }
+  /// One replica: nothing to start.
+  void start_gradient_sum(std::size_t, WorkLabel) const {}
+
+  /// Waits for the step's work; rethrows the first failure of any stream.
+  void finish_step() const { backend_.synchronize(); }
+  /// Cancels the work issued, then rethrows `failure`.
+  [[noreturn]] void abort_step(std::exception_ptr failure) const {
+    backend_.cancel();
+    std::rethrow_exception(failure);
+  }
+
+  /// One process: it has `device`'s values already.
+  void broadcast(std::size_t, std::span<float>) const {}
+  /// One process holds every device's arrays: it has no peer to exchange with.
+  void exchange(std::size_t, std::span<const float>, std::span<float>) const {
+    throw Error("gpipe: a backend of one process has no other process to exchange with");
+  }
+  /// One replica: values are their own sum.
+  void allreduce_sum(std::span<float>) const {}
+
+ private:
+  Backend& backend_;
+};
+
+}  // namespace gpipe::transport
