@@ -1,10 +1,15 @@
 // Optimizer steps on a pipeline equal PyTorch's update rules applied to the unpipelined model's
 // gradients, on the host backend: the backend-conformance suite of
-// tests/support/conformance_optimizers.hpp; and hyperparameter checks.
+// tests/support/conformance_optimizers.hpp; a change of optimizer type restarting the state; and
+// hyperparameter checks.
 
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/error.hpp"
@@ -26,4 +31,48 @@ TEST_CASE("bad optimizer hyperparameters are a gpipe::Error") {
   CHECK_THROWS_AS(optim::AdamW({.beta1 = 1.0}), Error);
   CHECK_THROWS_AS(optim::AdamW({.beta2 = -0.1}), Error);
   CHECK_THROWS_AS(optim::AdamW({.eps = -1}), Error);
+}
+
+TEST_CASE("a step with another optimizer type restarts the state; the same type keeps it") {
+  // SGD with momentum twice, AdamW twice, SGD once more: each change of type starts that
+  // optimizer's state afresh (its first update), as a new torch.optim object would.
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using conformance::AdamWReference;
+  using conformance::SgdReference;
+  const optim::SGDOptions sgd_options{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01};
+  const optim::AdamWOptions adamw_options{.lr = 0.01};
+  const std::vector<float> x = random_inputs(conformance::optimizer_rows, Model3::in_features, 31);
+  const std::vector<std::int32_t> y =
+      random_classes(conformance::optimizer_rows, L6::out_features, 32);
+  host::Backend backend(3);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend> trainer(backend,
+                                                              {.micro_batches = 4, .seed = 5});
+  NamedTensors expected = parameters_of(trainer);
+  SgdReference sgd(sgd_options), sgd_again(sgd_options);
+  AdamWReference adamw(adamw_options);
+  // (optimizer, its step count since the state started)
+  const struct {
+    bool adamw;
+    int t;
+  } plan[] = {{false, 1}, {false, 2}, {true, 1}, {true, 2}, {false, 1}};
+  for (std::size_t i = 0; i < std::size(plan); ++i) {
+    CAPTURE(i);
+    const ReferenceResult ref = reference_step<Model1, SoftmaxCrossEntropy>(expected, x, y);
+    trainer.zero_grad();
+    trainer.forward_backward(x, y);
+    if (plan[i].adamw) {
+      adamw.update(expected, ref.gradients, plan[i].t);
+      trainer.step(optim::AdamW(adamw_options));
+    } else {
+      (i < 2 ? sgd : sgd_again).update(expected, ref.gradients, plan[i].t);
+      trainer.step(optim::SGD(sgd_options));
+    }
+    const NamedTensors got = parameters_of(trainer);
+    for (const auto& entry : expected) {
+      const std::string& name = entry.first;
+      CAPTURE(name);
+      CHECK(relative_error(got.at(name), entry.second) < HostFactory::parameter_tolerance);
+    }
+  }
 }

@@ -1,16 +1,25 @@
 #pragma once
 // The trainer's optimizer state: per stage, on the stage's device, what the optimizer keeps per
 // parameter (SGD's momentum buffer, AdamW's two moments) and the step count, restarted when the
-// optimizer's type changes. Compiled once per backend and optimizer type.
+// optimizer's type changes. The state knows its optimizer by the type's name, fixed while
+// compiling (no RTTI: equal in every translation unit and shared library, and with -fno-rtti).
+// Compiled once per backend and optimizer type.
 
 #include <cstddef>
-#include <typeinfo>
+#include <string_view>
 #include <vector>
 
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 
 namespace gpipe::detail {
+
+// The name of type T as the compiler spells it in this function's signature: one string per
+// type, the same wherever it is compiled.
+template <class T>
+constexpr std::string_view type_name() {
+  return __PRETTY_FUNCTION__;
+}
 
 template <class Backend>
 class OptimizerState {
@@ -22,8 +31,8 @@ class OptimizerState {
  private:
   using Kernels = typename Backend::Kernels;
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
-  const std::type_info* type_ = nullptr;
-  std::size_t steps_ = 0;
+  std::string_view optimizer_;  // type_name<Optimizer>() of the optimizer the state belongs to
+  std::size_t steps_ = 0;       // that optimizer's updates so far
 };
 
 // Defined out of the class, so that a program that declares its instantiation for
@@ -33,7 +42,7 @@ template <class Optimizer>
 void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Backend>& store,
                                    Backend& backend) {
   optimizer.check();
-  if (type_ != &typeid(Optimizer)) {
+  if (optimizer_ != type_name<Optimizer>()) {
     state_.clear();
     for (std::size_t s = 0; s < store.num_stages(); ++s) {
       if (!store.local(s)) {
@@ -46,7 +55,7 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
       backend.submit(store.device_of_stage(s), {"optimizer state", s},
                      [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
     }
-    type_ = &typeid(Optimizer);
+    optimizer_ = type_name<Optimizer>();
     steps_ = 0;
   }
   ++steps_;

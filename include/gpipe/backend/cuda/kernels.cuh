@@ -113,15 +113,11 @@ class Kernels {
   void upload(std::size_t n, const U* host_src, U* dst) {
     const auto* src = reinterpret_cast<const unsigned char*>(host_src);
     auto* out = reinterpret_cast<unsigned char*>(dst);
-    for (std::size_t done = 0, bytes = n * sizeof(U); done < bytes;) {
-      const std::size_t chunk = std::min(bytes - done, detail::HostStaging::block_bytes);
-      detail::HostStaging::Block& block = s_->staging.acquire();
-      std::memcpy(block.data, src + done, chunk);
+    through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
+      std::memcpy(block, src + at, chunk);
       GPIPE_CUDA_CHECK(
-          cudaMemcpyAsync(out + done, block.data, chunk, cudaMemcpyHostToDevice, s_->compute));
-      s_->staging.release(block, s_->compute);
-      done += chunk;
-    }
+          cudaMemcpyAsync(out + at, block, chunk, cudaMemcpyHostToDevice, s_->compute));
+    });
   }
   /// host_dst(n) in host memory <- src(n) on this device, in stream order: host_dst holds the data
   /// only once the backend has synchronized (a host function on the stream copies each staged block
@@ -130,19 +126,14 @@ class Kernels {
   void download(std::size_t n, const U* src, U* host_dst) {
     const auto* in = reinterpret_cast<const unsigned char*>(src);
     auto* out = reinterpret_cast<unsigned char*>(host_dst);
-    for (std::size_t done = 0, bytes = n * sizeof(U); done < bytes;) {
-      const std::size_t chunk = std::min(bytes - done, detail::HostStaging::block_bytes);
-      detail::HostStaging::Block& block = s_->staging.acquire();
-      GPIPE_CUDA_CHECK(
-          cudaMemcpyAsync(block.data, in + done, chunk, cudaMemcpyDeviceToHost, s_->compute));
+    through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
+      GPIPE_CUDA_CHECK(cudaMemcpyAsync(block, in + at, chunk, cudaMemcpyDeviceToHost, s_->compute));
       // The stream copies the block on to host_dst when it gets there.
-      auto* job = new HostCopy{block.data, out + done, chunk};
+      auto* job = new HostCopy{block, out + at, chunk};
       const cudaError_t error = cudaLaunchHostFunc(s_->compute, &HostCopy::run, job);
       if (error != cudaSuccess) delete job;
       GPIPE_CUDA_CHECK(error);
-      s_->staging.release(block, s_->compute);
-      done += chunk;
-    }
+    });
   }
 
   /// logits (rows, classes), targets (rows) class ids in [0, classes): loss_sum[0] = sum over rows
@@ -205,6 +196,19 @@ class Kernels {
   }
 
  private:
+  // Moves `bytes` between host and device memory through the pinned staging blocks, in stream
+  // order: move(block, offset, chunk) enqueues each block's share, and the block returns to the
+  // pool once the stream has passed its last use.
+  template <class Move>
+  void through_staging(std::size_t bytes, Move move) {
+    for (std::size_t done = 0; done < bytes;) {
+      const std::size_t chunk = std::min(bytes - done, detail::HostStaging::block_bytes);
+      detail::HostStaging::Block& block = s_->staging.acquire();
+      move(block.data, done, chunk);
+      s_->staging.release(block, s_->compute);
+      done += chunk;
+    }
+  }
   friend class Backend;
   explicit Kernels(detail::DeviceState& state) : s_(&state) {}
 

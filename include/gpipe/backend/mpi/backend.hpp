@@ -82,7 +82,7 @@ struct BackendOptions {
 /// one that is not this rank's throws `gpipe::Error`, except where a member says otherwise.
 ///
 ///     gpipe::mpi::Backend backend(argc, argv);  // MPI_COMM_WORLD; launched as mpirun -n K ./train
-class Backend : public detail::MpiRanks {
+class Backend : public detail::MpiRanks<Backend, host::Backend> {
  public:
   /// The host backend's float kernel context: a rank's device is a host device.
   using Kernels = host::Kernels<float>;
@@ -125,19 +125,6 @@ class Backend : public detail::MpiRanks {
   /// The threads this rank's device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return local_.threads_per_device(); }
 
-  /// Bytes of this rank's device, as host::Backend::memory_stats counts them.
-  MemoryStats memory_stats(std::size_t device) const {
-    return local_.memory_stats(control_.local(device));
-  }
-  /// Sets this rank's device's peaks to its current use.
-  void reset_peak() { local_.reset_peak(); }
-
-  /// `count` uninitialized elements on this rank's `device`, counted under `kind`; throws
-  /// OutOfMemory past Options::device_capacity.
-  template <class T>
-  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
-    return local_.template allocate<T>(control_.local(device), count, kind);
-  }
   /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
   /// for this one's data stops waiting; the step then fails everywhere (the agreement).
   void submit(std::size_t device, WorkLabel label, Work work) {
@@ -223,8 +210,6 @@ class Backend : public detail::MpiRanks {
     });
   }
 
-  /// Traces and timings count microseconds from one origin on every rank (see align_clocks).
-  void set_tracing(bool on) { local_.set_tracing(on); }
   /// Collective over the world: every rank gets the work of every rank since the last call, one
   /// merged trace ordered by start time, each event's device being its rank (with one replica,
   /// the pipeline device). The events' `what` stays valid while the backend lives.
@@ -266,6 +251,8 @@ class Backend : public detail::MpiRanks {
   }
 
  private:
+  friend class detail::MpiRanks<Backend, host::Backend>;
+
   struct Pending {
     MPI_Request request;
     Buffer<float> buffer;

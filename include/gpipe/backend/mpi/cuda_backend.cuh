@@ -84,7 +84,7 @@ struct CudaBackendOptions {
 /// `gpipe::Error`, except where a member says otherwise. Not thread-safe: one thread calls it.
 ///
 ///     gpipe::mpi::CudaBackend backend(argc, argv);  // mpirun -n K ./train, a GPU per rank
-class CudaBackend : public detail::MpiRanks {
+class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
  public:
   /// The CUDA backend's kernel context: a rank's device is a GPU.
   using Kernels = cuda::Kernels;
@@ -144,18 +144,6 @@ class CudaBackend : public detail::MpiRanks {
   /// The CUDA device ordinal of this rank's GPU.
   int gpu() const { return local_.gpu(0); }
 
-  /// Bytes of this rank's device, as cuda::Backend::memory_stats counts them.
-  MemoryStats memory_stats(std::size_t device) const {
-    return local_.memory_stats(control_.local(device));
-  }
-  /// Sets this rank's device's peaks to its current use.
-  void reset_peak() { local_.reset_peak(); }
-
-  /// `count` uninitialized elements on this rank's GPU, stream-ordered, counted under `kind`.
-  template <class T>
-  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
-    return local_.template allocate<T>(control_.local(device), count, kind);
-  }
   /// As cuda::Backend::submit on this rank's device, after the sends and receives issued before
   /// it have been posted. Work that throws tells every other rank at once.
   void submit(std::size_t device, WorkLabel label, Work work) {
@@ -226,8 +214,6 @@ class CudaBackend : public detail::MpiRanks {
     submit(device, label, [this](Kernels& k) { start_next_reduction(k.stream()); });
   }
 
-  /// Traces and timings count microseconds from one origin on every rank.
-  void set_tracing(bool on) { local_.set_tracing(on); }
   /// Collective over the world: every rank's work since the last call, one merged trace whose
   /// events' device is their rank.
   std::vector<TraceEvent> take_trace() {
@@ -296,6 +282,8 @@ class CudaBackend : public detail::MpiRanks {
   }
 
  private:
+  friend class detail::MpiRanks<CudaBackend, cuda::Backend>;
+
   struct Transfer {
     bool send = false;
     std::size_t peer = 0, tag = 0, count = 0;

@@ -2,7 +2,9 @@
 // What gpipe's two MPI backends (mpi::Backend, mpi::CudaBackend) share as a base: MPI's session,
 // the control plane (backend/mpi/control.hpp) and, from it, the layout of the world, the
 // collectives between steps and the failure agreement. Each backend adds its device and the
-// mechanics of its messages and sums; the protocol that uses them is transport/mpi.hpp.
+// mechanics of its messages and sums; the protocol that uses them is transport/mpi.hpp. The base
+// also forwards what a rank's one device answers itself (memory, allocation, tracing) to the
+// backend's `local_`, a one-device host::Backend or cuda::Backend.
 
 #include <mpi.h>
 
@@ -13,12 +15,15 @@
 #include <string>
 #include <utility>
 
+#include "gpipe/backend/common.hpp"
 #include "gpipe/backend/mpi/control.hpp"
 #include "gpipe/backend/mpi/session.hpp"
 
 namespace gpipe::detail {
 
-// The ranks of R replicas x K devices, rank r being device r % K of replica r / K.
+// The ranks of R replicas x K devices, rank r being device r % K of replica r / K. Derived: the
+// backend (a friend, whose `Local local_` is the rank's device).
+template <class Derived, class Local>
 class MpiRanks {
  public:
   MpiRanks(const MpiRanks&) = delete;
@@ -58,6 +63,22 @@ class MpiRanks {
   /// steps: host `values` <- their sum over the replicas, in place.
   void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
 
+  /// Bytes of this rank's device, as its one-device backend counts them.
+  MemoryStats memory_stats(std::size_t device) const {
+    return local().memory_stats(control_.local(device));
+  }
+  /// Sets this rank's device's peaks to its current use.
+  void reset_peak() { local().reset_peak(); }
+  /// `count` uninitialized elements on this rank's `device` (stream-ordered on a GPU), counted
+  /// under `kind`; throws OutOfMemory past Options::device_capacity.
+  template <class T>
+  typename Local::template Buffer<T> allocate(std::size_t device, std::size_t count,
+                                              MemoryKind kind = MemoryKind::other) {
+    return local().template allocate<T>(control_.local(device), count, kind);
+  }
+  /// Traces and timings count microseconds from one origin on every rank (align_clocks).
+  void set_tracing(bool on) { local().set_tracing(on); }
+
   /// Tells every other rank at once that this one failed (once a step).
   void announce_failure() { control_.announce_failure(); }
   /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none).
@@ -74,6 +95,9 @@ class MpiRanks {
   MpiRanks(MPI_Comm comm, std::size_t data_parallel, std::chrono::seconds peer_timeout)
       : control_(comm, data_parallel, peer_timeout) {}
   ~MpiRanks() = default;
+
+  Local& local() { return static_cast<Derived&>(*this).local_; }
+  const Local& local() const { return static_cast<const Derived&>(*this).local_; }
 
   std::unique_ptr<mpi::Session> session_;  ///< set when this initialized MPI: finalized last
   MpiControl control_;                     ///< layout, tags, faults, clocks
