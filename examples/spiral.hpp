@@ -63,11 +63,6 @@ inline void sample(const Dataset& data, std::size_t batch, gpipe::Rng& order, Da
   }
 }
 
-// The learning rate of step 1..steps: `peak`, decayed to 0 along half a cosine.
-inline double cosine_lr(double peak, int step, int steps) {
-  return peak * 0.5 * (1 + std::cos(std::numbers::pi * step / steps));
-}
-
 // Fraction of points whose largest logit is their arm.
 template <class Trainer>
 double accuracy(Trainer& trainer, const Dataset& data) {
@@ -129,9 +124,12 @@ int train(Backend& backend, const std::string& devices, const Options& options,
   Dataset mini_batch;
   gpipe::Rng order(7);
   double running = 0;
+  // 3e-3 decayed to 0 along half a cosine over the run, no warmup
+  const gpipe::optim::WarmupCosine lr(
+      {.max_lr = 3e-3, .min_lr = 0, .total_steps = static_cast<std::size_t>(steps)});
   for (int step = 1; step <= steps; ++step) {
     sample(train_set, batch, order, mini_batch);
-    optimizer.options.lr = cosine_lr(3e-3, step, steps);
+    optimizer.options.lr = lr(static_cast<std::size_t>(step));
     trainer.zero_grad();
     const float loss = trainer.forward_backward(mini_batch.x, mini_batch.y);
     trainer.step(optimizer);

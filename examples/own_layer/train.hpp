@@ -57,9 +57,11 @@ double train(Trainer<Backend>& trainer, int steps) {
   gpipe::optim::AdamW optimizer({.lr = 1e-2, .weight_decay = 1e-4});
   spiral::Dataset mini_batch;
   gpipe::Rng order(7);
+  const gpipe::optim::WarmupCosine lr(
+      {.max_lr = 1e-2, .min_lr = 0, .total_steps = static_cast<std::size_t>(steps)});
   for (int step = 1; step <= steps; ++step) {
     spiral::sample(train_set, batch, order, mini_batch);
-    optimizer.options.lr = spiral::cosine_lr(1e-2, step, steps);
+    optimizer.options.lr = lr(static_cast<std::size_t>(step));
     trainer.zero_grad();
     const float loss = trainer.forward_backward(mini_batch.x, mini_batch.y);
     trainer.step(optimizer);

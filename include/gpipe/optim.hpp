@@ -3,5 +3,6 @@
 // optim/optimizer.hpp).
 
 #include "gpipe/optim/adamw.hpp"
+#include "gpipe/optim/lr_schedule.hpp"
 #include "gpipe/optim/optimizer.hpp"
 #include "gpipe/optim/sgd.hpp"

@@ -14,3 +14,4 @@ TEST_CASE_TEMPLATE_INVOKE(conformance_sgd, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, CudaFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, CudaFactory);

@@ -23,6 +23,7 @@ TEST_CASE_TEMPLATE_INVOKE(conformance_sgd, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, HostFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, HostFactory);
 
 TEST_CASE("bad optimizer hyperparameters are a gpipe::Error") {
   using namespace gpipe;
@@ -75,4 +76,22 @@ TEST_CASE("a step with another optimizer type restarts the state; the same type 
       CHECK(relative_error(got.at(name), entry.second) < HostFactory::parameter_tolerance);
     }
   }
+}
+
+TEST_CASE("WarmupCosine: linear warmup, half a cosine, then the minimum") {
+  using gpipe::optim::WarmupCosine;
+  const WarmupCosine lr({.max_lr = 1.0, .min_lr = 0.1, .warmup_steps = 4, .total_steps = 12});
+  CHECK(lr(0) == doctest::Approx(0.25));  // (0 + 1) / 4 of the way up
+  CHECK(lr(1) == doctest::Approx(0.5));
+  CHECK(lr(3) == doctest::Approx(1.0));
+  CHECK(lr(4) == doctest::Approx(1.0));   // the cosine starts at max_lr
+  CHECK(lr(8) == doctest::Approx(0.55));  // half way: the mean of max_lr and min_lr
+  CHECK(lr(12) == doctest::Approx(0.1));
+  CHECK(lr(1000) == doctest::Approx(0.1));
+  for (std::size_t s = 4; s < 12; ++s) CHECK(lr(s + 1) < lr(s));  // decreasing after warmup
+  const WarmupCosine no_warmup({.max_lr = 2.0, .min_lr = 0.0, .total_steps = 10});
+  CHECK(no_warmup(0) == doctest::Approx(2.0));
+  CHECK(no_warmup(5) == doctest::Approx(1.0));
+  CHECK_THROWS_AS(WarmupCosine({.max_lr = 0.1, .min_lr = 0.2}), gpipe::Error);
+  CHECK_THROWS_AS(WarmupCosine({.warmup_steps = 5, .total_steps = 5}), gpipe::Error);
 }

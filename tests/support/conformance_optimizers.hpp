@@ -9,11 +9,13 @@
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, Factory);
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, Factory);
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, Factory);
+//   TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, Factory);
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,14 +55,18 @@ struct AdamWReference {
   explicit AdamWReference(optim::AdamWOptions options) : o(options) {}
   optim::AdamWOptions o;
   NamedTensors m, v;
+  std::map<std::string, std::size_t> dims;  // per parameter name; check_steps fills it
   void update(NamedTensors& params, const NamedTensors& grads, int t) {
     for (auto& [name, p] : params) {
       std::vector<double>&mm = m[name], &vv = v[name];
       mm.resize(p.size());
       vv.resize(p.size());
+      // nanoGPT's groups: with Decay::matrices, tensors of one dimension are not decayed
+      const bool decays = o.decay == optim::Decay::all || dims.at(name) >= 2;
+      const double wd = decays ? o.weight_decay : 0.0;
       for (std::size_t i = 0; i < p.size(); ++i) {
         const double g = grads.at(name)[i];
-        p[i] *= 1 - o.lr * o.weight_decay;
+        p[i] *= 1 - o.lr * wd;
         mm[i] = o.beta1 * mm[i] + (1 - o.beta1) * g;
         vv[i] = o.beta2 * vv[i] + (1 - o.beta2) * g * g;
         const double m_hat = mm[i] / (1 - std::pow(o.beta1, t));
@@ -84,6 +90,9 @@ void check_steps(const Optimizer& optimizer, Reference reference) {
   Trainer<Model1, SoftmaxCrossEntropy, Backend> single(single_backend,
                                                        {.micro_batches = 1, .seed = 3});
   NamedTensors expected = parameters_of(trainer);
+  if constexpr (requires { reference.dims; })
+    for (const ParameterInfo& info : trainer.parameter_info())
+      reference.dims[info.name] = info.shape.size();
 
   for (int t = 1; t <= optimizer_steps; ++t) {
     CAPTURE(t);
@@ -140,5 +149,15 @@ TEST_CASE_TEMPLATE_DEFINE(
                                           test::conformance::AdamWReference(optim::AdamWOptions{}));
   const optim::AdamWOptions o{
       .lr = 3e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
+  test::conformance::check_steps<Factory>(optim::AdamW(o), test::conformance::AdamWReference(o));
+}
+
+TEST_CASE_TEMPLATE_DEFINE(
+    "AdamW with Decay::matrices decays only tensors of two or more dimensions, as nanoGPT's "
+    "two groups of torch.optim.AdamW",
+    Factory, conformance_adamw_matrices) {
+  using namespace gpipe;
+  // a weight decay large enough that decaying a bias or LayerNorm parameter shows
+  const optim::AdamWOptions o{.lr = 1e-2, .weight_decay = 5.0, .decay = optim::Decay::matrices};
   test::conformance::check_steps<Factory>(optim::AdamW(o), test::conformance::AdamWReference(o));
 }

@@ -3,9 +3,11 @@
 // amsgrad off). Defaults are PyTorch's. See sgd.hpp for what an optimizer provides.
 
 #include <cstddef>
+#include <span>
 #include <string>
 
 #include "gpipe/error.hpp"
+#include "gpipe/optim/optimizer.hpp"
 
 namespace gpipe::optim {
 
@@ -16,6 +18,9 @@ struct AdamWOptions {
   double beta2 = 0.999;        ///< decay of the second moment `v`, in [0, 1)
   double eps = 1e-8;           ///< added to `sqrt(v_hat)` in the denominator, >= 0
   double weight_decay = 1e-2;  ///< decoupled: `p *= 1 - lr weight_decay` before the Adam step, >= 0
+  /// The parameters weight_decay applies to: all (PyTorch's default), or Decay::matrices (only
+  /// tensors of two or more dimensions, nanoGPT's groups); the others get weight_decay 0.
+  Decay decay = Decay::all;
 };
 
 /// torch.optim.AdamW (amsgrad off), applied by `Trainer::step`. At step t = 1, 2, ... each
@@ -57,6 +62,27 @@ class AdamW {
               std::size_t step) const {
     k.adamw_update(n, params, grads, state, state + n, options.lr, options.beta1, options.beta2,
                    options.eps, options.weight_decay, step);
+  }
+
+  /// As `update` above, for a stage whose tensors are `tensors` (in order of offset, covering
+  /// the n parameters): with Decay::matrices, runs of tensors of one or of two and more
+  /// dimensions are updated apart, the first without weight decay (state: `m` at `state`, `v` at
+  /// `state + n`, as above).
+  template <class Kernels, class T>
+  void update(Kernels& k, std::size_t n, T* params, const T* grads, T* state, std::size_t step,
+              std::span<const ParameterRange> tensors) const {
+    if (options.decay == Decay::all) return update(k, n, params, grads, state, step);
+    for (std::size_t first = 0; first < tensors.size();) {
+      const bool decays = tensors[first].dims >= 2;
+      std::size_t last = first + 1;
+      while (last < tensors.size() && (tensors[last].dims >= 2) == decays) ++last;
+      const std::size_t at = tensors[first].offset;
+      const std::size_t count = tensors[last - 1].offset + tensors[last - 1].size - at;
+      k.adamw_update(count, params + at, grads + at, state + at, state + n + at, options.lr,
+                     options.beta1, options.beta2, options.eps, decays ? options.weight_decay : 0.0,
+                     step);
+      first = last;
+    }
   }
 
   Options options;  ///< may be changed between steps (e.g. a learning-rate schedule)

@@ -1,10 +1,13 @@
 #pragma once
 // The optimizer concept: what a type must provide to be the argument of Trainer::step, from
 // named parts as gpipe::layer is. SGD and AdamW (sgd.hpp, adamw.hpp) are the library's; a
-// user's own optimizer provides the same three pieces.
+// user's own optimizer provides the same three pieces. An optimizer that treats tensors by their
+// shape (AdamW's Decay::matrices, nanoGPT's two groups) also provides the update that takes the
+// stage's tensors (`grouped_optimizer_for`), which the Trainer then calls instead.
 
 #include <concepts>
 #include <cstddef>
+#include <span>
 
 #include "gpipe/model/layer.hpp"
 
@@ -36,6 +39,37 @@ template <class O, class Ctx>
 concept optimizer_for = optimizer<O> &&
     requires(const O& o, Ctx& ctx, std::size_t n, float* p, const float* g) {
   o.update(ctx, n, p, g, p, n);
+};
+
+namespace optim {
+
+/// Which parameters an optimizer's weight decay applies to.
+enum class Decay {
+  all,       ///< every parameter (PyTorch's default)
+  matrices,  ///< tensors of two or more dimensions only: weights of Linear and the embeddings,
+             ///< not biases, not LayerNorm (nanoGPT's two parameter groups)
+};
+
+/// One parameter tensor within a stage's flat parameter array: elements [offset, offset + size)
+/// of a tensor of `dims` dimensions. The Trainer gives a grouped optimizer a stage's tensors in
+/// order of offset, covering the array without gaps.
+struct ParameterRange {
+  std::size_t offset = 0;  ///< first element in the stage's flat array
+  std::size_t size = 0;    ///< elements
+  std::size_t dims = 1;    ///< 1 for a bias or a LayerNorm parameter, 2 for a matrix
+};
+
+}  // namespace optim
+
+/// grouped_optimizer_for<O, Ctx>: O's `update(ctx, n, params, grads, state, step, tensors)`
+/// takes the stage's tensors (optim::ParameterRange, in order) as well, so that it may treat them
+/// by shape; the Trainer calls it instead of the update without them. The state layout is the
+/// same (state_per_param planes of n floats).
+template <class O, class Ctx>
+concept grouped_optimizer_for = optimizer_for<O, Ctx> &&
+    requires(const O& o, Ctx& ctx, std::size_t n, float* p, const float* g,
+             std::span<const optim::ParameterRange> tensors) {
+  o.update(ctx, n, p, g, p, n, tensors);
 };
 
 namespace detail {

@@ -5,11 +5,15 @@
 // compiling (no RTTI: equal in every translation unit and shared library, and with -fno-rtti).
 // Compiled once per backend and optimizer type.
 
+#include <algorithm>
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <vector>
 
 #include "gpipe/backend/concepts.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/optim/optimizer.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 
 namespace gpipe::detail {
@@ -30,9 +34,29 @@ class OptimizerState {
 
  private:
   using Kernels = typename Backend::Kernels;
+  using Ranges = std::vector<optim::ParameterRange>;
+
+  // Zeroed state for an Optimizer: state_per_param floats per parameter of each local stage.
+  template <class Optimizer>
+  void restart(ParameterStore<Backend>& store, Backend& backend);
+  // Per stage: its tensors in order of offset (they cover its flat array without gaps).
+  static std::vector<Ranges> tensors_of(const ParameterStore<Backend>& store) {
+    std::vector<Ranges> out(store.num_stages());
+    for (const ParameterInfo& info : store.infos())
+      out[info.stage].push_back({info.offset, info.size, info.shape.size()});
+    for (Ranges& ranges : out) {
+      std::sort(ranges.begin(), ranges.end(),
+                [](const auto& a, const auto& b) { return a.offset < b.offset; });
+      for (std::size_t i = 0, at = 0; i < ranges.size(); at += ranges[i++].size)
+        require(ranges[i].offset == at, "a stage's parameter tensors leave a gap");
+    }
+    return out;
+  }
+
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
-  std::string_view optimizer_;  // type_name<Optimizer>() of the optimizer the state belongs to
-  std::size_t steps_ = 0;       // that optimizer's updates so far
+  std::vector<Ranges> tensors_;  // per stage, for optimizers that group tensors by shape
+  std::string_view optimizer_;   // type_name<Optimizer>() of the optimizer the state belongs to
+  std::size_t steps_ = 0;        // that optimizer's updates so far
 };
 
 // Defined out of the class, so that a program that declares its instantiation for
@@ -42,32 +66,43 @@ template <class Optimizer>
 void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Backend>& store,
                                    Backend& backend) {
   optimizer.check();
-  if (optimizer_ != type_name<Optimizer>()) {
-    state_.clear();
-    for (std::size_t s = 0; s < store.num_stages(); ++s) {
-      if (!store.local(s)) {
-        state_.emplace_back();
-        continue;
-      }
-      const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
-      state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
-                                                        MemoryKind::optimizer_state));
-      backend.submit(store.device_of_stage(s), {"optimizer state", s},
-                     [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
-    }
-    optimizer_ = type_name<Optimizer>();
-    steps_ = 0;
-  }
+  if (optimizer_ != type_name<Optimizer>()) restart<Optimizer>(store, backend);
+  if (tensors_.empty()) tensors_ = tensors_of(store);
   ++steps_;
   for (std::size_t s = 0; s < store.num_stages(); ++s) {
     if (!store.local(s)) continue;
     backend.submit(store.device_of_stage(s), {"optimizer step", s},
                    [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
-                    st = state_[s].data(), n = store.params()[s].size(),
-                    t = steps_](Kernels& k) { optimizer.update(k, n, p, g, st, t); });
+                    st = state_[s].data(), n = store.params()[s].size(), t = steps_,
+                    tensors = std::span<const optim::ParameterRange>(tensors_[s])](Kernels& k) {
+                     if constexpr (grouped_optimizer_for<Optimizer, Kernels>) {
+                       optimizer.update(k, n, p, g, st, t, tensors);
+                     } else {
+                       optimizer.update(k, n, p, g, st, t);
+                     }
+                   });
   }
   backend.synchronize();
   store.sync_tied_parameters();
+}
+
+template <class Backend>
+template <class Optimizer>
+void OptimizerState<Backend>::restart(ParameterStore<Backend>& store, Backend& backend) {
+  state_.clear();
+  for (std::size_t s = 0; s < store.num_stages(); ++s) {
+    if (!store.local(s)) {
+      state_.emplace_back();
+      continue;
+    }
+    const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
+    state_.push_back(
+        backend.template allocate<float>(store.device_of_stage(s), n, MemoryKind::optimizer_state));
+    backend.submit(store.device_of_stage(s), {"optimizer state", s},
+                   [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
+  }
+  optimizer_ = type_name<Optimizer>();
+  steps_ = 0;
 }
 
 }  // namespace gpipe::detail
