@@ -1,10 +1,12 @@
 // Optimizer steps on a pipeline equal PyTorch's update rules applied to the unpipelined model's
 // gradients, on the host backend: the backend-conformance suite of
-// tests/support/conformance_optimizers.hpp; a change of optimizer type restarting the state; and
-// hyperparameter checks.
+// tests/support/conformance_optimizers.hpp; a change of optimizer type restarting the state;
+// gradient clipping against torch's clip_grad_norm_ on the double reference; the learning-rate
+// schedule; and hyperparameter checks.
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -94,4 +96,48 @@ TEST_CASE("WarmupCosine: linear warmup, half a cosine, then the minimum") {
   CHECK(no_warmup(5) == doctest::Approx(1.0));
   CHECK_THROWS_AS(WarmupCosine({.max_lr = 0.1, .min_lr = 0.2}), gpipe::Error);
   CHECK_THROWS_AS(WarmupCosine({.warmup_steps = 5, .total_steps = 5}), gpipe::Error);
+}
+
+TEST_CASE("clip_grad_norm is torch's clip_grad_norm_ over the whole model, the same for any split") {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  const std::vector<float> x = random_inputs(conformance::optimizer_rows, Model3::in_features, 41);
+  const std::vector<std::int32_t> y =
+      random_classes(conformance::optimizer_rows, L6::out_features, 42);
+  host::Backend three(3), one(1);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend> split(three, {.micro_batches = 4, .seed = 5});
+  Trainer<Model1, SoftmaxCrossEntropy, host::Backend> whole(one, {.micro_batches = 4, .seed = 5});
+  const ReferenceResult ref =
+      reference_step<Model1, SoftmaxCrossEntropy>(parameters_of(whole), x, y);
+  double squares = 0;
+  for (const auto& [name, g] : ref.gradients)
+    for (const double v : g) squares += v * v;
+  const double ref_norm = std::sqrt(squares);
+  split.forward_backward(x, y);
+  whole.forward_backward(x, y);
+  const NamedTensors before = gradients_of(split);
+  REQUIRE(before == gradients_of(whole));  // the same gradients (bit for bit) ...
+
+  // a max_norm above the norm: the norm, and nothing clipped
+  const float norm = split.clip_grad_norm(1e30);
+  CHECK(norm == doctest::Approx(ref_norm).epsilon(1e-5));
+  CHECK(gradients_of(split) == before);
+  CHECK(whole.clip_grad_norm(1e30) == norm);  // ... the same norm, whatever the split
+
+  // half the norm: every gradient scaled by max_norm / (norm + 1e-6)
+  const double max_norm = ref_norm / 2;
+  CHECK(split.clip_grad_norm(max_norm) == norm);
+  CHECK(whole.clip_grad_norm(max_norm) == norm);
+  const double factor = max_norm / (ref_norm + 1e-6);
+  const NamedTensors after = gradients_of(split);
+  for (const auto& entry : ref.gradients) {
+    const std::string& name = entry.first;
+    CAPTURE(name);
+    std::vector<double> clipped = entry.second;
+    for (double& v : clipped) v *= factor;
+    CHECK(relative_error(after.at(name), clipped) < 1e-5);
+  }
+  CHECK(after == gradients_of(whole));
+  CHECK(split.clip_grad_norm(1e30) == doctest::Approx(max_norm).epsilon(1e-5));
+  CHECK_THROWS_AS(split.clip_grad_norm(-1.0), Error);
 }

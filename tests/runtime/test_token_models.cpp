@@ -235,6 +235,17 @@ const std::vector<Tie> gpt2_ties{{.parameter = "5.weight", .to = "0.wte.weight"}
 }  // namespace
 
 TEST_SUITE("token models") {
+  TEST_CASE("clip_grad_norm counts a tied pair once") {
+    host::Backend backend(4);
+    TiedTrainer4 trainer(backend, {.micro_batches = 2, .seed = 3, .ties = gpt2_ties});
+    trainer.forward_backward(tokens, targets);
+    double once = 0;  // every tensor's squares, the LM head's (the embedding's twin) left out
+    for (const auto& [name, g] : gradients_of(trainer))
+      if (name != "5.weight")
+        for (const double v : g) once += v * v;
+    CHECK(trainer.clip_grad_norm(1e30) == doctest::Approx(std::sqrt(once)).epsilon(1e-6));
+  }
+
   TEST_CASE("a tied LM head and embedding hold one tensor and the sum of both gradients") {
     host::Backend backend(4);
     for (std::size_t m : {1u, 3u}) {

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,26 @@ TEST_CASE_TEMPLATE_DEFINE("elementwise kernels match the host's", Device, kernel
       CHECK(dev.get(out, n) == g);
       dev.run([&](auto& k) { k.fill(n, 0.25f, out); });
       CHECK(dev.get(out, n) == std::vector<float>(n, 0.25f));
+
+      // scale (one rounding, as on the host), and the sum of squares in its fixed order: the
+      // host's bits exactly (backend/common.hpp), and the double reference's value
+      dev.run([&](auto& k) {
+        k.copy(n, dx, out);
+        k.scale(n, 0.75f, out);
+      });
+      host = x;
+      gpipe::host::scale(n, 0.75f, host.data());
+      CHECK(dev.get(out, n) == host);
+      float* sum = dev.make(2, 0);  // one double
+      dev.run([&](auto& k) { k.sum_of_squares(n, dx, reinterpret_cast<double*>(sum)); });
+      const std::vector<float> sum_bits = dev.get(sum, 2);
+      double got = 0, expected = 0;
+      std::memcpy(&got, sum_bits.data(), sizeof got);
+      host::Kernels<float>(0).sum_of_squares(n, x.data(), &expected);
+      long double exact = 0;  // 64 bits of mantissa on x86: far below the tolerance
+      for (const float v : x) exact += static_cast<long double>(v) * v;
+      CHECK(got == expected);
+      CHECK(std::abs(static_cast<long double>(got) - exact) <= 1e-12L * exact);
     }
   }
 }

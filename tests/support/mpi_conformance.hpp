@@ -3,7 +3,7 @@
 // host::Backend (tests/mpi/test_pipeline.cpp) and for mpi::CudaBackend against cuda::Backend on
 // the CUDA emulator and on GPUs (tests/mpi/test_cuda_pipeline.cu): with one rank per device, every
 // schedule gives bit for bit the loss, the gradients of each rank's own stages, the predictions,
-// the parameters after an optimizer step and the saved file of one process with as many devices
+// the gradient norm and clipped gradients, the parameters after an optimizer step and the saved file of one process with as many devices
 // (each rank runs that reference itself: same seed, same data); with data-parallel replicas two
 // steps without zero_grad match one process on the whole batch to float rounding; a throw on
 // rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
@@ -111,6 +111,15 @@ void check_against_one_process(Backend& backend) {
       }
       CHECK(mine > 0);
       CHECK(trainer.predict(x) == reference.predict(x));
+
+      // gradient clipping: the norm of one process, bit for bit, on every rank; clipped to half
+      // of it, the same gradients
+      const float norm = reference.clip_grad_norm(1e30);
+      CHECK(trainer.clip_grad_norm(1e30) == norm);
+      CHECK(trainer.clip_grad_norm(norm / 2) == reference.clip_grad_norm(norm / 2));
+      for (const ParameterInfo& info : trainer.parameter_info())
+        if (backend.is_local(trainer.device_of_stage(info.stage)))
+          CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
 
       const optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
       trainer.step(sgd);

@@ -143,5 +143,14 @@ namespace detail {
   }
 }
 
+// The fixed order of a sum of squares (Trainer::clip_grad_norm), the same on every backend so
+// that the same values give the same bits whatever splits them: chunks of squares_chunk
+// elements; within a chunk squares_lanes lanes, lane j adding x[j]^2, x[j + lanes]^2, ... in
+// double (a float's square is exact in double); the lanes then added as a tree (lane j +=
+// lane j + lanes/2, then lanes/4, ..., 1); the chunk sums added in chunk order. Host:
+// host::chunk_sum_of_squares; CUDA: cuda::sum_of_squares.
+inline constexpr std::size_t squares_chunk = 2048;
+inline constexpr std::size_t squares_lanes = 32;  // a power of two
+
 }  // namespace detail
 }  // namespace gpipe

@@ -128,6 +128,7 @@ concept multi_process_backend = backend<B> &&
   b.announce_failure();
   b.agree(std::string{});
   b.broadcast(device, values);
+  b.broadcast(device, std::span<double>());
   b.exchange(device, std::span<const float>(values), values);
   b.allreduce_sum(values);
 };

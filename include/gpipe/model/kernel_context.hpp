@@ -37,7 +37,7 @@ concept has_blas = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
   k.bias_grad(n, n, a, c);
 };
 
-/// y = a + b, y += x, dst = src, dst = value.
+/// y = a + b, y += x, dst = src, dst = value, x *= alpha.
 template <class Ctx>
 concept has_vector_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
                                   const typename Ctx::value_type* a, typename Ctx::value_type* c) {
@@ -45,6 +45,7 @@ concept has_vector_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_typ
   k.accumulate(n, a, c);
   k.copy(n, a, c);
   k.fill(n, s, c);
+  k.scale(n, s, c);
 };
 
 /// Copies between host memory and the device's memory, of floats and of class ids.
@@ -57,11 +58,14 @@ concept has_transfers = requires(Ctx& k, std::size_t n, const float* f, float* g
   k.download(n, i, j);
 };
 
-/// The losses' and optimizers' kernels (the primitives of model/loss.hpp and optim/).
+/// The losses' and optimizers' kernels (the primitives of model/loss.hpp and optim/), and the
+/// sum of squares in double of gradient clipping (out: one double of the device's memory, summed
+/// in the fixed order of backend/common.hpp).
 template <class Ctx>
 concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
                                     const typename Ctx::value_type* a, typename Ctx::value_type* c,
-                                    const std::int32_t* ids) {
+                                    const std::int32_t* ids, double* out) {
+  k.sum_of_squares(n, a, out);
   k.softmax_cross_entropy(n, n, a, ids, s, c, c);
   k.mse(n, a, a, s, c, c);
   k.sgd_update(n, c, a, c, 0.1, 0.9, 0.0, 0.0, false, true);

@@ -4,6 +4,7 @@
 // the model only as data (stage sizes, ParameterInfo, the stages' init functions), so it is
 // compiled once per backend.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -78,6 +79,10 @@ class ParameterStore {
 
   // Every gradient of this process's stages <- 0; waits for the devices.
   void zero_grad();
+
+  // Trainer::clip_grad_norm's contract: the gradients' L2 norm (a tied pair counted once), the
+  // same on every process; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by it.
+  double clip_grad_norm(double max_norm);
 
   const ParameterInfo& find(std::string_view name) const {
     for (const ParameterInfo& info : infos_)
@@ -301,6 +306,52 @@ void ParameterStore<Backend>::zero_grad() {
         [g = grads_[s].data(), n = grads_[s].size()](Kernels& k) { k.fill(n, 0.0f, g); });
   }
   backend_.synchronize();
+}
+
+template <class Backend>
+double ParameterStore<Backend>::clip_grad_norm(double max_norm) {
+  require(max_norm >= 0, "clip_grad_norm's max_norm must be >= 0, got " + std::to_string(max_norm));
+  // Per stage, the tensors whose squares count (a tied pair: its leader's) and their sums, each
+  // on the stage's device in the fixed order of backend/common.hpp, then on every process.
+  std::vector<std::vector<std::size_t>> counted(num_stages());
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (leader_of(infos_[i]) == &infos_[i]) counted[infos_[i].stage].push_back(i);
+  std::vector<std::vector<double>> sums(num_stages());
+  std::vector<Buffer<double>> on_device(num_stages());
+  for (std::size_t s = 0; s < num_stages(); ++s) {
+    sums[s].resize(counted[s].size());
+    if (!local(s) || counted[s].empty()) continue;
+    const std::size_t d = device_of_stage_[s];
+    on_device[s] = backend_.template allocate<double>(d, counted[s].size(), MemoryKind::workspace);
+    backend_.submit(d, {"sum of squares", s}, [this, s, &counted, &sums, &on_device](Kernels& k) {
+      for (std::size_t j = 0; j < counted[s].size(); ++j) {
+        const ParameterInfo& info = infos_[counted[s][j]];
+        k.sum_of_squares(info.size, grads_[s].data() + info.offset, on_device[s].data() + j);
+      }
+      k.download(counted[s].size(), on_device[s].data(), sums[s].data());
+    });
+  }
+  backend_.synchronize();
+  for (std::size_t s = 0; s < num_stages(); ++s)
+    transport_.broadcast(device_of_stage_[s], std::span<double>(sums[s]));
+  // the tensors' sums added in parameter order: the same bits however the model is split
+  std::vector<double> squares(infos_.size(), 0.0);
+  for (std::size_t s = 0; s < num_stages(); ++s)
+    for (std::size_t j = 0; j < counted[s].size(); ++j) squares[counted[s][j]] = sums[s][j];
+  double total = 0;
+  for (const double q : squares) total += q;
+  const double norm = std::sqrt(total);
+  const double factor = max_norm / (norm + 1e-6);
+  if (factor < 1) {
+    for (std::size_t s = 0; s < num_stages(); ++s) {
+      if (!local(s)) continue;
+      backend_.submit(device_of_stage_[s], {"clip gradients", s},
+                      [g = grads_[s].data(), n = grads_[s].size(),
+                       f = static_cast<float>(factor)](Kernels& k) { k.scale(n, f, g); });
+    }
+    backend_.synchronize();
+  }
+  return norm;
 }
 
 template <class Backend>

@@ -207,6 +207,17 @@ class Trainer {
     optimizer_.step(optimizer, store_, backend_);
   }
 
+  /// torch.nn.utils.clip_grad_norm_ over the whole model: the L2 norm of every gradient of every
+  /// stage, process and replica (a tied pair counted once); when max_norm / (norm + 1e-6) < 1,
+  /// every gradient is scaled by that factor. Returns the norm before clipping, the same on every
+  /// process. Each tensor's squares are summed in double in a fixed order on its device and the
+  /// tensors' sums in parameter order, so the same gradients give the same norm bit for bit
+  /// whatever the split into stages, devices and processes. Throws `gpipe::Error` for a negative
+  /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
+  float clip_grad_norm(double max_norm) {
+    return static_cast<float>(store_.clip_grad_norm(max_norm));
+  }
+
   /// Every parameter tensor: name, shape, stage.
   const std::vector<ParameterInfo>& parameter_info() const { return store_.infos(); }
 

@@ -131,6 +131,10 @@ class Transport<Backend> {
   void broadcast(std::size_t device, std::span<float> values) const {
     backend_.broadcast(device, values);
   }
+  /// As above, of doubles.
+  void broadcast(std::size_t device, std::span<double> values) const {
+    backend_.broadcast(device, values);
+  }
   /// With `peer`'s rank, which calls it with this rank's device: sends mine, receives theirs.
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) const {
     backend_.exchange(peer, mine, theirs);

@@ -146,6 +146,8 @@ class Transport {
 
   /// One process: it has `device`'s values already.
   void broadcast(std::size_t, std::span<float>) const {}
+  /// As above, of doubles.
+  void broadcast(std::size_t, std::span<double>) const {}
   /// One process holds every device's arrays: it has no peer to exchange with.
   void exchange(std::size_t, std::span<const float>, std::span<float>) const {
     throw Error("gpipe: a backend of one process has no other process to exchange with");

@@ -63,6 +63,14 @@ class EmulatedKernels {
     std::memcpy(dst, src, n * sizeof(float));
   }
   void fill(std::size_t n, float value, float* dst) { cu::fill(n, value, dst, nullptr); }
+  void scale(std::size_t n, float alpha, float* x) { cu::scale(n, alpha, x, nullptr); }
+  void sum_of_squares(std::size_t n, const float* x, double* out) {
+    const std::size_t chunks =
+        (n + gpipe::detail::squares_chunk - 1) / gpipe::detail::squares_chunk;
+    cu::sum_of_squares(n, x, out,
+                       reinterpret_cast<double*>(scratch(2 * std::max<std::size_t>(chunks, 1))),
+                       nullptr);
+  }
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const float* logits,
                              const std::int32_t* targets, float grad_scale, float* dlogits,
                              float* loss_sum) {

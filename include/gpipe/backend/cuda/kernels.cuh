@@ -106,6 +106,17 @@ class Kernels {
   }
   /// dst(n) = value.
   void fill(std::size_t n, float value, float* dst) { cuda::fill(n, value, dst, s_->compute); }
+  /// x(n) *= alpha.
+  void scale(std::size_t n, float alpha, float* x) { cuda::scale(n, alpha, x, s_->compute); }
+  /// out[0] (one double of this device's memory) = the sum of x(n)'s squares in double, in the
+  /// fixed order of gpipe::detail::squares_chunk (backend/common.hpp): the host's bits.
+  void sum_of_squares(std::size_t n, const float* x, double* out) {
+    const std::size_t chunks =
+        (n + gpipe::detail::squares_chunk - 1) / gpipe::detail::squares_chunk;
+    // doubles in the float scratch (256-byte aligned), at least one
+    auto* chunk_sums = reinterpret_cast<double*>(scratch(2 * std::max<std::size_t>(chunks, 1)));
+    cuda::sum_of_squares(n, x, out, chunk_sums, s_->compute);
+  }
 
   /// dst(n) on this device <- host_src(n) in host memory (pageable or not), in stream order,
   /// through pinned staging blocks: host_src may be reused as soon as upload returns.

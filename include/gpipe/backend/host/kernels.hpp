@@ -21,6 +21,7 @@
 // kernel per shape, and the unsplit Linear forward is its fused matmul); the MSE loss stays on
 // the caller.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -107,6 +108,12 @@ class Kernels {
   void copy(std::size_t n, const T* src, T* dst);
   /// dst(n) = value.
   void fill(std::size_t n, T value, T* dst);
+  /// x(n) *= alpha.
+  void scale(std::size_t n, T alpha, T* x);
+  /// out[0] (one double of this device's memory) = the sum of x(n)'s squares in double, in the
+  /// fixed order of detail::squares_chunk (backend/common.hpp: the same bits for any team and on
+  /// every backend).
+  void sum_of_squares(std::size_t n, const T* x, double* out);
 
   /// dst(n) on this device = host_src(n) in host memory (U = float, or std::int32_t for class
   /// ids); on the host both are ordinary memory.
@@ -205,6 +212,27 @@ void Kernels<T>::add(std::size_t n, const T* a, const T* b, T* y) {
 template <class T>
 void Kernels<T>::accumulate(std::size_t n, const T* x, T* y) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::accumulate(c, x + i, y + i); });
+}
+
+template <class T>
+void Kernels<T>::scale(std::size_t n, T alpha, T* x) {
+  in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::scale(c, alpha, x + i); });
+}
+
+template <class T>
+void Kernels<T>::sum_of_squares(std::size_t n, const T* x, double* out) {
+  using detail::squares_chunk;
+  const std::size_t chunks = (n + squares_chunk - 1) / squares_chunk;
+  std::vector<double> sums(chunks);
+  in_blocks(chunks, squares_chunk, [&](std::size_t first, std::size_t count) {
+    for (std::size_t c = first; c < first + count; ++c) {
+      const std::size_t begin = c * squares_chunk;
+      sums[c] = chunk_sum_of_squares(std::min(squares_chunk, n - begin), x + begin);
+    }
+  });
+  double total = 0;
+  for (const double s : sums) total += s;
+  out[0] = total;
 }
 
 template <class T>

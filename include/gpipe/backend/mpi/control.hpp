@@ -224,6 +224,12 @@ class MpiControl {
                                 static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
   }
+  /// As above, of doubles.
+  void broadcast(std::size_t device, std::span<double> values) {
+    detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_DOUBLE,
+                                static_cast<int>(device), pipeline_),
+                      "MPI_Bcast");
+  }
   /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
   /// sends `mine` and receives `theirs` (either may be empty; the sizes must match the peer's).
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {

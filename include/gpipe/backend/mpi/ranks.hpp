@@ -53,6 +53,10 @@ class MpiRanks {
   void broadcast(std::size_t device, std::span<float> values) {
     control_.broadcast(device, values);
   }
+  /// As above, of doubles (host memory).
+  void broadcast(std::size_t device, std::span<double> values) {
+    control_.broadcast(device, values);
+  }
   /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
   /// sends `mine` and receives `theirs` (host memory; either may be empty; the sizes must match
   /// the peer's).

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 
+#include "gpipe/backend/common.hpp"
 #include "gpipe/backend/cuda/kernels/common.cuh"
 
 namespace gpipe::cuda {
@@ -139,6 +140,50 @@ __global__ void scale_kernel(std::size_t n, float alpha, float* y) {
 inline void scale(std::size_t n, float alpha, float* y, cudaStream_t stream) {
   detail::launch_map<scale_kernel<4>, scale_kernel<1>>("scale_kernel", n, detail::aligned<4>(y),
                                                        stream, alpha, y);
+}
+
+/// chunk_sums[c] = the sum of squares of x's chunk c in double, in the fixed order of
+/// backend/common.hpp (gpipe::detail::squares_chunk): one block of squares_lanes threads a chunk.
+__global__ void chunk_squares_kernel(std::size_t n, const float* x, double* chunk_sums) {
+  constexpr std::size_t lanes = gpipe::detail::squares_lanes;
+  __shared__ double lane[lanes];
+  const std::size_t j = threadIdx.x;
+  const std::size_t begin = static_cast<std::size_t>(blockIdx.x) * gpipe::detail::squares_chunk;
+  const std::size_t end =
+      n - begin < gpipe::detail::squares_chunk ? n : begin + gpipe::detail::squares_chunk;
+  double sum = 0;
+  for (std::size_t i = begin + j; i < end; i += lanes) {
+    const double v = x[i];
+    sum += v * v;  // the square is exact in double: fused or not, one rounding
+  }
+  lane[j] = sum;
+  __syncthreads();
+  for (std::size_t half = lanes / 2; half > 0; half /= 2) {
+    if (j < half) lane[j] += lane[j + half];
+    __syncthreads();
+  }
+  if (j == 0) chunk_sums[blockIdx.x] = lane[0];
+}
+/// out[0] = values[0] + values[1] + ... in that order (one thread).
+__global__ void sum_in_order_kernel(std::size_t count, const double* values, double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = 0;
+  for (std::size_t i = 0; i < count; ++i) total += values[i];
+  out[0] = total;
+}
+/// out[0] (device memory) = the sum of x(n)'s squares in double, in the fixed order of
+/// backend/common.hpp; chunk_sums: scratch of (n + squares_chunk - 1) / squares_chunk doubles.
+inline void sum_of_squares(std::size_t n, const float* x, double* out, double* chunk_sums,
+                           cudaStream_t stream) {
+  const std::size_t chunks = (n + gpipe::detail::squares_chunk - 1) / gpipe::detail::squares_chunk;
+  if (chunks > 0) {
+    GPIPE_CUDA_LAUNCH(chunk_squares_kernel, static_cast<unsigned>(chunks),
+                      static_cast<unsigned>(gpipe::detail::squares_lanes), stream)
+    (n, x, chunk_sums);
+  }
+  GPIPE_CUDA_LAUNCH(sum_in_order_kernel, 1, 1, stream)(chunks, chunk_sums, out);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) detail::throw_cuda_error(error, "sum_of_squares", __FILE__, __LINE__);
 }
 
 }  // namespace gpipe::cuda

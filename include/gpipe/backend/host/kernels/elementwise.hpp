@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/kernels/simd.hpp"
 
 namespace gpipe::host {
@@ -107,6 +108,29 @@ void fill(std::size_t n, T value, T* dst) {
   std::size_t i = 0;
   for (; i + simd::width_v<T> <= n; i += simd::width_v<T>) simd::store(dst + i, pack);
   for (; i < n; ++i) dst[i] = value;
+}
+
+/// x *= alpha
+template <class T>
+void scale(std::size_t n, T alpha, T* x) {
+  simd::transform(
+      n, [alpha](auto u) { return u * alpha; }, x, x);
+}
+
+/// The sum of squares of one chunk x(n), n <= detail::squares_chunk, in the fixed order of
+/// backend/common.hpp.
+template <class T>
+double chunk_sum_of_squares(std::size_t n, const T* x) {
+  using detail::squares_lanes;
+  double lane[squares_lanes] = {};
+  for (std::size_t j = 0; j < squares_lanes; ++j)
+    for (std::size_t i = j; i < n; i += squares_lanes) {
+      const double v = static_cast<double>(x[i]);
+      lane[j] += v * v;
+    }
+  for (std::size_t half = squares_lanes / 2; half > 0; half /= 2)
+    for (std::size_t j = 0; j < half; ++j) lane[j] += lane[j + half];
+  return lane[0];
 }
 
 }  // namespace gpipe::host
