@@ -85,6 +85,11 @@ TEST_CASE("data-parallel replicas over NCCL give the one-process step on the who
   check_replicas<mpi::CudaBackend, cuda::Backend>();
 }
 
+TEST_CASE("a tie between the first and the last rank's stages: one tensor, both gradients") {
+  mpi::CudaBackend backend;
+  check_ties_across_ranks<mpi::CudaBackend, cuda::Backend>(backend);
+}
+
 TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
   mpi::CudaBackend backend;
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages

@@ -3,12 +3,14 @@
 // host::Backend (tests/mpi/test_pipeline.cpp) and for mpi::CudaBackend against cuda::Backend on
 // the CUDA emulator and on GPUs (tests/mpi/test_cuda_pipeline.cu): with one rank per device, every
 // schedule gives bit for bit the loss, the gradients of each rank's own stages, the predictions,
-// the gradient norm and clipped gradients, the parameters after an optimizer step and the saved file of one process with as many devices
-// (each rank runs that reference itself: same seed, same data); with data-parallel replicas two
-// steps without zero_grad match one process on the whole batch to float rounding; a throw on
-// rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
-// micro-batch and the original message, and the next step is right; a rank that kills itself
-// ends the job (run_killed_rank_step).
+// the gradient norm and clipped gradients, the parameters after an optimizer step and the saved
+// file of one process with as many devices (each rank runs that reference itself: same seed, same
+// data); with data-parallel replicas two steps without zero_grad match one process on the whole
+// batch to float rounding; a throw on rank 1 at micro-batch 2 ends the step on every rank with one
+// Error naming rank, stage, micro-batch and the original message, and the next step is right; a
+// rank that kills itself ends the job (run_killed_rank_step); GPT-2's tie between the first and the
+// last rank gives one process's loss, gradients, norm, AdamW step (both decay groups) and file
+// (check_ties_across_ranks).
 //
 // CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
 // collective.
@@ -70,6 +72,75 @@ OneProcess one_process_like(const Backend& backend, std::size_t devices) {
     return OneProcess(devices, {.threads_per_device = backend.threads_per_device()});
   else
     return OneProcess(devices);
+}
+
+// GPT-2's tying across the first and the last rank: the LM head (no bias) is the token embedding.
+constexpr std::size_t vocab = 7, context = 4, width = 8;
+using Emb = Embedding<vocab, context, width>;
+using Block = TransformerBlock<width, 2>;
+using TiedHead = Linear<width, vocab, false>;
+using TiedGpt2 = Pipeline<Stage<Emb, Block>, Stage<Block, LayerNorm<width>, TiedHead>>;
+using TiedGpt4 =
+    Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block>, Stage<LayerNorm<width>, TiedHead>>;
+
+template <class Model, class Backend, class OneProcess>
+void check_tie_across_ranks(Backend& backend, const std::string& head) {
+  using Kind = OneFOneB;
+  constexpr std::size_t K = Model::num_stages;
+  const std::vector<Tie> ties{{.parameter = head, .to = "0.wte.weight"}};
+  const std::vector<std::int32_t> tokens = random_classes(5 * context, vocab, 1);
+  const std::vector<std::int32_t> targets = random_classes(5 * context, vocab, 2);
+  const bool first = backend.is_local(0), last = backend.is_local(K - 1);
+  for (std::size_t m : {1u, 3u}) {
+    CAPTURE(m);
+    CAPTURE(backend.rank());
+    OneProcess one_process = one_process_like<OneProcess>(backend, K);
+    Trainer<Model, SoftmaxCrossEntropy, OneProcess, Kind> reference(
+        one_process, {.micro_batches = m, .seed = 3, .ties = ties});
+    Trainer<Model, SoftmaxCrossEntropy, Backend, Kind> trainer(
+        backend, {.micro_batches = m, .seed = 3, .ties = ties});
+    if (last) CHECK(trainer.parameter(head) == reference.parameter("0.wte.weight"));
+    for (int step = 0; step < 2; ++step)  // the second adds each step's sum once more
+      CHECK(trainer.forward_backward(tokens, targets) ==
+            reference.forward_backward(tokens, targets));
+    for (const ParameterInfo& info : trainer.parameter_info())
+      if (backend.is_local(trainer.device_of_stage(info.stage)))
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+    if (last) CHECK(trainer.gradient(head) == reference.gradient("0.wte.weight"));
+    // clipping counts the pair once, on every rank as in one process
+    const float norm = reference.clip_grad_norm(1e30);
+    CHECK(trainer.clip_grad_norm(norm / 2) == norm);
+    reference.clip_grad_norm(norm / 2);
+    // nanoGPT's groups: the tied matrix decays, biases and LayerNorm do not
+    const optim::AdamW adamw({.lr = 1e-2,
+                              .weight_decay = 0.1,
+                              .decay = m == 1 ? optim::Decay::all : optim::Decay::matrices});
+    trainer.step(adamw);
+    reference.step(adamw);
+    for (const ParameterInfo& info : trainer.parameter_info())
+      if (backend.is_local(trainer.device_of_stage(info.stage)))
+        CHECK(trainer.parameter(info.name) == reference.parameter(info.name));
+    trainer.save("tied.safetensors");
+    if (backend.rank() == 0) {
+      reference.save("tied_reference.safetensors");
+      CHECK(file_bytes("tied.safetensors") == file_bytes("tied_reference.safetensors"));
+    }
+    // set_parameter of a pair on two ranks: both call it, both tensors take the values
+    const std::vector<float> values(vocab * width, 0.25f);
+    if (first || last) trainer.set_parameter(head, values);
+    if (first) CHECK(trainer.parameter("0.wte.weight") == values);
+    if (last) CHECK(trainer.parameter(head) == values);
+    MPI_Barrier(backend.communicator());
+  }
+}
+
+// Ties between the first and the last rank's stages (on 2 or 4 ranks; others: nothing).
+template <class Backend, class OneProcess>
+void check_ties_across_ranks(Backend& backend) {
+  if (backend.num_devices() == 2)
+    check_tie_across_ranks<TiedGpt2, Backend, OneProcess>(backend, "4.weight");
+  if (backend.num_devices() == 4)
+    check_tie_across_ranks<TiedGpt4, Backend, OneProcess>(backend, "5.weight");
 }
 
 // Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels.
