@@ -90,6 +90,11 @@ TEST_CASE("a tie between the first and the last rank's stages: one tensor, both 
   check_ties_across_ranks<mpi::CudaBackend, cuda::Backend>(backend);
 }
 
+TEST_CASE("a checkpoint saved by the ranks loads into one process and back, bit for bit") {
+  mpi::CudaBackend backend;
+  check_checkpoints_on_ranks<mpi::CudaBackend, cuda::Backend>(backend);
+}
+
 TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
   mpi::CudaBackend backend;
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages

@@ -10,7 +10,8 @@
 // Error naming rank, stage, micro-batch and the original message, and the next step is right; a
 // rank that kills itself ends the job (run_killed_rank_step); GPT-2's tie between the first and the
 // last rank gives one process's loss, gradients, norm, AdamW step (both decay groups) and file
-// (check_ties_across_ranks).
+// (check_ties_across_ranks); a checkpoint the ranks save loads into one process and back into
+// the ranks, and the next step is one process's (check_checkpoints_on_ranks).
 //
 // CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
 // collective.
@@ -141,6 +142,61 @@ void check_ties_across_ranks(Backend& backend) {
     check_tie_across_ranks<TiedGpt2, Backend, OneProcess>(backend, "4.weight");
   if (backend.num_devices() == 4)
     check_tie_across_ranks<TiedGpt4, Backend, OneProcess>(backend, "5.weight");
+}
+
+// A checkpoint saved by the ranks (each its own stages' shard) equals one process's run: it
+// loads into one process with one device, and into the ranks, and the next step continues as one
+// process's does, bit for bit.
+template <class Model, class Backend, class OneProcess>
+void check_checkpoint_on_ranks(Backend& backend) {
+  constexpr std::size_t devices = Model::num_stages;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("gpipe_mpi_checkpoint_" + std::to_string(devices));
+  if (backend.rank() == 0) {
+    std::filesystem::remove_all(dir.string() + ".a");
+    std::filesystem::remove_all(dir.string() + ".b");
+    std::filesystem::remove(dir);
+  }
+  MPI_Barrier(backend.communicator());
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 61);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 62);
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .decay = optim::Decay::matrices});
+  const auto step = [&](auto& trainer) {
+    trainer.zero_grad();
+    trainer.forward_backward(x, y);
+    trainer.step(adamw);
+  };
+  OneProcess one_process = one_process_like<OneProcess>(backend, devices);
+  Trainer<Model, SoftmaxCrossEntropy, OneProcess> reference(one_process,
+                                                            {.micro_batches = 3, .seed = seed});
+  Trainer<Model, SoftmaxCrossEntropy, Backend> trainer(backend, {.micro_batches = 3, .seed = seed});
+  for (int i = 0; i < 2; ++i) {
+    step(reference);
+    step(trainer);
+  }
+  trainer.save_checkpoint(dir, {{"ranks", std::to_string(backend.world_size())}});
+
+  OneProcess single_device = one_process_like<OneProcess>(backend, 1);
+  Trainer<Model1, SoftmaxCrossEntropy, OneProcess> single(single_device, {.seed = 99});
+  CHECK(single.load_checkpoint(dir).at("ranks") == std::to_string(backend.world_size()));
+  for (const ParameterInfo& info : single.parameter_info())
+    CHECK(single.parameter(info.name) == reference.parameter(info.name));
+
+  Trainer<Model, SoftmaxCrossEntropy, Backend> resumed(backend, {.micro_batches = 3, .seed = 98});
+  resumed.load_checkpoint(dir);
+  step(reference);
+  step(resumed);
+  for (const ParameterInfo& info : resumed.parameter_info())
+    if (backend.is_local(resumed.device_of_stage(info.stage)))
+      CHECK(resumed.parameter(info.name) == reference.parameter(info.name));
+  MPI_Barrier(backend.communicator());
+}
+
+template <class Backend, class OneProcess>
+void check_checkpoints_on_ranks(Backend& backend) {
+  if (backend.num_devices() == 2) check_checkpoint_on_ranks<Model2, Backend, OneProcess>(backend);
+  if (backend.num_devices() == 3) check_checkpoint_on_ranks<Model3, Backend, OneProcess>(backend);
+  if (backend.num_devices() == 4) check_checkpoint_on_ranks<Model4, Backend, OneProcess>(backend);
 }
 
 // Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels.

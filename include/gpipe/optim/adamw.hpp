@@ -2,9 +2,13 @@
 // gpipe::optim::AdamW: torch.optim.AdamW (decoupled weight decay, bias-corrected moments,
 // amsgrad off). Defaults are PyTorch's. See sgd.hpp for what an optimizer provides.
 
+#include <array>
 #include <cstddef>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gpipe/error.hpp"
 #include "gpipe/optim/optimizer.hpp"
@@ -39,6 +43,20 @@ class AdamW {
   explicit AdamW(Options options = {}) : options(options) { check(); }
 
   static constexpr std::size_t state_per_param = 2;  ///< (m, v), each a block of n floats
+  /// The kind a checkpoint records; its state under PyTorch's names (`<param>.exp_avg`, ...).
+  static constexpr std::string_view name = "AdamW";
+  /// PyTorch's names of the state planes (m, v), as checkpoints write them.
+  static constexpr std::array<std::string_view, 2> state_names{"exp_avg", "exp_avg_sq"};
+
+  /// The hyperparameters as a checkpoint records them (shortest round-trip decimals).
+  std::vector<std::pair<std::string, std::string>> hyperparameters() const {
+    return {{"lr", detail::decimal(options.lr)},
+            {"beta1", detail::decimal(options.beta1)},
+            {"beta2", detail::decimal(options.beta2)},
+            {"eps", detail::decimal(options.eps)},
+            {"weight_decay", detail::decimal(options.weight_decay)},
+            {"decay", options.decay == Decay::all ? "all" : "matrices"}};
+  }
 
   /// Throws `gpipe::Error` naming the first hyperparameter out of range: lr, eps, weight_decay
   /// < 0, or beta1, beta2 outside [0, 1). `Trainer::step` calls it, so edits to `options` between

@@ -5,9 +5,11 @@
 // shape (AdamW's Decay::matrices, nanoGPT's two groups) also provides the update that takes the
 // stage's tensors (`grouped_optimizer_for`), which the Trainer then calls instead.
 
+#include <charconv>
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 
 #include "gpipe/model/layer.hpp"
 
@@ -73,6 +75,13 @@ concept grouped_optimizer_for = optimizer_for<O, Ctx> &&
 };
 
 namespace detail {
+
+// `value` as the shortest decimal that reads back as the same double ("0.001", "1e-08").
+inline std::string decimal(double value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
 
 // explain_optimizer_for<O, Ctx>(): true for an optimizer_for<O, Ctx>; otherwise a static_assert
 // that names the first piece O lacks (Trainer::step checks its argument with it).

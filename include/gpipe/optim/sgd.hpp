@@ -4,10 +4,15 @@
 // zeroed by the Trainer on each stage's device), check() for its hyperparameters, and
 // update(kernels, n, params, grads, state, step) with step = 1, 2, ... counted by the Trainer.
 
+#include <array>
 #include <cstddef>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "gpipe/error.hpp"
+#include "gpipe/optim/optimizer.hpp"
 
 namespace gpipe::optim {
 
@@ -39,6 +44,19 @@ class SGD {
   explicit SGD(Options options = {}) : options(options) { check(); }
 
   static constexpr std::size_t state_per_param = 1;  ///< momentum buffer
+  /// The kind a checkpoint records; its state under PyTorch's name (`<param>.momentum_buffer`).
+  static constexpr std::string_view name = "SGD";
+  /// PyTorch's name of the state plane, as checkpoints write it.
+  static constexpr std::array<std::string_view, 1> state_names{"momentum_buffer"};
+
+  /// The hyperparameters as a checkpoint records them (shortest round-trip decimals).
+  std::vector<std::pair<std::string, std::string>> hyperparameters() const {
+    return {{"lr", detail::decimal(options.lr)},
+            {"momentum", detail::decimal(options.momentum)},
+            {"dampening", detail::decimal(options.dampening)},
+            {"weight_decay", detail::decimal(options.weight_decay)},
+            {"nesterov", options.nesterov ? "true" : "false"}};
+  }
 
   /// Throws `gpipe::Error` naming the first hyperparameter out of range: lr, momentum or
   /// weight_decay < 0, or nesterov without momentum > 0 and dampening == 0. `Trainer::step` calls

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/concepts.hpp"
@@ -25,6 +27,35 @@ constexpr std::string_view type_name() {
   return __PRETTY_FUNCTION__;
 }
 
+// What a checkpoint records of the optimizer besides its state tensors.
+struct OptimizerRecord {
+  std::string kind;                      // Optimizer::name ("AdamW", "SGD"); "" before any step
+  std::vector<std::string> state_names;  // of its state planes (PyTorch's: "exp_avg", ...)
+  std::vector<std::pair<std::string, std::string>> hyperparameters;  // at the last step
+  std::size_t steps = 0;                                             // updates so far
+};
+
+// An optimizer's kind (Optimizer::name, else its type's name), the names of its state planes
+// (Optimizer::state_names, else "state0", ...) and its hyperparameters (hyperparameters(), else
+// none), as a checkpoint records them.
+template <class Optimizer>
+OptimizerRecord record_of(const Optimizer& optimizer) {
+  OptimizerRecord out;
+  if constexpr (requires { Optimizer::name; })
+    out.kind = std::string(Optimizer::name);
+  else
+    out.kind = std::string(type_name<Optimizer>());
+  for (std::size_t i = 0; i < Optimizer::state_per_param; ++i) {
+    if constexpr (requires { Optimizer::state_names[i]; })
+      out.state_names.emplace_back(Optimizer::state_names[i]);
+    else
+      out.state_names.push_back("state" + std::to_string(i));
+  }
+  if constexpr (requires { optimizer.hyperparameters(); })
+    out.hyperparameters = optimizer.hyperparameters();
+  return out;
+}
+
 template <class Backend>
 class OptimizerState {
  public:
@@ -32,13 +63,48 @@ class OptimizerState {
   template <class Optimizer>
   void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend);
 
+  // For checkpoints: the record of the optimizer whose state this is, and stage s's state
+  // (state_names.size() planes of its parameter count, on its device; empty before any step).
+  const OptimizerRecord& record() const { return record_; }
+  typename Backend::template Buffer<float>& state(std::size_t s) { return state_[s]; }
+  // No state: the next step starts its optimizer afresh (a checkpoint saved before any step).
+  void clear() {
+    state_.clear();
+    optimizer_ = {};
+    steps_ = 0;
+    record_ = {};
+    restored_ = false;
+  }
+  // A checkpoint's state: zeroed planes for `record`'s optimizer, its step count; the next step
+  // must be given an optimizer of that kind (gpipe::Error otherwise), which then continues it.
+  void restore(OptimizerRecord record, ParameterStore<Backend>& store, Backend& backend) {
+    allocate(record.state_names.size(), store, backend);
+    optimizer_ = {};
+    steps_ = record.steps;
+    record_ = std::move(record);
+    restored_ = true;
+  }
+
  private:
   using Kernels = typename Backend::Kernels;
   using Ranges = std::vector<optim::ParameterRange>;
 
-  // Zeroed state for an Optimizer: state_per_param floats per parameter of each local stage.
-  template <class Optimizer>
-  void restart(ParameterStore<Backend>& store, Backend& backend);
+  // Zeroed state: `planes` floats per parameter of each local stage.
+  void allocate(std::size_t planes, ParameterStore<Backend>& store, Backend& backend) {
+    state_.clear();
+    for (std::size_t s = 0; s < store.num_stages(); ++s) {
+      if (!store.local(s)) {
+        state_.emplace_back();
+        continue;
+      }
+      const std::size_t n = planes * store.params()[s].size();
+      state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
+                                                        MemoryKind::optimizer_state));
+      backend.submit(store.device_of_stage(s), {"optimizer state", s},
+                     [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
+    }
+    backend.synchronize();
+  }
   // Per stage: its tensors in order of offset (they cover its flat array without gaps).
   static std::vector<Ranges> tensors_of(const ParameterStore<Backend>& store) {
     std::vector<Ranges> out(store.num_stages());
@@ -57,6 +123,8 @@ class OptimizerState {
   std::vector<Ranges> tensors_;  // per stage, for optimizers that group tensors by shape
   std::string_view optimizer_;   // type_name<Optimizer>() of the optimizer the state belongs to
   std::size_t steps_ = 0;        // that optimizer's updates so far
+  OptimizerRecord record_;       // what a checkpoint records of it
+  bool restored_ = false;        // the state is a checkpoint's, its optimizer not yet given
 };
 
 // Defined out of the class, so that a program that declares its instantiation for
@@ -66,7 +134,18 @@ template <class Optimizer>
 void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Backend>& store,
                                    Backend& backend) {
   optimizer.check();
-  if (optimizer_ != type_name<Optimizer>()) restart<Optimizer>(store, backend);
+  OptimizerRecord record = record_of(optimizer);
+  if (restored_) {
+    require(record.kind == record_.kind && record.state_names == record_.state_names,
+            "the optimizer state restored from a checkpoint is " + record_.kind +
+                "'s, and Trainer::step was given " + record.kind);
+    optimizer_ = type_name<Optimizer>();
+    restored_ = false;
+  } else if (optimizer_ != type_name<Optimizer>()) {
+    allocate(Optimizer::state_per_param, store, backend);
+    optimizer_ = type_name<Optimizer>();
+    steps_ = 0;
+  }
   if (tensors_.empty()) tensors_ = tensors_of(store);
   ++steps_;
   for (std::size_t s = 0; s < store.num_stages(); ++s) {
@@ -84,25 +163,8 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
   }
   backend.synchronize();
   store.sync_tied_parameters();
-}
-
-template <class Backend>
-template <class Optimizer>
-void OptimizerState<Backend>::restart(ParameterStore<Backend>& store, Backend& backend) {
-  state_.clear();
-  for (std::size_t s = 0; s < store.num_stages(); ++s) {
-    if (!store.local(s)) {
-      state_.emplace_back();
-      continue;
-    }
-    const std::size_t n = Optimizer::state_per_param * store.params()[s].size();
-    state_.push_back(
-        backend.template allocate<float>(store.device_of_stage(s), n, MemoryKind::optimizer_state));
-    backend.submit(store.device_of_stage(s), {"optimizer state", s},
-                   [p = state_.back().data(), n](Kernels& k) { k.fill(n, 0.0f, p); });
-  }
-  optimizer_ = type_name<Optimizer>();
-  steps_ = 0;
+  record.steps = steps_;
+  record_ = std::move(record);
 }
 
 }  // namespace gpipe::detail

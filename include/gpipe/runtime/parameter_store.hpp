@@ -80,6 +80,16 @@ class ParameterStore {
   // Every gradient of this process's stages <- 0; waits for the devices.
   void zero_grad();
 
+  // For checkpoints: the parameter whose name files use for info (its tie partner, or itself);
+  // the values of a local tensor; and a local tensor set without its tie partner (a checkpoint
+  // gives every process the values of both).
+  const ParameterInfo& saved_as(const ParameterInfo& info) const { return *leader_of(info); }
+  std::vector<float> local_values(const ParameterInfo& info) const { return read(params_, info); }
+  void set_local(const ParameterInfo& info, std::span<const float> values) {
+    write(params_, info, values);
+    backend_.synchronize();
+  }
+
   // Trainer::clip_grad_norm's contract: the gradients' L2 norm (a tied pair counted once), the
   // same on every process; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by it.
   double clip_grad_norm(double max_norm);

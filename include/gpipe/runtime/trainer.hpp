@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,6 +30,7 @@
 #include "gpipe/model/loss.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/optim/optimizer.hpp"
+#include "gpipe/runtime/checkpoint.hpp"
 #include "gpipe/runtime/optimizer_state.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/runtime/remat.hpp"
@@ -216,6 +218,26 @@ class Trainer {
   /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
   float clip_grad_norm(double max_norm) {
     return static_cast<float>(store_.clip_grad_norm(max_norm));
+  }
+
+  /// Writes a checkpoint to directory `dir`: the parameters, the optimizer's state under
+  /// PyTorch's names and its step count, and `user` (strings the caller wants back, e.g. the
+  /// data position), in the sharded safetensors layout (runtime/checkpoint.hpp). Collective with
+  /// several processes: each writes its own stages' shard (replica 0), rank 0 the index. Crash
+  /// safe: `dir` is a link to the newest complete version, replaced atomically once it is on
+  /// disk, so a process killed at any moment leaves the previous checkpoint or the new one.
+  void save_checkpoint(const std::filesystem::path& dir,
+                       const std::map<std::string, std::string>& user = {}) {
+    detail::Checkpoint<Backend>(backend_, store_, optimizer_).save(dir, user);
+  }
+  /// Restores a checkpoint of `save_checkpoint` into this trainer, whatever K, M, schedule,
+  /// processes and replicas wrote it, and returns its `user` map. The next `step` continues the
+  /// optimizer (bit for bit with the same K, M and schedule on the host backend); one with
+  /// another kind of optimizer than the checkpoint's is a `gpipe::Error`. A missing or damaged
+  /// file, a missing tensor, a wrong shape or another model is a `gpipe::Error` naming the file
+  /// and the tensor, and leaves the trainer as it was.
+  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) {
+    return detail::Checkpoint<Backend>(backend_, store_, optimizer_).load(dir);
   }
 
   /// Every parameter tensor: name, shape, stage.

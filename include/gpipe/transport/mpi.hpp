@@ -131,6 +131,8 @@ class Transport<Backend> {
   void broadcast(std::size_t device, std::span<float> values) const {
     backend_.broadcast(device, values);
   }
+  /// Collective over every process: returns once all have called it.
+  void barrier() const { backend_.barrier(); }
   /// As above, of doubles.
   void broadcast(std::size_t device, std::span<double> values) const {
     backend_.broadcast(device, values);

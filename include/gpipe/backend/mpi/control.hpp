@@ -224,6 +224,8 @@ class MpiControl {
                                 static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
   }
+  /// Collective over the world: returns once every rank has called it.
+  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
   /// As above, of doubles.
   void broadcast(std::size_t device, std::span<double> values) {
     detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_DOUBLE,
