@@ -10,7 +10,8 @@
 //           [2 blocks] [block] [LayerNorm, head] (four device threads on this machine's 2 cores)
 //   threads K = 1, threads:2: the one device with its large kernels split over two threads, its
 //           worker and one helper (host::BackendOptions::threads_per_device)
-// Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1, one thread, of this run), bubble.
+// Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1, one thread, of this run), bubble,
+// clip_share (Trainer::clip_grad_norm's time over the step's).
 
 #include <benchmark/benchmark.h>
 
@@ -72,6 +73,14 @@ void BM_GptStep(benchmark::State& state) {
   state.counters["tokens_per_s"] = static_cast<double>(samples * T) / (step_ms / 1e3);
   if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
   state.counters["bubble"] = trainer.last_step().bubble_fraction;
+  // Gradient clipping, as a training run adds it to every step: its time against the step's
+  // (timed apart from the step; a max_norm that always clips, so both passes run).
+  const auto clip_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) benchmark::DoNotOptimize(trainer.clip_grad_norm(1e-3));
+  const double clip_ms =
+      1e3 / 3 *
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - clip_start).count();
+  state.counters["clip_share"] = clip_ms / step_ms;
 }
 
 void register_all() {
