@@ -98,7 +98,8 @@ TEST_CASE("WarmupCosine: linear warmup, half a cosine, then the minimum") {
   CHECK_THROWS_AS(WarmupCosine({.warmup_steps = 5, .total_steps = 5}), gpipe::Error);
 }
 
-TEST_CASE("clip_grad_norm is torch's clip_grad_norm_ over the whole model, the same for any split") {
+TEST_CASE(
+    "clip_grad_norm is torch's clip_grad_norm_ over the whole model, the same for any split") {
   using namespace gpipe;
   using namespace gpipe::test;
   const std::vector<float> x = random_inputs(conformance::optimizer_rows, Model3::in_features, 41);

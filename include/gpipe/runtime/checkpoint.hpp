@@ -98,8 +98,8 @@ inline std::string json_object(const std::vector<std::pair<std::string, std::str
                                const char* indent) {
   std::string out = "{";
   for (std::size_t i = 0; i < members.size(); ++i)
-    out += (i ? ",\n" : "\n") + std::string(indent) + "  " + json_quote(members[i].first) +
-           ": " + json_quote(members[i].second);
+    out += (i ? ",\n" : "\n") + std::string(indent) + "  " + json_quote(members[i].first) + ": " +
+           json_quote(members[i].second);
   return out + (members.empty() ? "}" : "\n" + std::string(indent) + "}");
 }
 
