@@ -129,7 +129,7 @@ concept multi_process_backend = backend<B> &&
   b.agree(std::string{});
   b.broadcast(device, values);
   b.broadcast(device, std::span<double>());
-  b.barrier();
+  { b.all_succeeded(true) } -> std::convertible_to<bool>;
   b.exchange(device, std::span<const float>(values), values);
   b.allreduce_sum(values);
 };

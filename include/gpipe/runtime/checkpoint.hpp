@@ -26,6 +26,7 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -124,27 +125,58 @@ class Checkpoint {
   Checkpoint(Backend& backend, ParameterStore<Backend>& store, OptimizerState<Backend>& optimizer)
       : backend_(backend), transport_(backend), store_(store), optimizer_(optimizer) {}
 
-  // Trainer::save_checkpoint's contract.
+  // Trainer::save_checkpoint's contract. Each phase ends with every process agreeing that none
+  // failed (or all throw), so that a failure on one process never leaves the others waiting.
   void save(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) {
     const std::filesystem::path version = next_checkpoint_version(dir);
-    const bool writes = transport_.replica() == 0;
-    if (transport_.writes_files()) {
+    together("prepare " + version.string(), [&] {
+      if (!transport_.writes_files()) return;
       std::filesystem::remove_all(version);
       std::filesystem::create_directories(version);
-    }
-    transport_.barrier();
-    if (writes) write_shards(version);
-    transport_.barrier();
-    if (transport_.writes_files()) {
+    });
+    together("write its shard", [&] {
+      if (transport_.replica() == 0) write_shards(version);
+    });
+    together("publish " + dir.string(), [&] {
+      if (!transport_.writes_files()) return;
       write_index(version / checkpoint_index, user);
       sync_to_disk(version);
       publish_checkpoint(dir, version);
-    }
-    transport_.barrier();
+    });
   }
 
-  // Trainer::load_checkpoint's contract.
+  // Trainer::load_checkpoint's contract: every process reads and checks what it needs, and only
+  // when all succeeded does any change its trainer.
   std::map<std::string, std::string> load(const std::filesystem::path& dir) {
+    std::map<std::string, std::vector<float>> values;
+    OptimizerRecord record;
+    std::map<std::string, std::string> user;
+    together("read " + dir.string(), [&] { user = read(dir, values, record); });
+    apply(values, std::move(record));
+    return user;
+  }
+
+ private:
+  // Runs `work` on every process, then agrees: if it threw anywhere, every process throws (its
+  // own error, or one saying another process could not `what`).
+  template <class Work>
+  void together(const std::string& what, Work work) {
+    std::exception_ptr failure;
+    try {
+      work();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (transport_.all_succeeded(failure == nullptr)) return;
+    if (failure) std::rethrow_exception(failure);
+    throw Error("gpipe: another process could not " + what + " (its error says why)");
+  }
+
+  // Reads the index and this process's tensors of checkpoint `dir` into `values` and `record`,
+  // checking every name and shape; returns the user's map.
+  std::map<std::string, std::string> read(const std::filesystem::path& dir,
+                                          std::map<std::string, std::vector<float>>& values,
+                                          OptimizerRecord& record) const {
     const std::filesystem::path index_path = dir / checkpoint_index;
     std::ifstream in(index_path, std::ios::binary);
     require(static_cast<bool>(in), "cannot read the checkpoint index " + index_path.string());
@@ -155,10 +187,9 @@ class Checkpoint {
     require(metadata != nullptr, index_path.string() + " has no metadata");
     const auto shards = json_strings(weight_map, index_path, "weight_map");
     const auto gpipe = json_strings(metadata->find("gpipe"), index_path, "metadata.gpipe");
-    OptimizerRecord record = record_in(gpipe, index_path);
+    record = record_in(gpipe, index_path);
 
     // Every tensor this process needs, read and checked before anything changes.
-    std::map<std::string, std::vector<float>> values;
     std::map<std::string, std::map<std::string, io::Tensor, std::less<>>> files;
     for (const std::string& name : needed(record)) {
       const auto shard = shards.find(name);
@@ -176,11 +207,9 @@ class Checkpoint {
                   shape_string(tensor->second.shape) + ", the model's is " + shape_string(shape));
       values[name] = tensor->second.data;
     }
-    apply(values, std::move(record));
     return json_strings(metadata->find("user"), index_path, "metadata.user");
   }
 
- private:
   // The tensors of this process's stages that a checkpoint holds: each parameter under its saved
   // name, and with an optimizer its state planes under `<name>.<state>`.
   std::vector<std::string> needed(const OptimizerRecord& record) const {

@@ -131,8 +131,8 @@ class Transport<Backend> {
   void broadcast(std::size_t device, std::span<float> values) const {
     backend_.broadcast(device, values);
   }
-  /// Collective over every process: returns once all have called it.
-  void barrier() const { backend_.barrier(); }
+  /// Collective over every process (a barrier): whether every process passed true.
+  bool all_succeeded(bool mine) const { return backend_.all_succeeded(mine); }
   /// As above, of doubles.
   void broadcast(std::size_t device, std::span<double> values) const {
     backend_.broadcast(device, values);

@@ -32,10 +32,11 @@
 //                                   agree whether one failed, and all throw the same Error
 //   abort_step(failure)             ends a step whose issuing threw `failure`: cancels its work,
 //                                   (tells the other processes) and throws
-//   broadcast(d, values), exchange(peer, mine, theirs), allreduce_sum(values), barrier()
+//   broadcast(d, values), exchange(peer, mine, theirs), allreduce_sum(values), all_succeeded(ok)
 //                                   between steps: every process gets device d's values (floats
 //                                   or doubles); d's process and this one swap arrays; values <-
-//                                   their sum over the replicas; every process has arrived
+//                                   their sum over the replicas; whether every process passed
+//                                   ok (a barrier, so that a failure on one ends the work of all)
 
 #include <cstddef>
 #include <exception>
@@ -149,8 +150,11 @@ class Transport {
   void broadcast(std::size_t, std::span<float>) const {}
   /// As above, of doubles.
   void broadcast(std::size_t, std::span<double>) const {}
-  /// One process: waits for its devices' work.
-  void barrier() const { backend_.synchronize(); }
+  /// One process: waits for its devices' work, and it is every process.
+  bool all_succeeded(bool mine) const {
+    backend_.synchronize();
+    return mine;
+  }
   /// One process holds every device's arrays: it has no peer to exchange with.
   void exchange(std::size_t, std::span<const float>, std::span<float>) const {
     throw Error("gpipe: a backend of one process has no other process to exchange with");

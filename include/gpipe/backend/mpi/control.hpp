@@ -224,8 +224,12 @@ class MpiControl {
                                 static_cast<int>(device), pipeline_),
                       "MPI_Bcast");
   }
-  /// Collective over the world: returns once every rank has called it.
-  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  /// Collective over the world: whether every rank passed true.
+  bool all_true(bool mine) {
+    int in = mine ? 1 : 0, out = 0;
+    detail::check_mpi(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    return out != 0;
+  }
   /// As above, of doubles.
   void broadcast(std::size_t device, std::span<double> values) {
     detail::check_mpi(MPI_Bcast(values.data(), count_of(values.size()), MPI_DOUBLE,

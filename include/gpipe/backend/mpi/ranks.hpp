@@ -53,8 +53,8 @@ class MpiRanks {
   void broadcast(std::size_t device, std::span<float> values) {
     control_.broadcast(device, values);
   }
-  /// Collective over the world (every replica): returns once every rank has called it.
-  void barrier() { control_.barrier(); }
+  /// Collective over the world (every replica): whether every rank passed true.
+  bool all_succeeded(bool mine) { return control_.all_true(mine); }
   /// As above, of doubles (host memory).
   void broadcast(std::size_t device, std::span<double> values) {
     control_.broadcast(device, values);
