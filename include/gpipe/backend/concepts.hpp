@@ -1,51 +1,12 @@
 #pragma once
-// The seams between the runtime and a backend, written down as concepts: what the Trainer and its
-// executor call on a Backend, and on the Transport that hands activations and gradients between
-// its devices. The kernel context a layer's code runs with is gpipe::kernel_context
-// (model/kernel_context.hpp). gpipe::host::Backend and gpipe::cuda::Backend satisfy these (their
-// headers check it); a new backend is written against them.
-//
-//   backend<B>               devices 0..num_devices()-1, each an in-order stream of work with its
-//                            own counted memory:
-//     B::Kernels             the kernel context work runs with (a kernel_context)
-//     B::Event               recorded on one device's stream, waited for on another's
-//     B::Buffer<T>           owning device memory: data(), size(), reset(); movable
-//     B::name                "host", "cuda", ...
-//     num_devices(), memory_stats(d), reset_peak()
-//     allocate<T>(d, count, kind)   memory on device d, counted under kind
-//     submit(d, label, work)        work(Kernels&) runs on d's stream, in submission order; a
-//                                   failure is reported by synchronize() with the label
-//     record(d, event), wait(d, event)
-//     synchronize()          waits for all work; rethrows the first failure
-//     cancel()               drops work not yet run and releases every wait
-//     set_tracing(on), take_trace(), take_timing()
-//     devices_share_cores(busy)   optional: whether `busy` devices computing at once share the
-//                            machine's cores (for BubbleBreakdown; false where not provided)
-//   multi_process_backend<B>  a backend of one device per process, R replicas of a pipeline of
-//                            K devices (mpi::Backend, mpi::CudaBackend); the runtime reaches it
-//                            only through its transport (transport/mpi.hpp), which calls:
-//     is_local(d), rank(), world_size(), replicas(), replica()   the layout
-//     send(d, label, peer, tag, buffer)   on local device d: hands `buffer` (taken over when the
-//                            work runs) to device `peer`; a send never blocks the device. `tag`
-//                            names the message (the recv has the same; its parity is the
-//                            direction, see transport/mpi.hpp)
-//     receive(d, label, peer, tag, buffer, count, kind)   on local device d: `buffer` <- count
-//                            floats from `peer`, allocated there as `kind`
-//     expect_reductions(v)   at the start of a step: the arrays (of this process's device) whose
-//                            sum over the replicas the step computes, in the order they start
-//     start_reduction(d, label)  on local device d, after the work before it: starts the next
-//     finish_reductions()    at the step's end: starts those not started (a failed step), waits
-//     announce_failure()     tells the other processes at once that this one failed
-//     agree(failure)         collective, ends a step: the processes agree whether any failed
-//                            ("" = not this one), and all throw the same Error if one did
-//     broadcast(d, values), exchange(d, mine, theirs), allreduce_sum(values)   collectives
-//                            between steps: from d's process; with d's process; over replicas
-//   stage_transport<T, Kernels>  a backend's copy policy (transport_for<B>, transport/select.hpp):
-//     T::receive(k, src, dst, n)   how transport::Transport copies within one process, on the
-//                                  receiver's stream after its wait for the sender's event
-//     T::sends               Sends::buffered when a send never blocks; Sends::rendezvous when a
-//                            send completes only with its recv (NCCL across ranks): the Trainer
-//                            then orders and validates its schedule for that (schedule/op.hpp)
+// The seams between the runtime and a backend, written down as concepts (each documented where
+// it is declared below): `device_buffer`, `backend` (devices as in-order streams of work with
+// counted memory: what the executor submits to), `multi_process_backend` (a device per process:
+// the mechanics transport/mpi.hpp's Transport calls), and `stage_transport` (a backend's copy
+// policy within one process). The kernel context a layer's code runs with is
+// gpipe::kernel_context (model/kernel_context.hpp). gpipe::host::Backend and gpipe::cuda::Backend
+// satisfy `backend` (their headers check it), the MPI backends `multi_process_backend`; a new
+// backend is written against them.
 
 #include <concepts>
 #include <cstddef>
@@ -79,7 +40,9 @@ concept device_buffer = std::movable<Buffer> && std::default_initializable<Buffe
 /// as a gpipe::Error (OutOfMemory stays OutOfMemory) whose message starts with describe(label,
 /// device); `cancel()` drops work not yet run and releases every wait.
 /// `set_tracing`, `take_trace()` and `take_timing()` report what ran (TraceEvent,
-/// ComputeTiming). gpipe::host::Backend and gpipe::cuda::Backend model it. (A function pointer
+/// ComputeTiming); `B::name` names it ("host", "cuda"). Optional: `devices_share_cores(busy)`,
+/// whether `busy` devices computing at once share the machine's cores (BubbleBreakdown; false
+/// where not provided). gpipe::host::Backend and gpipe::cuda::Backend model it. (A function pointer
 /// stands for the work: nvcc's front end refuses a lambda in a requires-clause.)
 template <class B>
 concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel label,
@@ -106,11 +69,15 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
 
 /// A backend of one device per process, running R replicas of a pipeline (mpi::Backend,
 /// mpi::CudaBackend): the layout (`is_local(d)`, `rank()`, `world_size()`, `replicas()`,
-/// `replica()`), tagged messages (`send`, `receive`), the step's gradient sums over the replicas
-/// (`expect_reductions`, `start_reduction`, `finish_reductions`), the failure agreement
-/// (`announce_failure`, `agree`) and the collectives between steps (`broadcast`, `exchange`,
-/// `allreduce_sum`). The runtime reaches it only through `transport::Transport`
-/// (transport/mpi.hpp).
+/// `replica()`); tagged messages: `send(d, label, peer, tag, buffer)` hands `buffer` (taken over
+/// when the work runs) from local device d to `peer` without blocking d, `receive(d, label, peer,
+/// tag, buffer, count, kind)` fills `buffer`, allocated on d as `kind` (a tag's parity is its
+/// direction, see transport/mpi.hpp); the step's gradient sums over the replicas
+/// (`expect_reductions`, `start_reduction`, `finish_reductions`); the failure agreement
+/// (`announce_failure`, `agree(failure)`, collective: every process throws the same Error if
+/// one failed); and the collectives between steps (`broadcast` of floats or doubles,
+/// `exchange`, `allreduce_sum`, `all_succeeded`). The runtime reaches it only through
+/// `transport::Transport` (transport/mpi.hpp).
 template <class B>
 concept multi_process_backend = backend<B> &&
     requires(B& b, const B& cb, std::size_t device, WorkLabel label,

@@ -1,6 +1,7 @@
 #pragma once
 // gpipe::optim::AdamW: torch.optim.AdamW (decoupled weight decay, bias-corrected moments,
-// amsgrad off). Defaults are PyTorch's. See sgd.hpp for what an optimizer provides.
+// amsgrad off), with nanoGPT's decay groups (Decay::matrices). Defaults are PyTorch's. What an
+// optimizer provides is the `optimizer` concept's (optim/optimizer.hpp).
 
 #include <array>
 #include <cstddef>

@@ -1,8 +1,6 @@
 #pragma once
-// gpipe::optim::SGD: torch.optim.SGD (momentum, dampening, weight decay, Nesterov).
-// An optimizer provides state_per_param (floats of state it keeps per parameter, allocated and
-// zeroed by the Trainer on each stage's device), check() for its hyperparameters, and
-// update(kernels, n, params, grads, state, step) with step = 1, 2, ... counted by the Trainer.
+// gpipe::optim::SGD: torch.optim.SGD (momentum, dampening, weight decay, Nesterov). What an
+// optimizer provides is the `optimizer` concept's (optim/optimizer.hpp).
 
 #include <array>
 #include <cstddef>

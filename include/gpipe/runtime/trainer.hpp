@@ -10,9 +10,10 @@
 // A thin facade over three parts that see the model as data (its stages' programs, shapes and
 // parameter names), so that they are compiled once per backend and not once per model: the
 // parameter store (storage, initialization, names, ties, files; runtime/parameter_store.hpp),
-// the optimizer state (runtime/optimizer_state.hpp) and the step runner (schedule, executor,
-// timing; runtime/step_runner.hpp). What depends on the model's types is here: the checks that
-// the model runs on the backend, the schedule's generator, and the typed entry points.
+// the optimizer state (runtime/optimizer_state.hpp), checkpoints (runtime/checkpoint.hpp) and
+// the step runner (schedule, executor, timing; runtime/step_runner.hpp). What depends on the
+// model's types is here: the checks that the model runs on the backend, the schedule's generator,
+// and the typed entry points.
 
 #include <cstddef>
 #include <cstdint>
