@@ -71,7 +71,6 @@ class OptimizerState {
   void clear() {
     state_.clear();
     optimizer_ = {};
-    steps_ = 0;
     record_ = {};
     restored_ = false;
   }
@@ -80,7 +79,6 @@ class OptimizerState {
   void restore(OptimizerRecord record, ParameterStore<Backend>& store, Backend& backend) {
     allocate(record.state_names.size(), store, backend);
     optimizer_ = {};
-    steps_ = record.steps;
     record_ = std::move(record);
     restored_ = true;
   }
@@ -122,8 +120,7 @@ class OptimizerState {
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
   std::vector<Ranges> tensors_;  // per stage, for optimizers that group tensors by shape
   std::string_view optimizer_;   // type_name<Optimizer>() of the optimizer the state belongs to
-  std::size_t steps_ = 0;        // that optimizer's updates so far
-  OptimizerRecord record_;       // what a checkpoint records of it
+  OptimizerRecord record_;       // what a checkpoint records of it, its step count among them
   bool restored_ = false;        // the state is a checkpoint's, its optimizer not yet given
 };
 
@@ -134,7 +131,7 @@ template <class Optimizer>
 void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Backend>& store,
                                    Backend& backend) {
   optimizer.check();
-  OptimizerRecord record = record_of(optimizer);
+  OptimizerRecord record = record_of(optimizer);  // steps 0
   if (restored_) {
     require(record.kind == record_.kind && record.state_names == record_.state_names,
             "the optimizer state restored from a checkpoint is " + record_.kind +
@@ -144,15 +141,16 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
   } else if (optimizer_ != type_name<Optimizer>()) {
     allocate(Optimizer::state_per_param, store, backend);
     optimizer_ = type_name<Optimizer>();
-    steps_ = 0;
+    record_ = record;  // steps 0
   }
+  record_.hyperparameters = std::move(record.hyperparameters);  // this step's
   if (tensors_.empty()) tensors_ = tensors_of(store);
-  ++steps_;
+  const std::size_t t = ++record_.steps;
   for (std::size_t s = 0; s < store.num_stages(); ++s) {
     if (!store.local(s)) continue;
     backend.submit(store.device_of_stage(s), {"optimizer step", s},
                    [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
-                    st = state_[s].data(), n = store.params()[s].size(), t = steps_,
+                    st = state_[s].data(), n = store.params()[s].size(), t,
                     tensors = std::span<const optim::ParameterRange>(tensors_[s])](Kernels& k) {
                      if constexpr (grouped_optimizer_for<Optimizer, Kernels>) {
                        optimizer.update(k, n, p, g, st, t, tensors);
@@ -163,8 +161,6 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
   }
   backend.synchronize();
   store.sync_tied_parameters();
-  record.steps = steps_;
-  record_ = std::move(record);
 }
 
 }  // namespace gpipe::detail
