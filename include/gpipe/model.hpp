@@ -10,6 +10,7 @@
 #include "gpipe/model/layer_norm.hpp"
 #include "gpipe/model/linear.hpp"
 #include "gpipe/model/loss.hpp"
+#include "gpipe/model/names.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/model/residual.hpp"
 #include "gpipe/model/stage.hpp"

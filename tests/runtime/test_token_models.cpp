@@ -309,6 +309,75 @@ TEST_SUITE("token models") {
         "\"5.weight\" is tied to \"0.wte.weight\", but the file holds different values");
   }
 
+  TEST_CASE("nanoGPT's names: save writes them and load reads a state dict with masks and ties") {
+    host::Backend backend(4);
+    const NameMap names = nanogpt_names<TiedGpt4>();
+    CHECK(names.file_name("0.wte.weight") == "transformer.wte.weight");
+    CHECK(names.file_name("0.wpe.weight") == "transformer.wpe.weight");
+    CHECK(names.file_name("1.attn.c_attn.weight") == "transformer.h.0.attn.c_attn.weight");
+    CHECK(names.file_name("3.mlp.c_proj.bias") == "transformer.h.2.mlp.c_proj.bias");
+    CHECK(names.file_name("4.bias") == "transformer.ln_f.bias");
+    CHECK(names.file_name("5.weight") == "lm_head.weight");
+    CHECK(nanogpt_names<Gpt1>().file_name("5.bias") == "lm_head.bias");
+    TiedTrainer4 trainer(backend, {.seed = 3, .ties = gpt2_ties});
+    trainer.save("nanogpt.safetensors", names);
+    auto file = io::load_safetensors("nanogpt.safetensors");
+    CHECK(file.size() == parameters_of(trainer).size() - 1);  // the tied tensor once, as wte
+    CHECK(file.count("transformer.wte.weight") == 1);
+    CHECK(file.count("transformer.h.2.ln_2.weight") == 1);
+    CHECK(file.count("lm_head.weight") == 0);
+
+    // A state dict as nanoGPT's GPT holds it: both tied names, a causal mask per block.
+    std::vector<io::TensorView> state;
+    for (const auto& [name, tensor] : file) state.push_back({name, tensor.shape, tensor.data});
+    state.push_back({"lm_head.weight", file.at("transformer.wte.weight").shape,
+                     file.at("transformer.wte.weight").data});
+    const std::vector<float> mask(T * T, 1.0f);
+    for (int block = 0; block < 3; ++block)
+      state.push_back(
+          {"transformer.h." + std::to_string(block) + ".attn.bias", {1, 1, T, T}, mask});
+    io::save_safetensors("state_dict.safetensors", state);
+    TiedTrainer4 other(backend, {.seed = 4, .ties = gpt2_ties});
+    REQUIRE(parameters_of(other) != parameters_of(trainer));
+    other.load("state_dict.safetensors", names);
+    CHECK(parameters_of(other) == parameters_of(trainer));
+
+    // Only the head's name (as safetensors' save_model may keep it): the tie reads it.
+    std::erase_if(state,
+                  [](const io::TensorView& t) { return t.name == "transformer.wte.weight"; });
+    io::save_safetensors("head_only.safetensors", state);
+    TiedTrainer4 third(backend, {.seed = 5, .ties = gpt2_ties});
+    third.load("head_only.safetensors", names);
+    CHECK(parameters_of(third) == parameters_of(trainer));
+
+    // What still fails: a tensor the model lacks (without a skipped suffix), a missing one under
+    // its file name, a map that gives two parameters one name or renames an unknown one.
+    state.push_back({"transformer.h.0.attn.rotary", {T, T}, mask});
+    io::save_safetensors("extra.safetensors", state);
+    check_error([&] { third.load("extra.safetensors", names); },
+                "has a tensor \"transformer.h.0.attn.rotary\" that the model does not have");
+    check_error([&] { third.load("nanogpt.safetensors"); },
+                "has no tensor \"0.wte.weight\" that the model needs");
+    trainer.save("gpipe_names.safetensors");
+    check_error([&] { third.load("gpipe_names.safetensors", names); },
+                "has no tensor \"transformer.wte.weight\" that the model needs");
+    NameMap twice = names;
+    twice.rename("4.weight", "transformer.ln_f.bias");
+    check_error([&] { third.save("twice.safetensors", twice); },
+                "gives \"4.bias\" and \"4.weight\" the same name \"transformer.ln_f.bias\"");
+    check_error([&] { third.load("nanogpt.safetensors", NameMap(names).rename("9.weight", "x")); },
+                "the name map renames \"9.weight\" (to \"x\"), which the model does not have");
+    CHECK(parameters_of(third) == parameters_of(trainer));  // no failed load changed it
+  }
+
+  TEST_CASE("nanogpt_names refuses a model of another shape, naming the parameter") {
+    check_error([] { (void)nanogpt_names<Pipeline<Stage<Emb, Block, Head>>>(); },
+                "parameter \"1.attn.c_attn.weight\" is not the final LayerNorm's");
+    check_error(
+        [] { (void)nanogpt_names<Pipeline<Stage<Linear<3, 4>, LayerNorm<4>, Linear<4, 2>>>>(); },
+        "parameter \"0.weight\" is not an Embedding's");
+  }
+
   TEST_CASE("a tie that cannot hold is a gpipe::Error at construction") {
     host::Backend backend(4);
     using Untied = Trainer<Gpt4, SoftmaxCrossEntropy, host::Backend>;

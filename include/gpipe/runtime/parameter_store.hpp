@@ -4,10 +4,12 @@
 // the model only as data (stage sizes, ParameterInfo, the stages' init functions), so it is
 // compiled once per backend.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +20,7 @@
 #include "gpipe/error.hpp"
 #include "gpipe/io/safetensors.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/names.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/transport/transport.hpp"
@@ -105,9 +108,9 @@ class ParameterStore {
   // Trainer::set_parameter's contract.
   void set_parameter(std::string_view name, std::span<const float> values);
 
-  // Trainer::load's contract.
-  void load(const std::filesystem::path& path);
-  void save(const std::filesystem::path& path) const;
+  // Trainer::load's and save's contract.
+  void load(const std::filesystem::path& path, const NameMap& names = {});
+  void save(const std::filesystem::path& path, const NameMap& names = {}) const;
   void save_gradients(const std::filesystem::path& path) const;
 
   // Before a step: a tied pair holds the same gradient sum; the follower's copy restarts from 0
@@ -182,7 +185,9 @@ class ParameterStore {
   }
 
   // Every tensor once: a tied parameter is saved under its partner's name only.
-  void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path) const {
+  void save_all(const std::vector<Buffer<float>>& where, const std::filesystem::path& path,
+                const NameMap& names = {}) const {
+    check_names(names);
     std::vector<const ParameterInfo*> saved;
     for (const ParameterInfo& info : infos_)
       if (leader_of(info) == &info) saved.push_back(&info);
@@ -195,8 +200,20 @@ class ParameterStore {
     if (!transport_.writes_files()) return;
     std::vector<io::TensorView> views;
     for (std::size_t i = 0; i < saved.size(); ++i)
-      views.push_back({saved[i]->name, saved[i]->shape, data[i]});
+      views.push_back({names.file_name(saved[i]->name), saved[i]->shape, data[i]});
     io::save_safetensors(path, views);
+  }
+  // A NameMap renames only the model's parameters, and to distinct names.
+  void check_names(const NameMap& names) const {
+    for (const auto& [model_name, file_name] : names.renames())
+      require(has(model_name), "the name map renames \"" + model_name + "\" (to \"" + file_name +
+                                   "\"), which the model does not have");
+    std::map<std::string, const ParameterInfo*, std::less<>> owner;
+    for (const ParameterInfo& info : infos_) {
+      const auto [it, fresh] = owner.emplace(names.file_name(info.name), &info);
+      require(fresh, "the name map gives \"" + info.name + "\" and \"" + it->second->name +
+                         "\" the same name \"" + it->first + "\"");
+    }
   }
 
   // Checks the ties and resolves their names: every tie joins two distinct parameters of one
@@ -391,36 +408,55 @@ void ParameterStore<Backend>::set_parameter(std::string_view name, std::span<con
 }
 
 template <class Backend>
-void ParameterStore<Backend>::load(const std::filesystem::path& path) {
+void ParameterStore<Backend>::load(const std::filesystem::path& path, const NameMap& names) {
+  check_names(names);
   const auto tensors = io::load_safetensors(path);
-  for (const ParameterInfo& info : infos_) {
-    const auto it = tensors.find(info.name);
-    if (it == tensors.end() && leader_of(info) != &info) continue;
-    require(it != tensors.end(),
-            path.string() + " has no tensor \"" + info.name + "\" that the model needs");
-    require(it->second.shape == info.shape, path.string() + ": tensor \"" + info.name +
-                                                "\" has shape " + shape_string(it->second.shape) +
-                                                ", the model expects " + shape_string(info.shape));
+  const auto in_file = [&](const ParameterInfo& info) -> const io::Tensor* {
+    const auto it = tensors.find(names.file_name(info.name));
+    return it == tensors.end() ? nullptr : &it->second;
+  };
+  // Where each leader's values come from: its own tensor, else its tie partner's (a file may
+  // hold a tied tensor under either name).
+  std::vector<const io::Tensor*> source(infos_.size());
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const ParameterInfo& info = infos_[i];
+    const io::Tensor* tensor = in_file(info);
+    const TiePair* tie = tie_of(info);
+    if (tensor == nullptr && tie != nullptr) {
+      if (leader_of(info) != &info) continue;  // a follower: its leader's check covers it
+      tensor = in_file(*tie->first);
+    }
+    require(tensor != nullptr, path.string() + " has no tensor \"" + names.file_name(info.name) +
+                                   "\" that the model needs");
+    require(tensor->shape == info.shape,
+            path.string() + ": tensor \"" + names.file_name(info.name) + "\" has shape " +
+                shape_string(tensor->shape) + ", the model expects " + shape_string(info.shape));
+    source[i] = tensor;
   }
-  for (const auto& [name, tensor] : tensors)
-    require(has(name),
+  for (const auto& [name, tensor] : tensors) {
+    const bool known = std::any_of(infos_.begin(), infos_.end(), [&](const ParameterInfo& info) {
+      return names.file_name(info.name) == name;
+    });
+    require(known || names.skipped(name),
             path.string() + " has a tensor \"" + name + "\" that the model does not have");
-  for (const auto& [follower, leader] : ties_) {
-    const auto it = tensors.find(follower->name);
-    require(it == tensors.end() || it->second.data == tensors.at(leader->name).data,
-            path.string() + ": \"" + follower->name + "\" is tied to \"" + leader->name +
-                "\", but the file holds different values for them");
   }
-  for (const ParameterInfo& info : infos_)
-    if (leader_of(info) == &info && local(info.stage))
-      write(params_, info, tensors.find(info.name)->second.data);
+  for (const auto& [follower, leader] : ties_) {
+    const io::Tensor* a = in_file(*follower);
+    const io::Tensor* b = in_file(*leader);
+    require(a == nullptr || b == nullptr || a->data == b->data,
+            path.string() + ": \"" + names.file_name(follower->name) + "\" is tied to \"" +
+                names.file_name(leader->name) + "\", but the file holds different values for them");
+  }
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (leader_of(infos_[i]) == &infos_[i] && local(infos_[i].stage))
+      write(params_, infos_[i], source[i]->data);
   backend_.synchronize();
   sync_tied_parameters();
 }
 
 template <class Backend>
-void ParameterStore<Backend>::save(const std::filesystem::path& path) const {
-  save_all(params_, path);
+void ParameterStore<Backend>::save(const std::filesystem::path& path, const NameMap& names) const {
+  save_all(params_, path, names);
 }
 
 template <class Backend>

@@ -259,13 +259,20 @@ class Trainer {
   }
 
   /// Parameters from a safetensors file with exactly the model's names and shapes (as PyTorch's
-  /// load_state_dict with strict=True); a tied parameter may be left out. With several processes
-  /// each reads the file and keeps its own stages' tensors.
-  void load(const std::filesystem::path& path) { store_.load(path); }
-  /// The model's parameters as one safetensors file (F32, a tied tensor once, under `Tie::to`),
-  /// which `load` reads back. With several processes, every process calls it (each stage's owner
-  /// sends its tensors) and the first device's writes it.
-  void save(const std::filesystem::path& path) const { store_.save(path); }
+  /// load_state_dict with strict=True); a tied pair may be given under either name or both
+  /// (equal). With `names`, each parameter is read under `names.file_name(name)` and the tensors
+  /// `names` skips are ignored: `trainer.load("gpt2.safetensors", gpipe::nanogpt_names<Gpt>())`
+  /// reads nanoGPT's state dict. With several processes each reads the file and keeps its own
+  /// stages' tensors.
+  void load(const std::filesystem::path& path, const NameMap& names = {}) {
+    store_.load(path, names);
+  }
+  /// The model's parameters as one safetensors file (F32, a tied tensor once, under `Tie::to`, or
+  /// the name `names` gives it), which `load` reads back. With several processes, every process
+  /// calls it (each stage's owner sends its tensors) and the first device's writes it.
+  void save(const std::filesystem::path& path, const NameMap& names = {}) const {
+    store_.save(path, names);
+  }
   /// The accumulated gradients as `save` writes the parameters: same names, shapes and processes.
   void save_gradients(const std::filesystem::path& path) const { store_.save_gradients(path); }
 
