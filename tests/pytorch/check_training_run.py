@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Three steps of a training run, gpipe against nanoGPT's GPT in PyTorch (float64).
+
+The model is nanoGPT's GPT (module names transformer.wte/wpe/h.{i}/ln_f and lm_head, the LM head
+tied to the token embedding, a causal-mask buffer attn.bias in every block), its parameters drawn
+at random (biases and LayerNorms too, so that weight decay on them would show). Its state dict
+(both tied names, the masks) goes to a safetensors file that gpipe loads with nanogpt_names; each
+step is nanoGPT's: cross-entropy, clip_grad_norm_ at a norm below the gradients' (so it clips),
+AdamW with nanoGPT's two groups (weight decay on tensors of 2 or more dimensions only) and a
+warmup + cosine learning rate. gpipe runs the same steps (pytorch_train_steps): in one process at
+K = 1, 2, 4; with MPI on 2 and 4 ranks and on 2 replicas of 2 stages; and saved at K = 4 after
+the first step, resumed for the other two on 2 ranks (or, without MPI, at K = 2 in one process).
+Each run's losses, norms and final parameters (written under nanoGPT's names) are checked.
+
+Usage: check_training_run.py <pytorch_train_steps> [--mpi <pytorch_train_steps_mpi> --mpiexec <mpiexec>]
+Exits 77 (CTest: skipped) when torch is not installed.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - depends on the machine
+    print(f"skipped: {e} (apt-get install python3-torch, or pip install torch, to run this check)")
+    sys.exit(77)
+
+V, T, D, H, BLOCKS, BATCH = 13, 6, 12, 3, 3, 4  # as tests/pytorch/train_steps.cpp
+STEPS, MAX_NORM = 3, 0.05
+MAX_LR, MIN_LR, WARMUP = 1e-2, 1e-3, 1
+BETAS, EPS, WEIGHT_DECAY = (0.9, 0.95), 1e-8, 0.1
+
+
+def lr_at(step):
+    """gpipe::optim::WarmupCosine (and nanoGPT's get_lr) with total_steps = STEPS."""
+    if step < WARMUP:
+        return MAX_LR * (step + 1) / WARMUP
+    ratio = (step - WARMUP) / (STEPS - WARMUP)
+    return MIN_LR + 0.5 * (1 + math.cos(math.pi * ratio)) * (MAX_LR - MIN_LR)
+
+
+class CausalSelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(D, 3 * D)
+        self.c_proj = torch.nn.Linear(D, D)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, L, H, C // H).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+        att = att.masked_fill(self.bias[:, :, :L, :L] == 0, float("-inf")).softmax(dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, L, C))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = torch.nn.Linear(D, 4 * D)
+        self.c_proj = torch.nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        return self.c_proj(torch.nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(D, eps=1e-5)
+        self.attn = CausalSelfAttention()
+        self.ln_2 = torch.nn.LayerNorm(D, eps=1e-5)
+        self.mlp = Mlp()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = torch.nn.ModuleDict(dict(
+            wte=torch.nn.Embedding(V, D), wpe=torch.nn.Embedding(T, D),
+            h=torch.nn.ModuleList(Block() for _ in range(BLOCKS)),
+            ln_f=torch.nn.LayerNorm(D, eps=1e-5)))
+        self.lm_head = torch.nn.Linear(D, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's tie
+        generator = torch.Generator().manual_seed(29)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+                elif name.endswith("weight"):  # LayerNorm
+                    p.copy_(1 + 0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
+                else:
+                    p.copy_(0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def save_safetensors(path, tensors):
+    """F32 tensors as safetensors: an 8-byte little-endian header size, a JSON header of
+    {name: {dtype, shape, data_offsets}} padded with spaces to 8 bytes, then the data."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        blob = tensors[name].detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        out[name] = flat.reshape(info["shape"]).double()
+    return out
+
+
+def adam_ratio_bound(t):
+    """An upper bound of |m_hat / sqrt(v_hat)| after t Adam steps, whatever the gradients
+    (Cauchy-Schwarz on the two moving sums): an entry whose gradient is only rounding noise moves
+    at most lr times this per step, in either direction."""
+    b1, b2 = BETAS
+    series = sum((b1 * b1 / b2) ** j for j in range(t))
+    return (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2) * series)
+
+
+def reference(batches):
+    """nanoGPT's steps in float64: (losses, norms, parameters by name after the steps)."""
+    model = GPT().double()
+    decay = [p for _, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr_at(0), betas=BETAS, eps=EPS)
+    losses, norms = [], []
+    for step in range(STEPS):
+        x, y = batches[f"x{step}"].long(), batches[f"y{step}"].long()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        assert norm.item() > 2 * MAX_NORM, f"step {step}: norm {norm.item()} does not clip"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        norms.append(norm.item())
+    return losses, norms, {name: p.detach() for name, p in model.named_parameters()}
+
+
+def compare(tag, out, first_step, want):
+    """Failures of one gpipe run against the reference."""
+    losses, norms, params = want
+    failures, worst = 0, {"loss": 0.0, "norm": 0.0, "parameter": 0.0}
+    lines = open(os.path.join(out, "steps.txt")).read().split("\n")
+    steps = [line.split() for line in lines if line]
+    failures += [int(s[0]) for s in steps] != list(range(first_step, STEPS))
+    for s, loss, norm in steps:
+        s = int(s)
+        worst["loss"] = max(worst["loss"], abs(float(loss) - losses[s]) / losses[s])
+        worst["norm"] = max(worst["norm"], abs(float(norm) - norms[s]) / norms[s])
+    got = load_safetensors(os.path.join(out, "stepped.safetensors"))
+    failures += sorted(got) != sorted(params)  # nanoGPT's names, the tied tensor once as wte
+    noise_bound = 2 * sum(lr_at(s) * adam_ratio_bound(s + 1) for s in range(STEPS))
+    for name, p in params.items():
+        g = got.get(name)
+        if g is None:
+            continue
+        if name.endswith("attn.c_attn.bias"):
+            # The key third's gradient is exactly 0 (q . b_k is the same for every key of a query,
+            # and softmax ignores it): both sides step on rounding noise, bounded above.
+            keys = slice(D, 2 * D)
+            drift = (g[keys] - p[keys]).abs().max().item()
+            if drift > noise_bound:
+                print(f"  {tag} {name}[D:2D]: drift {drift:.1e} > {noise_bound:.1e}  FAILED")
+                failures += 1
+            g, p = torch.cat([g[:D], g[2 * D:]]), torch.cat([p[:D], p[2 * D:]])
+        error = (g - p).abs().max().item() / (p.abs().max().item() or 1.0)
+        worst["parameter"] = max(worst["parameter"], error)
+    bad = worst["loss"] > 1e-5 or worst["norm"] > 1e-5 or worst["parameter"] > 1e-5
+    failures += bad
+    print(f"{tag}: steps {first_step}-{STEPS - 1}, worst rel error: loss {worst['loss']:.1e}, "
+          f"norm {worst['norm']:.1e}, parameters {worst['parameter']:.1e}"
+          f"{'  FAILED' if failures else ''}")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("train_steps")
+    parser.add_argument("--mpi")
+    parser.add_argument("--mpiexec")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = GPT()
+        state = model.state_dict()
+        assert "lm_head.weight" in state and "transformer.h.0.attn.bias" in state
+        save_safetensors(f"{tmp}/state_dict.safetensors", state)
+        generator = torch.Generator().manual_seed(30)
+        batches = {f"{n}{s}": torch.randint(0, V, (BATCH, T), generator=generator).double()
+                   for s in range(STEPS) for n in "xy"}
+        save_safetensors(f"{tmp}/batches.safetensors", batches)
+        want = reference(batches)
+
+        def run(command, tag):
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                print(f"{tag}: {' '.join(command)} failed:\n{result.stdout}{result.stderr}")
+                return False
+            return True
+
+        def mpi(ranks, replicas, k, out, *extra):
+            return [args.mpiexec, "-n", str(ranks), "--oversubscribe", "-x",
+                    f"GPIPE_REPLICAS={replicas}", args.mpi, tmp, str(k), f"{tmp}/{out}", *extra]
+
+        failures = 0
+        for k in (1, 2, 4):
+            tag = f"one process, K = {k}"
+            ok = run([args.train_steps, tmp, str(k), f"{tmp}/k{k}"], tag)
+            failures += not ok or compare(tag, f"{tmp}/k{k}", 0, want)
+        ckpt = f"{tmp}/checkpoint"
+        ok = run([args.train_steps, tmp, "4", f"{tmp}/saved", "--save-after-first", ckpt],
+                 "saved at K = 4")
+        failures += not ok or compare("one process, K = 4, saving after step 0",
+                                      f"{tmp}/saved", 0, want)
+        if args.mpi:
+            for ranks, replicas, tag in ((2, 1, "2 ranks"), (4, 1, "4 ranks"),
+                                         (4, 2, "2 replicas x 2 ranks")):
+                out = f"mpi{ranks}_{replicas}"
+                ok = run(mpi(ranks, replicas, ranks // replicas, out), tag)
+                failures += not ok or compare(tag, f"{tmp}/{out}", 0, want)
+            tag = "resumed on 2 ranks from K = 4's checkpoint"
+            ok = run(mpi(2, 1, 2, "resumed", "--resume", ckpt), tag)
+        else:
+            tag = "resumed at K = 2 from K = 4's checkpoint (no MPI here)"
+            ok = run([args.train_steps, tmp, "2", f"{tmp}/resumed", "--resume", ckpt], tag)
+        failures += not ok or compare(tag, f"{tmp}/resumed", 1, want)
+    print("FAILED" if failures else "passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
