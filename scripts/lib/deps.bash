@@ -45,10 +45,16 @@ _gpipe_missing_packages() {
   if ((${#missing[@]} > 0)); then printf '%s\n' "${missing[@]}"; fi
 }
 
-# The packages that make the test setup faster but are not needed: installed only where apt-get
-# may run, never an error.
+# The packages that make the test setup faster or more complete but are not needed: installed
+# only where apt-get may run, never an error.
 _gpipe_optional_packages() {
   command -v ccache >/dev/null 2>&1 || echo ccache
+  # PyTorch, the reference of tests/pytorch (skipped without it): Debian's, for the system Python.
+  local python
+  for python in python3 /usr/bin/python3; do
+    command -v "$python" >/dev/null 2>&1 && "$python" -c "import torch" >/dev/null 2>&1 && return
+  done
+  echo python3-torch
 }
 
 # The sudo prefix for apt-get (empty as root) in the array `sudo`; false when apt-get may not run.
