@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -307,6 +308,25 @@ TEST_SUITE("token models") {
           tied.load("both.safetensors");
         },
         "\"5.weight\" is tied to \"0.wte.weight\", but the file holds different values");
+  }
+
+  TEST_CASE("gradient accumulation: scale_gradients(1 / A) after A equal batches is their mean's") {
+    host::Backend backend(4);
+    TiedTrainer4 whole(backend, {.micro_batches = 2, .seed = 3, .ties = gpt2_ties});
+    TiedTrainer4 accumulated(backend, {.micro_batches = 2, .seed = 3, .ties = gpt2_ties});
+    const std::span<const std::int32_t> x(tokens.data(), 4 * T), y(targets.data(), 4 * T);
+    const float loss = whole.forward_backward(x, y);
+    const float first = accumulated.forward_backward(x.first(2 * T), y.first(2 * T));
+    const float second = accumulated.forward_backward(x.subspan(2 * T), y.subspan(2 * T));
+    CHECK((first + second) / 2 == doctest::Approx(loss).epsilon(loss_tolerance));
+    accumulated.scale_gradients(0.5);
+    const NamedTensors want = gradients_of(whole), got = gradients_of(accumulated);
+    for (const auto& [name, g] : want) {
+      CAPTURE(name);
+      CHECK(relative_error(got.at(name), g) < gradient_tolerance);
+    }
+    CHECK(got.at("5.weight") == got.at("0.wte.weight"));
+    check_error([&] { accumulated.scale_gradients(std::nan("")); }, "must be finite, got nan");
   }
 
   TEST_CASE("nanoGPT's names: save writes them and load reads a state dict with masks and ties") {

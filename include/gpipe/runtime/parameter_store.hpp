@@ -96,6 +96,9 @@ class ParameterStore {
   // Trainer::clip_grad_norm's contract: the gradients' L2 norm (a tied pair counted once), the
   // same on every process; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by it.
   double clip_grad_norm(double max_norm);
+  // Trainer::scale_gradients's contract: every gradient of this process's stages *= factor (both
+  // tensors of a tie hold the same sum, so both are scaled).
+  void scale_gradients(float factor);
 
   const ParameterInfo& find(std::string_view name) const {
     for (const ParameterInfo& info : infos_)
@@ -369,16 +372,20 @@ double ParameterStore<Backend>::clip_grad_norm(double max_norm) {
   for (const double q : squares) total += q;
   const double norm = std::sqrt(total);
   const double factor = max_norm / (norm + 1e-6);
-  if (factor < 1) {
-    for (std::size_t s = 0; s < num_stages(); ++s) {
-      if (!local(s)) continue;
-      backend_.submit(device_of_stage_[s], {"clip gradients", s},
-                      [g = grads_[s].data(), n = grads_[s].size(),
-                       f = static_cast<float>(factor)](Kernels& k) { k.scale(n, f, g); });
-    }
-    backend_.synchronize();
-  }
+  if (factor < 1) scale_gradients(static_cast<float>(factor));
   return norm;
+}
+
+template <class Backend>
+void ParameterStore<Backend>::scale_gradients(float factor) {
+  for (std::size_t s = 0; s < num_stages(); ++s) {
+    if (!local(s)) continue;
+    backend_.submit(device_of_stage_[s], {"scale gradients", s},
+                    [g = grads_[s].data(), n = grads_[s].size(), factor](Kernels& k) {
+                      k.scale(n, factor, g);
+                    });
+  }
+  backend_.synchronize();
 }
 
 template <class Backend>

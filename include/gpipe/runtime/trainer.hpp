@@ -15,6 +15,7 @@
 // model's types is here: the checks that the model runs on the backend, the schedule's generator,
 // and the typed entry points.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -219,6 +220,17 @@ class Trainer {
   /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
   float clip_grad_norm(double max_norm) {
     return static_cast<float>(store_.clip_grad_norm(max_norm));
+  }
+
+  /// Multiplies every gradient by `factor` (on every process, each its own stages). Gradient
+  /// accumulation: after A forward_backward calls on A equal mini-batches the gradients are the
+  /// sum of their means; `scale_gradients(1.0 / A)` makes them the gradient of the mean over all
+  /// A (nanoGPT's `loss / gradient_accumulation_steps`). Throws `gpipe::Error` for a factor that
+  /// is not finite.
+  void scale_gradients(double factor) {
+    detail::require(std::isfinite(factor),
+                    "scale_gradients' factor must be finite, got " + std::to_string(factor));
+    store_.scale_gradients(static_cast<float>(factor));
   }
 
   /// Writes a checkpoint to directory `dir`: the parameters, the optimizer's state under
