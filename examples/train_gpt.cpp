@@ -1,0 +1,381 @@
+// Trains a GPT-2-shaped model (token and position embeddings, pre-norm blocks, a final LayerNorm,
+// an LM head tied to the token embedding) in 4 pipeline stages: on 4 host devices (threads), or,
+// as example_train_gpt_mpi, on 4 x R MPI ranks (R data-parallel replicas). A training run as
+// nanoGPT and llm.c do it: AdamW with nanoGPT's two groups (no weight decay on biases and
+// LayerNorms), a linear warmup and a cosine learning rate, global-norm gradient clipping,
+// gradient accumulation, validation every N steps, a checkpoint every N steps that --resume
+// continues from (bit for bit: the same weights as a run never interrupted), a progress line per
+// step, the loss curve as SVG and a text sample at the end.
+//
+// Data: text files, read as bytes (vocabulary 256; by default Debian's fortunes: apt-get install
+// fortunes), or llm.c token shards (GPT-2 ids, vocabulary 50304 as llm.c pads it).
+// Run `example_train_gpt --help` for the options.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "gpipe/gpipe.hpp"
+#include "train_gpt/data.hpp"
+#include "train_gpt/report.hpp"
+#ifdef GPIPE_TRAIN_GPT_MPI
+#include "gpipe/mpi.hpp"
+#endif
+
+namespace {
+
+constexpr std::size_t T = 64, D = 128, H = 4;  // context, width, heads; 4 blocks
+using Block = gpipe::TransformerBlock<D, H>;
+// K = 4 stages: the embedding and the head (tied to it) cost about one block each.
+template <std::size_t V>
+using Gpt = gpipe::Pipeline<gpipe::Stage<gpipe::Embedding<V, T, D>, Block>, gpipe::Stage<Block>,
+                            gpipe::Stage<Block>,
+                            gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V, false>>>;
+constexpr std::size_t head_layer = 6;  // Embedding, 4 blocks, LayerNorm, head
+
+#ifdef GPIPE_TRAIN_GPT_MPI
+using Backend = gpipe::mpi::Backend;
+#else
+using Backend = gpipe::host::Backend;
+#endif
+
+struct Options {
+  std::vector<std::filesystem::path> data;
+  std::filesystem::path out = "train_gpt_out";
+  std::size_t steps = 600, batch = 16, accumulate = 1, micro_batches = 4, replicas = 1;
+  double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
+  std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
+  std::size_t sample = 300, seed = 1;
+  bool resume = false, quiet = false;
+};
+
+const char* const usage = R"(usage: example_train_gpt [options]
+  --data PATH            a text file (read as bytes) or an llm.c token shard; repeat for more
+                         (default: Debian's fortunes, /usr/share/games/fortunes)
+  --out DIR              log.csv, loss.svg, checkpoint/, model.safetensors (default train_gpt_out)
+  --steps N              optimizer steps (600)
+  --batch B              samples of 64 tokens per forward_backward (16)
+  --accumulate A         forward_backward calls per step, gradients averaged (1)
+  --micro-batches M      pipeline micro-batches per forward_backward (4)
+  --lr LR --min-lr LR    cosine from lr down to min_lr (2e-3, 2e-4)
+  --warmup N             steps of linear warmup (30)
+  --weight-decay WD      AdamW's, on tensors of 2 or more dimensions only (0.1)
+  --clip NORM            global gradient norm clipping, 0 = off (1.0)
+  --eval-every N         validation loss every N steps, 0 = only at the end (50)
+  --checkpoint-every N   a checkpoint every N steps, 0 = only at the end (100)
+  --resume               continue from DIR/checkpoint when there is one
+  --sample N             bytes (or tokens) generated at the end (300)
+  --seed S               initialization and data order (1)
+  --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks)
+  --quiet                no progress line per step (validation lines only)
+)";
+
+Options parse(int argc, char** argv) {
+  Options o;
+  const auto number = [](std::string_view flag, const char* text) {
+    char* end = nullptr;
+    const double v = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !(v >= 0))
+      throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a number >= 0, got \"" + text +
+                         "\"");
+    return v;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--resume" || flag == "--quiet") {
+      (flag == "--resume" ? o.resume : o.quiet) = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a value");
+    const char* value = argv[++i];
+    const auto count = [&] { return static_cast<std::size_t>(number(flag, value)); };
+    if (flag == "--data")
+      o.data.emplace_back(value);
+    else if (flag == "--out")
+      o.out = value;
+    else if (flag == "--steps")
+      o.steps = count();
+    else if (flag == "--batch")
+      o.batch = count();
+    else if (flag == "--accumulate")
+      o.accumulate = count();
+    else if (flag == "--micro-batches")
+      o.micro_batches = count();
+    else if (flag == "--lr")
+      o.lr = number(flag, value);
+    else if (flag == "--min-lr")
+      o.min_lr = number(flag, value);
+    else if (flag == "--warmup")
+      o.warmup = count();
+    else if (flag == "--weight-decay")
+      o.weight_decay = number(flag, value);
+    else if (flag == "--clip")
+      o.clip = number(flag, value);
+    else if (flag == "--eval-every")
+      o.eval_every = count();
+    else if (flag == "--checkpoint-every")
+      o.checkpoint_every = count();
+    else if (flag == "--sample")
+      o.sample = count();
+    else if (flag == "--seed")
+      o.seed = count();
+    else if (flag == "--replicas")
+      o.replicas = count();
+    else
+      throw gpipe::Error("train_gpt: unknown option " + std::string(flag) + "\n" + usage);
+  }
+  if (o.steps == 0 || o.batch == 0 || o.accumulate == 0 || o.replicas == 0)
+    throw gpipe::Error("train_gpt: --steps, --batch, --accumulate and --replicas must be >= 1");
+  if (o.data.empty()) o.data = train_gpt::fortune_files();
+  return o;
+}
+
+// Mean cross-entropy of logits (rows, V) against targets, in double.
+double cross_entropy(const std::vector<float>& logits, const std::vector<std::int32_t>& targets,
+                     std::size_t V) {
+  double sum = 0;
+  for (std::size_t r = 0; r < targets.size(); ++r) {
+    const float* row = logits.data() + r * V;
+    const float max = *std::max_element(row, row + V);
+    double z = 0;
+    for (std::size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v] - max));
+    sum += std::log(z) - (row[targets[r]] - max);
+  }
+  return sum / static_cast<double>(targets.size());
+}
+
+template <class Trainer>
+class Run {
+ public:
+  static constexpr std::size_t V = Trainer::model_type::vocab_size;
+
+  Run(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints)
+      : o_(o),
+        corpus_(corpus),
+        prints_(prints),
+        trainer_(backend, {.micro_batches = o.micro_batches,
+                           .seed = o.seed,
+                           .ties = {{.parameter = std::to_string(head_layer) + ".weight",
+                                     .to = "0.wte.weight"}}}),
+        lr_({.max_lr = o.lr,
+             .min_lr = std::min(o.min_lr, o.lr),
+             .warmup_steps = std::min(o.warmup, o.steps - 1),
+             .total_steps = o.steps}),
+        adamw_({.beta1 = 0.9,
+                .beta2 = 0.95,
+                .weight_decay = o.weight_decay,
+                .decay = gpipe::optim::Decay::matrices}) {}
+
+  int train() {
+    std::filesystem::create_directories(o_.out);
+    const std::filesystem::path checkpoint = o_.out / "checkpoint", log = o_.out / "log.csv";
+    std::size_t first = 0;
+    if (o_.resume && std::filesystem::exists(checkpoint)) {
+      first = std::stoul(trainer_.load_checkpoint(checkpoint).at("next_step"));
+      say("resumed from %s at step %zu\n", checkpoint.c_str(), first);
+    }
+    rows_ = first > 0 ? train_gpt::read_log(log, first) : std::vector<train_gpt::LogRow>{};
+    if (prints_) train_gpt::write_log(log, rows_);
+    const double peak = peak_flops();
+    const double first_validation = validation_loss();
+    say("step %5zu  validation loss %.4f (a uniform guess: %.4f)\n", first, first_validation,
+        std::log(static_cast<double>(V)));
+    std::vector<std::int32_t> x, y;
+    for (std::size_t step = first; step < o_.steps; ++step) {
+      const auto start = std::chrono::steady_clock::now();
+      double loss = 0, bubble = 0;
+      for (std::size_t a = 0; a < o_.accumulate; ++a) {
+        train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, x, y);
+        loss += trainer_.forward_backward(x, y);
+        bubble += trainer_.last_step().bubble_fraction;
+      }
+      const double accumulated = static_cast<double>(o_.accumulate);
+      if (o_.accumulate > 1) trainer_.scale_gradients(1.0 / accumulated);
+      const double norm = trainer_.clip_grad_norm(o_.clip > 0 ? o_.clip : INFINITY);
+      adamw_.options.lr = lr_(step);
+      trainer_.step(adamw_);
+      trainer_.zero_grad();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      train_gpt::LogRow row{.step = step,
+                            .loss = loss / accumulated,
+                            .lr = adamw_.options.lr,
+                            .norm = norm,
+                            .ms = ms,
+                            .validation = NAN};
+      const bool last = step + 1 == o_.steps;
+      if (last || (o_.eval_every > 0 && (step + 1) % o_.eval_every == 0))
+        row.validation = validation_loss();
+      const double tokens = static_cast<double>(o_.accumulate * o_.batch * T);
+      if (!o_.quiet || !std::isnan(row.validation))
+        say("step %5zu/%zu | loss %.4f | lr %.2e | norm %.3f | %6.0f tok/s | %6.1f ms | bubble "
+            "%2.0f%% | %4.1f%% of GEMM peak%s\n",
+            step + 1, o_.steps, row.loss, row.lr, row.norm, tokens / ms * 1e3, ms,
+            100 * bubble / accumulated, 100 * tokens * flops_per_token() / (ms * 1e-3) / peak,
+            std::isnan(row.validation)
+                ? ""
+                : (" | validation " + std::to_string(row.validation).substr(0, 6)).c_str());
+      rows_.push_back(row);
+      if (prints_) std::ofstream(log, std::ios::app) << train_gpt::log_line(row);
+      if (last || (o_.checkpoint_every > 0 && (step + 1) % o_.checkpoint_every == 0))
+        trainer_.save_checkpoint(checkpoint, {{"next_step", std::to_string(step + 1)}});
+    }
+    trainer_.save(o_.out / "model.safetensors",
+                  gpipe::nanogpt_names<typename Trainer::model_type>());
+    if (prints_) {
+      train_gpt::write_loss_curve(o_.out / "loss.svg", rows_,
+                                  "gpipe train_gpt: loss per step (" +
+                                      std::to_string(Trainer::model_type::num_params) +
+                                      " parameters)");
+      std::printf("wrote %s, %s and %s\n", log.c_str(), (o_.out / "loss.svg").c_str(),
+                  (o_.out / "model.safetensors").c_str());
+    }
+    write_sample();
+    const double final_validation = rows_.back().validation;
+    say("validation loss %.4f at step %zu, %.4f at the end: the validation loss is %s\n",
+        first_validation, first, final_validation,
+        final_validation < first_validation ? "lower" : "not lower");
+    return 0;
+  }
+
+ private:
+  template <class... Args>
+  void say(const char* format, Args... args) const {
+    if (!prints_) return;
+    std::printf(format, args...);
+    std::fflush(stdout);
+  }
+
+  // nanoGPT's estimate: 6 N + 12 L D T per token, N without the embeddings (the tied head's
+  // GEMM is counted once, as N holds the head's copy of the tensor).
+  static double flops_per_token() {
+    const double n = static_cast<double>(Trainer::model_type::num_params - (V + T) * D);
+    return 6 * n + 12.0 * 4 * D * T;
+  }
+  // The GEMM peak of the cores this run uses. Threads: one thread's measured rate times the
+  // devices (at most the machine's cores). Ranks: the sum of the rates all ranks measure at once
+  // (ranks that share a core share its rate).
+  double peak_flops() const {
+#ifdef GPIPE_TRAIN_GPT_MPI
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double mine = train_gpt::measure_gemm_flops();
+    double total = 0;
+    MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    say("GEMM peak: %.1f GFLOP/s, the sum of the %zu ranks' measured rates\n", total * 1e-9,
+        trainer_.backend().world_size());
+    return total;
+#else
+    const double one = train_gpt::measure_gemm_flops();
+    const std::size_t cores =
+        std::min<std::size_t>(4, std::max(1u, std::thread::hardware_concurrency()));
+    say("GEMM peak: %.1f GFLOP/s per core (measured) x %zu cores\n", one * 1e-9, cores);
+    return one * static_cast<double>(cores);
+#endif
+  }
+
+  // Mean loss on eval_batches fixed batches of the held-out tokens (forward only).
+  double validation_loss() {
+    gpipe::Rng rng(o_.seed + 12345);
+    std::vector<std::int32_t> x, y;
+    double sum = 0;
+    for (std::size_t i = 0; i < o_.eval_batches; ++i) {
+      train_gpt::draw_batch(corpus_.validation, std::min<std::size_t>(o_.batch, 8), T, rng, x, y);
+      sum += cross_entropy(trainer_.predict(x), y, V);
+    }
+    return sum / static_cast<double>(o_.eval_batches);
+  }
+
+  // o_.sample tokens after a T-token prompt of held-out text, each drawn from softmax(logits /
+  // 0.8) at the last position.
+  void write_sample() {
+    if (o_.sample == 0) return;
+    std::vector<std::int32_t> context(corpus_.validation.begin(),
+                                      corpus_.validation.begin() + static_cast<std::ptrdiff_t>(T));
+    const std::vector<std::int32_t> prompt = context;
+    gpipe::Rng rng(o_.seed + 99);
+    std::vector<std::int32_t> out;
+    std::vector<double> p(V);
+    for (std::size_t i = 0; i < o_.sample; ++i) {
+      const std::vector<float> logits = trainer_.predict(context);
+      const float* row = logits.data() + (T - 1) * V;
+      const float max = *std::max_element(row, row + V);
+      double z = 0;
+      for (std::size_t v = 0; v < V; ++v) z += p[v] = std::exp((row[v] - max) / 0.8);
+      double u = rng.uniform(0, 1) * z;
+      std::size_t next = 0;
+      while (next + 1 < V && (u -= p[next]) > 0) ++next;
+      out.push_back(static_cast<std::int32_t>(next));
+      context.erase(context.begin());
+      context.push_back(static_cast<std::int32_t>(next));
+    }
+    if (!prints_) return;
+    const auto text = [&](const std::vector<std::int32_t>& ids) {
+      std::string s;
+      for (const std::int32_t id : ids)
+        s += corpus_.bytes ? std::string(1, static_cast<char>(id)) : std::to_string(id) + " ";
+      return s;
+    };
+    std::printf("\n--- prompt (held-out %s) ---\n%s\n--- the model goes on ---\n%s\n",
+                corpus_.bytes ? "text" : "token ids", text(prompt).c_str(), text(out).c_str());
+  }
+
+  const Options& o_;
+  const train_gpt::Corpus& corpus_;
+  bool prints_;
+  Trainer trainer_;
+  gpipe::optim::WarmupCosine lr_;
+  gpipe::optim::AdamW adamw_;
+  std::vector<train_gpt::LogRow> rows_;
+};
+
+template <std::size_t V>
+int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
+  using Trainer = gpipe::Trainer<Gpt<V>, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB>;
+  if (prints)
+    std::printf(
+        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
+        "%zu x %zu samples per step\n",
+        Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch);
+  return Run<Trainer>(backend, o, corpus, prints).train();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+#ifdef GPIPE_TRAIN_GPT_MPI
+  Backend backend(argc, argv, {.data_parallel = o.replicas});
+  const bool prints = backend.rank() == 0;
+#else
+  if (o.replicas != 1)
+    throw gpipe::Error("train_gpt: --replicas needs MPI: run example_train_gpt_mpi under mpirun");
+  Backend backend(4);
+  const bool prints = true;
+#endif
+  const train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);
+  if (prints)
+    std::printf("%zu training and %zu held-out tokens from %zu files (%s)\n", corpus.train.size(),
+                corpus.validation.size(), corpus.files,
+                corpus.bytes ? "text, as bytes" : "llm.c token shards");
+  return corpus.bytes ? train<256>(backend, o, corpus, prints)
+                      : train<50304>(backend, o, corpus, prints);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 1;
+}
