@@ -57,6 +57,13 @@ TEST_CASE("a checkpoint saved by the ranks loads into one process and back, bit 
   check_checkpoints_on_ranks<mpi::Backend, host::Backend>(backend);
 }
 
+TEST_CASE("a checkpoint save that fails on rank 1 alone fails on every rank; the previous stays") {
+  mpi::Backend backend;
+  if (backend.num_devices() == 2) check_save_failing_on_one_rank<Model2>(backend);
+  if (backend.num_devices() == 3) check_save_failing_on_one_rank<Model3>(backend);
+  if (backend.num_devices() == 4) check_save_failing_on_one_rank<Model4>(backend);
+}
+
 TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the next step runs") {
   mpi::Backend backend;
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages

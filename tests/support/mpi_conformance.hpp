@@ -18,6 +18,7 @@
 
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <csignal>
@@ -189,6 +190,66 @@ void check_checkpoint_on_ranks(Backend& backend) {
   for (const ParameterInfo& info : resumed.parameter_info())
     if (backend.is_local(resumed.device_of_stage(info.stage)))
       CHECK(resumed.parameter(info.name) == reference.parameter(info.name));
+  MPI_Barrier(backend.communicator());
+}
+
+// A save that fails on one rank alone (rank 1's writes limited to 64 bytes, RLIMIT_FSIZE, so its
+// shard's write fails with EFBIG): every rank throws at once, rank 1 its own error and the others
+// that another process failed; the name still holds the previous checkpoint, which loads; the
+// next save succeeds.
+template <class Model, class Backend>
+void check_save_failing_on_one_rank(Backend& backend) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("gpipe_mpi_failed_save_" + std::to_string(Model::num_stages));
+  if (backend.rank() == 0) {
+    std::filesystem::remove_all(dir.string() + ".a");
+    std::filesystem::remove_all(dir.string() + ".b");
+    std::filesystem::remove(dir);
+  }
+  MPI_Barrier(backend.communicator());
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 71);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 72);
+  const optim::AdamW adamw({.lr = 1e-2});
+  Trainer<Model, SoftmaxCrossEntropy, Backend> trainer(backend, {.micro_batches = 2, .seed = seed});
+  const auto local_parameters = [&](const auto& t) {
+    std::vector<std::vector<float>> out;
+    for (const ParameterInfo& info : t.parameter_info())
+      if (backend.is_local(t.device_of_stage(info.stage))) out.push_back(t.parameter(info.name));
+    return out;
+  };
+  trainer.forward_backward(x, y);
+  trainer.step(adamw);
+  trainer.save_checkpoint(dir, {{"version", "1"}});
+  const auto first = local_parameters(trainer);
+  trainer.forward_backward(x, y);
+  trainer.step(adamw);
+
+  rlimit before{};
+  getrlimit(RLIMIT_FSIZE, &before);
+  if (backend.rank() == 1) {
+    std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    const rlimit small{64, before.rlim_max};
+    setrlimit(RLIMIT_FSIZE, &small);
+  }
+  const std::string message =
+      error_of([&] { trainer.save_checkpoint(dir, {{"version", "2"}}); });
+  if (backend.rank() == 1) {
+    setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, SIG_DFL);
+  }
+  CAPTURE(message);
+  CAPTURE(backend.rank());
+  if (backend.rank() == 1)
+    CHECK(message.find("write failed") != std::string::npos);
+  else
+    CHECK(message == "gpipe: another process could not write its shard (its error says why)");
+
+  Trainer<Model, SoftmaxCrossEntropy, Backend> restored(backend, {.micro_batches = 2, .seed = 5});
+  CHECK(restored.load_checkpoint(dir).at("version") == "1");
+  CHECK(local_parameters(restored) == first);
+  trainer.save_checkpoint(dir, {{"version", "2"}});
+  CHECK(restored.load_checkpoint(dir).at("version") == "2");
+  CHECK(local_parameters(restored) == local_parameters(trainer));
   MPI_Barrier(backend.communicator());
 }
 
