@@ -90,6 +90,10 @@ TEST_CASE("a tie between the first and the last rank's stages: one tensor, both 
   check_ties_across_ranks<mpi::CudaBackend, cuda::Backend>(backend);
 }
 
+TEST_CASE("a tie across ranks with data-parallel replicas: one process's gradients and step") {
+  check_tie_with_replicas<mpi::CudaBackend, cuda::Backend>();
+}
+
 TEST_CASE("a checkpoint saved by the ranks loads into one process and back, bit for bit") {
   mpi::CudaBackend backend;
   check_checkpoints_on_ranks<mpi::CudaBackend, cuda::Backend>(backend);

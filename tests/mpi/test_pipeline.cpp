@@ -52,6 +52,10 @@ TEST_CASE("a tie between the first and the last rank's stages: one tensor, both 
   check_ties_across_ranks<mpi::Backend, host::Backend>(backend);
 }
 
+TEST_CASE("a tie across ranks with data-parallel replicas: one process's gradients and step") {
+  check_tie_with_replicas<mpi::Backend, host::Backend>();
+}
+
 TEST_CASE("a checkpoint saved by the ranks loads into one process and back, bit for bit") {
   mpi::Backend backend;
   check_checkpoints_on_ranks<mpi::Backend, host::Backend>(backend);

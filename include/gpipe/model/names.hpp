@@ -70,12 +70,12 @@ inline std::pair<std::size_t, std::string_view> split_layer_index(std::string_vi
 /// a `Model` of nanoGPT's shape: an `Embedding` first, then `TransformerBlock`s, a final
 /// `LayerNorm` and a `Linear` head, over any split into stages:
 ///   0.wte.weight, 0.wpe.weight     -> transformer.wte.weight, transformer.wpe.weight
-///   i.<rest> (block i = 1..n)      -> transformer.h.<i-1>.<rest> (ln_1, attn.c_attn, attn.c_proj,
+///   i.X (block i = 1..n)           -> transformer.h.(i-1).X (ln_1, attn.c_attn, attn.c_proj,
 ///                                     ln_2, mlp.c_fc, mlp.c_proj: the names are nanoGPT's)
 ///   n+1.weight, n+1.bias           -> transformer.ln_f.weight, transformer.ln_f.bias
 ///   n+2.weight (n+2.bias)          -> lm_head.weight (lm_head.bias; nanoGPT's head has none)
 /// and skips the blocks' causal-mask buffers (`.attn.bias`, which nanoGPT keeps where it has no
-/// flash attention). GPT-2's tie is `{.parameter = "<n+2>.weight", .to = "0.wte.weight"}`: a file
+/// flash attention). GPT-2's tie is `{.parameter = "(n+2).weight", .to = "0.wte.weight"}`: a file
 /// may hold both names (a state dict does) or one of them. A model of another shape is a
 /// `gpipe::Error` that names the first parameter that does not fit.
 template <class Model>

@@ -27,9 +27,9 @@ struct WarmupCosineOptions {
 
 /// Linear warmup, then cosine decay (llm.c's and build-nanogpt's form). For step s = 0, 1, ...:
 ///
-///     s < warmup:        max_lr (s + 1) / warmup
-///     s <= total:        min_lr + (max_lr - min_lr) (1 + cos(pi (s - warmup) / (total - warmup)))
-///     / 2 s > total:         min_lr
+///     s < warmup:   max_lr (s + 1) / warmup
+///     s <= total:   min_lr + (max_lr - min_lr) (1 + cos(pi (s - warmup) / (total - warmup))) / 2
+///     s > total:    min_lr
 class WarmupCosine {
  public:
   /// Throws `gpipe::Error` unless 0 <= min_lr <= max_lr and total_steps > warmup_steps.

@@ -122,21 +122,33 @@ class ParameterStore {
     for (const auto& tie : ties_)
       if (local(tie.first->stage)) fill(grads_, *tie.first, 0.0f);
   }
-  // After a step: both tensors of each tie <- the sum of both gradients (leader + follower, in
-  // that order: one process and several give the same bits).
+  // After a step: both tensors of each tie <- the sum of both gradients. A pair on two processes
+  // swaps the two device to device (the transport's exchange: MPI or NCCL) and each adds the
+  // other's on its device; a + b is b + a in floating point, so one process and several give the
+  // same bits.
   void sum_tied_gradients() {
     for (const auto& [follower, leader] : ties_) {
       const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
-      if (!has_follower && !has_leader) continue;
-      std::vector<float> total(leader->size), other(follower->size);
-      if (has_leader) total = read(grads_, *leader);
-      if (has_follower) other = read(grads_, *follower);
-      if (!has_follower) exchange_with(follower->stage, total, other);
-      if (!has_leader) exchange_with(leader->stage, other, total);
-      for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
-      if (has_leader) write(grads_, *leader, total);
-      if (has_follower) write(grads_, *follower, total);
-      backend_.synchronize();
+      if (has_follower && has_leader) {
+        std::vector<float> total = read(grads_, *leader);
+        const std::vector<float> other = read(grads_, *follower);
+        for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
+        write(grads_, *leader, total);
+        write(grads_, *follower, total);
+        backend_.synchronize();  // before `total` goes
+      } else if (has_follower || has_leader) {
+        const ParameterInfo& mine = has_leader ? *leader : *follower;
+        const ParameterInfo& peer = has_leader ? *follower : *leader;
+        const std::size_t d = device_of_stage_[mine.stage];
+        Buffer<float> theirs =
+            backend_.template allocate<float>(d, mine.size, MemoryKind::workspace);
+        float* g = grads_[mine.stage].data() + mine.offset;
+        exchange_with(peer.stage, {g, mine.size}, {theirs.data(), mine.size});
+        backend_.submit(
+            d, {"sum tied gradients", mine.stage},
+            [g, n = mine.size, t = theirs.data()](Kernels& k) { k.accumulate(n, t, g); });
+        backend_.synchronize();  // before `theirs` goes
+      }
     }
   }
   // Every follower <- its leader's values. A pair on two processes exchanges them; a pair on
@@ -259,16 +271,16 @@ class ParameterStore {
       values = read(params_, *leader);
       write(params_, *follower, values);
     } else if (has_leader) {
-      values = read(params_, *leader);
-      exchange_with(follower->stage, values, {});
+      exchange_with(follower->stage, {params_[leader->stage].data() + leader->offset, leader->size},
+                    {});
     } else if (has_follower) {
-      values.resize(follower->size);
-      exchange_with(leader->stage, {}, values);
-      write(params_, *follower, values);
+      exchange_with(leader->stage, {},
+                    {params_[follower->stage].data() + follower->offset, follower->size});
     }
     backend_.synchronize();
   }
-  // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it.
+  // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it (arrays on
+  // this process's device, after the work issued on it).
   void exchange_with(std::size_t stage, std::span<const float> mine, std::span<float> theirs) {
     transport_.exchange(device_of_stage_[stage], mine, theirs);
   }

@@ -137,7 +137,8 @@ class Transport<Backend> {
   void broadcast(std::size_t device, std::span<double> values) const {
     backend_.broadcast(device, values);
   }
-  /// With `peer`'s rank, which calls it with this rank's device: sends mine, receives theirs.
+  /// With `peer`'s rank, which calls it with this rank's device: sends mine, receives theirs
+  /// (memory of this rank's device: over MPI for host ranks, NCCL for GPU ranks).
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) const {
     backend_.exchange(peer, mine, theirs);
   }

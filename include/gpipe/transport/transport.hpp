@@ -34,7 +34,8 @@
 //                                   (tells the other processes) and throws
 //   broadcast(d, values), exchange(peer, mine, theirs), allreduce_sum(values), all_succeeded(ok)
 //                                   between steps: every process gets device d's values (floats
-//                                   or doubles); d's process and this one swap arrays; values <-
+//                                   or doubles, host memory); d's process and this one swap
+//                                   arrays of their devices (a tie across processes); values <-
 //                                   their sum over the replicas; whether every process passed
 //                                   ok (a barrier, so that a failure on one ends the work of all)
 

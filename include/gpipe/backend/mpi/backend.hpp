@@ -30,7 +30,8 @@
 // Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
 // as its stage's last backward is done (expect_reductions, start_reduction) and end with the
 // step (finish_reductions).
-// Tied parameters on two ranks are kept equal and their gradients summed with exchange().
+// Tied parameters on two ranks are kept equal and their gradients summed with exchange()
+// (MPI_Sendrecv; mpi::CudaBackend's is NCCL's, GPU to GPU).
 // A GPU per rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
 
 #include <mpi.h>
@@ -185,6 +186,14 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       std::lock_guard lock(mu_);
       release_completed_sends();
     });
+  }
+
+  /// Between steps, with `peer`'s rank of this replica (which calls it with this rank's device):
+  /// after this rank's work, sends `mine` and receives `theirs`, memory of this rank's device,
+  /// which is host memory (either may be empty; the sizes must match the peer's): MPI_Sendrecv.
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
+    synchronize();
+    control_.exchange(peer, mine, theirs);
   }
 
   /// The step's gradient sums over the replicas, overlapped with the step: `values` (memory of

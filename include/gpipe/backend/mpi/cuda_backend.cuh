@@ -8,6 +8,8 @@
 // ncclCommInitRank): two communicators per replica's pipeline for ncclSend/ncclRecv, one for
 // activations (even tags) and one for gradients (odd tags), and one per device's replicas for
 // ncclAllReduce.
+//   exchange      between steps (a tie across ranks): ncclSend/ncclRecv on the gradients'
+//                 communicator, GPU memory to GPU memory, on the compute stream.
 //   send/receive  queued as they are issued; a run of them with no other work between is one
 //                 NCCL group (ncclGroupStart/End) on the rank's communication stream, after an
 //                 event of the compute stream (the sent data exist, the received buffers are
@@ -196,6 +198,30 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
                     note_message(received_hashes_, t);
                     group_.push_back(std::move(t));
                   });
+  }
+
+  /// Between steps, with `peer`'s rank of this replica (which calls it with this rank's device):
+  /// sends `mine` and receives `theirs`, both memory of this rank's GPU (either may be empty; the
+  /// sizes must match the peer's), GPU to GPU: one NCCL group (ncclSend/ncclRecv on the
+  /// gradients' communicator, idle between steps) on the compute stream, after its work; waits
+  /// for it. A tie across ranks exchanges its values and its gradient sums this way.
+  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
+    control_.check_peer(peer, 0);
+    if (gradients_nccl_ == nullptr)
+      throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its devices");
+    flush(control_.device());
+    const int to = static_cast<int>(peer);
+    ncclResult_t posted = ncclGroupStart();
+    if (posted == ncclSuccess && !mine.empty())
+      posted =
+          ncclSend(mine.data(), mine.size(), ncclFloat32, to, gradients_nccl_, compute_stream_);
+    if (posted == ncclSuccess && !theirs.empty())
+      posted =
+          ncclRecv(theirs.data(), theirs.size(), ncclFloat32, to, gradients_nccl_, compute_stream_);
+    const ncclResult_t ended = ncclGroupEnd();
+    GPIPE_NCCL_CHECK(posted);
+    GPIPE_NCCL_CHECK(ended);
+    synchronize();
   }
 
   /// The step's gradient sums over the replicas (arrays on this rank's GPU), in the order

@@ -59,12 +59,6 @@ class MpiRanks {
   void broadcast(std::size_t device, std::span<double> values) {
     control_.broadcast(device, values);
   }
-  /// Between steps, with `peer`'s rank of this replica, which calls it with this rank's device:
-  /// sends `mine` and receives `theirs` (host memory; either may be empty; the sizes must match
-  /// the peer's).
-  void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
-    control_.exchange(peer, mine, theirs);
-  }
   /// Collective over the replicas (the ranks of the same device in every replica), between
   /// steps: host `values` <- their sum over the replicas, in place.
   void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }

@@ -122,12 +122,19 @@ void scale(std::size_t n, T alpha, T* x) {
 template <class T>
 double chunk_sum_of_squares(std::size_t n, const T* x) {
   using detail::squares_lanes;
+  // Lane j adds x[j]^2, x[j + lanes]^2, ... in that order; taken a row of lanes at a time, the
+  // lanes' adds are independent of each other (and vectorize), unlike lane after lane.
   double lane[squares_lanes] = {};
-  for (std::size_t j = 0; j < squares_lanes; ++j)
-    for (std::size_t i = j; i < n; i += squares_lanes) {
-      const double v = static_cast<double>(x[i]);
+  std::size_t row = 0;
+  for (; row + squares_lanes <= n; row += squares_lanes)
+    for (std::size_t j = 0; j < squares_lanes; ++j) {
+      const double v = static_cast<double>(x[row + j]);
       lane[j] += v * v;
     }
+  for (std::size_t j = 0; row + j < n; ++j) {
+    const double v = static_cast<double>(x[row + j]);
+    lane[j] += v * v;
+  }
   for (std::size_t half = squares_lanes / 2; half > 0; half /= 2)
     for (std::size_t j = 0; j < half; ++j) lane[j] += lane[j + half];
   return lane[0];
