@@ -14,7 +14,6 @@ safetensors package where it is installed, else by the small reader below.
 """
 import glob
 import json
-import math
 import os
 import struct
 import subprocess
@@ -26,6 +25,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the machine
     print(f"skipped: {e} (apt-get install python3-torch, or pip install torch, to run this check)")
     sys.exit(77)
+
+from nanogpt import Block, Embedding  # noqa: E402 (needs torch)
 
 try:
     from safetensors.torch import load_file
@@ -69,60 +70,6 @@ def models():
             lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01,
                                            nesterov=True)),
     }
-
-
-class Embedding(torch.nn.Module):
-    """nanoGPT's wte + wpe."""
-
-    def __init__(self, vocab, tokens, width):
-        super().__init__()
-        self.wte = torch.nn.Embedding(vocab, width)
-        self.wpe = torch.nn.Embedding(tokens, width)
-
-    def forward(self, idx):
-        positions = torch.arange(idx.shape[1], device=idx.device)
-        return self.wte(idx) + self.wpe(positions)
-
-
-class CausalSelfAttention(torch.nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.c_attn = torch.nn.Linear(width, 3 * width)
-        self.c_proj = torch.nn.Linear(width, width)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.c_fc = torch.nn.Linear(width, 4 * width)
-        self.c_proj = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return self.c_proj(torch.nn.functional.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(torch.nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.ln_1 = torch.nn.LayerNorm(width, eps=1e-5)
-        self.attn = CausalSelfAttention(width, heads)
-        self.ln_2 = torch.nn.LayerNorm(width, eps=1e-5)
-        self.mlp = Mlp(width)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
 
 
 def check_tied_gpt(tmp):

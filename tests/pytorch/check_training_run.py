@@ -30,6 +30,8 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     print(f"skipped: {e} (apt-get install python3-torch, or pip install torch, to run this check)")
     sys.exit(77)
 
+import nanogpt  # noqa: E402 (needs torch)
+
 V, T, D, H, BLOCKS, BATCH = 13, 6, 12, 3, 3, 4  # as tests/pytorch/train_steps.cpp
 STEPS, MAX_NORM = 3, 0.05
 MAX_LR, MIN_LR, WARMUP = 1e-2, 1e-3, 1
@@ -44,54 +46,12 @@ def lr_at(step):
     return MIN_LR + 0.5 * (1 + math.cos(math.pi * ratio)) * (MAX_LR - MIN_LR)
 
 
-class CausalSelfAttention(torch.nn.Module):
+class GPT(nanogpt.GPT):
+    """nanoGPT's GPT at this test's shapes, its parameters drawn at random (biases and
+    LayerNorms too, so that weight decay on them would show)."""
+
     def __init__(self):
-        super().__init__()
-        self.c_attn = torch.nn.Linear(D, 3 * D)
-        self.c_proj = torch.nn.Linear(D, D)
-        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
-
-    def forward(self, x):
-        B, L, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, L, H, C // H).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
-        att = att.masked_fill(self.bias[:, :, :L, :L] == 0, float("-inf")).softmax(dim=-1)
-        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, L, C))
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = torch.nn.Linear(D, 4 * D)
-        self.c_proj = torch.nn.Linear(4 * D, D)
-
-    def forward(self, x):
-        return self.c_proj(torch.nn.functional.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = torch.nn.LayerNorm(D, eps=1e-5)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = torch.nn.LayerNorm(D, eps=1e-5)
-        self.mlp = Mlp()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.transformer = torch.nn.ModuleDict(dict(
-            wte=torch.nn.Embedding(V, D), wpe=torch.nn.Embedding(T, D),
-            h=torch.nn.ModuleList(Block() for _ in range(BLOCKS)),
-            ln_f=torch.nn.LayerNorm(D, eps=1e-5)))
-        self.lm_head = torch.nn.Linear(D, V, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's tie
+        super().__init__(V, T, D, H, BLOCKS)
         generator = torch.Generator().manual_seed(29)
         with torch.no_grad():
             for name, p in self.named_parameters():
@@ -101,12 +61,6 @@ class GPT(torch.nn.Module):
                     p.copy_(1 + 0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
                 else:
                     p.copy_(0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
-
-    def forward(self, idx):
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.shape[1]))
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
 
 
 def save_safetensors(path, tensors):
