@@ -13,9 +13,7 @@ Exits 77 (CTest: skipped) when torch is not installed. safetensors files are rea
 safetensors package where it is installed, else by the small reader below.
 """
 import glob
-import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,22 +29,7 @@ from nanogpt import Block, Embedding  # noqa: E402 (needs torch)
 try:
     from safetensors.torch import load_file
 except ImportError:
-    def load_file(path):
-        """F32 tensors of a safetensors file: an 8-byte little-endian header size, a JSON
-        header {name: {dtype, shape, data_offsets}}, then the data."""
-        with open(path, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(size))
-            data = f.read()
-        out = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
-            begin, end = info["data_offsets"]
-            flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
-            out[name] = flat.reshape(info["shape"]).clone()
-        return out
+    from safetensors_f32 import load_file
 
 
 class Residual(torch.nn.Sequential):

@@ -12,14 +12,13 @@ K = 1, 2, 4; with MPI on 2 and 4 ranks and on 2 replicas of 2 stages; and saved 
 the first step, resumed for the other two on 2 ranks (or, without MPI, at K = 2 in one process).
 Each run's losses, norms and final parameters (written under nanoGPT's names) are checked.
 
-Usage: check_training_run.py <pytorch_train_steps> [--mpi <pytorch_train_steps_mpi> --mpiexec <mpiexec>]
+Usage: check_training_run.py <pytorch_train_steps>
+       [--mpi <pytorch_train_steps_mpi> --mpiexec <mpiexec>]
 Exits 77 (CTest: skipped) when torch is not installed.
 """
 import argparse
-import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(77)
 
 import nanogpt  # noqa: E402 (needs torch)
+from safetensors_f32 import load_file, save_file  # noqa: E402
 
 V, T, D, H, BLOCKS, BATCH = 13, 6, 12, 3, 3, 4  # as tests/pytorch/train_steps.cpp
 STEPS, MAX_NORM = 3, 0.05
@@ -61,37 +61,6 @@ class GPT(nanogpt.GPT):
                     p.copy_(1 + 0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
                 else:
                     p.copy_(0.2 * (torch.rand(p.shape, generator=generator) - 0.5))
-
-
-def save_safetensors(path, tensors):
-    """F32 tensors as safetensors: an 8-byte little-endian header size, a JSON header of
-    {name: {dtype, shape, data_offsets}} padded with spaces to 8 bytes, then the data."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        blob = tensors[name].detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
-        out[name] = flat.reshape(info["shape"]).double()
-    return out
 
 
 def adam_ratio_bound(t):
@@ -138,7 +107,7 @@ def compare(tag, out, first_step, want):
         s = int(s)
         worst["loss"] = max(worst["loss"], abs(float(loss) - losses[s]) / losses[s])
         worst["norm"] = max(worst["norm"], abs(float(norm) - norms[s]) / norms[s])
-    got = load_safetensors(os.path.join(out, "stepped.safetensors"))
+    got = {n: t.double() for n, t in load_file(os.path.join(out, "stepped.safetensors")).items()}
     failures += sorted(got) != sorted(params)  # nanoGPT's names, the tied tensor once as wte
     noise_bound = 2 * sum(lr_at(s) * adam_ratio_bound(s + 1) for s in range(STEPS))
     for name, p in params.items():
@@ -175,11 +144,11 @@ def main():
         model = GPT()
         state = model.state_dict()
         assert "lm_head.weight" in state and "transformer.h.0.attn.bias" in state
-        save_safetensors(f"{tmp}/state_dict.safetensors", state)
+        save_file(f"{tmp}/state_dict.safetensors", state)
         generator = torch.Generator().manual_seed(30)
         batches = {f"{n}{s}": torch.randint(0, V, (BATCH, T), generator=generator).double()
                    for s in range(STEPS) for n in "xy"}
-        save_safetensors(f"{tmp}/batches.safetensors", batches)
+        save_file(f"{tmp}/batches.safetensors", batches)
         want = reference(batches)
 
         def run(command, tag):
