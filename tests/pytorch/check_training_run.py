@@ -8,8 +8,9 @@ at random (biases and LayerNorms too, so that weight decay on them would show). 
 step is nanoGPT's: cross-entropy, clip_grad_norm_ at a norm below the gradients' (so it clips),
 AdamW with nanoGPT's two groups (weight decay on tensors of 2 or more dimensions only) and a
 warmup + cosine learning rate. gpipe runs the same steps (pytorch_train_steps): in one process at
-K = 1, 2, 4; with MPI on 2 and 4 ranks and on 2 replicas of 2 stages; and saved at K = 4 after
-the first step, resumed for the other two on 2 ranks (or, without MPI, at K = 2 in one process).
+K = 1, 2, 4; with MPI on 2 and 4 ranks and on 2 replicas of 2 stages; saved at K = 4 after the
+first step and resumed for the other two on 2 ranks and on 2 x 2 replicas (without MPI: at K = 2
+in one process); saved by 2 x 2 replicas and resumed at K = 1 in one process.
 Each run's losses, norms and final parameters (written under nanoGPT's names) are checked.
 
 Usage: check_training_run.py <pytorch_train_steps>
@@ -180,10 +181,24 @@ def main():
                 failures += not ok or compare(tag, f"{tmp}/{out}", 0, want)
             tag = "resumed on 2 ranks from K = 4's checkpoint"
             ok = run(mpi(2, 1, 2, "resumed", "--resume", ckpt), tag)
+            failures += not ok or compare(tag, f"{tmp}/resumed", 1, want)
+            tag = "resumed on 2 replicas x 2 ranks from K = 4's checkpoint"
+            ok = run(mpi(4, 2, 2, "resumed_replicas", "--resume", ckpt), tag)
+            failures += not ok or compare(tag, f"{tmp}/resumed_replicas", 1, want)
+            # saved by 2 replicas of 2 ranks, resumed in one process at K = 1
+            replicas_ckpt = f"{tmp}/checkpoint_replicas"
+            ok = run(mpi(4, 2, 2, "saved_replicas", "--save-after-first", replicas_ckpt),
+                     "saved by 2 replicas x 2 ranks")
+            failures += not ok or compare("2 replicas x 2 ranks, saving after step 0",
+                                          f"{tmp}/saved_replicas", 0, want)
+            tag = "resumed at K = 1 from the replicas' checkpoint"
+            ok = run([args.train_steps, tmp, "1", f"{tmp}/resumed_k1", "--resume", replicas_ckpt],
+                     tag)
+            failures += not ok or compare(tag, f"{tmp}/resumed_k1", 1, want)
         else:
             tag = "resumed at K = 2 from K = 4's checkpoint (no MPI here)"
             ok = run([args.train_steps, tmp, "2", f"{tmp}/resumed", "--resume", ckpt], tag)
-        failures += not ok or compare(tag, f"{tmp}/resumed", 1, want)
+            failures += not ok or compare(tag, f"{tmp}/resumed", 1, want)
     print("FAILED" if failures else "passed")
     return 1 if failures else 0
 
