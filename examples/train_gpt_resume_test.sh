@@ -18,8 +18,9 @@ echo "uninterrupted run: ${duration_ms} ms"
 RANDOM=29  # the same moments every time the test runs (on a machine of the same speed)
 kills=0
 for attempt in 1 2 3 4 5; do
-  # a moment in the first third of a whole run (each restart also loads and measures first)
-  delay_ms=$((duration_ms / 10 + RANDOM % (duration_ms / 4)))
+  # a moment in the first fifth of a whole run (each restart also loads and measures first), so
+  # that five attempts rarely reach the end even when the machine gets faster meanwhile
+  delay_ms=$((duration_ms / 20 + RANDOM % (duration_ms * 3 / 20)))
   seconds=$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
   # (the subshell keeps bash's "Killed" notice out of the test's output)
   status=$( (timeout -s KILL "$seconds" "$program" "${args[@]}" --out killed --resume \
