@@ -247,7 +247,8 @@ class Run {
                   (o_.out / "model.safetensors").c_str());
     }
     write_sample();
-    const double final_validation = rows_.back().validation;
+    // (a run resumed at its end has no step of its own; its log, if kept, has the last one)
+    const double final_validation = rows_.empty() ? validation_loss() : rows_.back().validation;
     say("validation loss %.4f at step %zu, %.4f at the end: the validation loss is %s\n",
         first_validation, first, final_validation,
         final_validation < first_validation ? "lower" : "not lower");
