@@ -15,7 +15,8 @@
 //   BM_LinearForward/<how>/rows:R  Linear(1024, 1024)'s forward with its bias, GFLOP/s: fused (one
 //                                  oneDNN matmul, linear_forward) or gemm_then_bias
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
-//                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2).
+//                                  N = rows x 1024 floats (R = 256 and 32; 32 rows fit in L2);
+//                                  to_bf16 / from_bf16 (float <-> bf16 bits) count 6 bytes each.
 //   BM_TeamRun/threads:T           a device's hand-over to its team's helpers (host::Team::run with
 //                                  T empty parts; time per run and runs/s): the cost that sets how
 //                                  much work a kernel block needs before host::gemm_split and
@@ -26,6 +27,8 @@
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <gpipe/backend/host/kernels/bf16.hpp>
 #include <gpipe/gpipe.hpp>
 #include <string>
 #include <vector>
@@ -99,7 +102,16 @@ void BM_LinearForward(benchmark::State& state, bool fused) {
                          benchmark::Counter::kIsRate);
 }
 
-enum class Elementwise { relu_forward, relu_backward, bias_add, bias_grad, add, copy };
+enum class Elementwise {
+  relu_forward,
+  relu_backward,
+  bias_add,
+  bias_grad,
+  add,
+  copy,
+  to_bf16,
+  from_bf16
+};
 
 void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -108,6 +120,8 @@ void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
   using Relu = gpipe::LayerKernels<gpipe::ReluOp, gpipe::host::Kernels<float>>;
   const auto x = random_floats(n, 4), dy = random_floats(n, 5), bias = random_floats(width, 6);
   std::vector<float> y(n), db(width, 0.0f);
+  std::vector<std::uint16_t> half(n);
+  gpipe::host::to_bf16(n, x.data(), half.data());
   double floats_moved = 0;  // per call
   for (auto _ : state) {
     switch (kernel) {
@@ -128,6 +142,12 @@ void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
         break;
       case Elementwise::copy:
         k.copy(n, x.data(), y.data()), floats_moved = 2.0 * n;
+        break;
+      case Elementwise::to_bf16:  // 4 bytes in, 2 out
+        gpipe::host::to_bf16(n, x.data(), half.data()), floats_moved = 1.5 * n;
+        break;
+      case Elementwise::from_bf16:  // 2 bytes in, 4 out
+        gpipe::host::from_bf16(n, half.data(), y.data()), floats_moved = 1.5 * n;
         break;
     }
     benchmark::ClobberMemory();
@@ -173,7 +193,9 @@ void register_all() {
       {"bias_add", Elementwise::bias_add},
       {"bias_grad", Elementwise::bias_grad},
       {"add", Elementwise::add},
-      {"copy", Elementwise::copy}};
+      {"copy", Elementwise::copy},
+      {"to_bf16", Elementwise::to_bf16},
+      {"from_bf16", Elementwise::from_bf16}};
   for (const auto& [name, kernel] : kernels)
     benchmark::RegisterBenchmark((std::string("BM_Elementwise/") + name).c_str(), BM_Elementwise,
                                  kernel)

@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "gpipe/backend/host/kernels.hpp"  // after bf16.hpp: which must not hide gpipe::detail
 #include "gpipe/backend/host/kernels/bf16.hpp"
 
 namespace {

@@ -35,28 +35,34 @@ constexpr float from_bf16_bits(std::uint16_t b) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
-namespace detail {
+}  // namespace gpipe::host
 
-using Bits4 = simd::BitsOf<simd::Pack<float>>::type;
-typedef std::uint16_t Half4 __attribute__((vector_size(8)));
+// Helpers live in gpipe::detail: a gpipe::host::detail would hide it from the other host headers.
+namespace gpipe::detail {
+
+using Bf16Bits4 = host::simd::BitsOf<host::simd::Pack<float>>::type;
+typedef std::uint16_t Bf16Half4 __attribute__((vector_size(8)));
 
 // to_bf16_bits on the four lanes of u (a float pack's bits).
-inline Half4 to_bf16_bits(Bits4 u) {
-  const Bits4 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const Bits4 nan = reinterpret_cast<Bits4>((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
-  const Bits4 quiet = (u >> 16) | 0x0040u;
-  return __builtin_convertvector((rounded & ~nan) | (quiet & nan), Half4);
+inline Bf16Half4 to_bf16_bits(Bf16Bits4 u) {
+  const Bf16Bits4 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const Bf16Bits4 nan =
+      reinterpret_cast<Bf16Bits4>((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+  const Bf16Bits4 quiet = (u >> 16) | 0x0040u;
+  return __builtin_convertvector((rounded & ~nan) | (quiet & nan), Bf16Half4);
 }
 
-}  // namespace detail
+}  // namespace gpipe::detail
+
+namespace gpipe::host {
 
 /// y(n) = x(n) as bf16 bits, each as to_bf16_bits rounds it.
 inline void to_bf16(std::size_t n, const float* x, std::uint16_t* y) {
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    detail::Bits4 u;
+    gpipe::detail::Bf16Bits4 u;
     std::memcpy(&u, x + i, sizeof u);
-    const detail::Half4 b = detail::to_bf16_bits(u);
+    const gpipe::detail::Bf16Half4 b = gpipe::detail::to_bf16_bits(u);
     std::memcpy(y + i, &b, sizeof b);
   }
   for (; i < n; ++i) y[i] = to_bf16_bits(x[i]);
@@ -64,7 +70,14 @@ inline void to_bf16(std::size_t n, const float* x, std::uint16_t* y) {
 
 /// y(n) = the floats that x(n)'s bf16 bits hold (exact).
 inline void from_bf16(std::size_t n, const std::uint16_t* x, float* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = from_bf16_bits(x[i]);
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    gpipe::detail::Bf16Half4 b;
+    std::memcpy(&b, x + i, sizeof b);
+    const auto u = __builtin_convertvector(b, gpipe::detail::Bf16Bits4) << 16;
+    std::memcpy(y + i, &u, sizeof u);
+  }
+  for (; i < n; ++i) y[i] = from_bf16_bits(x[i]);
 }
 
 }  // namespace gpipe::host
