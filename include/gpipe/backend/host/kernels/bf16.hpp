@@ -1,5 +1,5 @@
 #pragma once
-// float <-> bfloat16 on the host, the storage of gpipe::MixedBf16 (DESIGN.md, "Precision"):
+// float <-> bfloat16 on the host, for mixed precision (bf16 activations, fp32 master weights):
 // bf16 is float's sign, 8-bit exponent and top 7 mantissa bits, kept here as its 16 bits.
 //
 //   to_bf16_bits(f)      one float, round to nearest, ties to even (constexpr)
