@@ -65,7 +65,7 @@ struct Embedding {
   /// d(loss)/d(id) = 0: y is piecewise constant in the id.
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    ctx.fill(a.rows, typename Ctx::value_type(0), a.dx);
+    ctx.fill(a.rows, typename Ctx::value_type(0.0f), a.dx);
   }
   /// dwte (V, D) += dy rows scatter-added at their ids (in a deterministic order), dwpe (T, D) +=
   /// dy summed over the samples.

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpipe/model/precision.hpp"
+
 namespace gpipe {
 
 /// The scalar type and the device.
@@ -28,13 +30,19 @@ concept kernel_context_base = requires(const Ctx& k) {
   { k.device() } -> std::convertible_to<std::size_t>;
 };
 
-/// C(m, n) = alpha op(A) op(B) + beta C, row-major; y(rows, cols) += bias; db += column sums of dy.
+/// C(m, n) = alpha op(A) op(B) + beta C, row-major, of activations, and of activations with
+/// master parameters (a Linear's x W^T, dy W) into activations or (dy^T x) into master gradients;
+/// y(rows, cols) += bias; db += column sums of dy.
 template <class Ctx>
-concept has_blas = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
-                            const typename Ctx::value_type* a, typename Ctx::value_type* c) {
+concept has_blas = requires(Ctx& k, std::size_t n, master_t<typename Ctx::value_type> s,
+                            const typename Ctx::value_type* a, typename Ctx::value_type* c,
+                            const master_t<typename Ctx::value_type>* p,
+                            master_t<typename Ctx::value_type>* g) {
   k.gemm(false, true, n, n, n, s, a, a, s, c);
-  k.bias_add(n, n, a, c);
-  k.bias_grad(n, n, a, c);
+  k.gemm(false, true, n, n, n, s, a, p, s, c);
+  k.gemm(true, false, n, n, n, s, a, a, s, g);
+  k.bias_add(n, n, p, c);
+  k.bias_grad(n, n, a, g);
 };
 
 /// y = a + b, y += x, dst = src, dst = value, x *= alpha.
@@ -62,14 +70,16 @@ concept has_transfers = requires(Ctx& k, std::size_t n, const float* f, float* g
 /// sum of squares in double of gradient clipping (out: one double of the device's memory, summed
 /// in the fixed order of backend/common.hpp).
 template <class Ctx>
-concept has_training_ops = requires(Ctx& k, std::size_t n, typename Ctx::value_type s,
+concept has_training_ops = requires(Ctx& k, std::size_t n, master_t<typename Ctx::value_type> s,
                                     const typename Ctx::value_type* a, typename Ctx::value_type* c,
-                                    const std::int32_t* ids, double* out) {
-  k.sum_of_squares(n, a, out);
-  k.softmax_cross_entropy(n, n, a, ids, s, c, c);
-  k.mse(n, a, a, s, c, c);
-  k.sgd_update(n, c, a, c, 0.1, 0.9, 0.0, 0.0, false, true);
-  k.adamw_update(n, c, a, c, c, 0.1, 0.9, 0.999, 1e-8, 0.0, std::size_t{1});
+                                    const master_t<typename Ctx::value_type>* mp,
+                                    master_t<typename Ctx::value_type>* m, const std::int32_t* ids,
+                                    double* out) {
+  k.sum_of_squares(n, mp, out);
+  k.softmax_cross_entropy(n, n, a, ids, s, c, m);
+  k.mse(n, a, mp, s, c, m);
+  k.sgd_update(n, m, mp, m, 0.1, 0.9, 0.0, 0.0, false, true);
+  k.adamw_update(n, m, mp, m, m, 0.1, 0.9, 0.999, 1e-8, 0.0, std::size_t{1});
 };
 
 /// kernel_context<Ctx>: everything the library's own layers, losses and optimizers need of a

@@ -14,7 +14,8 @@
 //
 // The operations are function templates over a kernel context Ctx (a backend's per-device kernel
 // set, e.g. gpipe::host::Kernels<float>); pointers are that device's memory. Ctx::value_type is
-// the scalar type (float on backends, double in the finite-difference tests).
+// the activations' scalar type (float, bf16 under gpipe::MixedBf16, double in the
+// finite-difference tests); parameters and gradients are master_t<value_type> (float for bf16).
 
 #include <array>
 #include <concepts>
@@ -24,6 +25,7 @@
 #include <string_view>
 
 #include "gpipe/error.hpp"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe {
 
@@ -65,7 +67,7 @@ struct ForwardArgs {
   std::size_t rows;
   const T* x;              ///< (rows, in_features)
   T* y;                    ///< (rows, out_features)
-  const T* params;         ///< (num_params)
+  const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
   T* stash;                ///< (rows, stash_per_row), kept until backward
   T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
@@ -79,7 +81,7 @@ struct BackwardInputArgs {
   const T* x;              ///< (rows, in_features)
   const T* dy;             ///< (rows, out_features)
   T* dx;                   ///< (rows, in_features), overwritten
-  const T* params;         ///< (num_params)
+  const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
   const T* stash;          ///< (rows, stash_per_row) as left by forward
   T* grad_stash;           ///< (rows, grad_stash_per_row), kept until backward_weight
   T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
@@ -93,10 +95,10 @@ struct BackwardWeightArgs {
   std::size_t rows;
   const T* x;              ///< (rows, in_features)
   const T* dy;             ///< (rows, out_features)
-  const T* params;         ///< (num_params)
+  const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
   const T* stash;          ///< (rows, stash_per_row)
   const T* grad_stash;     ///< (rows, grad_stash_per_row) as left by backward_input
-  T* grads;                ///< (num_params), accumulated: grads += d(loss)/d(params)
+  master_t<T>* grads;      ///< (num_params), accumulated: grads += d(loss)/d(params)
   T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
 };
 

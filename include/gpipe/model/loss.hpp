@@ -43,11 +43,13 @@ template <class L>
 concept loss = has_targets<L> && has_target_check<L>;
 
 /// loss_for<L, Ctx>: L's static `apply(ctx, rows, out_features, y, targets, grad_scale, dy,
-/// loss_sum)` runs with the kernel context Ctx (float activations).
+/// loss_sum)` runs with the kernel context Ctx (activations of its value_type, loss in master_t of it).
 template <class L, class Ctx>
-concept loss_for = loss<L> && requires(Ctx& ctx, std::size_t n, const float* y,
-                                       const typename L::target_type* targets, float* out) {
-  L::apply(ctx, n, n, y, targets, 1.0f, out, out);
+concept loss_for = loss<L> && requires(Ctx& ctx, std::size_t n, const typename Ctx::value_type* y,
+                                       const typename L::target_type* targets,
+                                       typename Ctx::value_type* dy,
+                                       master_t<typename Ctx::value_type>* out) {
+  L::apply(ctx, n, n, y, targets, 1.0f, dy, out);
 };
 
 namespace detail {
@@ -109,7 +111,8 @@ struct SoftmaxCrossEntropy {
   /// logits (rows, classes) and targets (rows). grad_scale is 1 / normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t classes, const T* logits,
-                    const std::int32_t* targets, T grad_scale, T* dlogits, T* loss_sum) {
+                    const std::int32_t* targets, master_t<T> grad_scale, T* dlogits,
+                    master_t<T>* loss_sum) {
     ctx.softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits, loss_sum);
   }
 };
@@ -132,7 +135,7 @@ struct MSELoss {
   /// grad_scale is 1 / normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t out_features, const T* y,
-                    const float* targets, T grad_scale, T* dy, T* loss_sum) {
+                    const float* targets, master_t<T> grad_scale, T* dy, master_t<T>* loss_sum) {
     ctx.mse(rows * out_features, y, targets, grad_scale, dy, loss_sum);
   }
 };

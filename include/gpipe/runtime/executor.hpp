@@ -24,13 +24,16 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/stage_program.hpp"
@@ -40,13 +43,17 @@
 
 namespace gpipe::detail {
 
-// Target: the loss's target type (std::int32_t class ids, or floats).
-template <class Backend, class Target>
+// Target: the loss's target type (std::int32_t class ids, or floats). Precision: Fp32, or
+// MixedBf16, whose slots hold bf16 and whose ops run on the device's bf16 context.
+template <class Backend, class Target, class Precision = Fp32>
 class Executor {
  public:
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
   using Kernels = typename Backend::Kernels;
+  using A = typename Precision::activation_type;  // activations' element type
+  using Context = ActivationContext<Kernels, A>;
+  using Ctx = typename Context::type;  // the context the stages' ops run on
   using Transport = transport::Transport<Backend>;
   using target_type = Target;
 
@@ -67,9 +74,12 @@ class Executor {
   // stages[s]: stage s's program; loss: the last stage's. params[s], grads[s]: stage s's flat
   // parameter and gradient arrays on its device. order: issue_order(schedule), computed once by
   // the owner. All of them outlive the executor.
+  // token_input: stage 0's rows are token ids (with bf16 activations they travel as the 16 bits
+  // of a bf16, which hold ids exactly; a bf16 value holds integers only up to 256).
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
-           std::span<const StageProgram<Kernels>> stages, const LossProgram<Kernels, Target>& loss,
-           std::span<Buffer<float>> params, std::span<Buffer<float>> grads)
+           std::span<const StageProgram<Ctx>> stages, const LossProgram<Ctx, Target>& loss,
+           std::span<Buffer<float>> params, std::span<Buffer<float>> grads,
+           bool token_input = false)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -78,7 +88,8 @@ class Executor {
         loss_program_(loss),
         num_stages_(stages.size()),
         params_(params),
-        grads_(grads) {}
+        grads_(grads),
+        token_input_(token_input) {}
 
   // Runs the step; returns the summed loss of every micro-batch. Throws (from the backend's
   // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
@@ -91,6 +102,7 @@ class Executor {
     const bool has_loss = transport_.is_local(last_device);
     try {
       if (step.sum_over_replicas) prepare_gradient_sums();
+      cast_weights();
       if (has_loss)
         loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
       // Every record is issued before the waits for it: a CUDA stream that waits on an event
@@ -127,6 +139,7 @@ class Executor {
     const std::size_t M = split.micro_batches;
     slots_ = std::vector<Slot>(num_stages_ * M);
     try {
+      cast_weights();
       for (std::size_t mb = 0; mb < M; ++mb) {
         for (std::size_t s = 0; s < num_stages_; ++s) {
           const std::size_t device = schedule_.device_of_stage(s);
@@ -144,20 +157,20 @@ class Executor {
         }
       }
     } catch (...) {
-      abandon([this] { slots_.clear(); });
+      abandon([this] { clear(); });
     }
     try {
       finish();
     } catch (...) {
-      slots_.clear();
+      clear();
       throw;
     }
-    slots_.clear();
+    clear();
   }
 
  private:
   struct Slot {
-    Buffer<float> input, stash, output, grad_output, grad_input, grad_stash;
+    Buffer<A> input, stash, output, grad_output, grad_input, grad_stash;
     bool stashed = false;  // stash holds this micro-batch's forward activations
     typename Transport::Mailbox activation, gradient;  // of its output, of its input gradient
   };
@@ -167,6 +180,7 @@ class Executor {
 
   void clear() {
     slots_.clear();
+    weights_bf16_.clear();
     loss_ = {};
     earlier_.clear();
     weights_done_.clear();
@@ -297,26 +311,65 @@ class Executor {
     }
   }
 
+  static constexpr bool mixed = !std::is_same_v<A, float>;
+
+  // MixedBf16: every local stage's parameters rounded to bf16 once, on its device before the
+  // step's ops, for the GEMMs of all its micro-batches (a copy per use would cost about a fifth
+  // of a micro-batch's GEMM at 256 rows; BENCHMARKS.md); counted as workspace while the step runs.
+  void cast_weights() {
+    if constexpr (mixed) {
+      weights_bf16_.resize(num_stages_);
+      for (std::size_t s = 0; s < num_stages_; ++s) {
+        const std::size_t d = schedule_.device_of_stage(s);
+        if (!transport_.is_local(d)) continue;
+        weights_bf16_[s] = backend_.template allocate<A>(d, params_[s].size(), MemoryKind::workspace);
+        backend_.submit(d, {"weights to bf16", s},
+                        [n = params_[s].size(), p = params_[s].data(),
+                         w = weights_bf16_[s].data()](Kernels& k) { Context::of(k).convert(n, p, w); });
+      }
+    }
+  }
+
+  // The context stage s's ops run on, its bf16 weights registered (MixedBf16).
+  Ctx& context(Kernels& k, std::size_t s) {
+    Ctx& c = Context::of(k);
+    if constexpr (mixed) c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
+    return c;
+  }
+
+  // Stage 0's rows (n values at x, host memory) into its input buffer on the device.
+  void upload_input(Ctx& c, std::size_t n, const float* x, A* dst) const {
+    if constexpr (mixed) {
+      if (token_input_) {  // ids in a bf16's 16 bits (the Trainer checked them against V)
+        std::vector<A> ids(n);
+        for (std::size_t i = 0; i < n; ++i) ids[i] = A::from_bits(static_cast<std::uint16_t>(x[i]));
+        return c.upload(n, ids.data(), dst);
+      }
+    }
+    c.upload(n, x, dst);
+  }
+
   void submit_forward(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    backend_.submit(device, label, [this, s, device, mb](Kernels& k) {
-      const StageProgram<Kernels>& stage = stages_[s];
+    backend_.submit(device, label, [this, s, device, mb](Kernels& kernels) {
+      Ctx& k = context(kernels, s);
+      const StageProgram<Ctx>& stage = stages_[s];
       const Step& step = *step_;
       const std::size_t rows = step.split.size(mb);
       Slot& here = slot(s, mb);
       if (s == 0) {
-        here.input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                       MemoryKind::activations);
-        k.upload(rows * stage.in_features, step.x.data() + step.split.begin(mb) * stage.in_features,
-                 here.input.data());
+        here.input = backend_.template allocate<A>(device, rows * stage.in_features,
+                                                   MemoryKind::activations);
+        upload_input(k, rows * stage.in_features,
+                     step.x.data() + step.split.begin(mb) * stage.in_features, here.input.data());
       }
-      here.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
-                                                     MemoryKind::activations);
-      here.output = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                      MemoryKind::workspace);
+      here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
+                                                 MemoryKind::activations);
+      here.output = backend_.template allocate<A>(device, rows * stage.out_features,
+                                                  MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<float>{rows, here.input.data(), here.output.data(),
-                                            params_[s].data(), here.stash.data(), ws.data()});
+        stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
+                                        params_[s].data(), here.stash.data(), ws.data()});
       }
       if (s == num_stages_ - 1) apply_loss(device, k, mb, rows, here);
       here.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
@@ -327,24 +380,25 @@ class Executor {
   void submit_inference(std::size_t s, std::size_t device, WorkLabel label,
                         std::span<const float> x, MicroBatchSplit split, std::size_t mb,
                         std::span<float> out) {
-    backend_.submit(device, label, [this, s, device, x, split, mb, out](Kernels& k) {
-      const StageProgram<Kernels>& stage = stages_[s];
+    backend_.submit(device, label, [this, s, device, x, split, mb, out](Kernels& kernels) {
+      Ctx& k = context(kernels, s);
+      const StageProgram<Ctx>& stage = stages_[s];
       const std::size_t rows = split.size(mb);
       Slot& here = slot(s, mb, split.micro_batches);
       if (s == 0) {
-        here.input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                       MemoryKind::activations);
-        k.upload(rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
-                 here.input.data());
+        here.input = backend_.template allocate<A>(device, rows * stage.in_features,
+                                                   MemoryKind::activations);
+        upload_input(k, rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
+                     here.input.data());
       }
-      auto stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
-                                                     MemoryKind::workspace);
-      here.output = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                      MemoryKind::workspace);
+      auto stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
+                                                 MemoryKind::workspace);
+      here.output = backend_.template allocate<A>(device, rows * stage.out_features,
+                                                  MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<float>{rows, here.input.data(), here.output.data(),
-                                            params_[s].data(), stash.data(), ws.data()});
+        stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
+                                        params_[s].data(), stash.data(), ws.data()});
       }
       here.input.reset();
       if (s == num_stages_ - 1) {
@@ -356,23 +410,21 @@ class Executor {
   }
 
   // The stage's scratch for one op (empty when it needs none).
-  Buffer<float> workspace(const StageProgram<Kernels>& stage, std::size_t device,
-                          std::size_t rows) {
-    return backend_.template allocate<float>(device, rows * stage.workspace_per_row,
-                                             MemoryKind::workspace);
+  Buffer<A> workspace(const StageProgram<Ctx>& stage, std::size_t device, std::size_t rows) {
+    return backend_.template allocate<A>(device, rows * stage.workspace_per_row,
+                                         MemoryKind::workspace);
   }
 
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
   // grad_output. The logits are not needed after that.
-  void apply_loss(std::size_t device, Kernels& k, std::size_t mb, std::size_t rows, Slot& here) {
+  void apply_loss(std::size_t device, Ctx& k, std::size_t mb, std::size_t rows, Slot& here) {
     const std::size_t out = stages_[num_stages_ - 1].out_features;
     const Step& step = *step_;
     const std::size_t per_row = loss_program_.targets_per_row(out);
     auto targets =
         backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
-    here.grad_output =
-        backend_.template allocate<float>(device, rows * out, MemoryKind::activations);
+    here.grad_output = backend_.template allocate<A>(device, rows * out, MemoryKind::activations);
     loss_program_.apply(k, rows, out, here.output.data(), targets.data(), step.loss_scale,
                         here.grad_output.data(), loss_.data() + mb);
     here.output.reset();
@@ -381,10 +433,11 @@ class Executor {
   // Submits stage s's op on micro-batch mb to `device`: run(k, stage, rows, slot, workspace).
   template <class Run>
   void submit_op(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb, Run run) {
-    backend_.submit(device, label, [this, s, device, mb, run](Kernels& k) {
-      const StageProgram<Kernels>& stage = stages_[s];
+    backend_.submit(device, label, [this, s, device, mb, run](Kernels& kernels) {
+      Ctx& k = context(kernels, s);
+      const StageProgram<Ctx>& stage = stages_[s];
       const std::size_t rows = step_->split.size(mb);
-      Buffer<float> ws = workspace(stage, device, rows);
+      Buffer<A> ws = workspace(stage, device, rows);
       run(k, stage, rows, slot(s, mb), ws);
     });
   }
@@ -392,41 +445,41 @@ class Executor {
   void submit_backward_input(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
     submit_op(
         s, device, label, mb,
-        [this, s, device](Kernels& k, const StageProgram<Kernels>& stage, std::size_t rows,
-                          Slot& here, Buffer<float>& ws) {
+        [this, s, device](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows, Slot& here,
+                          Buffer<A>& ws) {
           if (!here.stashed && stage.stash_per_row > 0) {
             // Re-materialization: run the stage's forward again from its kept input.
-            here.stash = backend_.template allocate<float>(device, rows * stage.stash_per_row,
-                                                           MemoryKind::activations);
-            auto scratch = backend_.template allocate<float>(device, rows * stage.out_features,
-                                                             MemoryKind::workspace);
-            stage.forward(k, ForwardArgs<float>{rows, here.input.data(), scratch.data(),
-                                                params_[s].data(), here.stash.data(), ws.data()});
+            here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
+                                                       MemoryKind::activations);
+            auto scratch = backend_.template allocate<A>(device, rows * stage.out_features,
+                                                         MemoryKind::workspace);
+            stage.forward(k, ForwardArgs<A>{rows, here.input.data(), scratch.data(),
+                                            params_[s].data(), here.stash.data(), ws.data()});
           }
           // Nobody upstream wants the first stage's input gradient: skip it where the
           // stage can.
           const bool skip_dx = s == 0 && stage.skips_input_gradient;
           if (!skip_dx)
-            here.grad_input = backend_.template allocate<float>(device, rows * stage.in_features,
-                                                                MemoryKind::workspace);
-          here.grad_stash = backend_.template allocate<float>(
-              device, rows * stage.grad_stash_per_row, MemoryKind::workspace);
+            here.grad_input = backend_.template allocate<A>(device, rows * stage.in_features,
+                                                            MemoryKind::workspace);
+          here.grad_stash = backend_.template allocate<A>(device, rows * stage.grad_stash_per_row,
+                                                          MemoryKind::workspace);
           stage.backward_input(
-              k, BackwardInputArgs<float>{rows, here.input.data(), here.grad_output.data(),
-                                          here.grad_input.data(), params_[s].data(),
-                                          here.stash.data(), here.grad_stash.data(), ws.data()});
+              k, BackwardInputArgs<A>{rows, here.input.data(), here.grad_output.data(),
+                                      here.grad_input.data(), params_[s].data(),
+                                      here.stash.data(), here.grad_stash.data(), ws.data()});
           if (s == 0) here.grad_input.reset();
         });
   }
 
   void submit_backward_weight(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
     submit_op(s, device, label, mb,
-              [this, s](Kernels& k, const StageProgram<Kernels>& stage, std::size_t rows,
-                        Slot& here, Buffer<float>& ws) {
+              [this, s](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows, Slot& here,
+                        Buffer<A>& ws) {
                 stage.backward_weight(
-                    k, BackwardWeightArgs<float>{
-                           rows, here.input.data(), here.grad_output.data(), params_[s].data(),
-                           here.stash.data(), here.grad_stash.data(), grads_[s].data(), ws.data()});
+                    k, BackwardWeightArgs<A>{rows, here.input.data(), here.grad_output.data(),
+                                             params_[s].data(), here.stash.data(),
+                                             here.grad_stash.data(), grads_[s].data(), ws.data()});
                 here.input.reset();
                 here.stash.reset();
                 here.grad_output.reset();
@@ -438,8 +491,8 @@ class Executor {
   Transport transport_;
   const Schedule& schedule_;
   std::span<const OpPlace> order_;
-  std::span<const StageProgram<Kernels>> stages_;
-  const LossProgram<Kernels, Target>& loss_program_;
+  std::span<const StageProgram<Ctx>> stages_;
+  const LossProgram<Ctx, Target>& loss_program_;
   const std::size_t num_stages_;
   std::span<Buffer<float>> params_, grads_;
   const Step* step_ = nullptr;
@@ -447,6 +500,8 @@ class Executor {
   Buffer<float> loss_;
   std::vector<Buffer<float>> earlier_;     // per stage: gradients set aside (data parallel)
   std::vector<std::size_t> weights_done_;  // per stage: backward_weight ops issued
+  bool token_input_ = false;
+  std::vector<Buffer<A>> weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
 };
 
 }  // namespace gpipe::detail

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include "gpipe/model/layer.hpp"
@@ -21,21 +22,39 @@ constexpr bool skips_input_gradient = requires {
   requires L::skips_input_gradient;
 };
 
-// One stage (a bound Stage chain) for kernel context Kernels: sizes per row, and its ops.
+// ActivationContext<Kernels, A>: the kernel context a device runs ops on activations of type A
+// with: the backend's own (float), or the bf16 context its float context makes
+// (bf16_context(), for gpipe::MixedBf16). `of(k)` is it for the backend's context k.
+template <class Kernels, class A>
+struct ActivationContext {
+  using type = Kernels;
+  static Kernels& of(Kernels& k) { return k; }
+};
+template <class Kernels>
+requires requires(Kernels& k) { k.bf16_context(); }
+struct ActivationContext<Kernels, bf16> {
+  using type = std::remove_reference_t<decltype(std::declval<Kernels&>().bf16_context())>;
+  static type& of(Kernels& k) { return k.bf16_context(); }
+};
+
+// One stage (a bound Stage chain) for kernel context Kernels: sizes per row (in elements of
+// the context's value_type), and its ops.
 template <class Kernels>
 struct StageProgram {
+  using T = typename Kernels::value_type;
   std::size_t in_features = 0, out_features = 0, num_params = 0;
   std::size_t stash_per_row = 0, grad_stash_per_row = 0, workspace_per_row = 0;
   bool skips_input_gradient = false;  // backward_input takes dx == nullptr
   void (*init)(std::span<float>, Rng&) = nullptr;
-  void (*forward)(Kernels&, const ForwardArgs<float>&) = nullptr;
-  void (*backward_input)(Kernels&, const BackwardInputArgs<float>&) = nullptr;
-  void (*backward_weight)(Kernels&, const BackwardWeightArgs<float>&) = nullptr;
+  void (*forward)(Kernels&, const ForwardArgs<T>&) = nullptr;
+  void (*backward_input)(Kernels&, const BackwardInputArgs<T>&) = nullptr;
+  void (*backward_weight)(Kernels&, const BackwardWeightArgs<T>&) = nullptr;
 };
 
 // stage_program<S, Kernels>(): StageProgram of the concrete stage chain S.
 template <class S, class Kernels>
 constexpr StageProgram<Kernels> stage_program() {
+  using T = typename Kernels::value_type;
   return {.in_features = S::in_features,
           .out_features = S::out_features,
           .num_params = S::num_params,
@@ -44,11 +63,11 @@ constexpr StageProgram<Kernels> stage_program() {
           .workspace_per_row = workspace_per_row_v<S>,
           .skips_input_gradient = skips_input_gradient<S>,
           .init = [](std::span<float> p, Rng& rng) { S::init(p, rng); },
-          .forward = [](Kernels& k, const ForwardArgs<float>& a) { S::forward(k, a); },
+          .forward = [](Kernels& k, const ForwardArgs<T>& a) { S::forward(k, a); },
           .backward_input = [](Kernels& k,
-                               const BackwardInputArgs<float>& a) { S::backward_input(k, a); },
+                               const BackwardInputArgs<T>& a) { S::backward_input(k, a); },
           .backward_weight = [](Kernels& k,
-                                const BackwardWeightArgs<float>& a) { S::backward_weight(k, a); }};
+                                const BackwardWeightArgs<T>& a) { S::backward_weight(k, a); }};
 }
 
 // model_program<Model, Kernels>: the StageProgram of every stage of a Pipeline, in order.
@@ -61,15 +80,17 @@ template <class Model, class Kernels>
 inline constexpr std::array<StageProgram<Kernels>, Model::num_stages> model_program =
     stage_programs<Model, Kernels>(std::make_index_sequence<Model::num_stages>{});
 
-// A loss for kernel context Kernels and targets of type Target (see model/loss.hpp).
+// A loss for kernel context Kernels and targets of type Target (see model/loss.hpp): y and dy
+// are activations (Kernels::value_type), the loss float.
 template <class Kernels, class Target>
 struct LossProgram {
+  using T = typename Kernels::value_type;
   std::size_t (*targets_per_row)(std::size_t out_features) = nullptr;
   double (*normalizer)(std::size_t rows, std::size_t out_features) = nullptr;
   void (*check)(std::span<const Target> targets, std::size_t out_features) = nullptr;
   // loss_sum[0] and dy (rows, out) of one micro-batch, in device memory
-  void (*apply)(Kernels&, std::size_t rows, std::size_t out, const float* y, const Target* targets,
-                float grad_scale, float* dy, float* loss_sum) = nullptr;
+  void (*apply)(Kernels&, std::size_t rows, std::size_t out, const T* y, const Target* targets,
+                float grad_scale, T* dy, float* loss_sum) = nullptr;
 };
 
 template <class Loss, class Kernels>
@@ -78,9 +99,9 @@ inline constexpr LossProgram<Kernels, typename Loss::target_type> loss_program{
     .normalizer = [](std::size_t rows, std::size_t out) { return Loss::normalizer(rows, out); },
     .check = [](std::span<const typename Loss::target_type> targets,
                 std::size_t out) { Loss::check(targets, out); },
-    .apply =
-        [](Kernels& k, std::size_t rows, std::size_t out, const float* y,
-           const typename Loss::target_type* targets, float grad_scale, float* dy,
-           float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
+    .apply = [](Kernels& k, std::size_t rows, std::size_t out,
+                const typename Kernels::value_type* y, const typename Loss::target_type* targets,
+                float grad_scale, typename Kernels::value_type* dy,
+                float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
 
 }  // namespace gpipe::detail

@@ -33,10 +33,13 @@ struct ModelShape {
   std::size_t vocab_size = 0;         // a token model's V; 0: rows are features
 };
 
-template <class Backend, class Target>
+template <class Backend, class Target, class Precision = Fp32>
 class StepRunner {
  public:
-  using Kernels = typename Backend::Kernels;
+  // The context the stages' ops run on: the backend's, or its bf16 one (MixedBf16).
+  using Kernels =
+      typename ActivationContext<typename Backend::Kernels,
+                                 typename Precision::activation_type>::type;
   static constexpr Sends sends = transport::Transport<Backend>::sends;
 
   // generated: the schedule kind's op lists for (devices, micro_batches), which the runner orders
@@ -93,8 +96,9 @@ class StepRunner {
     const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
     const auto my_y = y.subspan(first * per_row, mine * per_row);
 
-    Executor<Backend, Target> executor(backend_, schedule_, issue_order_, stages_, loss_,
-                                       store.params(), store.grads());
+    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
+                                                  loss_, store.params(), store.grads(),
+                                                  shape_.vocab_size > 0);
     store.restart_tied_gradients();
     take_timing();  // start this step's count afresh
     // with replicas, each stage's gradients are summed over them during the step
@@ -118,8 +122,9 @@ class StepRunner {
                                  ParameterStore<Backend>& store) {
     const std::size_t T = shape_.tokens_per_sample;
     std::vector<float> out(rows * shape_.out_features);
-    Executor<Backend, Target> executor(backend_, schedule_, issue_order_, stages_, loss_,
-                                       store.params(), store.grads());
+    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
+                                                  loss_, store.params(), store.grads(),
+                                                  shape_.vocab_size > 0);
     executor.run_forward(x, {rows, std::min(rows / T, micro_batches_), T}, out);
     transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
     return out;
@@ -170,8 +175,8 @@ class StepRunner {
 // StepRunner<host::Backend, ...> an explicit instantiation (extern template, under
 // GPIPE_COMPILED_HOST: backend/host/compiled.hpp) compiles none of the step's code itself.
 
-template <class Backend, class Target>
-StepRunner<Backend, Target>::StepRunner(Backend& backend, Schedule generated,
+template <class Backend, class Target, class Precision>
+StepRunner<Backend, Target, Precision>::StepRunner(Backend& backend, Schedule generated,
                                         std::span<const StageProgram<Kernels>> stages,
                                         const LossProgram<Kernels, Target>& loss, ModelShape shape,
                                         std::size_t micro_batches, Remat remat)
@@ -198,16 +203,16 @@ StepRunner<Backend, Target>::StepRunner(Backend& backend, Schedule generated,
   issue_order_ = issue_order(schedule_);
 }
 
-template <class Backend, class Target>
-BubbleBreakdown StepRunner<Backend, Target>::bubble_breakdown() const {
+template <class Backend, class Target, class Precision>
+BubbleBreakdown StepRunner<Backend, Target, Precision>::bubble_breakdown() const {
   BubbleBreakdown out = gpipe::bubble_breakdown(schedule_, last_step_);
   if constexpr (requires { backend_.devices_share_cores(out.busy_devices); })
     out.devices_share_cores = backend_.devices_share_cores(out.busy_devices);
   return out;
 }
 
-template <class Backend, class Target>
-float StepRunner<Backend, Target>::forward_backward(std::span<const float> x,
+template <class Backend, class Target, class Precision>
+float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const float> x,
                                                     std::span<const Target> y,
                                                     ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
@@ -222,16 +227,16 @@ float StepRunner<Backend, Target>::forward_backward(std::span<const float> x,
   return run_step(x, y, rows, store);
 }
 
-template <class Backend, class Target>
-float StepRunner<Backend, Target>::forward_backward(std::span<const std::int32_t> tokens,
+template <class Backend, class Target, class Precision>
+float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const std::int32_t> tokens,
                                                     std::span<const Target> targets,
                                                     ParameterStore<Backend>& store) {
   const std::vector<float> x = token_rows(tokens, micro_batches_);
   return run_step(x, targets, tokens.size(), store);
 }
 
-template <class Backend, class Target>
-std::vector<float> StepRunner<Backend, Target>::predict(std::span<const float> x,
+template <class Backend, class Target, class Precision>
+std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<const float> x,
                                                         ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
   require(x.size() % in == 0 && !x.empty(),
@@ -241,8 +246,8 @@ std::vector<float> StepRunner<Backend, Target>::predict(std::span<const float> x
   return run_predict(x, x.size() / in, store);
 }
 
-template <class Backend, class Target>
-std::vector<float> StepRunner<Backend, Target>::predict(std::span<const std::int32_t> tokens,
+template <class Backend, class Target, class Precision>
+std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<const std::int32_t> tokens,
                                                         ParameterStore<Backend>& store) {
   const std::vector<float> x = token_rows(tokens, 1);
   return run_predict(x, tokens.size(), store);

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "gpipe/error.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/loss.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/optim/optimizer.hpp"
 #include "gpipe/runtime/checkpoint.hpp"
@@ -46,6 +48,29 @@
 namespace gpipe {
 
 namespace detail {
+// True when the backend runs Model in Precision; otherwise a static_assert that says why not.
+template <class Precision, class Backend, class Model>
+constexpr bool explain_precision_for() {
+  if constexpr (!precision<Precision> || std::is_same_v<typename Precision::activation_type, float>) {
+    return true;
+  } else if constexpr (!requires(typename Backend::Kernels& k) { k.bf16_context(); }) {
+    static_assert(lacks<Backend>,
+                  "gpipe: MixedBf16 needs a backend with bf16 kernels (host::Backend); this one "
+                  "has none yet");
+    return false;
+  } else if constexpr (multi_process_backend<Backend>) {
+    static_assert(lacks<Backend>,
+                  "gpipe: MixedBf16 across processes (mpi::Backend) is not supported yet: its "
+                  "transport sends float messages");
+    return false;
+  } else if constexpr (Model::is_token_model && Model::vocab_size > 65536) {
+    static_assert(lacks<Model>,
+                  "gpipe: MixedBf16 carries token ids in 16 bits: a vocabulary of at most 65536");
+    return false;
+  } else {
+    return true;
+  }
+}
 // Whether every layer of every stage runs with the kernel context Ctx (see explain_layer_for).
 template <class Model, class Ctx, std::size_t... S>
 constexpr bool model_runs_on(std::index_sequence<S...>) {
@@ -70,15 +95,25 @@ constexpr bool model_runs_on(std::index_sequence<S...>) {
 /// A compile error names a layer the backend cannot run, the piece a Loss, ScheduleKind or
 /// optimizer lacks (the concepts `loss_for`, `schedule_kind`, `optimizer_for`), or a stage count
 /// that is not a multiple of the schedule's chunks per device.
-template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe>
+template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe,
+          class Precision = Fp32>
 class Trainer {
+  static_assert(precision<Precision>,
+                "gpipe: the Trainer's fifth argument is its precision: gpipe::Fp32 or "
+                "gpipe::MixedBf16");
+  static_assert(detail::explain_precision_for<Precision, Backend, Model>());
+  // The context the model's ops run on: the backend's, or its bf16 one.
+  using ActivationKernels =
+      typename detail::ActivationContext<typename Backend::Kernels,
+                                         typename Precision::activation_type>::type;
   // Every layer of every stage runs on this backend (names the operation a layer lacks, here
   // rather than deep inside the first forward_backward); so do the loss and the schedule kind
   // (each names the piece it lacks: model/loss.hpp, schedule/kind.hpp).
-  static_assert(detail::model_runs_on<Model, typename Backend::Kernels>(
+  static_assert(detail::model_runs_on<Model, ActivationKernels>(
                     std::make_index_sequence<Model::num_stages>{}),
-                "gpipe: a layer of the model cannot run on this backend (named above)");
-  static_assert(detail::explain_loss_for<Loss, typename Backend::Kernels>(),
+                "gpipe: a layer of the model cannot run on this backend in this precision (named "
+                "above, with the kernel context: host::Kernels<gpipe::bf16> for MixedBf16)");
+  static_assert(detail::explain_loss_for<Loss, ActivationKernels>(),
                 "gpipe: the Trainer's Loss is not a loss for this backend (named above)");
   static_assert(detail::explain_schedule_kind<ScheduleKind>(),
                 "gpipe: the Trainer's ScheduleKind is not a schedule kind (named above)");
@@ -92,6 +127,7 @@ class Trainer {
   using schedule_type = ScheduleKind;  ///< the schedule's tag type, e.g. `GPipe`
   using loss_type = Loss;              ///< the loss the last stage applies
   using backend_type = Backend;        ///< where the stages run
+  using precision_type = Precision;    ///< `Fp32` or `MixedBf16`
   /// One target's type: `std::int32_t` class ids (`SoftmaxCrossEntropy`), floats (`MSELoss`).
   using target_type = typename Loss::target_type;
   /// The backend's owning device memory, in which parameters, gradients and optimizer state live.
@@ -140,8 +176,8 @@ class Trainer {
   Trainer(Backend& backend, Options options)
       : backend_(backend),
         options_(std::move(options)),
-        runner_(backend, generate_schedule(backend, options_.micro_batches), programs_,
-                detail::loss_program<Loss, Kernels>, shape(), options_.micro_batches,
+        runner_(backend, generate_schedule(backend, options_.micro_batches), activation_programs_,
+                detail::loss_program<Loss, ActivationKernels>, shape(), options_.micro_batches,
                 options_.remat),
         store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(),
                options_.ties) {
@@ -304,12 +340,16 @@ class Trainer {
     return ScheduleKind::make(num_devices, micro_batches);
   }
 
+  // The stages' programs on the backend's context (the parameter store's sizes and
+  // initialization) and on the one the ops run on (the same one for Fp32).
   static constexpr std::span<const detail::StageProgram<Kernels>> programs_ =
       detail::model_program<Model, Kernels>;
+  static constexpr std::span<const detail::StageProgram<ActivationKernels>> activation_programs_ =
+      detail::model_program<Model, ActivationKernels>;
 
   Backend& backend_;
   Options options_;
-  detail::StepRunner<Backend, target_type> runner_;
+  detail::StepRunner<Backend, target_type, Precision> runner_;
   detail::ParameterStore<Backend> store_;
   detail::OptimizerState<Backend> optimizer_;
 };

@@ -12,7 +12,8 @@
 //                   over NCCL): tagged messages, collectives over the ranks, gradient sums over
 //                   the replicas and the failure agreement that ends each step
 //
-// The interface (both definitions; `Buffer` is Backend::Buffer<float>):
+// The interface (both definitions; `Buffer` is Backend::Buffer<float>, and in one process a
+// message's buffer may hold any element type, bf16 under gpipe::MixedBf16):
 //   sends                           Sends::buffered or ::rendezvous: the Trainer orders and
 //                                   validates its schedule for it
 //   Mailbox                         what a message leaves with its sender's slot for the
@@ -87,7 +88,7 @@ class Transport {
   /// A message of one process: the sender records `ready` after its data and leaves its buffer.
   struct Mailbox {
     typename Backend::Event ready;  ///< recorded on the sender's stream after its data
-    Buffer* sent = nullptr;         ///< the sender's buffer, freed by the receiver's copy
+    void* sent = nullptr;  ///< the sender's Buffer<T>, freed by the receiver's copy (same T)
   };
 
   /// A handle to `backend`, which must outlive it.
@@ -110,23 +111,27 @@ class Transport {
   std::size_t replica() const { return 0; }
 
   /// On message.from's stream: `box` gets src and an event recorded after the work before it.
-  void send(WorkLabel, const Message& message, Buffer& src, Mailbox& box) const {
+  template <class T>
+  void send(WorkLabel, const Message& message, typename Backend::template Buffer<T>& src,
+            Mailbox& box) const {
     box.sent = &src;
     backend_.record(message.from, box.ready);
   }
   /// On message.to's stream, after its wait for the sender's event: dst <- the sender's buffer,
   /// copied into memory allocated here as `kind` (so the bytes count where they live); the
   /// sender's buffer is freed once copied.
-  void receive(WorkLabel label, const Message& message, Buffer& dst, std::size_t count,
-               MemoryKind kind, Mailbox& box) const {
+  template <class T>
+  void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
+               std::size_t count, MemoryKind kind, Mailbox& box) const {
     detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
     const std::size_t device = message.to;
     backend_.wait(device, box.ready);
-    backend_.submit(device, label, [this, device, &src = *box.sent, &dst, count, kind](Kernels& k) {
+    auto& src = *static_cast<typename Backend::template Buffer<T>*>(box.sent);
+    backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
       detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
-                                               " floats where " + std::to_string(count) +
+                                               " elements where " + std::to_string(count) +
                                                " were expected");
-      dst = backend_.template allocate<float>(device, count, kind);
+      dst = backend_.template allocate<T>(device, count, kind);
       Copy::receive(k, src.data(), dst.data(), count);
       src.reset();
     });

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -34,8 +35,15 @@
 #include "gpipe/backend/host/kernels/loss.hpp"
 #include "gpipe/backend/host/kernels/optimizer.hpp"
 #include "gpipe/backend/host/kernels/team.hpp"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe::host {
+
+template <class T>
+class Kernels;
+/// The context for bf16 activations (kernels_bf16.hpp).
+template <>
+class Kernels<bf16>;
 
 /// The host backend's kernel context for scalars `T` (a `gpipe::kernel_context`): the primitive
 /// operations layers, losses and optimizers run on one device. Each runs at once on the calling
@@ -151,6 +159,10 @@ class Kernels {
   void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
                     double beta2, double eps, double weight_decay, std::size_t step);
 
+  /// The context for bf16 activations on this device and team (kernels_bf16.hpp), made on first
+  /// use and kept with this one (gpipe::MixedBf16's work runs on it).
+  Kernels<bf16>& bf16_context();
+
  private:
 #ifdef GPIPE_HOST_GEMM_REFERENCE
   static constexpr bool fused_linear = false;
@@ -163,6 +175,7 @@ class Kernels {
   Team* team_;
   std::vector<double> row_losses_;  ///< softmax_cross_entropy's per-row losses, when it splits
   [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
+  std::unique_ptr<Kernels<bf16>> bf16_;  ///< bf16_context(), once asked for
 };
 
 // The kernels are defined out of the class, so that a program that declares Kernels<float> an
@@ -288,3 +301,5 @@ void Kernels<T>::adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, doubl
 }
 
 }  // namespace gpipe::host
+
+#include "gpipe/backend/host/kernels_bf16.hpp"  // IWYU pragma: export

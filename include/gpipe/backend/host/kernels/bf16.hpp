@@ -7,11 +7,7 @@
 //   from_bf16_bits(b)    exact (a bf16 is a float whose low 16 bits are 0)
 //   from_bf16(n, x, y)   y(n) = x(n), exact
 //
-// Rounding works on float's bits: adding 0x7fff plus the kept part's lowest bit and dropping the
-// low 16 bits rounds the magnitude to nearest, ties to even, for normal and denormal floats alike
-// (a carry runs from the mantissa into the exponent: the largest finite floats round to infinity,
-// the largest denormals to the smallest normal). NaN is the one input that rule would break (a
-// payload only in the low bits would round to infinity): it stays NaN, made quiet, sign kept.
+// Rounding is gpipe::to_bf16_bits' (model/precision.hpp), here on four lanes at once.
 // AVX512-BF16's vcvtneps2bf16 is not used: it treats denormal inputs as 0, which this does not.
 
 #include <bit>
@@ -20,21 +16,11 @@
 #include <cstring>
 
 #include "gpipe/backend/host/kernels/simd.hpp"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe::host {
-
-/// The bf16 bits of `f`: rounded to nearest, ties to even; NaN stays a (quiet) NaN.
-constexpr std::uint16_t to_bf16_bits(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/// The float that bf16 bits `b` hold (exact).
-constexpr float from_bf16_bits(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
-
+using gpipe::from_bf16_bits;
+using gpipe::to_bf16_bits;
 }  // namespace gpipe::host
 
 // Helpers live in gpipe::detail: a gpipe::host::detail would hide it from the other host headers.
@@ -78,6 +64,15 @@ inline void from_bf16(std::size_t n, const std::uint16_t* x, float* y) {
     std::memcpy(y + i, &u, sizeof u);
   }
   for (; i < n; ++i) y[i] = from_bf16_bits(x[i]);
+}
+
+/// to_bf16 into gpipe::bf16 storage.
+inline void to_bf16(std::size_t n, const float* x, bf16* y) {
+  to_bf16(n, x, reinterpret_cast<std::uint16_t*>(y));
+}
+/// from_bf16 from gpipe::bf16 storage.
+inline void from_bf16(std::size_t n, const bf16* x, float* y) {
+  from_bf16(n, reinterpret_cast<const std::uint16_t*>(x), y);
 }
 
 }  // namespace gpipe::host

@@ -60,4 +60,11 @@ void LayerKernels<GeluOp, host::Kernels<T>>::backward(host::Kernels<T>& k, std::
               [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
 }
 
+/// ReLU on bf16 activations: the float kernel on widened blocks, rounded once.
+template <>
+struct LayerKernels<ReluOp, host::Kernels<bf16>> : detail::WidenedElementwise<ReluOp> {};
+/// Exact GELU on bf16 activations: the float kernel on widened blocks, rounded once.
+template <>
+struct LayerKernels<GeluOp, host::Kernels<bf16>> : detail::WidenedElementwise<GeluOp> {};
+
 }  // namespace gpipe

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
@@ -109,6 +110,57 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
     for (std::size_t j = 0; j < n; ++j) dot += g[j] * p[j];
     for (std::size_t j = 0; j < n; ++j) g[j] = p[j] * (g[j] - dot);
     std::fill(g + n, g + len, T(0));
+  }
+};
+
+/// The causal attention core on bf16 activations: each sample's qkv (and in backward its
+/// probabilities and output gradient) widened to float, the float kernels above run on it, and
+/// the results rounded once: the probabilities are computed in float and stored as bf16 for the
+/// backward; o is P v of the float P. Samples are split over the team, each block with its own
+/// float buffers (a sample's qkv, probabilities, output and, in backward, (T, T) scratch).
+template <>
+struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
+  using Fp32 = LayerKernels<CausalAttentionOp, host::Kernels<float>>;
+
+  static void forward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
+                      std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
+    const std::size_t D = heads * d, per_sample = tokens * (3 * D + heads * tokens + D);
+    ctx.in_blocks(samples, 4 * tokens * tokens * D, [&](std::size_t first, std::size_t count) {
+      std::vector<float> wide(per_sample);
+      float* q = wide.data();
+      float* p = q + tokens * 3 * D;
+      float* out = p + tokens * heads * tokens;
+      host::Kernels<float> solo;
+      for (std::size_t b = first; b < first + count; ++b) {
+        host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
+        Fp32::forward(solo, 1, tokens, heads, d, q, p, out);
+        host::to_bf16(tokens * heads * tokens, p, probs + b * tokens * heads * tokens);
+        host::to_bf16(tokens * D, out, o + b * tokens * D);
+      }
+    });
+  }
+
+  static void backward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
+                       std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
+                       const bf16* dout, bf16* dqkv, bf16*) {
+    const std::size_t D = heads * d;
+    const std::size_t per_sample = tokens * (3 * D + heads * tokens + D + 3 * D + tokens);
+    ctx.in_blocks(samples, 8 * tokens * tokens * D, [&](std::size_t first, std::size_t count) {
+      std::vector<float> wide(per_sample);
+      float* q = wide.data();
+      float* p = q + tokens * 3 * D;
+      float* g = p + tokens * heads * tokens;
+      float* dq = g + tokens * D;
+      float* scratch = dq + tokens * 3 * D;
+      host::Kernels<float> solo;
+      for (std::size_t b = first; b < first + count; ++b) {
+        host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
+        host::from_bf16(tokens * heads * tokens, probs + b * tokens * heads * tokens, p);
+        host::from_bf16(tokens * D, dout + b * tokens * D, g);
+        Fp32::backward(solo, 1, tokens, heads, d, q, p, g, dq, scratch);
+        host::to_bf16(tokens * 3 * D, dq, dqkv + b * tokens * 3 * D);
+      }
+    });
   }
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/simd.hpp"
@@ -47,6 +48,36 @@ struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
     const long long i = std::llround(value);
     if (i < 0) throw Error("gpipe: Embedding got token id " + std::to_string(i));
     return static_cast<std::size_t>(i);
+  }
+};
+
+/// Embedding on bf16 activations: ids(rows) are token ids carried in a bf16's 16 bits as an
+/// unsigned integer (the executor stores them so: bf16 values hold integers exactly only up to
+/// 256); the sums wte + wpe are formed in float and rounded once; W adds dy widened to float.
+template <>
+struct LayerKernels<EmbeddingOp, host::Kernels<bf16>> {
+  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), rounded to bf16
+  static void forward(host::Kernels<bf16>& k, std::size_t rows, std::size_t tokens,
+                      std::size_t width, const bf16* ids, const float* wte, const float* wpe,
+                      bf16* y) {
+    k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(width);
+      for (std::size_t r = first; r < first + count; ++r) {
+        host::add(width, wte + ids[r].bits * width, wpe + (r % tokens) * width, row.data());
+        host::to_bf16(width, row.data(), y + r * width);
+      }
+    });
+  }
+  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
+  static void backward_weight(host::Kernels<bf16>&, std::size_t rows, std::size_t tokens,
+                              std::size_t width, const bf16* ids, const bf16* dy, float* dwte,
+                              float* dwpe) {
+    std::vector<float> g(width);
+    for (std::size_t r = 0; r < rows; ++r) {
+      host::from_bf16(width, dy + r * width, g.data());
+      host::accumulate(width, g.data(), dwte + ids[r].bits * width);
+      host::accumulate(width, g.data(), dwpe + (r % tokens) * width);
+    }
   }
 };
 

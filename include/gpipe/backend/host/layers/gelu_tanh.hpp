@@ -64,4 +64,8 @@ struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
   }
 };
 
+/// GELU (tanh form) on bf16 activations: the float kernel on widened blocks, rounded once.
+template <>
+struct LayerKernels<GeluTanhOp, host::Kernels<bf16>> : detail::WidenedElementwise<GeluTanhOp> {};
+
 }  // namespace gpipe

@@ -2,7 +2,10 @@
 // LayerNorm on the host: the kernels of kernels/layer_norm.hpp, split over the context's team by
 // rows (forward, input gradient) or by columns (weight gradient).
 
+#include <bit>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/layer_norm.hpp"
@@ -65,5 +68,73 @@ void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_weight(host::Kernels<
                                      dbeta + first, cols);
   });
 }
+
+/// LayerNorm on bf16 activations: each row widened to float and run through the float kernels,
+/// the results rounded once. The statistics stay float: a row's two stash slots hold rstd's 32
+/// bits, and the backward ops recompute the mean from x as forward computed it (the same double
+/// sum of the same floats, so the same float).
+template <>
+struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
+  using Kernels = host::Kernels<bf16>;
+
+  static void forward(Kernels& k, std::size_t rows, std::size_t cols, double eps, const bf16* x,
+                      const float* gamma, const float* beta, bf16* y, bf16* stats) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(2 * cols);
+      for (std::size_t r = first; r < first + count; ++r) {
+        float st[2];
+        host::from_bf16(cols, x + r * cols, row.data());
+        host::layer_norm_forward(std::size_t{1}, cols, eps, row.data(), gamma, beta,
+                                 row.data() + cols, st);
+        host::to_bf16(cols, row.data() + cols, y + r * cols);
+        const auto bits = std::bit_cast<std::uint32_t>(st[1]);
+        stats[2 * r] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
+        stats[2 * r + 1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+      }
+    });
+  }
+
+  static void backward_input(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
+                             const bf16* dy, const float* gamma, const bf16* stats, bf16* dx) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(3 * cols);
+      for (std::size_t r = first; r < first + count; ++r) {
+        float st[2];
+        widen_row(cols, x + r * cols, stats + 2 * r, row.data(), st);
+        host::from_bf16(cols, dy + r * cols, row.data() + cols);
+        host::layer_norm_backward_input(std::size_t{1}, cols, row.data(), row.data() + cols, gamma,
+                                        st, row.data() + 2 * cols);
+        host::to_bf16(cols, row.data() + 2 * cols, dx + r * cols);
+      }
+    });
+  }
+
+  static void backward_weight(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
+                              const bf16* dy, const bf16* stats, float* dgamma, float* dbeta) {
+    k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+      std::vector<float> row(2 * cols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        float st[2];
+        widen_row(cols, x + r * cols, stats + 2 * r, row.data(), st);
+        host::from_bf16(count, dy + r * cols + first, row.data() + cols + first);
+        host::layer_norm_backward_weight(std::size_t{1}, count, row.data() + first,
+                                         row.data() + cols + first, st, dgamma + first,
+                                         dbeta + first, cols);
+      }
+    });
+  }
+
+ private:
+  // x's row widened into `row`, and its (mean, rstd): the mean as forward computed it, rstd from
+  // the stash's bits.
+  static void widen_row(std::size_t cols, const bf16* x, const bf16* stash, float* row,
+                        float* st) {
+    host::from_bf16(cols, x, row);
+    double sum = 0;
+    for (std::size_t c = 0; c < cols; ++c) sum += row[c];
+    st[0] = static_cast<float>(sum / static_cast<double>(cols));
+    st[1] = std::bit_cast<float>(static_cast<std::uint32_t>(stash[0].bits) << 16 | stash[1].bits);
+  }
+};
 
 }  // namespace gpipe

@@ -1,0 +1,322 @@
+#pragma once
+// gpipe::host::Kernels<bf16>: the host backend's kernel context for gpipe::MixedBf16, a
+// gpipe::kernel_context whose value_type is bf16 (activations, stashes, hand-overs) and whose
+// master type is float (parameters, gradients, losses). A device's float context makes it on
+// first use (Kernels<float>::bf16_context()), on the same device and team.
+//
+// Every kernel computes in float: bf16 inputs are widened exactly, results rounded once to
+// nearest even when stored as bf16. GEMMs multiply bf16 operands with fp32 accumulation
+// (kernels/gemm_bf16.hpp: oneDNN's bf16 matmul, AVX512-BF16 or AMX where the CPU has them). A
+// float operand of a GEMM (a weight) is rounded to bf16 first: from the copy the executor casts
+// once per step and registers with use_weights() when the pointer lies in it, else into scratch
+// at each use. The elementwise kernels widen blocks of at most `chunk` elements into buffers on
+// the stack, run the float kernel and round its results.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/bf16.hpp"
+#include "gpipe/backend/host/kernels/gemm_bf16.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/precision.hpp"
+
+namespace gpipe::host {
+
+/// The host backend's kernel context for bf16 activations with float master weights (see the
+/// top of this file). Its members take the float context's arguments with activations as bf16.
+template <>
+class Kernels<bf16> {
+ public:
+  /// The activations' type; parameters, gradients and losses are float (master_t<bf16>).
+  using value_type = bf16;
+  /// Elements a widening kernel handles per block on the stack.
+  static constexpr std::size_t chunk = 512;
+
+  /// A context for `device`, computing on the calling thread and on `team`'s helpers (null: the
+  /// calling thread alone).
+  explicit Kernels(std::size_t device = 0, Team* team = nullptr) : fp32_(device, team) {}
+
+  std::size_t device() const { return fp32_.device(); }
+  std::size_t threads() const { return fp32_.threads(); }
+  /// The float context on the same device and team, for the master arrays.
+  Kernels<float>& fp32() { return fp32_; }
+
+  BlockSplit split(std::size_t units, std::size_t unit_work) const {
+    return fp32_.split(units, unit_work);
+  }
+  template <class F>
+  void in_blocks(std::size_t units, std::size_t unit_work, const F& f) {
+    fp32_.in_blocks(units, unit_work, f);
+  }
+  template <class F>
+  void in_blocks(std::size_t units, BlockSplit split, const F& f) {
+    fp32_.in_blocks(units, split, f);
+  }
+
+  /// Registers `copy`, the bf16 rounding of the float array master(n): a GEMM operand inside
+  /// master is then read from the copy. A null master clears it. The executor registers a
+  /// stage's parameters before each of its ops.
+  void use_weights(const float* master, const bf16* copy, std::size_t n) {
+    weights_ = master;
+    weights_bf16_ = copy;
+    weights_count_ = master == nullptr ? 0 : n;
+  }
+
+  /// C(m, n) = alpha op(A) op(B) + beta C, row-major, dense; A and B bf16 or float (rounded to
+  /// bf16 first), C bf16 or float; fp32 accumulation (see the top of this file).
+  template <class A, class B, class C>
+  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+            const A* a, const B* b, float beta, C* c) {
+    static_assert(is_storage<A> && is_storage<B> && is_storage<C>,
+                  "gpipe: host::Kernels<bf16>::gemm takes bf16 or float arrays");
+    if (m == 0 || n == 0) return;
+    const GemmStrides ld = dense_strides(trans_a, trans_b, m, n, k);
+    const bf16* a16 = operand(a, m * k, a_scratch_);
+    const bf16* b16 = operand(b, k * n, b_scratch_);
+    gemm_({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .ld = ld,
+           .c_is_float = std::is_same_v<C, float>, .alpha = alpha, .beta = beta},
+          a16, b16, nullptr, c);
+  }
+
+  /// y (rows, out) = x (rows, in) W^T + b (out): one bf16 GEMM with the bias added in float
+  /// before y is rounded.
+  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const bf16* x,
+                      const float* w, const float* b, bf16* y) {
+    if (rows == 0) return;
+    const bf16* w16 = operand(w, out * in, b_scratch_);
+    gemm_({.trans_a = false, .trans_b = true, .m = rows, .n = out, .k = in,
+           .ld = dense_strides(false, true, rows, out, in), .c_is_float = false, .alpha = 1,
+           .beta = 0, .bias = true},
+          x, w16, b, y);
+  }
+
+  /// What runs an (m, n, k) GEMM of bf16 operands (oneDNN's kernel name, or the fp32 path).
+  std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                  std::size_t k, bool c_is_float) {
+    return gemm_.implementation({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
+                                 .ld = dense_strides(trans_a, trans_b, m, n, k),
+                                 .c_is_float = c_is_float});
+  }
+
+  /// y(rows, cols) += bias(cols) on every row, in float, rounded once.
+  void bias_add(std::size_t rows, std::size_t cols, const float* bias, bf16* y) {
+    in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      std::array<float, chunk> row;
+      for (std::size_t r = first; r < first + count; ++r)
+        for (std::size_t j = 0; j < cols; j += chunk) {
+          const std::size_t w = std::min(chunk, cols - j);
+          bf16* yr = y + r * cols + j;
+          from_bf16(w, yr, row.data());
+          host::add(w, row.data(), bias + j, row.data());
+          to_bf16(w, row.data(), yr);
+        }
+    });
+  }
+  /// db(cols) += the column sums of dy(rows, cols), in float.
+  void bias_grad(std::size_t rows, std::size_t cols, const bf16* dy, float* db) {
+    in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+      for (std::size_t j = first; j < first + count; j += chunk) {
+        const std::size_t w = std::min(chunk, first + count - j);
+        std::array<float, chunk> row;
+        for (std::size_t r = 0; r < rows; ++r) {
+          from_bf16(w, dy + r * cols + j, row.data());
+          host::accumulate(w, row.data(), db + j);
+        }
+      }
+    });
+  }
+
+  /// y(n) = a + b (bf16 or float arrays, all one type); y may be a or b.
+  template <class T>
+  void add(std::size_t n, const T* a, const T* b, T* y) {
+    if constexpr (std::is_same_v<T, float>)
+      return fp32_.add(n, a, b, y);
+    else
+      widened(n, y, [](std::size_t c, const float* const* in, float* out) {
+        host::add(c, in[0], in[1], out);
+      }, a, b);
+  }
+  /// y(n) += x.
+  template <class T>
+  void accumulate(std::size_t n, const T* x, T* y) {
+    if constexpr (std::is_same_v<T, float>)
+      return fp32_.accumulate(n, x, y);
+    else
+      add(n, y, x, y);
+  }
+  /// dst(n) = src.
+  template <class T>
+  void copy(std::size_t n, const T* src, T* dst) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { std::copy_n(src + i, c, dst + i); });
+  }
+  /// dst(n) = value (rounded once for bf16).
+  template <class T, class V>
+  void fill(std::size_t n, V value, T* dst) {
+    const T v = static_cast<T>(static_cast<float>(value));
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { std::fill_n(dst + i, c, v); });
+  }
+  /// x(n) *= alpha.
+  template <class T>
+  void scale(std::size_t n, float alpha, T* x) {
+    if constexpr (std::is_same_v<T, float>)
+      return fp32_.scale(n, alpha, x);
+    else
+      widened(n, x, [alpha](std::size_t c, const float* const* in, float* out) {
+        std::copy_n(in[0], c, out);
+        host::scale(c, alpha, out);
+      }, x);
+  }
+  /// out[0] = the sum of the squares of the float array x(n), as the float context sums them.
+  void sum_of_squares(std::size_t n, const float* x, double* out) {
+    fp32_.sum_of_squares(n, x, out);
+  }
+
+  /// y(n) = x(n) rounded to bf16, device memory (a stage's weights, once per step).
+  void convert(std::size_t n, const float* x, bf16* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { to_bf16(c, x + i, y + i); });
+  }
+
+  /// dst(n) on the device = host_src(n): the same type (float, class ids, bf16), or floats
+  /// rounded into bf16.
+  template <class U>
+  void upload(std::size_t n, const U* host_src, U* dst) {
+    host::copy(n, host_src, dst);
+  }
+  void upload(std::size_t n, const float* host_src, bf16* dst) { to_bf16(n, host_src, dst); }
+  /// host_dst(n) = src(n): the same type, or bf16 widened to float.
+  template <class U>
+  void download(std::size_t n, const U* src, U* host_dst) {
+    host::copy(n, src, host_dst);
+  }
+  void download(std::size_t n, const bf16* src, float* host_dst) { from_bf16(n, src, host_dst); }
+
+  /// The float context's softmax_cross_entropy on logits widened to float, a row at a time:
+  /// loss_sum[0] (float) = the summed loss in row order, dlogits rounded to bf16.
+  void softmax_cross_entropy(std::size_t rows, std::size_t classes, const bf16* logits,
+                             const std::int32_t* targets, float grad_scale, bf16* dlogits,
+                             float* loss_sum) {
+    row_losses_.resize(rows);
+    in_blocks(rows, classes, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(2 * classes);
+      for (std::size_t r = first; r < first + count; ++r) {
+        from_bf16(classes, logits + r * classes, row.data());
+        row_losses_[r] = host::softmax_cross_entropy_row(classes, row.data(), targets[r],
+                                                         grad_scale, row.data() + classes);
+        to_bf16(classes, row.data() + classes, dlogits + r * classes);
+      }
+    });
+    double total = 0;
+    for (std::size_t r = 0; r < rows; ++r) total += row_losses_[r];
+    loss_sum[0] = static_cast<float>(total);
+  }
+  /// loss_sum[0] = sum (y - target)^2 (float), dy = grad_scale 2 (y - target) rounded to bf16.
+  void mse(std::size_t n, const bf16* y, const float* target, float grad_scale, bf16* dy,
+           float* loss_sum) {
+    std::vector<float> wide(2 * n);
+    from_bf16(n, y, wide.data());
+    host::mse(n, wide.data(), target, grad_scale, wide.data() + n, loss_sum);
+    to_bf16(n, wide.data() + n, dy);
+  }
+  /// The optimizers' updates, on the float master arrays (the float context's).
+  void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov,
+                  bool first_step) {
+    fp32_.sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
+                     first_step);
+  }
+  void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
+                    double beta1, double beta2, double eps, double weight_decay,
+                    std::size_t step) {
+    fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
+  }
+
+  /// out(n) = f applied to in...(n) widened to float, rounded to bf16, in blocks of `chunk` over
+  /// the team: f(count, const float* const* widened_inputs, float* out). An input may be out.
+  template <class F, class... In>
+  void widened(std::size_t n, bf16* out, const F& f, const In*... in) {
+    in_blocks(n, 1, [&](std::size_t first, std::size_t count) {
+      std::array<std::array<float, chunk>, sizeof...(In)> wide;
+      std::array<float, chunk> result;
+      for (std::size_t i = first; i < first + count; i += chunk) {
+        const std::size_t c = std::min(chunk, first + count - i);
+        std::size_t j = 0;
+        ((widen_into(c, in + i, wide[j++].data())), ...);
+        std::array<const float*, sizeof...(In)> ptrs;
+        for (std::size_t k = 0; k < sizeof...(In); ++k) ptrs[k] = wide[k].data();
+        f(c, ptrs.data(), result.data());
+        to_bf16(c, result.data(), out + i);
+      }
+    });
+  }
+
+ private:
+  template <class T>
+  static constexpr bool is_storage = std::is_same_v<T, bf16> || std::is_same_v<T, float>;
+
+  static void widen_into(std::size_t n, const bf16* x, float* y) { from_bf16(n, x, y); }
+  static void widen_into(std::size_t n, const float* x, float* y) { std::copy_n(x, n, y); }
+
+  // A GEMM operand as bf16: itself, the registered copy of a weight, or rounded into scratch.
+  const bf16* operand(const bf16* p, std::size_t, std::vector<bf16>&) const { return p; }
+  const bf16* operand(const float* p, std::size_t n, std::vector<bf16>& scratch) const {
+    if (weights_ != nullptr && p >= weights_ && p + n <= weights_ + weights_count_)
+      return weights_bf16_ + (p - weights_);
+    scratch.resize(n);
+    to_bf16(n, p, scratch.data());
+    return scratch.data();
+  }
+
+  Kernels<float> fp32_;
+  Bf16Gemm gemm_;
+  std::vector<bf16> a_scratch_, b_scratch_;
+  std::vector<double> row_losses_;
+  const float* weights_ = nullptr;
+  const bf16* weights_bf16_ = nullptr;
+  std::size_t weights_count_ = 0;
+};
+
+template <class T>
+Kernels<bf16>& Kernels<T>::bf16_context() {
+  if (!bf16_) bf16_ = std::make_unique<Kernels<bf16>>(device_, team_);
+  return *bf16_;
+}
+
+}  // namespace gpipe::host
+
+namespace gpipe::detail {
+
+// The bf16 kernels of an elementwise layer op (ReLU, GELU): its float kernels on blocks widened
+// to float, the results rounded to bf16; each block runs the float kernel on a context of its
+// own thread alone.
+template <class Op>
+struct WidenedElementwise {
+  using Fp32 = LayerKernels<Op, host::Kernels<float>>;
+  // y(n) = f(x)
+  static void forward(host::Kernels<bf16>& k, std::size_t n, const bf16* x, bf16* y) {
+    k.widened(
+        n, y,
+        [](std::size_t c, const float* const* in, float* out) {
+          host::Kernels<float> solo;
+          Fp32::forward(solo, c, in[0], out);
+        },
+        x);
+  }
+  // dx(n) = dy f'(x)
+  static void backward(host::Kernels<bf16>& k, std::size_t n, const bf16* x, const bf16* dy,
+                       bf16* dx) {
+    k.widened(
+        n, dx,
+        [](std::size_t c, const float* const* in, float* out) {
+          host::Kernels<float> solo;
+          Fp32::backward(solo, c, in[0], in[1], out);
+        },
+        x, dy);
+  }
+};
+
+}  // namespace gpipe::detail
