@@ -10,6 +10,9 @@
 //           [2 blocks] [block] [LayerNorm, head] (four device threads on this machine's 2 cores)
 //   threads K = 1, threads:2: the one device with its large kernels split over two threads, its
 //           worker and one helper (host::BackendOptions::threads_per_device)
+// precision: rows named BM_GptStep<1F1B,bf16> train in gpipe::MixedBf16 (bf16 activations and GEMM
+//           inputs, fp32 master weights); bench/pytorch_gpt_step.py --autocast is PyTorch's
+//           torch.autocast("cpu", dtype=torch.bfloat16) step beside them
 // Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1, one thread, of this run), bubble,
 // clip_share (Trainer::clip_grad_norm's time over the step's).
 
@@ -18,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <gpipe/gpipe.hpp>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -48,14 +52,15 @@ struct GptFor<4> {
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
 // threads:T (Threaded) gives each device T threads (host::BackendOptions::threads_per_device).
-template <std::size_t K, bool Threaded = false>
+template <std::size_t K, bool Threaded = false, class Precision = gpipe::Fp32>
 void BM_GptStep(benchmark::State& state) {
   using Model = typename GptFor<K>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
   const auto threads = Threaded ? static_cast<std::size_t>(state.range(2)) : std::size_t{1};
   gpipe::host::Backend backend(K, {.threads_per_device = threads});
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB> trainer(
-      backend, {.micro_batches = m, .seed = 1});
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB,
+                 Precision>
+      trainer(backend, {.micro_batches = m, .seed = 1});
   gpipe::Rng rng(2);
   std::vector<std::int32_t> x(samples * T), y(samples * T);
   for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
@@ -68,7 +73,8 @@ void BM_GptStep(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const double step_ms = 1e3 * seconds / static_cast<double>(state.iterations());
-  if (K == 1 && m == 1 && threads == 1) baseline_ms = step_ms;
+  if (K == 1 && m == 1 && threads == 1 && std::is_same_v<Precision, gpipe::Fp32>)
+    baseline_ms = step_ms;
   state.counters["step_ms"] = step_ms;
   state.counters["tokens_per_s"] = static_cast<double>(samples * T) / (step_ms / 1e3);
   if (baseline_ms > 0) state.counters["speedup"] = baseline_ms / step_ms;
@@ -99,6 +105,22 @@ void register_all() {
       ->UseRealTime();
   add(BM_GptStep<2>, {2}, {1, 2, 4, 8});
   add(BM_GptStep<4>, {4}, {1, 4, 8});
+  // gpipe::MixedBf16 beside Fp32 (speedup against the same fp32 baseline)
+  benchmark::RegisterBenchmark("BM_GptStep<1F1B,bf16>", BM_GptStep<1, false, gpipe::MixedBf16>)
+      ->ArgNames({"K", "M"})
+      ->ArgsProduct({{1}, {1}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_GptStep<1F1B,bf16>", BM_GptStep<1, true, gpipe::MixedBf16>)
+      ->ArgNames({"K", "M", "threads"})
+      ->ArgsProduct({{1}, {1}, {2}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_GptStep<1F1B,bf16>", BM_GptStep<2, false, gpipe::MixedBf16>)
+      ->ArgNames({"K", "M"})
+      ->ArgsProduct({{2}, {4}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
 }
 
 [[maybe_unused]] const bool registered = (register_all(), true);

@@ -23,6 +23,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated torch.set_num_threads values")
     parser.add_argument("--min-time", type=float, default=10.0, help="seconds of timed steps per thread count")
+    parser.add_argument("--autocast", action="store_true",
+                        help='also time the step under torch.autocast("cpu", dtype=torch.bfloat16)')
     args = parser.parse_args()
     try:
         import torch
@@ -76,19 +78,27 @@ def main():
         loss = nn.functional.cross_entropy(model(x).view(-1, V), y.view(-1))
         loss.backward()
 
+    def bf16_step():  # autocast: bf16 matmuls, fp32 weights, gradients and the loss's softmax
+        model.zero_grad(set_to_none=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float().view(-1, V), y.view(-1))
+        loss.backward()
+
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
-        step()
-        times = []
-        start = time.perf_counter()
-        while not times or time.perf_counter() - start < args.min_time:
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-        ms = statistics.median(times)
-        print(json.dumps({"name": f"torch/threads:{threads}", "step_ms": ms,
-                          "tokens_per_s": B * T / (ms / 1e3), "steps": times,
-                          "torch": torch.__version__}), flush=True)
+        for name, run in [("torch", step)] + ([("torch-autocast-bf16", bf16_step)] if args.autocast else []):
+            run()
+            times = []
+            start = time.perf_counter()
+            while not times or time.perf_counter() - start < args.min_time:
+                t0 = time.perf_counter()
+                run()
+                times.append(1e3 * (time.perf_counter() - t0))
+            ms = statistics.median(times)
+            print(json.dumps({"name": f"{name}/threads:{threads}", "step_ms": ms,
+                              "tokens_per_s": B * T / (ms / 1e3), "steps": times,
+                              "torch": torch.__version__}), flush=True)
     return 0
 
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/op.hpp"
@@ -66,14 +67,18 @@ std::vector<StageSizes> stage_sizes() {
 }  // namespace detail
 
 /// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
-/// a token model: samples times Model::tokens_per_sample).
+/// a token model: samples times Model::tokens_per_sample), in `Precision` (`Fp32`, or `MixedBf16`:
+/// activations, stashes, hand-overs and scratch of 2 bytes an element, and each stage's
+/// parameters cast to bf16 once per step, counted as workspace).
 /// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
-template <class Model>
+template <class Model, class Precision = Fp32>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
                                                    Remat remat,
                                                    std::size_t optimizer_state_per_param = 0,
                                                    std::size_t target_bytes_per_row = 4) {
-  constexpr std::size_t f = sizeof(float);
+  constexpr std::size_t f = sizeof(float);                                // master arrays
+  constexpr std::size_t a = sizeof(typename Precision::activation_type);  // activations
+  constexpr bool mixed = a != f;
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
   const MicroBatchSplit split{rows, M, Model::tokens_per_sample};
@@ -99,20 +104,20 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
       const bool last = s + 1 == S;
       switch (op.kind) {
         case OpKind::recv_activation:
-          grow(n * z.in * f);
+          grow(n * z.in * a);
           break;
         case OpKind::forward:
-          if (s == 0) grow(n * z.in * f);
-          grow(n * z.stash * f);
-          if (last) grow(n * z.out * f);  // the loss gradient
+          if (s == 0) grow(n * z.in * a);
+          grow(n * z.stash * a);
+          if (last) grow(n * z.out * a);  // the loss gradient
           kept[s * M + mb] = !recomputes(remat, mb, M);
-          if (!kept[s * M + mb]) current -= n * z.stash * f;
+          if (!kept[s * M + mb]) current -= n * z.stash * a;
           break;
         case OpKind::backward_input:
-          if (!kept[s * M + mb] && z.stash > 0) grow(n * z.stash * f);
+          if (!kept[s * M + mb] && z.stash > 0) grow(n * z.stash * a);
           break;
         case OpKind::backward_weight:
-          current -= n * (z.in + z.stash + (last ? z.out : 0)) * f;
+          current -= n * (z.in + z.stash + (last ? z.out : 0)) * a;
           break;
         default:
           break;
@@ -121,16 +126,19 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
       // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
       // output and input gradient not yet received by the neighbouring stage.
       workspace =
-          std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash + z.workspace) * f +
+          std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash + z.workspace) * a +
                                   max_rows * target_bytes_per_row);
     }
     // Outputs and input gradients waiting for a neighbour, at most every micro-batch of every
     // stage on the device, and the per-micro-batch losses.
-    std::size_t waiting = 0;
-    for (std::size_t s = 0; s < S; ++s)
-      if (schedule.device_of_stage(s) == d) waiting += rows * (st[s].out + st[s].in) * f;
+    std::size_t waiting = 0, weights_bf16 = 0;
+    for (std::size_t s = 0; s < S; ++s) {
+      if (schedule.device_of_stage(s) != d) continue;
+      waiting += rows * (st[s].out + st[s].in) * a;
+      if (mixed) weights_bf16 += st[s].params * a;
+    }
     out[d].activations_peak = peak;
-    out[d].workspace_bound = workspace + waiting + M * f;
+    out[d].workspace_bound = workspace + waiting + M * f + weights_bf16;
   }
   return out;
 }

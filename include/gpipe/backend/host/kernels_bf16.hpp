@@ -78,9 +78,9 @@ class Kernels<bf16> {
     const GemmStrides ld = dense_strides(trans_a, trans_b, m, n, k);
     const bf16* a16 = operand(a, m * k, a_scratch_);
     const bf16* b16 = operand(b, k * n, b_scratch_);
-    gemm_({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .ld = ld,
-           .c_is_float = std::is_same_v<C, float>, .alpha = alpha, .beta = beta},
-          a16, b16, nullptr, c);
+    run_gemm({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .ld = ld,
+              .c_is_float = std::is_same_v<C, float>, .alpha = alpha, .beta = beta},
+             a16, b16, nullptr, c);
   }
 
   /// y (rows, out) = x (rows, in) W^T + b (out): one bf16 GEMM with the bias added in float
@@ -89,16 +89,16 @@ class Kernels<bf16> {
                       const float* w, const float* b, bf16* y) {
     if (rows == 0) return;
     const bf16* w16 = operand(w, out * in, b_scratch_);
-    gemm_({.trans_a = false, .trans_b = true, .m = rows, .n = out, .k = in,
-           .ld = dense_strides(false, true, rows, out, in), .c_is_float = false, .alpha = 1,
-           .beta = 0, .bias = true},
-          x, w16, b, y);
+    run_gemm({.trans_a = false, .trans_b = true, .m = rows, .n = out, .k = in,
+              .ld = dense_strides(false, true, rows, out, in), .c_is_float = false, .alpha = 1,
+              .beta = 0, .bias = true},
+             x, w16, b, y);
   }
 
   /// What runs an (m, n, k) GEMM of bf16 operands (oneDNN's kernel name, or the fp32 path).
   std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                                   std::size_t k, bool c_is_float) {
-    return gemm_.implementation({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
+    return gemms_[0].implementation({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
                                  .ld = dense_strides(trans_a, trans_b, m, n, k),
                                  .c_is_float = c_is_float});
   }
@@ -258,6 +258,29 @@ class Kernels<bf16> {
   template <class T>
   static constexpr bool is_storage = std::is_same_v<T, bf16> || std::is_same_v<T, float>;
 
+  // A bf16 GEMM, split over the team as float GEMMs are (host::gemm_split: blocks of C's
+  // columns or rows), each block on its own Bf16Gemm (a primitive cache is one thread's).
+  void run_gemm(const Bf16GemmShape& s, const bf16* a, const bf16* b, const float* bias,
+                void* c) {
+    const GemmSplit split = gemm_split(s.m, s.n, s.k, threads());
+    if (gemms_.size() < split.parts) gemms_.resize(split.parts);
+    if (split.parts <= 1) return gemms_[0](s, a, b, bias, c);
+    const std::size_t c_size = s.c_is_float ? sizeof(float) : sizeof(bf16);
+    in_blocks(split.by_columns ? s.n : s.m, split, [&](std::size_t first, std::size_t count) {
+      Bf16GemmShape part = s;
+      auto* c_bytes = static_cast<char*>(c);
+      if (split.by_columns) {  // C(:, first..) = op(A) op(B)(:, first..) (+ bias(first..))
+        part.n = count;
+        gemms_[first / split.block](part, a, s.trans_b ? b + first * s.ld.ldb : b + first,
+                                    s.bias ? bias + first : nullptr, c_bytes + first * c_size);
+      } else {  // C(first.., :) = op(A)(first.., :) op(B)
+        part.m = count;
+        gemms_[first / split.block](part, s.trans_a ? a + first : a + first * s.ld.lda, b, bias,
+                                    c_bytes + first * s.ld.ldc * c_size);
+      }
+    });
+  }
+
   static void widen_into(std::size_t n, const bf16* x, float* y) { from_bf16(n, x, y); }
   static void widen_into(std::size_t n, const float* x, float* y) { std::copy_n(x, n, y); }
 
@@ -272,7 +295,7 @@ class Kernels<bf16> {
   }
 
   Kernels<float> fp32_;
-  Bf16Gemm gemm_;
+  std::vector<Bf16Gemm> gemms_ = std::vector<Bf16Gemm>(1);  ///< one per block of a split GEMM
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
   const float* weights_ = nullptr;
