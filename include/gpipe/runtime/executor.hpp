@@ -322,10 +322,11 @@ class Executor {
       for (std::size_t s = 0; s < num_stages_; ++s) {
         const std::size_t d = schedule_.device_of_stage(s);
         if (!transport_.is_local(d)) continue;
-        weights_bf16_[s] = backend_.template allocate<A>(d, params_[s].size(), MemoryKind::workspace);
+        weights_bf16_[s] =
+            backend_.template allocate<A>(d, params_[s].size(), MemoryKind::workspace);
         backend_.submit(d, {"weights to bf16", s},
-                        [n = params_[s].size(), p = params_[s].data(),
-                         w = weights_bf16_[s].data()](Kernels& k) { Context::of(k).convert(n, p, w); });
+                        [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_[s].data()](
+                            Kernels& k) { Context::of(k).convert(n, p, w); });
       }
     }
   }
@@ -333,7 +334,8 @@ class Executor {
   // The context stage s's ops run on, its bf16 weights registered (MixedBf16).
   Ctx& context(Kernels& k, std::size_t s) {
     Ctx& c = Context::of(k);
-    if constexpr (mixed) c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
+    if constexpr (mixed)
+      c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
     return c;
   }
 
@@ -364,8 +366,8 @@ class Executor {
       }
       here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
                                                  MemoryKind::activations);
-      here.output = backend_.template allocate<A>(device, rows * stage.out_features,
-                                                  MemoryKind::workspace);
+      here.output =
+          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
         stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
@@ -391,10 +393,10 @@ class Executor {
         upload_input(k, rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
                      here.input.data());
       }
-      auto stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
-                                                 MemoryKind::workspace);
-      here.output = backend_.template allocate<A>(device, rows * stage.out_features,
-                                                  MemoryKind::workspace);
+      auto stash =
+          backend_.template allocate<A>(device, rows * stage.stash_per_row, MemoryKind::workspace);
+      here.output =
+          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
       {
         auto ws = workspace(stage, device, rows);
         stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
@@ -443,33 +445,32 @@ class Executor {
   }
 
   void submit_backward_input(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    submit_op(
-        s, device, label, mb,
-        [this, s, device](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows, Slot& here,
-                          Buffer<A>& ws) {
-          if (!here.stashed && stage.stash_per_row > 0) {
-            // Re-materialization: run the stage's forward again from its kept input.
-            here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
-                                                       MemoryKind::activations);
-            auto scratch = backend_.template allocate<A>(device, rows * stage.out_features,
-                                                         MemoryKind::workspace);
-            stage.forward(k, ForwardArgs<A>{rows, here.input.data(), scratch.data(),
-                                            params_[s].data(), here.stash.data(), ws.data()});
-          }
-          // Nobody upstream wants the first stage's input gradient: skip it where the
-          // stage can.
-          const bool skip_dx = s == 0 && stage.skips_input_gradient;
-          if (!skip_dx)
-            here.grad_input = backend_.template allocate<A>(device, rows * stage.in_features,
-                                                            MemoryKind::workspace);
-          here.grad_stash = backend_.template allocate<A>(device, rows * stage.grad_stash_per_row,
-                                                          MemoryKind::workspace);
-          stage.backward_input(
-              k, BackwardInputArgs<A>{rows, here.input.data(), here.grad_output.data(),
-                                      here.grad_input.data(), params_[s].data(),
-                                      here.stash.data(), here.grad_stash.data(), ws.data()});
-          if (s == 0) here.grad_input.reset();
-        });
+    submit_op(s, device, label, mb,
+              [this, s, device](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows,
+                                Slot& here, Buffer<A>& ws) {
+                if (!here.stashed && stage.stash_per_row > 0) {
+                  // Re-materialization: run the stage's forward again from its kept input.
+                  here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
+                                                             MemoryKind::activations);
+                  auto scratch = backend_.template allocate<A>(device, rows * stage.out_features,
+                                                               MemoryKind::workspace);
+                  stage.forward(k, ForwardArgs<A>{rows, here.input.data(), scratch.data(),
+                                                  params_[s].data(), here.stash.data(), ws.data()});
+                }
+                // Nobody upstream wants the first stage's input gradient: skip it where the
+                // stage can.
+                const bool skip_dx = s == 0 && stage.skips_input_gradient;
+                if (!skip_dx)
+                  here.grad_input = backend_.template allocate<A>(device, rows * stage.in_features,
+                                                                  MemoryKind::workspace);
+                here.grad_stash = backend_.template allocate<A>(
+                    device, rows * stage.grad_stash_per_row, MemoryKind::workspace);
+                stage.backward_input(
+                    k, BackwardInputArgs<A>{rows, here.input.data(), here.grad_output.data(),
+                                            here.grad_input.data(), params_[s].data(),
+                                            here.stash.data(), here.grad_stash.data(), ws.data()});
+                if (s == 0) here.grad_input.reset();
+              });
   }
 
   void submit_backward_weight(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {

@@ -55,19 +55,19 @@ struct StageProgram {
 template <class S, class Kernels>
 constexpr StageProgram<Kernels> stage_program() {
   using T = typename Kernels::value_type;
-  return {.in_features = S::in_features,
-          .out_features = S::out_features,
-          .num_params = S::num_params,
-          .stash_per_row = S::stash_per_row,
-          .grad_stash_per_row = S::grad_stash_per_row,
-          .workspace_per_row = workspace_per_row_v<S>,
-          .skips_input_gradient = skips_input_gradient<S>,
-          .init = [](std::span<float> p, Rng& rng) { S::init(p, rng); },
-          .forward = [](Kernels& k, const ForwardArgs<T>& a) { S::forward(k, a); },
-          .backward_input = [](Kernels& k,
-                               const BackwardInputArgs<T>& a) { S::backward_input(k, a); },
-          .backward_weight = [](Kernels& k,
-                                const BackwardWeightArgs<T>& a) { S::backward_weight(k, a); }};
+  return {
+      .in_features = S::in_features,
+      .out_features = S::out_features,
+      .num_params = S::num_params,
+      .stash_per_row = S::stash_per_row,
+      .grad_stash_per_row = S::grad_stash_per_row,
+      .workspace_per_row = workspace_per_row_v<S>,
+      .skips_input_gradient = skips_input_gradient<S>,
+      .init = [](std::span<float> p, Rng& rng) { S::init(p, rng); },
+      .forward = [](Kernels& k, const ForwardArgs<T>& a) { S::forward(k, a); },
+      .backward_input = [](Kernels& k, const BackwardInputArgs<T>& a) { S::backward_input(k, a); },
+      .backward_weight = [](Kernels& k,
+                            const BackwardWeightArgs<T>& a) { S::backward_weight(k, a); }};
 }
 
 // model_program<Model, Kernels>: the StageProgram of every stage of a Pipeline, in order.
@@ -99,9 +99,10 @@ inline constexpr LossProgram<Kernels, typename Loss::target_type> loss_program{
     .normalizer = [](std::size_t rows, std::size_t out) { return Loss::normalizer(rows, out); },
     .check = [](std::span<const typename Loss::target_type> targets,
                 std::size_t out) { Loss::check(targets, out); },
-    .apply = [](Kernels& k, std::size_t rows, std::size_t out,
-                const typename Kernels::value_type* y, const typename Loss::target_type* targets,
-                float grad_scale, typename Kernels::value_type* dy,
-                float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
+    .apply =
+        [](Kernels& k, std::size_t rows, std::size_t out, const typename Kernels::value_type* y,
+           const typename Loss::target_type* targets, float grad_scale,
+           typename Kernels::value_type* dy,
+           float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
 
 }  // namespace gpipe::detail

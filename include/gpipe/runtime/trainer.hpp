@@ -31,8 +31,8 @@
 #include "gpipe/error.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/loss.hpp"
-#include "gpipe/model/precision.hpp"
 #include "gpipe/model/pipeline.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/optim/optimizer.hpp"
 #include "gpipe/runtime/checkpoint.hpp"
 #include "gpipe/runtime/optimizer_state.hpp"
@@ -51,9 +51,10 @@ namespace detail {
 // True when the backend runs Model in Precision; otherwise a static_assert that says why not.
 template <class Precision, class Backend, class Model>
 constexpr bool explain_precision_for() {
-  if constexpr (!precision<Precision> || std::is_same_v<typename Precision::activation_type, float>) {
+  if constexpr (!precision<Precision> ||
+                std::is_same_v<typename Precision::activation_type, float>) {
     return true;
-  } else if constexpr (!requires(typename Backend::Kernels& k) { k.bf16_context(); }) {
+  } else if constexpr (!requires(typename Backend::Kernels & k) { k.bf16_context(); }) {
     static_assert(lacks<Backend>,
                   "gpipe: MixedBf16 needs a backend with bf16 kernels (host::Backend); this one "
                   "has none yet");

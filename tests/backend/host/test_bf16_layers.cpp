@@ -42,11 +42,6 @@ Values values(std::size_t n, std::uint64_t seed, float scale = 1) {
   return v;
 }
 std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
-std::vector<double> widen(const std::vector<bf16>& x) {
-  std::vector<double> out;
-  for (bf16 v : x) out.push_back(float(v));
-  return out;
-}
 
 }  // namespace
 
@@ -81,8 +76,8 @@ TEST_CASE("bf16 Linear: forward, input and weight gradients within the GEMM boun
   std::vector<bf16> dx(rows * in);
   L::backward_input(k, {rows, x.b.data(), dy.b.data(), dx.data(), params.data(), nullptr, nullptr});
   std::vector<double> dx_ref(rows * in), sx(rows * in);
-  L::backward_input(r, {rows, x.d.data(), dy.d.data(), dx_ref.data(), params_d.data(), nullptr,
-                        nullptr});
+  L::backward_input(
+      r, {rows, x.d.data(), dy.d.data(), dx_ref.data(), params_d.data(), nullptr, nullptr});
   r.gemm(false, false, rows, in, out, 1.0, absdy.data(), absw.data(), 0.0, sx.data());
   for (std::size_t i = 0; i < dx.size(); ++i)
     CHECK(std::abs(float(dx[i]) - dx_ref[i]) <=
@@ -90,10 +85,10 @@ TEST_CASE("bf16 Linear: forward, input and weight gradients within the GEMM boun
 
   std::vector<float> grads(L::num_params, 0.5f);
   std::vector<double> grads_ref(L::num_params, 0.5), sw(out * in);
-  L::backward_weight(k, {rows, x.b.data(), dy.b.data(), params.data(), nullptr, nullptr,
-                         grads.data()});
-  L::backward_weight(r, {rows, x.d.data(), dy.d.data(), params_d.data(), nullptr, nullptr,
-                         grads_ref.data()});
+  L::backward_weight(
+      k, {rows, x.b.data(), dy.b.data(), params.data(), nullptr, nullptr, grads.data()});
+  L::backward_weight(
+      r, {rows, x.d.data(), dy.d.data(), params_d.data(), nullptr, nullptr, grads_ref.data()});
   r.gemm(true, false, out, in, rows, 1.0, absdy.data(), absx.data(), 0.0, sw.data());
   for (std::size_t i = 0; i < out * in; ++i)
     CHECK(std::abs(grads[i] - grads_ref[i]) <= (rows + 2) * e * (sw[i] + 0.5));
@@ -147,14 +142,15 @@ TEST_CASE("bf16 elementwise layers, LayerNorm and Embedding: rounded once from f
   for (std::size_t i = 0; i < y.size(); ++i) {
     const double xhat = (x.d[i] - stash_ref[2 * (i / n)]) * stash_ref[2 * (i / n) + 1];
     CHECK(std::abs(float(y[i]) - y_ref[i]) <=
-          u * std::abs(y_ref[i]) + 3 * e * (std::abs(xhat * params_d[i % n]) + std::abs(params_d[n + i % n])));
+          u * std::abs(y_ref[i]) +
+              3 * e * (std::abs(xhat * params_d[i % n]) + std::abs(params_d[n + i % n])));
   }
   // its input gradient from the bf16 stash (float rstd, the mean recomputed), computed in
   // double and rounded once (float statistics: a few e relative to the terms' magnitudes)
   std::vector<bf16> dx(rows * n);
   std::vector<double> dx_ref(rows * n);
-  LN::backward_input(k, {rows, x.b.data(), dy.b.data(), dx.data(), params.data(), stash.data(),
-                         nullptr});
+  LN::backward_input(
+      k, {rows, x.b.data(), dy.b.data(), dx.data(), params.data(), stash.data(), nullptr});
   LN::backward_input(r, {rows, x.d.data(), dy.d.data(), dx_ref.data(), params_d.data(),
                          stash_ref.data(), nullptr});
   // The float statistics perturb mean and rstd by e relatively: xhat by e (|xhat| + rstd |mean|),

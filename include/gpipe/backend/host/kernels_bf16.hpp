@@ -78,8 +78,15 @@ class Kernels<bf16> {
     const GemmStrides ld = dense_strides(trans_a, trans_b, m, n, k);
     const bf16* a16 = operand(a, m * k, a_scratch_);
     const bf16* b16 = operand(b, k * n, b_scratch_);
-    run_gemm({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k, .ld = ld,
-              .c_is_float = std::is_same_v<C, float>, .alpha = alpha, .beta = beta},
+    run_gemm({.trans_a = trans_a,
+              .trans_b = trans_b,
+              .m = m,
+              .n = n,
+              .k = k,
+              .ld = ld,
+              .c_is_float = std::is_same_v<C, float>,
+              .alpha = alpha,
+              .beta = beta},
              a16, b16, nullptr, c);
   }
 
@@ -89,18 +96,29 @@ class Kernels<bf16> {
                       const float* w, const float* b, bf16* y) {
     if (rows == 0) return;
     const bf16* w16 = operand(w, out * in, b_scratch_);
-    run_gemm({.trans_a = false, .trans_b = true, .m = rows, .n = out, .k = in,
-              .ld = dense_strides(false, true, rows, out, in), .c_is_float = false, .alpha = 1,
-              .beta = 0, .bias = true},
+    run_gemm({.trans_a = false,
+              .trans_b = true,
+              .m = rows,
+              .n = out,
+              .k = in,
+              .ld = dense_strides(false, true, rows, out, in),
+              .c_is_float = false,
+              .alpha = 1,
+              .beta = 0,
+              .bias = true},
              x, w16, b, y);
   }
 
   /// What runs an (m, n, k) GEMM of bf16 operands (oneDNN's kernel name, or the fp32 path).
   std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                                   std::size_t k, bool c_is_float) {
-    return gemms_[0].implementation({.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                                 .ld = dense_strides(trans_a, trans_b, m, n, k),
-                                 .c_is_float = c_is_float});
+    return gemms_[0].implementation({.trans_a = trans_a,
+                                     .trans_b = trans_b,
+                                     .m = m,
+                                     .n = n,
+                                     .k = k,
+                                     .ld = dense_strides(trans_a, trans_b, m, n, k),
+                                     .c_is_float = c_is_float});
   }
 
   /// y(rows, cols) += bias(cols) on every row, in float, rounded once.
@@ -137,9 +155,12 @@ class Kernels<bf16> {
     if constexpr (std::is_same_v<T, float>)
       return fp32_.add(n, a, b, y);
     else
-      widened(n, y, [](std::size_t c, const float* const* in, float* out) {
-        host::add(c, in[0], in[1], out);
-      }, a, b);
+      widened(
+          n, y,
+          [](std::size_t c, const float* const* in, float* out) {
+            host::add(c, in[0], in[1], out);
+          },
+          a, b);
   }
   /// y(n) += x.
   template <class T>
@@ -166,10 +187,13 @@ class Kernels<bf16> {
     if constexpr (std::is_same_v<T, float>)
       return fp32_.scale(n, alpha, x);
     else
-      widened(n, x, [alpha](std::size_t c, const float* const* in, float* out) {
-        std::copy_n(in[0], c, out);
-        host::scale(c, alpha, out);
-      }, x);
+      widened(
+          n, x,
+          [alpha](std::size_t c, const float* const* in, float* out) {
+            std::copy_n(in[0], c, out);
+            host::scale(c, alpha, out);
+          },
+          x);
   }
   /// out[0] = the sum of the squares of the float array x(n), as the float context sums them.
   void sum_of_squares(std::size_t n, const float* x, double* out) {
@@ -230,8 +254,7 @@ class Kernels<bf16> {
                      first_step);
   }
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
-                    double beta1, double beta2, double eps, double weight_decay,
-                    std::size_t step) {
+                    double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
   }
 
@@ -260,8 +283,7 @@ class Kernels<bf16> {
 
   // A bf16 GEMM, split over the team as float GEMMs are (host::gemm_split: blocks of C's
   // columns or rows), each block on its own Bf16Gemm (a primitive cache is one thread's).
-  void run_gemm(const Bf16GemmShape& s, const bf16* a, const bf16* b, const float* bias,
-                void* c) {
+  void run_gemm(const Bf16GemmShape& s, const bf16* a, const bf16* b, const float* bias, void* c) {
     const GemmSplit split = gemm_split(s.m, s.n, s.k, threads());
     if (gemms_.size() < split.parts) gemms_.resize(split.parts);
     if (split.parts <= 1) return gemms_[0](s, a, b, bias, c);

@@ -44,26 +44,26 @@ namespace gpipe::host {
 
 /// y(n) = x(n) as bf16 bits, each as to_bf16_bits rounds it.
 inline void to_bf16(std::size_t n, const float* x, std::uint16_t* y) {
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
+  const std::size_t packed = n - n % 4;
+  for (std::size_t i = 0; i < packed; i += 4) {
     gpipe::detail::Bf16Bits4 u;
     std::memcpy(&u, x + i, sizeof u);
     const gpipe::detail::Bf16Half4 b = gpipe::detail::to_bf16_bits(u);
     std::memcpy(y + i, &b, sizeof b);
   }
-  for (; i < n; ++i) y[i] = to_bf16_bits(x[i]);
+  for (std::size_t j = 0; j < n % 4; ++j) y[packed + j] = to_bf16_bits(x[packed + j]);
 }
 
 /// y(n) = the floats that x(n)'s bf16 bits hold (exact).
 inline void from_bf16(std::size_t n, const std::uint16_t* x, float* y) {
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
+  const std::size_t packed = n - n % 4;
+  for (std::size_t i = 0; i < packed; i += 4) {
     gpipe::detail::Bf16Half4 b;
     std::memcpy(&b, x + i, sizeof b);
     const auto u = __builtin_convertvector(b, gpipe::detail::Bf16Bits4) << 16;
     std::memcpy(y + i, &u, sizeof u);
   }
-  for (; i < n; ++i) y[i] = from_bf16_bits(x[i]);
+  for (std::size_t j = 0; j < n % 4; ++j) y[packed + j] = from_bf16_bits(x[packed + j]);
 }
 
 /// to_bf16 into gpipe::bf16 storage.

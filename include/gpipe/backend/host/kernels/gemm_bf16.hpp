@@ -124,9 +124,8 @@ class Bf16Gemm {
     int count = 0;
     for (std::size_t i = 0; i < 4; ++i) {
       if (!p.memory[i]) continue;
-      detail::check_dnnl(
-          dnnl_memory_set_data_handle(p.memory[i].get(), const_cast<void*>(data[i])),
-          "memory_set_data_handle");
+      detail::check_dnnl(dnnl_memory_set_data_handle(p.memory[i].get(), const_cast<void*>(data[i])),
+                         "memory_set_data_handle");
       args[count++] = {arg_ids[i], p.memory[i].get()};
     }
     detail::SingleComputeThread one_thread;
@@ -154,13 +153,12 @@ class Bf16Gemm {
     if (cache_.size() >= max_cached) cache_.clear();
     const std::array<dnnl_memory_desc_t, 4> descs{
         desc(s.m, s.k, s.ld.lda, s.trans_a, dnnl_bf16),
-        desc(s.k, s.n, s.ld.ldb, s.trans_b, dnnl_bf16),
-        desc(1, s.n, s.n, false, dnnl_f32),
+        desc(s.k, s.n, s.ld.ldb, s.trans_b, dnnl_bf16), desc(1, s.n, s.n, false, dnnl_f32),
         desc(s.m, s.n, s.ld.ldc, false, s.c_is_float ? dnnl_f32 : dnnl_bf16)};
     dnnl_matmul_desc_t op;
-    detail::check_dnnl(dnnl_matmul_desc_init(&op, &descs[0], &descs[1],
-                                             s.bias ? &descs[2] : nullptr, &descs[3]),
-                       "matmul_desc_init");
+    detail::check_dnnl(
+        dnnl_matmul_desc_init(&op, &descs[0], &descs[1], s.bias ? &descs[2] : nullptr, &descs[3]),
+        "matmul_desc_init");
     dnnl_primitive_attr_t attr = nullptr;
     detail::check_dnnl(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
     dnnl_post_ops_t post_ops = nullptr;
@@ -172,7 +170,8 @@ class Bf16Gemm {
       if (status == dnnl_success) status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
     }
     dnnl_primitive_desc_t pd = nullptr;
-    if (status == dnnl_success) status = dnnl_primitive_desc_create(&pd, &op, attr, engine(), nullptr);
+    if (status == dnnl_success)
+      status = dnnl_primitive_desc_create(&pd, &op, attr, engine(), nullptr);
     if (post_ops != nullptr) dnnl_post_ops_destroy(post_ops);
     dnnl_primitive_attr_destroy(attr);
     Primitive p;

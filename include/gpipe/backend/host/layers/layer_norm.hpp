@@ -127,8 +127,7 @@ struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
  private:
   // x's row widened into `row`, and its (mean, rstd): the mean as forward computed it, rstd from
   // the stash's bits.
-  static void widen_row(std::size_t cols, const bf16* x, const bf16* stash, float* row,
-                        float* st) {
+  static void widen_row(std::size_t cols, const bf16* x, const bf16* stash, float* row, float* st) {
     host::from_bf16(cols, x, row);
     double sum = 0;
     for (std::size_t c = 0; c < cols; ++c) sum += row[c];
