@@ -48,6 +48,7 @@ struct bf16 {
   bf16() = default;
   /// `f` rounded to nearest, ties to even (a double is first rounded to float).
   explicit constexpr bf16(float f) : bits(to_bf16_bits(f)) {}
+  /// `d` rounded to float, then to bf16.
   explicit constexpr bf16(double d) : bf16(static_cast<float>(d)) {}
   /// The value with these bits.
   static constexpr bf16 from_bits(std::uint16_t b) {
@@ -64,13 +65,16 @@ static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);
 /// for bf16, T itself for float (and for double, in the finite-difference tests).
 template <class T>
 struct master_type {
+  /// T itself.
   using type = T;
 };
 /// bf16 activations keep float master weights.
 template <>
 struct master_type<bf16> {
+  /// float: bf16 keeps too few bits to accumulate in.
   using type = float;
 };
+/// The master type for activations of type T (see master_type).
 template <class T>
 using master_t = typename master_type<T>::type;
 

@@ -41,18 +41,23 @@ class Kernels<bf16> {
   /// calling thread alone).
   explicit Kernels(std::size_t device = 0, Team* team = nullptr) : fp32_(device, team) {}
 
+  /// The device whose memory the pointer arguments are.
   std::size_t device() const { return fp32_.device(); }
+  /// The threads this context's kernels split over: 1, or the size of its Team.
   std::size_t threads() const { return fp32_.threads(); }
   /// The float context on the same device and team, for the master arrays.
   Kernels<float>& fp32() { return fp32_; }
 
+  /// The split in_blocks() makes, as the float context's (Kernels<float>::split).
   BlockSplit split(std::size_t units, std::size_t unit_work) const {
     return fp32_.split(units, unit_work);
   }
+  /// Calls f(first, count) over blocks of [0, units) on the team, as Kernels<float>::in_blocks.
   template <class F>
   void in_blocks(std::size_t units, std::size_t unit_work, const F& f) {
     fp32_.in_blocks(units, unit_work, f);
   }
+  /// Calls f(first, count) over the blocks of a split the caller made.
   template <class F>
   void in_blocks(std::size_t units, BlockSplit split, const F& f) {
     fp32_.in_blocks(units, split, f);
@@ -211,12 +216,14 @@ class Kernels<bf16> {
   void upload(std::size_t n, const U* host_src, U* dst) {
     host::copy(n, host_src, dst);
   }
+  /// dst(n) on the device = host_src(n) rounded to bf16.
   void upload(std::size_t n, const float* host_src, bf16* dst) { to_bf16(n, host_src, dst); }
   /// host_dst(n) = src(n): the same type, or bf16 widened to float.
   template <class U>
   void download(std::size_t n, const U* src, U* host_dst) {
     host::copy(n, src, host_dst);
   }
+  /// host_dst(n) = src(n) widened to float (exact).
   void download(std::size_t n, const bf16* src, float* host_dst) { from_bf16(n, src, host_dst); }
 
   /// The float context's softmax_cross_entropy on logits widened to float, a row at a time:
@@ -253,6 +260,7 @@ class Kernels<bf16> {
     fp32_.sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
                      first_step);
   }
+  /// One AdamW step on the float master arrays (Kernels<float>::adamw_update).
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);

@@ -31,12 +31,17 @@ namespace gpipe::host {
 
 /// A bf16 GEMM's shape: what op(A), op(B) and C are, and what is fused into it.
 struct Bf16GemmShape {
-  bool trans_a = false, trans_b = false;
-  std::size_t m = 0, n = 0, k = 0;
-  GemmStrides ld{};
+  bool trans_a = false;  ///< op(A) is the transpose of the stored A
+  bool trans_b = false;  ///< op(B) is the transpose of the stored B
+  std::size_t m = 0;     ///< rows of op(A) and C
+  std::size_t n = 0;     ///< columns of op(B) and C
+  std::size_t k = 0;     ///< columns of op(A), rows of op(B)
+  GemmStrides ld{};      ///< the stored rows' lengths of A, B and C
   bool c_is_float = true;  ///< C float (else bf16)
-  float alpha = 1, beta = 0;
-  bool bias = false;  ///< + bias (n), float
+  float alpha = 1;         ///< the product's factor
+  float beta = 0;          ///< C's factor: 0 overwrites C
+  bool bias = false;       ///< + bias (n), float
+  /// The fields as a tuple: a primitive is kept per distinct key.
   auto key() const {
     return std::make_tuple(trans_a, trans_b, m, n, k, ld.lda, ld.ldb, ld.ldc, c_is_float, alpha,
                            beta, bias);

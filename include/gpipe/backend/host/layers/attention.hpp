@@ -120,8 +120,10 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
 /// float buffers (a sample's qkv, probabilities, output and, in backward, (T, T) scratch).
 template <>
 struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
+  /// The float kernels each sample runs through.
   using Fp32 = LayerKernels<CausalAttentionOp, host::Kernels<float>>;
 
+  /// As the float forward: probs (rows, H T) and o (rows, D), both rounded to bf16.
   static void forward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
                       std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
     const std::size_t D = heads * d, per_sample = tokens * (3 * D + heads * tokens + D);
@@ -140,6 +142,8 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
     });
   }
 
+  /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
+  /// is not used: each block widens into float buffers of its own.
   static void backward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
                        const bf16* dout, bf16* dqkv, bf16*) {

@@ -75,8 +75,10 @@ void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_weight(host::Kernels<
 /// sum of the same floats, so the same float).
 template <>
 struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
+  /// The bf16 context.
   using Kernels = host::Kernels<bf16>;
 
+  /// y = (x - mean) rstd gamma + beta per row, rounded to bf16; stats(rows, 2) = rstd's bits.
   static void forward(Kernels& k, std::size_t rows, std::size_t cols, double eps, const bf16* x,
                       const float* gamma, const float* beta, bf16* y, bf16* stats) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
@@ -94,6 +96,7 @@ struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
     });
   }
 
+  /// dx as the float kernel computes it from (mean, rstd), rounded to bf16.
   static void backward_input(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
                              const bf16* dy, const float* gamma, const bf16* stats, bf16* dx) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
@@ -109,6 +112,7 @@ struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
     });
   }
 
+  /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy, in float.
   static void backward_weight(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
                               const bf16* dy, const bf16* stats, float* dgamma, float* dbeta) {
     k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
