@@ -12,6 +12,11 @@
 //                                  gradients per thread), which two threads do not keep in a
 //                                  32 MB L3, so each 32-row call streams its weight (and W its
 //                                  gradient) from memory, as in the pipeline.
+//   BM_Gemm/<op>/bf16/...          the same GEMMs on gpipe::MixedBf16's context
+//                                  (host::Kernels<bf16>): bf16 activations, the weight's bf16
+//                                  copy made once (as once per step), float weight gradients
+//   BM_Gemm/forward_cast_per_use/bf16/...  the forward with the float weight rounded to bf16 at
+//                                  every call instead: what casting per use would cost
 //   BM_LinearForward/<how>/rows:R  Linear(1024, 1024)'s forward with its bias, GFLOP/s: fused (one
 //                                  oneDNN matmul, linear_forward) or gemm_then_bias
 //   BM_Elementwise/<kernel>/n:N    GB/s counted as the bytes the kernel must read and write,
@@ -31,6 +36,7 @@
 #include <gpipe/backend/host/kernels/bf16.hpp>
 #include <gpipe/gpipe.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -46,20 +52,33 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-void BM_Gemm(benchmark::State& state, GemmOp op) {
+// A: float, or gpipe::bf16 (activations on host::Kernels<bf16>; cast_per_use: the weights are
+// not registered as cast, so every call rounds its weight).
+template <class A = float>
+void BM_Gemm(benchmark::State& state, GemmOp op, bool cast_per_use = false) {
   const auto rows = static_cast<std::size_t>(state.range(0));
   const auto layers = static_cast<std::size_t>(state.range(1));
-  gpipe::host::Kernels<float> k(static_cast<std::size_t>(state.thread_index()));
-  const auto act = random_floats(rows * width, 1), grad = random_floats(rows * width, 2);
+  gpipe::host::Kernels<A> k(static_cast<std::size_t>(state.thread_index()));
+  auto as = [](const std::vector<float>& v) {
+    std::vector<A> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<A>(v[i]);
+    return out;
+  };
+  const auto act = as(random_floats(rows * width, 1)), grad = as(random_floats(rows * width, 2));
   std::vector<std::vector<float>> weights, dweights;
+  std::vector<std::vector<A>> cast;  // bf16: each weight's copy, made once
   for (std::size_t l = 0; l < layers; ++l) {
     weights.push_back(random_floats(width * width, 3 + l));
     dweights.emplace_back(width * width, 0.0f);
+    cast.push_back(as(weights.back()));
   }
-  std::vector<float> out(rows * width);
+  std::vector<A> out(rows * width);
   std::size_t call = 0;
   for (auto _ : state) {
     const std::vector<float>& weight = weights[call % layers];
+    if constexpr (!std::is_same_v<A, float>) {
+      if (!cast_per_use) k.use_weights(weight.data(), cast[call % layers].data(), weight.size());
+    }
     std::vector<float>& dweight = dweights[call++ % layers];
     switch (op) {
       case GemmOp::forward:
@@ -171,12 +190,26 @@ void register_all() {
                                                   {"backward_input", GemmOp::backward_input},
                                                   {"backward_weight", GemmOp::backward_weight}};
   for (const auto& [name, op] : gemms)
-    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + name).c_str(), BM_Gemm, op)
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + name).c_str(), BM_Gemm<float>, op,
+                                 false)
         ->ArgNames({"rows", "layers"})
         ->ArgsProduct({{256, 128, 64, 32}, {1, 2}})
         ->Threads(1)
         ->Threads(2)
         ->UseRealTime();
+  for (const auto& [name, op] : gemms)
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + name + "/bf16").c_str(),
+                                 BM_Gemm<gpipe::bf16>, op, false)
+        ->ArgNames({"rows", "layers"})
+        ->ArgsProduct({{256, 32}, {1}})
+        ->Threads(1)
+        ->Threads(2)
+        ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_Gemm/forward_cast_per_use/bf16", BM_Gemm<gpipe::bf16>,
+                               GemmOp::forward, true)
+      ->ArgNames({"rows", "layers"})
+      ->ArgsProduct({{256, 32}, {1}})
+      ->UseRealTime();
   for (bool fused : {true, false})
     benchmark::RegisterBenchmark(
         fused ? "BM_LinearForward/fused" : "BM_LinearForward/gemm_then_bias", BM_LinearForward,

@@ -307,8 +307,9 @@ void check_checkpoints_on_ranks(Backend& backend) {
   if (backend.num_devices() == 4) check_checkpoint_on_ranks<Model4, Backend, OneProcess>(backend);
 }
 
-// Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels.
-template <class Model, class Kind, class Backend, class OneProcess>
+// Backend: the MPI backend under test; OneProcess: the one-process backend of the same kernels;
+// Precision: Fp32, or MixedBf16 (bf16 messages between the ranks).
+template <class Model, class Kind, class Backend, class OneProcess, class Precision = Fp32>
 void check_against_one_process(Backend& backend) {
   using Loss = SoftmaxCrossEntropy;
   constexpr std::size_t devices = Model::num_stages / Kind::chunks_per_device;
@@ -322,9 +323,9 @@ void check_against_one_process(Backend& backend) {
       CAPTURE(to_string(remat));
       CAPTURE(backend.rank());
       OneProcess one_process = one_process_like<OneProcess>(backend, devices);
-      Trainer<Model, Loss, OneProcess, Kind> reference(
+      Trainer<Model, Loss, OneProcess, Kind, Precision> reference(
           one_process, {.micro_batches = m, .remat = remat, .seed = seed});
-      Trainer<Model, Loss, Backend, Kind> trainer(
+      Trainer<Model, Loss, Backend, Kind, Precision> trainer(
           backend, {.micro_batches = m, .remat = remat, .seed = seed});
       // the same ops; a transport whose sends wait for their receives (NCCL) places them for that
       if constexpr (transport::transport_for<Backend>::sends == Sends::rendezvous)
@@ -468,6 +469,8 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model2, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model2, ZeroBubbleH1, Backend, OneProcess>(backend);
       check_against_one_process<Model4, Interleaved<2>, Backend, OneProcess>(backend);
+      if constexpr (requires(typename Backend::Kernels& k) { k.bf16_context(); })
+        check_against_one_process<Model2, OneFOneB, Backend, OneProcess, MixedBf16>(backend);
       break;
     case 3:
       check_against_one_process<Model3, GPipe, Backend, OneProcess>(backend);
@@ -479,6 +482,8 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model4, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model4, ZeroBubbleH1, Backend, OneProcess>(backend);
       check_against_one_process<Model8, Interleaved<2>, Backend, OneProcess>(backend);
+      if constexpr (requires(typename Backend::Kernels& k) { k.bf16_context(); })
+        check_against_one_process<Model4, GPipe, Backend, OneProcess, MixedBf16>(backend);
       break;
     default:
       FAIL("run with 1, 2, 3 or 4 ranks, got " << backend.num_devices());

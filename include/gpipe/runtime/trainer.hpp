@@ -59,11 +59,6 @@ constexpr bool explain_precision_for() {
                   "gpipe: MixedBf16 needs a backend with bf16 kernels (host::Backend); this one "
                   "has none yet");
     return false;
-  } else if constexpr (multi_process_backend<Backend>) {
-    static_assert(lacks<Backend>,
-                  "gpipe: MixedBf16 across processes (mpi::Backend) is not supported yet: its "
-                  "transport sends float messages");
-    return false;
   } else if constexpr (Model::is_token_model && Model::vocab_size > 65536) {
     static_assert(lacks<Model>,
                   "gpipe: MixedBf16 carries token ids in 16 bits: a vocabulary of at most 65536");

@@ -78,12 +78,15 @@ class Transport<Backend> {
   }
   /// On message.from (this rank's device): src is handed to the backend, which frees it once
   /// sent.
-  void send(WorkLabel label, const Message& message, Buffer& src, Mailbox&) const {
+  template <class T>
+  void send(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& src,
+            Mailbox&) const {
     backend_.send(message.from, label, message.to, tag(message), src);
   }
   /// On message.to (this rank's device): dst <- count floats from message.from's rank.
-  void receive(WorkLabel label, const Message& message, Buffer& dst, std::size_t count,
-               MemoryKind kind, Mailbox&) const {
+  template <class T>
+  void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
+               std::size_t count, MemoryKind kind, Mailbox&) const {
     backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
   }
 

@@ -39,7 +39,8 @@ class Kernels<bf16> {
 
   /// A context for `device`, computing on the calling thread and on `team`'s helpers (null: the
   /// calling thread alone).
-  explicit Kernels(std::size_t device = 0, Team* team = nullptr) : fp32_(device, team) {}
+  explicit Kernels(std::size_t device = 0, Team* team = nullptr)
+      : fp32_(device, team), scratch_(fp32_.threads()) {}
 
   /// The device whose memory the pointer arguments are.
   std::size_t device() const { return fp32_.device(); }
@@ -61,6 +62,15 @@ class Kernels<bf16> {
   template <class F>
   void in_blocks(std::size_t units, BlockSplit split, const F& f) {
     fp32_.in_blocks(units, split, f);
+  }
+
+  /// Float scratch of at least n elements for block `block` (< threads()) of a split the caller
+  /// runs with in_blocks: kept and reused (a kernel's widened operands are megabytes, which a
+  /// fresh allocation per call would fault in page by page). Its contents are undefined.
+  float* block_scratch(std::size_t block, std::size_t n) {
+    std::vector<float>& s = scratch_.at(block);
+    if (s.size() < n) s.resize(n);
+    return s.data();
   }
 
   /// Registers `copy`, the bf16 rounding of the float array master(n): a GEMM operand inside
@@ -232,13 +242,14 @@ class Kernels<bf16> {
                              const std::int32_t* targets, float grad_scale, bf16* dlogits,
                              float* loss_sum) {
     row_losses_.resize(rows);
-    in_blocks(rows, classes, [&](std::size_t first, std::size_t count) {
-      std::vector<float> row(2 * classes);
+    const BlockSplit blocks = split(rows, classes);
+    in_blocks(rows, blocks, [&](std::size_t first, std::size_t count) {
+      float* row = block_scratch(first / blocks.block, 2 * classes);
       for (std::size_t r = first; r < first + count; ++r) {
-        from_bf16(classes, logits + r * classes, row.data());
-        row_losses_[r] = host::softmax_cross_entropy_row(classes, row.data(), targets[r],
-                                                         grad_scale, row.data() + classes);
-        to_bf16(classes, row.data() + classes, dlogits + r * classes);
+        from_bf16(classes, logits + r * classes, row);
+        row_losses_[r] = host::softmax_cross_entropy_row(classes, row, targets[r], grad_scale,
+                                                         row + classes);
+        to_bf16(classes, row + classes, dlogits + r * classes);
       }
     });
     double total = 0;
@@ -328,6 +339,7 @@ class Kernels<bf16> {
   std::vector<Bf16Gemm> gemms_ = std::vector<Bf16Gemm>(1);  ///< one per block of a split GEMM
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
+  std::vector<std::vector<float>> scratch_;  ///< block_scratch(), one per thread
   const float* weights_ = nullptr;
   const bf16* weights_bf16_ = nullptr;
   std::size_t weights_count_ = 0;

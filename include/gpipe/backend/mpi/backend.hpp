@@ -51,6 +51,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -145,44 +146,53 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// As host::Backend::wait, on this rank's device.
   void wait(std::size_t device, const Event& event) { local_.wait(control_.local(device), event); }
 
-  /// On `device` (this rank's), after the work before it: sends src's `src.size()` floats to
-  /// `peer`'s rank with `tag`, and takes src over until the send completes.
+  /// On `device` (this rank's), after the work before it: sends src's `src.size()` elements
+  /// (float, or bf16 under gpipe::MixedBf16: half the bytes) to `peer`'s rank with `tag`, and
+  /// takes src over until the send completes.
+  template <class T>
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
-            Buffer<float>& src) {
+            Buffer<T>& src) {
     const int message_tag = control_.step_tag(peer, tag);
     submit(device, label, [this, peer, message_tag, &src](Kernels&) {
-      Pending pending{MPI_REQUEST_NULL, std::move(src)};
-      detail::check_mpi(
-          MPI_Isend(pending.buffer.data(), detail::MpiControl::count_of(pending.buffer.size()),
-                    MPI_FLOAT, static_cast<int>(peer), message_tag, control_.pipeline(),
-                    &pending.request),
-          "MPI_Isend");
+      Pending pending;
+      const T* data = src.data();
+      const std::size_t size = src.size();
+      if constexpr (std::is_same_v<T, float>)
+        pending.buffer = std::move(src);
+      else
+        pending.buffer_bf16 = std::move(src);
+      detail::check_mpi(MPI_Isend(data, detail::MpiControl::count_of(size), mpi_type<T>(),
+                                  static_cast<int>(peer), message_tag, control_.pipeline(),
+                                  &pending.request),
+                        "MPI_Isend");
       std::lock_guard lock(mu_);
       pending_.push_back(std::move(pending));
       release_completed_sends();
     });
   }
-  /// On `device`, after the work before it: dst <- `count` floats from `peer`'s rank with `tag`,
-  /// into memory allocated here (counted as `kind`).
+  /// On `device`, after the work before it: dst <- `count` elements (float or bf16) from
+  /// `peer`'s rank with `tag`, into memory allocated here (counted as `kind`).
+  template <class T>
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
-               Buffer<float>& dst, std::size_t count, MemoryKind kind) {
+               Buffer<T>& dst, std::size_t count, MemoryKind kind) {
     const int message_tag = control_.step_tag(peer, tag);
     submit(device, label, [this, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
-      dst = allocate<float>(device, count, kind);
+      dst = allocate<T>(device, count, kind);
       MPI_Request request = MPI_REQUEST_NULL;
       detail::check_mpi(
-          MPI_Irecv(dst.data(), detail::MpiControl::count_of(count), MPI_FLOAT,
+          MPI_Irecv(dst.data(), detail::MpiControl::count_of(count), mpi_type<T>(),
                     static_cast<int>(peer), message_tag, control_.pipeline(), &request),
           "MPI_Irecv");
       const MPI_Status status =
           control_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
                                          std::to_string(tag) + ")");
       int received = 0;
-      MPI_Get_count(&status, MPI_FLOAT, &received);
+      MPI_Get_count(&status, mpi_type<T>(), &received);
       if (static_cast<std::size_t>(received) != count)
         throw Error("gpipe: rank " + std::to_string(control_.rank()) + " expected " +
-                    std::to_string(count) + " floats from rank " + std::to_string(peer) + " (tag " +
-                    std::to_string(tag) + "), got " + std::to_string(received));
+                    std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
+                    " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                    "), got " + std::to_string(received));
       std::lock_guard lock(mu_);
       release_completed_sends();
     });
@@ -263,9 +273,18 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   friend class detail::MpiRanks<Backend, host::Backend>;
 
   struct Pending {
-    MPI_Request request;
-    Buffer<float> buffer;
+    MPI_Request request = MPI_REQUEST_NULL;
+    Buffer<float> buffer;       ///< the message's data: float
+    Buffer<bf16> buffer_bf16;   ///< or bf16 (gpipe::MixedBf16)
   };
+  /// The MPI type of a message's elements: bf16 travels as its 16 bits.
+  template <class T>
+  static MPI_Datatype mpi_type() {
+    if constexpr (std::is_same_v<T, float>)
+      return MPI_FLOAT;
+    else
+      return MPI_UINT16_T;
+  }
 
   /// The rank's one-device host::Backend: its pipeline device, capacity and threads.
   host::BackendOptions local_options(const Options& options) const {
@@ -312,6 +331,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         for (Pending& p : pending_) {
           MPI_Request_free(&p.request);
           abandoned_.push_back(std::move(p.buffer));
+          abandoned_bf16_.push_back(std::move(p.buffer_bf16));
         }
         pending_.clear();
         break;
@@ -321,6 +341,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   }
 
   std::vector<Buffer<float>> abandoned_;  ///< buffers of sends let go after a failure
+  std::vector<Buffer<bf16>> abandoned_bf16_;
   std::mutex mu_;
   std::vector<Pending> pending_;
   std::vector<std::span<float>> reductions_;  ///< this step's gradient sums (expect_reductions)

@@ -127,9 +127,9 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
   static void forward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
                       std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
     const std::size_t D = heads * d, per_sample = tokens * (3 * D + heads * tokens + D);
-    ctx.in_blocks(samples, 4 * tokens * tokens * D, [&](std::size_t first, std::size_t count) {
-      std::vector<float> wide(per_sample);
-      float* q = wide.data();
+    const host::BlockSplit blocks = ctx.split(samples, 4 * tokens * tokens * D);
+    ctx.in_blocks(samples, blocks, [&](std::size_t first, std::size_t count) {
+      float* q = ctx.block_scratch(first / blocks.block, per_sample);
       float* p = q + tokens * 3 * D;
       float* out = p + tokens * heads * tokens;
       host::Kernels<float> solo;
@@ -149,9 +149,9 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
                        const bf16* dout, bf16* dqkv, bf16*) {
     const std::size_t D = heads * d;
     const std::size_t per_sample = tokens * (3 * D + heads * tokens + D + 3 * D + tokens);
-    ctx.in_blocks(samples, 8 * tokens * tokens * D, [&](std::size_t first, std::size_t count) {
-      std::vector<float> wide(per_sample);
-      float* q = wide.data();
+    const host::BlockSplit blocks = ctx.split(samples, 8 * tokens * tokens * D);
+    ctx.in_blocks(samples, blocks, [&](std::size_t first, std::size_t count) {
+      float* q = ctx.block_scratch(first / blocks.block, per_sample);
       float* p = q + tokens * 3 * D;
       float* g = p + tokens * heads * tokens;
       float* dq = g + tokens * D;
