@@ -469,7 +469,7 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model2, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model2, ZeroBubbleH1, Backend, OneProcess>(backend);
       check_against_one_process<Model4, Interleaved<2>, Backend, OneProcess>(backend);
-      if constexpr (requires(typename Backend::Kernels& k) { k.bf16_context(); })
+      if constexpr (requires(typename Backend::Kernels & k) { k.bf16_context(); })
         check_against_one_process<Model2, OneFOneB, Backend, OneProcess, MixedBf16>(backend);
       break;
     case 3:
@@ -482,7 +482,7 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model4, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model4, ZeroBubbleH1, Backend, OneProcess>(backend);
       check_against_one_process<Model8, Interleaved<2>, Backend, OneProcess>(backend);
-      if constexpr (requires(typename Backend::Kernels& k) { k.bf16_context(); })
+      if constexpr (requires(typename Backend::Kernels & k) { k.bf16_context(); })
         check_against_one_process<Model4, GPipe, Backend, OneProcess, MixedBf16>(backend);
       break;
     default:

@@ -65,11 +65,11 @@ template <class T>
 struct ForwardArgs {
   /// Rows of this micro-batch: samples, or tokens (samples * T) in a token model.
   std::size_t rows;
-  const T* x;              ///< (rows, in_features)
-  T* y;                    ///< (rows, out_features)
+  const T* x;                 ///< (rows, in_features)
+  T* y;                       ///< (rows, out_features)
   const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
-  T* stash;                ///< (rows, stash_per_row), kept until backward
-  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
+  T* stash;                   ///< (rows, stash_per_row), kept until backward
+  T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
 };
 
 /// Arguments of a layer's `backward_input` (B): dx from dy, keeping in `grad_stash` what its
@@ -78,13 +78,13 @@ template <class T>
 struct BackwardInputArgs {
   /// Rows of this micro-batch, as in the forward that left `stash`.
   std::size_t rows;
-  const T* x;              ///< (rows, in_features)
-  const T* dy;             ///< (rows, out_features)
-  T* dx;                   ///< (rows, in_features), overwritten
+  const T* x;                 ///< (rows, in_features)
+  const T* dy;                ///< (rows, out_features)
+  T* dx;                      ///< (rows, in_features), overwritten
   const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
-  const T* stash;          ///< (rows, stash_per_row) as left by forward
-  T* grad_stash;           ///< (rows, grad_stash_per_row), kept until backward_weight
-  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
+  const T* stash;             ///< (rows, stash_per_row) as left by forward
+  T* grad_stash;              ///< (rows, grad_stash_per_row), kept until backward_weight
+  T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
 };
 
 /// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are
@@ -93,13 +93,13 @@ template <class T>
 struct BackwardWeightArgs {
   /// Rows of this micro-batch, as in its forward and backward_input.
   std::size_t rows;
-  const T* x;              ///< (rows, in_features)
-  const T* dy;             ///< (rows, out_features)
+  const T* x;                 ///< (rows, in_features)
+  const T* dy;                ///< (rows, out_features)
   const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
-  const T* stash;          ///< (rows, stash_per_row)
-  const T* grad_stash;     ///< (rows, grad_stash_per_row) as left by backward_input
-  master_t<T>* grads;      ///< (num_params), accumulated: grads += d(loss)/d(params)
-  T* workspace = nullptr;  ///< (rows, workspace_per_row), scratch for this op only
+  const T* stash;             ///< (rows, stash_per_row)
+  const T* grad_stash;        ///< (rows, grad_stash_per_row) as left by backward_input
+  master_t<T>* grads;         ///< (num_params), accumulated: grads += d(loss)/d(params)
+  T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
 };
 
 /// Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives

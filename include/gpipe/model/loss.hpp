@@ -43,12 +43,13 @@ template <class L>
 concept loss = has_targets<L> && has_target_check<L>;
 
 /// loss_for<L, Ctx>: L's static `apply(ctx, rows, out_features, y, targets, grad_scale, dy,
-/// loss_sum)` runs with the kernel context Ctx (activations of its value_type, loss in master_t of it).
+/// loss_sum)` runs with the kernel context Ctx (activations of its value_type, loss in master_t of
+/// it).
 template <class L, class Ctx>
-concept loss_for = loss<L> && requires(Ctx& ctx, std::size_t n, const typename Ctx::value_type* y,
-                                       const typename L::target_type* targets,
-                                       typename Ctx::value_type* dy,
-                                       master_t<typename Ctx::value_type>* out) {
+concept loss_for = loss<L> &&
+    requires(Ctx& ctx, std::size_t n, const typename Ctx::value_type* y,
+             const typename L::target_type* targets, typename Ctx::value_type* dy,
+             master_t<typename Ctx::value_type>* out) {
   L::apply(ctx, n, n, y, targets, 1.0f, dy, out);
 };
 

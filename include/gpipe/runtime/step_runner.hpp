@@ -37,9 +37,8 @@ template <class Backend, class Target, class Precision = Fp32>
 class StepRunner {
  public:
   // The context the stages' ops run on: the backend's, or its bf16 one (MixedBf16).
-  using Kernels =
-      typename ActivationContext<typename Backend::Kernels,
-                                 typename Precision::activation_type>::type;
+  using Kernels = typename ActivationContext<typename Backend::Kernels,
+                                             typename Precision::activation_type>::type;
   static constexpr Sends sends = transport::Transport<Backend>::sends;
 
   // generated: the schedule kind's op lists for (devices, micro_batches), which the runner orders
@@ -96,8 +95,8 @@ class StepRunner {
     const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
     const auto my_y = y.subspan(first * per_row, mine * per_row);
 
-    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
-                                                  loss_, store.params(), store.grads(),
+    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_, loss_,
+                                                  store.params(), store.grads(),
                                                   shape_.vocab_size > 0);
     store.restart_tied_gradients();
     take_timing();  // start this step's count afresh
@@ -122,8 +121,8 @@ class StepRunner {
                                  ParameterStore<Backend>& store) {
     const std::size_t T = shape_.tokens_per_sample;
     std::vector<float> out(rows * shape_.out_features);
-    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
-                                                  loss_, store.params(), store.grads(),
+    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_, loss_,
+                                                  store.params(), store.grads(),
                                                   shape_.vocab_size > 0);
     executor.run_forward(x, {rows, std::min(rows / T, micro_batches_), T}, out);
     transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
@@ -177,9 +176,10 @@ class StepRunner {
 
 template <class Backend, class Target, class Precision>
 StepRunner<Backend, Target, Precision>::StepRunner(Backend& backend, Schedule generated,
-                                        std::span<const StageProgram<Kernels>> stages,
-                                        const LossProgram<Kernels, Target>& loss, ModelShape shape,
-                                        std::size_t micro_batches, Remat remat)
+                                                   std::span<const StageProgram<Kernels>> stages,
+                                                   const LossProgram<Kernels, Target>& loss,
+                                                   ModelShape shape, std::size_t micro_batches,
+                                                   Remat remat)
     : backend_(backend),
       transport_(backend),
       schedule_(std::move(generated)),
@@ -213,8 +213,8 @@ BubbleBreakdown StepRunner<Backend, Target, Precision>::bubble_breakdown() const
 
 template <class Backend, class Target, class Precision>
 float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const float> x,
-                                                    std::span<const Target> y,
-                                                    ParameterStore<Backend>& store) {
+                                                               std::span<const Target> y,
+                                                               ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
   require(x.size() % in == 0,
           "x has " + std::to_string(x.size()) +
@@ -229,15 +229,15 @@ float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const f
 
 template <class Backend, class Target, class Precision>
 float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const std::int32_t> tokens,
-                                                    std::span<const Target> targets,
-                                                    ParameterStore<Backend>& store) {
+                                                               std::span<const Target> targets,
+                                                               ParameterStore<Backend>& store) {
   const std::vector<float> x = token_rows(tokens, micro_batches_);
   return run_step(x, targets, tokens.size(), store);
 }
 
 template <class Backend, class Target, class Precision>
 std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<const float> x,
-                                                        ParameterStore<Backend>& store) {
+                                                                   ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
   require(x.size() % in == 0 && !x.empty(),
           "x has " + std::to_string(x.size()) +
@@ -247,8 +247,8 @@ std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<con
 }
 
 template <class Backend, class Target, class Precision>
-std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<const std::int32_t> tokens,
-                                                        ParameterStore<Backend>& store) {
+std::vector<float> StepRunner<Backend, Target, Precision>::predict(
+    std::span<const std::int32_t> tokens, ParameterStore<Backend>& store) {
   const std::vector<float> x = token_rows(tokens, 1);
   return run_predict(x, tokens.size(), store);
 }

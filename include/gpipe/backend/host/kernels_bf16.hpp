@@ -247,8 +247,8 @@ class Kernels<bf16> {
       float* row = block_scratch(first / blocks.block, 2 * classes);
       for (std::size_t r = first; r < first + count; ++r) {
         from_bf16(classes, logits + r * classes, row);
-        row_losses_[r] = host::softmax_cross_entropy_row(classes, row, targets[r], grad_scale,
-                                                         row + classes);
+        row_losses_[r] =
+            host::softmax_cross_entropy_row(classes, row, targets[r], grad_scale, row + classes);
         to_bf16(classes, row + classes, dlogits + r * classes);
       }
     });

@@ -50,8 +50,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -161,10 +161,10 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         pending.buffer = std::move(src);
       else
         pending.buffer_bf16 = std::move(src);
-      detail::check_mpi(MPI_Isend(data, detail::MpiControl::count_of(size), mpi_type<T>(),
-                                  static_cast<int>(peer), message_tag, control_.pipeline(),
-                                  &pending.request),
-                        "MPI_Isend");
+      detail::check_mpi(
+          MPI_Isend(data, detail::MpiControl::count_of(size), mpi_type<T>(), static_cast<int>(peer),
+                    message_tag, control_.pipeline(), &pending.request),
+          "MPI_Isend");
       std::lock_guard lock(mu_);
       pending_.push_back(std::move(pending));
       release_completed_sends();
@@ -274,8 +274,8 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
 
   struct Pending {
     MPI_Request request = MPI_REQUEST_NULL;
-    Buffer<float> buffer;       ///< the message's data: float
-    Buffer<bf16> buffer_bf16;   ///< or bf16 (gpipe::MixedBf16)
+    Buffer<float> buffer;      ///< the message's data: float
+    Buffer<bf16> buffer_bf16;  ///< or bf16 (gpipe::MixedBf16)
   };
   /// The MPI type of a message's elements: bf16 travels as its 16 bits.
   template <class T>

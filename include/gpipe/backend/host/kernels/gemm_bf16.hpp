@@ -31,12 +31,12 @@ namespace gpipe::host {
 
 /// A bf16 GEMM's shape: what op(A), op(B) and C are, and what is fused into it.
 struct Bf16GemmShape {
-  bool trans_a = false;  ///< op(A) is the transpose of the stored A
-  bool trans_b = false;  ///< op(B) is the transpose of the stored B
-  std::size_t m = 0;     ///< rows of op(A) and C
-  std::size_t n = 0;     ///< columns of op(B) and C
-  std::size_t k = 0;     ///< columns of op(A), rows of op(B)
-  GemmStrides ld{};      ///< the stored rows' lengths of A, B and C
+  bool trans_a = false;    ///< op(A) is the transpose of the stored A
+  bool trans_b = false;    ///< op(B) is the transpose of the stored B
+  std::size_t m = 0;       ///< rows of op(A) and C
+  std::size_t n = 0;       ///< columns of op(B) and C
+  std::size_t k = 0;       ///< columns of op(A), rows of op(B)
+  GemmStrides ld{};        ///< the stored rows' lengths of A, B and C
   bool c_is_float = true;  ///< C float (else bf16)
   float alpha = 1;         ///< the product's factor
   float beta = 0;          ///< C's factor: 0 overwrites C
@@ -204,26 +204,10 @@ class Bf16Gemm {
     return cache_.emplace(key, std::move(p)).first->second;
   }
 
-  dnnl_engine_t engine() {
-    if (!engine_) {
-      dnnl_engine_t e = nullptr;
-      detail::check_dnnl(dnnl_engine_create(&e, dnnl_cpu, 0), "engine_create");
-      engine_.reset(e);
-    }
-    return engine_.get();
-  }
-  dnnl_stream_t stream() {
-    if (!stream_) {
-      dnnl_stream_t st = nullptr;
-      detail::check_dnnl(dnnl_stream_create(&st, engine(), dnnl_stream_default_flags),
-                         "stream_create");
-      stream_.reset(st);
-    }
-    return stream_.get();
-  }
+  dnnl_engine_t engine() { return dnnl_.engine(); }
+  dnnl_stream_t stream() { return dnnl_.stream(); }
 
-  detail::DnnlPtr<dnnl_engine_t> engine_;
-  detail::DnnlPtr<dnnl_stream_t> stream_;
+  detail::DnnlEngine dnnl_;
   std::map<decltype(Bf16GemmShape{}.key()), Primitive> cache_;
 #endif  // GPIPE_HOST_GEMM_REFERENCE
 };

@@ -44,6 +44,32 @@ struct DnnlDeleter {
 template <class Handle>
 using DnnlPtr = std::unique_ptr<std::remove_pointer_t<Handle>, DnnlDeleter>;
 
+// A oneDNN CPU engine and an in-order stream on it, each made on first use: what a primitive
+// cache of one thread (one kernel context) runs its primitives on.
+class DnnlEngine {
+ public:
+  dnnl_engine_t engine() {
+    if (!engine_) {
+      dnnl_engine_t e = nullptr;
+      check_dnnl(dnnl_engine_create(&e, dnnl_cpu, 0), "engine_create");
+      engine_.reset(e);
+    }
+    return engine_.get();
+  }
+  dnnl_stream_t stream() {
+    if (!stream_) {
+      dnnl_stream_t s = nullptr;
+      check_dnnl(dnnl_stream_create(&s, engine(), dnnl_stream_default_flags), "stream_create");
+      stream_.reset(s);
+    }
+    return stream_.get();
+  }
+
+ private:
+  DnnlPtr<dnnl_engine_t> engine_;
+  DnnlPtr<dnnl_stream_t> stream_;
+};
+
 }  // namespace gpipe::detail
 
 namespace gpipe::host {
@@ -93,23 +119,8 @@ class LinearForward {
     return d;
   }
 
-  dnnl_engine_t engine() {
-    if (!engine_) {
-      dnnl_engine_t e = nullptr;
-      detail::check_dnnl(dnnl_engine_create(&e, dnnl_cpu, 0), "engine_create");
-      engine_.reset(e);
-    }
-    return engine_.get();
-  }
-  dnnl_stream_t stream() {
-    if (!stream_) {
-      dnnl_stream_t s = nullptr;
-      detail::check_dnnl(dnnl_stream_create(&s, engine(), dnnl_stream_default_flags),
-                         "stream_create");
-      stream_.reset(s);
-    }
-    return stream_.get();
-  }
+  dnnl_engine_t engine() { return dnnl_.engine(); }
+  dnnl_stream_t stream() { return dnnl_.stream(); }
 
   Shape& shape_for(std::size_t rows, std::size_t in, std::size_t out) {
     const auto key = std::make_tuple(rows, in, out);
@@ -144,8 +155,7 @@ class LinearForward {
     return shapes_.emplace(key, std::move(shape)).first->second;
   }
 
-  detail::DnnlPtr<dnnl_engine_t> engine_;  ///< created on first use
-  detail::DnnlPtr<dnnl_stream_t> stream_;
+  detail::DnnlEngine dnnl_;
   std::map<std::tuple<std::size_t, std::size_t, std::size_t>, Shape> shapes_;
 };
 
