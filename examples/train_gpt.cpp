@@ -57,7 +57,7 @@ struct Options {
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
-  bool resume = false, quiet = false;
+  bool resume = false, quiet = false, bf16 = false;
 };
 
 const char* const usage = R"(usage: example_train_gpt [options]
@@ -79,6 +79,7 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --seed S               initialization and data order (1)
   --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks)
   --quiet                no progress line per step (validation lines only)
+  --bf16                 gpipe::MixedBf16: bf16 activations and GEMMs, fp32 master weights
 )";
 
 Options parse(int argc, char** argv) {
@@ -97,8 +98,8 @@ Options parse(int argc, char** argv) {
       std::fputs(usage, stdout);
       std::exit(0);
     }
-    if (flag == "--resume" || flag == "--quiet") {
-      (flag == "--resume" ? o.resume : o.quiet) = true;
+    if (flag == "--resume" || flag == "--quiet" || flag == "--bf16") {
+      (flag == "--resume" ? o.resume : flag == "--quiet" ? o.quiet : o.bf16) = true;
       continue;
     }
     if (i + 1 >= argc) throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a value");
@@ -345,15 +346,23 @@ class Run {
   std::vector<train_gpt::LogRow> rows_;
 };
 
-template <std::size_t V>
+template <std::size_t V, class Precision>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
-  using Trainer = gpipe::Trainer<Gpt<V>, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB>;
+  using Trainer =
+      gpipe::Trainer<Gpt<V>, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB, Precision>;
   if (prints)
     std::printf(
         "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
-        "%zu x %zu samples per step\n",
-        Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch);
+        "%zu x %zu samples per step, %s\n",
+        Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
+        std::string(Precision::name).c_str());
   return Run<Trainer>(backend, o, corpus, prints).train();
+}
+
+template <std::size_t V>
+int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
+  return o.bf16 ? train<V, gpipe::MixedBf16>(backend, o, corpus, prints)
+                : train<V, gpipe::Fp32>(backend, o, corpus, prints);
 }
 
 }  // namespace

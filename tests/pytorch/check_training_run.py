@@ -11,7 +11,9 @@ warmup + cosine learning rate. gpipe runs the same steps (pytorch_train_steps): 
 K = 1, 2, 4; with MPI on 2 and 4 ranks and on 2 replicas of 2 stages; saved at K = 4 after the
 first step and resumed for the other two on 2 ranks and on 2 x 2 replicas (without MPI: at K = 2
 in one process); saved by 2 x 2 replicas and resumed at K = 1 in one process.
-Each run's losses, norms and final parameters (written under nanoGPT's names) are checked.
+Each run's losses, norms and final parameters (written under nanoGPT's names) are checked; a
+gpipe::MixedBf16 run at K = 2 is checked against the same steps under PyTorch's
+torch.autocast("cpu", dtype=torch.bfloat16): losses within 1e-2 relative.
 
 Usage: check_training_run.py <pytorch_train_steps>
        [--mpi <pytorch_train_steps_mpi> --mpiexec <mpiexec>]
@@ -97,6 +99,46 @@ def reference(batches):
     return losses, norms, {name: p.detach() for name, p in model.named_parameters()}
 
 
+def autocast_losses(batches):
+    """The same steps in float32 under torch.autocast("cpu", dtype=torch.bfloat16) (bf16
+    matmuls, the loss's softmax in float32): the losses."""
+    model = GPT()
+    decay = [p for _, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr_at(0), betas=BETAS, eps=EPS)
+    losses = []
+    for step in range(STEPS):
+        x, y = batches[f"x{step}"].long(), batches[f"y{step}"].long()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def compare_bf16(out, want, autocast):
+    """gpipe's MixedBf16 steps: losses within 1e-2 relative of PyTorch's autocast steps."""
+    steps = [line.split() for line in open(os.path.join(out, "steps.txt")).read().split("\n")
+             if line]
+    worst_autocast = worst_fp64 = 0.0
+    for s, loss, _ in steps:
+        s = int(s)
+        worst_autocast = max(worst_autocast, abs(float(loss) - autocast[s]) / autocast[s])
+        worst_fp64 = max(worst_fp64, abs(float(loss) - want[0][s]) / want[0][s])
+    failed = len(steps) != STEPS or worst_autocast > 1e-2
+    print(f"MixedBf16, K = 2: worst rel loss error against autocast {worst_autocast:.1e} (bound "
+          f"1e-2), against float64 {worst_fp64:.1e}{'  FAILED' if failed else ''}")
+    return failed
+
+
 def compare(tag, out, first_step, want):
     """Failures of one gpipe run against the reference."""
     losses, norms, params = want
@@ -164,6 +206,8 @@ def main():
                     f"GPIPE_REPLICAS={replicas}", args.mpi, tmp, str(k), f"{tmp}/{out}", *extra]
 
         failures = 0
+        ok = run([args.train_steps, tmp, "2", f"{tmp}/bf16", "--bf16"], "MixedBf16")
+        failures += not ok or compare_bf16(f"{tmp}/bf16", want, autocast_losses(batches))
         for k in (1, 2, 4):
             tag = f"one process, K = {k}"
             ok = run([args.train_steps, tmp, str(k), f"{tmp}/k{k}"], tag)

@@ -4,6 +4,7 @@
 // (Decay::matrices) and a warmup + cosine learning rate, zero_grad.
 //
 // Usage: pytorch_train_steps <dir> <K> <out> [--save-after-first <ckpt> | --resume <ckpt>]
+//        [--bf16] (gpipe::MixedBf16, K = 2)
 //        (built with GPIPE_TRAIN_STEPS_MPI, under mpirun: K = ranks / R, and R = the 5th argument)
 // Reads <dir>/state_dict.safetensors (PyTorch's state dict of nanoGPT's GPT, both tied names and
 // the causal-mask buffers, read with gpipe::nanogpt_names) and <dir>/batches.safetensors (x0, y0,
@@ -43,6 +44,7 @@ using Gpt4 = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpip
 
 struct Run {
   std::filesystem::path dir, out, save_after_first, resume;
+  bool bf16 = false;  ///< --bf16: gpipe::MixedBf16
 };
 
 #ifdef GPIPE_TRAIN_STEPS_MPI
@@ -55,9 +57,9 @@ std::vector<std::int32_t> as_tokens(const gpipe::io::Tensor& tensor) {
   return {tensor.data.begin(), tensor.data.end()};
 }
 
-template <class Model, class Backend>
+template <class Model, class Backend, class Precision = gpipe::Fp32>
 void train(Backend& backend, const Run& run) {
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB> trainer(
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB, Precision> trainer(
       backend, {.micro_batches = micro_batches,
                 .seed = 1,
                 .ties = {{.parameter = "5.weight", .to = "0.wte.weight"}}});
@@ -90,6 +92,10 @@ void train(Backend& backend, const Run& run) {
 
 template <class Backend>
 void train_split(Backend& backend, std::size_t k, const Run& run) {
+  if (run.bf16) {
+    if (k == 2) return train<Gpt2, Backend, gpipe::MixedBf16>(backend, run);
+    throw gpipe::Error("gpipe: pytorch_train_steps: --bf16 runs K = 2 only");
+  }
   if (k == 1) return train<Gpt1>(backend, run);
   if (k == 2) return train<Gpt2>(backend, run);
   if (k == 4) return train<Gpt4>(backend, run);
@@ -105,10 +111,11 @@ int main(int argc, char** argv) try {
     return 2;
   }
   Run run{.dir = argv[1], .out = argv[3], .save_after_first = {}, .resume = {}};
-  for (int i = 4; i + 1 < argc; i += 2) {
+  for (int i = 4; i < argc; ++i) {
     const std::string_view flag = argv[i];
-    if (flag == "--save-after-first") run.save_after_first = argv[i + 1];
-    if (flag == "--resume") run.resume = argv[i + 1];
+    if (flag == "--bf16") run.bf16 = true;
+    if (flag == "--save-after-first" && i + 1 < argc) run.save_after_first = argv[++i];
+    if (flag == "--resume" && i + 1 < argc) run.resume = argv[++i];
   }
   std::filesystem::create_directories(run.out);
   const std::size_t k = std::strtoull(argv[2], nullptr, 10);
