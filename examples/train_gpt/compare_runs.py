@@ -35,7 +35,7 @@ def averaged(losses, window):
     return out
 
 
-def svg(curves, points, labels, path):
+def svg(curves, points, labels, window, path):
     width, height, left, bottom = 720, 420, 60, 40
     steps = max(len(c) for c in curves)
     values = [v for c in curves for v in c] + [v for p in points for _, v in p]
@@ -60,12 +60,14 @@ def svg(curves, points, labels, path):
                  '</text>')
     for i, (curve, pts, label) in enumerate(zip(curves, points, labels)):
         line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in enumerate(curve))
-        parts.append(f'<polyline fill="none" stroke="{colors[i]}" stroke-width="1.5" '
-                     f'points="{line}"/>')
+        style = 'stroke-width="4" stroke-opacity="0.5"' if i == 0 else \
+            'stroke-width="1.5" stroke-dasharray="6 3"'
+        parts.append(f'<polyline fill="none" stroke="{colors[i]}" {style} points="{line}"/>')
         for s, v in pts:
-            parts.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3.5" fill="{colors[i]}"/>')
-        parts.append(f'<text x="{width - 200}" y="{40 + 18 * i}" fill="{colors[i]}">{label}: '
-                     'training (averaged), validation (dots)</text>')
+            parts.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="{5 - 2 * i}" '
+                         f'fill="{colors[i]}"/>')
+        parts.append(f'<text x="{left + 280}" y="{40 + 18 * i}" fill="{colors[i]}">{label}: '
+                     f'training loss (mean of {window} steps), validation (dots)</text>')
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts) + "\n")
@@ -90,7 +92,7 @@ def main():
                        if s >= args.window), default=(0.0, 0))
     worst_validation = max(((abs(a[1] - b[1]) / b[1], a[0]) for a, b in zip(*points)),
                            default=(0.0, 0))
-    svg(curves, points, args.labels.split(","), args.svg)
+    svg(curves, points, args.labels.split(","), args.window, args.svg)
     print(f"largest relative difference: averaged training loss {worst_train[0]:.4f} "
           f"(step {worst_train[1]}), validation loss {worst_validation[0]:.4f} "
           f"(step {worst_validation[1]}); bound {args.bound}")
