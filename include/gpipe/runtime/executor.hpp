@@ -21,6 +21,10 @@
 // issues only the ops of its own devices (all of them, with one process). Memory kinds: what is
 // kept from a forward until a backward (input, stash, the loss gradient) counts as activations;
 // everything else as workspace.
+//
+// Under gpipe::MixedBf16 every slot buffer and message holds bf16, the ops run on the device's
+// bf16 context (Kernels::bf16_context()), and each local stage's parameters are cast to bf16 once
+// per step before its ops (workspace until the step ends) for the GEMMs of all its micro-batches.
 
 #include <algorithm>
 #include <cstddef>
