@@ -452,7 +452,8 @@ void ParameterStore<Backend>::load(const std::filesystem::path& path, const Name
                 shape_string(tensor->shape) + ", the model expects " + shape_string(info.shape));
     source[i] = tensor;
   }
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
     const bool known = std::any_of(infos_.begin(), infos_.end(), [&](const ParameterInfo& info) {
       return names.file_name(info.name) == name;
     });

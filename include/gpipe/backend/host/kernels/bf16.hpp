@@ -55,8 +55,9 @@ inline bool bf16_avx512() {
 }
 
 // to_bf16 on 16 lanes at a time (vpmovdw narrows without saturation); returns how many it did.
-__attribute__((target("avx512f,avx512bw"))) inline std::size_t to_bf16_avx512(
-    std::size_t n, const float* x, std::uint16_t* y) {
+__attribute__((target("avx512f,avx512bw"))) inline std::size_t to_bf16_avx512(std::size_t n,
+                                                                              const float* x,
+                                                                              std::uint16_t* y) {
   typedef std::uint32_t Bits16 __attribute__((vector_size(64)));
   typedef std::uint16_t Half16 __attribute__((vector_size(32)));
   const std::size_t packed = n - n % 16;
