@@ -1,7 +1,7 @@
 // gpipe::MixedBf16 on the host backend: a GPT step's loss and gradients against the same step in
-// Fp32 within a bound derived from bf16's precision; the same bits for every split into stages,
-// every schedule and remat policy; measured peak activations equal predict_memory's and half of
-// Fp32's; inference against Fp32; ReLU/MSE models too.
+// Fp32 within a bound derived from bf16's precision; the same bits for every split into stages
+// and remat policy; measured peak activations equal predict_memory's and half of Fp32's;
+// inference against Fp32; ReLU/MSE models too; checkpoints in Fp32's format.
 //
 // The bound. bf16 keeps 8 significant bits: rounding to nearest has relative error at most
 // u = 2^-8. Every bf16 kernel computes in float from exactly widened inputs and rounds its
@@ -18,12 +18,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
 #include "gpipe/runtime/memory_model.hpp"
 #include "support/models.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -184,4 +186,41 @@ TEST_CASE("MixedBf16: inference and an MLP with MSE against Fp32") {
     CHECK(relative_difference(mlp16.gradient(info.name), mlp32.gradient(info.name)) <=
           (2 * 11 + 5) * u);
   }
+}
+
+TEST_CASE("MixedBf16: checkpoints are Fp32's: resumed bit for bit, and readable by an Fp32 run") {
+  gpipe::test::TempPath root("gpipe_test_bf16_ckpt", "");
+  const std::filesystem::path dir = root.path() / "run";
+  std::filesystem::create_directories(root.path());
+  const Batch b = batch(4, 15);
+  const optim::AdamW adamw({.lr = 1e-3});
+  host::Backend backend(2);
+  using Bf16Trainer = Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend, OneFOneB, MixedBf16>;
+  auto step = [&](auto& trainer) {
+    const float loss = trainer.forward_backward(b.tokens, b.targets);
+    trainer.step(adamw);
+    trainer.zero_grad();
+    return loss;
+  };
+  Bf16Trainer trainer(backend, {.micro_batches = 2, .seed = 1});
+  step(trainer);
+  trainer.save_checkpoint(dir);
+  const float next = step(trainer);  // the run as if never interrupted
+
+  Bf16Trainer resumed(backend, {.micro_batches = 2, .seed = 9});
+  resumed.load_checkpoint(dir);
+  CHECK(step(resumed) == next);
+  for (const ParameterInfo& info : trainer.parameter_info()) {
+    CAPTURE(info.name);
+    CHECK(resumed.parameter(info.name) == trainer.parameter(info.name));
+  }
+  // the same files: an Fp32 trainer reads the bf16 run's checkpoint (master weights and AdamW's
+  // moments are float in both)
+  Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend, OneFOneB, Fp32> fp32(backend,
+                                                                         {.micro_batches = 2});
+  fp32.load_checkpoint(dir);
+  Bf16Trainer reloaded(backend, {.micro_batches = 2, .seed = 5});
+  reloaded.load_checkpoint(dir);
+  for (const ParameterInfo& info : trainer.parameter_info())
+    CHECK(fp32.parameter(info.name) == reloaded.parameter(info.name));
 }
