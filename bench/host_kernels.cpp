@@ -14,7 +14,9 @@
 //                                  gradient) from memory, as in the pipeline.
 //   BM_Gemm/<op>/bf16/...          the same GEMMs on gpipe::MixedBf16's context
 //                                  (host::Kernels<bf16>): bf16 activations, the weight's bf16
-//                                  copy made once (as once per step), float weight gradients
+//                                  copy made once (as once per step), float weight gradients;
+//                                  the label names what ran it (oneDNN's kernel, or "fp32 of
+//                                  the widened bf16" where oneDNN has only its reference one)
 //   BM_Gemm/forward_cast_per_use/bf16/...  the forward with the float weight rounded to bf16 at
 //                                  every call instead: what casting per use would cost
 //   BM_LinearForward/<how>/rows:R  Linear(1024, 1024)'s forward with its bias, GFLOP/s: fused (one
@@ -92,6 +94,12 @@ void BM_Gemm(benchmark::State& state, GemmOp op, bool cast_per_use = false) {
         break;
     }
     benchmark::ClobberMemory();
+  }
+  if constexpr (!std::is_same_v<A, float>) {  // what runs it: oneDNN's kernel, or the fp32 path
+    const bool weight_gradient = op == GemmOp::backward_weight;
+    state.SetLabel(weight_gradient ? k.gemm_implementation(true, false, width, width, rows, true, 1)
+                                   : k.gemm_implementation(false, op == GemmOp::forward, rows,
+                                                           width, width, false));
   }
   const double flops = 2.0 * static_cast<double>(rows * width * width);
   state.counters["GFLOP/s"] =

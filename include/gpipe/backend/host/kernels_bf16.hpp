@@ -46,8 +46,6 @@ class Kernels<bf16> {
   std::size_t device() const { return fp32_.device(); }
   /// The threads this context's kernels split over: 1, or the size of its Team.
   std::size_t threads() const { return fp32_.threads(); }
-  /// The float context on the same device and team, for the master arrays.
-  Kernels<float>& fp32() { return fp32_; }
 
   /// The split in_blocks() makes, as the float context's (Kernels<float>::split).
   BlockSplit split(std::size_t units, std::size_t unit_work) const {
@@ -124,16 +122,18 @@ class Kernels<bf16> {
              x, w16, b, y);
   }
 
-  /// What runs an (m, n, k) GEMM of bf16 operands (oneDNN's kernel name, or the fp32 path).
+  /// What runs gemm(trans_a, trans_b, m, n, k, 1, a, b, beta, c) unsplit, C float or bf16:
+  /// oneDNN's kernel name ("brg:avx512_core_bf16", ...), or the fp32 path.
   std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
-                                  std::size_t k, bool c_is_float) {
+                                  std::size_t k, bool c_is_float, float beta = 0) {
     return gemms_[0].implementation({.trans_a = trans_a,
                                      .trans_b = trans_b,
                                      .m = m,
                                      .n = n,
                                      .k = k,
                                      .ld = dense_strides(trans_a, trans_b, m, n, k),
-                                     .c_is_float = c_is_float});
+                                     .c_is_float = c_is_float,
+                                     .beta = beta});
   }
 
   /// y(rows, cols) += bias(cols) on every row, in float, rounded once.

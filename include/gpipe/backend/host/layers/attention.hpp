@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
