@@ -1,10 +1,10 @@
 // One training step (forward_backward, then an AdamW step) of a GPT-2-shaped model on the CUDA
 // backend: V = 50304, T = 256, D = 768, H = 12, 4 blocks, LM head tied to the token embedding,
 // batch 8 samples (2048 tokens); K in {1, 2, 4} stages on K virtual devices of GPU 0, M in {1, 4}
-// micro-batches, 1F1B. Reported: time per step (host clock around it; every step ends in the
-// backend's synchronize), tokens/s and peak memory. The attention kernels are the untuned
-// per-row ones of gpipe/backend/cuda/layers/attention.cuh; on one GPU K > 1 shows the cost of
-// the pipeline machinery, not a speed-up.
+// micro-batches, 1F1B; in Fp32, and at K = 1, 2 in MixedBf16 (rows /bf16). Reported: time per step
+// (host clock around it; every step ends in the backend's synchronize), tokens/s and peak memory.
+// The attention kernels are the untuned per-row ones of gpipe/backend/cuda/layers/attention.cuh; on
+// one GPU K > 1 shows the cost of the pipeline machinery, not a speed-up.
 //
 //   build/<preset>/bench/bench_cuda_gpt_step --benchmark_min_time=0.05
 //
@@ -38,14 +38,16 @@ using Model2 =
 using Model4 = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
                                gpipe::Stage<Block, Norm, Head>>;
 
-template <class Model>
+template <class Model, class Precision = gpipe::Fp32>
 void BM_gpt_step(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0));
   constexpr std::size_t K = Model::num_stages;
   gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB> trainer(
-      backend,
-      {.micro_batches = M, .seed = 1, .ties = {{.parameter = "6.weight", .to = "0.wte.weight"}}});
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB,
+                 Precision>
+      trainer(backend, {.micro_batches = M,
+                        .seed = 1,
+                        .ties = {{.parameter = "6.weight", .to = "0.wte.weight"}}});
   gpipe::Rng rng(2);
   std::vector<std::int32_t> x(samples * T), y(samples * T);
   for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
@@ -82,6 +84,9 @@ void arguments(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_gpt_step<Model1>)->Name("gpt_step/K:1")->Apply(arguments);
 BENCHMARK(BM_gpt_step<Model2>)->Name("gpt_step/K:2")->Apply(arguments);
 BENCHMARK(BM_gpt_step<Model4>)->Name("gpt_step/K:4")->Apply(arguments);
+// gpipe::MixedBf16: bf16 activations and cuBLAS bf16 GEMMs (tensor cores), fp32 master weights
+BENCHMARK(BM_gpt_step<Model1, gpipe::MixedBf16>)->Name("gpt_step/K:1/bf16")->Apply(arguments);
+BENCHMARK(BM_gpt_step<Model2, gpipe::MixedBf16>)->Name("gpt_step/K:2/bf16")->Apply(arguments);
 
 }  // namespace
 

@@ -357,6 +357,50 @@ void BM_linear_forward_backward(benchmark::State& state) {
     state.counters["x_cublas"] = s / gemms;
   });
 }
+// The same Linear on bf16 activations (gpipe::MixedBf16: cuda::Bf16Kernels, cublasGemmEx with
+// float accumulation), its weights read from their bf16 copy as the executor registers it,
+// against the float Linear on the same shapes (x_fp32 = bf16 time / fp32 time).
+template <std::size_t In, std::size_t Out>
+void BM_linear_forward_backward_bf16(benchmark::State& state) {
+  using L = gpipe::Linear<In, Out>;
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  Tensors t;
+  float* x = t.make(rows * In);
+  float* y = t.make(rows * Out);
+  float* dy = t.make(rows * Out);
+  float* dx = t.make(rows * In);
+  float* params = t.make(L::num_params, -0.03f, 0.03f);
+  float* grads = t.make(L::num_params);
+  auto half = [&](std::size_t n) { return backend().allocate<gpipe::bf16>(0, n); };
+  auto x16 = half(rows * In), y16 = half(rows * Out), dy16 = half(rows * Out),
+       dx16 = half(rows * In), w16 = half(L::num_params);
+  on_device([&](Kernels& k) {
+    gpipe::cuda::Bf16Kernels& k16 = k.bf16_context();
+    k16.convert(rows * In, x, x16.data());
+    k16.convert(rows * Out, dy, dy16.data());
+    k16.convert(L::num_params, params, w16.data());
+    k16.use_weights(params, w16.data(), L::num_params);
+    const double fp32 = gpipe::bench::median_seconds(k.stream(), 10, [&] {
+      L::forward(k, gpipe::ForwardArgs<float>{rows, x, y, params, nullptr});
+      L::backward_input(k,
+                        gpipe::BackwardInputArgs<float>{rows, x, dy, dx, params, nullptr, nullptr});
+      L::backward_weight(
+          k, gpipe::BackwardWeightArgs<float>{rows, x, dy, params, nullptr, nullptr, grads});
+    });
+    const double s = time_launches(state, k.stream(), 3, [&] {
+      L::forward(k16,
+                 gpipe::ForwardArgs<gpipe::bf16>{rows, x16.data(), y16.data(), params, nullptr});
+      L::backward_input(
+          k16, gpipe::BackwardInputArgs<gpipe::bf16>{rows, x16.data(), dy16.data(), dx16.data(),
+                                                     params, nullptr, nullptr});
+      L::backward_weight(k16, gpipe::BackwardWeightArgs<gpipe::bf16>{
+                                  rows, x16.data(), dy16.data(), params, nullptr, nullptr, grads});
+    });
+    k16.use_weights(nullptr, nullptr, 0);
+    report_flops(state, 3 * 2.0 * static_cast<double>(rows) * In * Out, s);
+    state.counters["x_fp32"] = s / fp32;
+  });
+}
 // Registered as BM_linear_forward_backward<In, Out>/rows, one per entry of `rows`.
 template <std::size_t In, std::size_t Out>
 void register_linear(std::vector<std::int64_t> rows) {
@@ -365,6 +409,12 @@ void register_linear(std::vector<std::int64_t> rows) {
   auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_linear_forward_backward<In, Out>);
   for (const std::int64_t r : rows) b->Arg(r);
   b->UseManualTime()->Unit(benchmark::kMillisecond);
+  const std::string bf16_name =
+      "BM_linear_forward_backward_bf16<" + std::to_string(In) + ", " + std::to_string(Out) + ">";
+  auto* h =
+      benchmark::RegisterBenchmark(bf16_name.c_str(), BM_linear_forward_backward_bf16<In, Out>);
+  for (const std::int64_t r : rows) h->Arg(r);
+  h->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 // Widths 4096 and 1024 on a GPU (64 and 32 on the emulator, whose GEMM is a plain loop).
 constexpr std::size_t wide = sized<std::size_t>(4096, 64), narrow = sized<std::size_t>(1024, 32);

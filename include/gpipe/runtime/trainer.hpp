@@ -57,7 +57,7 @@ constexpr bool explain_precision_for() {
   } else if constexpr (!requires(typename Backend::Kernels & k) { k.bf16_context(); }) {
     static_assert(lacks<Backend>,
                   "gpipe: MixedBf16 needs a backend with bf16 kernels (host::Backend, "
-                  "mpi::Backend); this one has none yet");
+                  "mpi::Backend, cuda::Backend, mpi::CudaBackend); this one has none");
     return false;
   } else if constexpr (Model::is_token_model && Model::vocab_size > 65536) {
     static_assert(lacks<Model>,

@@ -1,7 +1,7 @@
 #pragma once
 // The emulated cuBLAS: handles bound to a GPU and a stream, and cublasSgemm and
 // cublasSgemmStridedBatched as a column-major FP32 reference run in stream order (TF32 math
-// rounds the operands first).
+// rounds the operands first); cublasGemmEx for bf16 A and B (float or bf16 C, float compute).
 
 #include <cublas_v2.h>
 
@@ -132,6 +132,75 @@ inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cub
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// An element of an Ex operand: float, or bf16 (its 16 bits, widened exactly).
+inline float element(const void* p, cudaDataType_t type, std::size_t i) {
+  if (type == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(p)[i])
+                             << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+// Stores v as `type`: float, or bf16 rounded to nearest even (NaN kept quiet).
+inline void store(void* p, cudaDataType_t type, std::size_t i, float v) {
+  if (type == CUDA_R_32F) {
+    static_cast<float*>(p)[i] = v;
+    return;
+  }
+  std::uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  const auto bits = (u & 0x7fffffffu) > 0x7f800000u
+                        ? static_cast<std::uint16_t>((u >> 16) | 0x0040u)
+                        : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  static_cast<std::uint16_t*>(p)[i] = bits;
+}
+
+// cublasGemmEx for what the backend calls: A and B bf16 (CUDA_R_16BF), C bf16 or float, float
+// compute and scale types (CUBLAS_COMPUTE_32F); products of the widened values summed in float.
+inline cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                              int m, int n, int k, const void* alpha, const void* a,
+                              cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
+                              int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
+                              cublasComputeType_t compute) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (a_type != CUDA_R_16BF || b_type != CUDA_R_16BF ||
+      (c_type != CUDA_R_16BF && c_type != CUDA_R_32F) || compute != CUBLAS_COMPUTE_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
+      ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (handle->gpu != current_gpu() ||
+      (handle->stream != nullptr && handle->stream->gpu != handle->gpu)) {
+    std::fprintf(stderr, "cublas emulator: handle of GPU %d used with GPU %d current\n",
+                 handle->gpu, current_gpu());
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  run_on(handle->stream, [=, gpu = handle->gpu] {
+    for (const void* p : {a, b, static_cast<const void*>(c)}) {
+      const int owner = gpu_of_memory(p);
+      if (owner < 0) throw std::runtime_error("cublasGemmEx on memory that is not device memory");
+      if (!may_access(gpu, owner))
+        throw std::runtime_error("cublasGemmEx on GPU " + std::to_string(gpu) +
+                                 " with memory of GPU " + std::to_string(owner) +
+                                 ", which it may not access");
+    }
+    const auto ld_a = static_cast<std::size_t>(lda), ld_b = static_cast<std::size_t>(ldb),
+               ld_c = static_cast<std::size_t>(ldc);
+    for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
+      for (std::size_t r = 0; r < static_cast<std::size_t>(m); ++r) {
+        float sum = 0;
+        for (std::size_t p = 0; p < static_cast<std::size_t>(k); ++p)
+          sum += element(a, a_type, trans_a ? p + r * ld_a : r + p * ld_a) *
+                 element(b, b_type, trans_b ? j + p * ld_b : p + j * ld_b);
+        const std::size_t at = r + j * ld_c;
+        store(c, c_type, at, be == 0.0f ? al * sum : al * sum + be * element(c, c_type, at));
+      }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 }  // namespace gpipe::test::cuda_emulation
 
 #ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
@@ -155,6 +224,16 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   return gpipe::test::cuda_emulation::sgemm_batched("cublasSgemmStridedBatched", handle, ta, tb, m,
                                                     n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
                                                     beta, c, ldc, stride_c, batch);
+}
+
+// C(m, n) = alpha op(A) op(B) + beta C, column-major, of the types gemm_ex supports.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                            int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
+                            int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  return gpipe::test::cuda_emulation::gemm_ex(handle, ta, tb, m, n, k, alpha, a, a_type, lda, b,
+                                              b_type, ldb, beta, c, c_type, ldc, compute);
 }
 
 }  // extern "C"

@@ -36,6 +36,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -427,8 +428,10 @@ class Backend {
     for (auto& state : devices_) {
       detail::DeviceState& s = *state;
       if (s.gpu != nullptr) (void)cudaSetDevice(s.gpu->id);  // cuBLAS wants its handle's device
-      if (s.scratch != nullptr && cudaFreeAsync(s.scratch, s.compute) == cudaSuccess)
-        (void)cudaStreamSynchronize(s.compute);
+      bool freed = false;
+      for (float* block : {s.scratch, s.wide, s.cast})
+        if (block != nullptr && cudaFreeAsync(block, s.compute) == cudaSuccess) freed = true;
+      if (freed) (void)cudaStreamSynchronize(s.compute);
       s.staging.release_all();
       if (s.blas != nullptr) (void)cublasDestroy(s.blas);
       if (s.ready != nullptr) (void)cudaEventDestroy(s.ready);

@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -125,9 +126,31 @@ struct DeviceState {
   cudaEvent_t done = nullptr;   // copy stream -> compute
   float* scratch = nullptr;     // kernel scratch (column-sum partials, per-row losses), uncounted
   std::size_t scratch_floats = 0;
+  float* wide = nullptr;  // the bf16 context's widened operands (gpipe::MixedBf16), uncounted
+  std::size_t wide_floats = 0;
+  float* cast = nullptr;  // the bf16 context's GEMM operands rounded to bf16, uncounted
+  std::size_t cast_floats = 0;
   HostStaging staging;
   std::vector<GpuState>* gpus = nullptr;  // all of the backend's GPUs (for cross-GPU receives)
 };
+
+// `block` (of `have` floats, in device `s`'s pool) grown to at least `floats`, in stream order:
+// the old block is freed on the compute stream, so work already enqueued still reads it. The
+// contents are not kept. Null for 0 floats.
+inline float* grow_scratch(DeviceState& s, float*& block, std::size_t& have, std::size_t floats) {
+  if (floats == 0) return nullptr;
+  if (floats > have) {
+    const std::size_t grown = std::max(floats, have + have / 2);
+    if (block != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(block, s.compute));
+    block = nullptr;
+    have = 0;
+    void* p = nullptr;
+    GPIPE_CUDA_CHECK(cudaMallocFromPoolAsync(&p, grown * sizeof(float), s.gpu->pool, s.compute));
+    block = static_cast<float*>(p);
+    have = grown;
+  }
+  return block;
+}
 
 // The physical GPU that holds device memory `p`.
 inline int gpu_of(const void* p) {

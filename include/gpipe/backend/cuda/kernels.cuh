@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "gpipe/backend/cuda/device.cuh"
 #include "gpipe/backend/cuda/error.cuh"
@@ -34,6 +35,7 @@
 namespace gpipe::cuda {
 
 class Backend;
+class Bf16Kernels;
 
 /// The CUDA backend's kernel context for one virtual device: the primitives of
 /// `gpipe::kernel_context`, with the meaning of `gpipe::host::Kernels<float>`'s. Each operation is
@@ -63,20 +65,11 @@ class Kernels {
   /// call (growing it frees the old block in stream order), for the primitives below and for a
   /// layer's own kernels (LayerNorm's weight gradient). Not counted in memory_stats.
   float* scratch(std::size_t floats) {
-    if (floats == 0) return nullptr;
-    if (floats > s_->scratch_floats) {
-      const std::size_t grown = std::max(floats, s_->scratch_floats + s_->scratch_floats / 2);
-      if (s_->scratch != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(s_->scratch, s_->compute));
-      s_->scratch = nullptr;
-      s_->scratch_floats = 0;
-      void* p = nullptr;
-      GPIPE_CUDA_CHECK(
-          cudaMallocFromPoolAsync(&p, grown * sizeof(float), s_->gpu->pool, s_->compute));
-      s_->scratch = static_cast<float*>(p);
-      s_->scratch_floats = grown;
-    }
-    return s_->scratch;
+    return detail::grow_scratch(*s_, s_->scratch, s_->scratch_floats, floats);
   }
+  /// The device's context for bf16 activations (gpipe::MixedBf16): the same device, stream and
+  /// cuBLAS handle, made on first use (gpipe/backend/cuda/kernels_bf16.cuh).
+  Bf16Kernels& bf16_context();
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
@@ -273,7 +266,11 @@ class Kernels {
 #endif
   }
 
+  friend class Bf16Kernels;
   detail::DeviceState* s_;
+  std::shared_ptr<Bf16Kernels> bf16_;  // made by bf16_context(), shared by copies of this context
 };
 
 }  // namespace gpipe::cuda
+
+#include "gpipe/backend/cuda/kernels_bf16.cuh"

@@ -48,12 +48,14 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpipe/backend/cuda/backend.cuh"
 #include "gpipe/backend/mpi/control.hpp"
 #include "gpipe/backend/mpi/ranks.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/mpi.hpp"
 #include "gpipe/transport/nccl_ranks.cuh"
@@ -170,30 +172,40 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     local_.wait(0, event);
   }
 
-  /// On `device` (this rank's), after the work before it: sends src's floats to `peer`'s rank
-  /// (ncclSend), and takes src over until the send completes. `tag` names the message (its parity
-  /// the direction): the peer's receive must have the same one, in the same order (checked by
-  /// agree).
+  /// On `device` (this rank's), after the work before it: sends src's elements (float, or bf16
+  /// under gpipe::MixedBf16: half the bytes) to `peer`'s rank (ncclSend), and takes src over
+  /// until the send completes. `tag` names the message (its parity the direction): the peer's
+  /// receive must have the same one, in the same order (checked by agree).
+  template <class T>
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
-            Buffer<float>& src) {
+            Buffer<T>& src) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "gpipe: mpi::CudaBackend sends float or bf16 messages");
     control_.check_peer(peer, tag);
     local_.submit(control_.local(device), label, [this, peer, tag, &src](Kernels&) {
       Transfer t{.send = true, .peer = peer, .tag = tag, .count = src.size()};
-      t.buffer = std::move(src);
-      t.data = t.buffer.data();
+      t.type = nccl_type<T>();
+      t.bytes = src.size() * sizeof(T);
+      t.data = src.data();
+      t.buffer_of<T>() = std::move(src);
       note_message(sent_hashes_, t);
       group_.push_back(std::move(t));
     });
   }
-  /// On `device`, after the work before it: dst <- `count` floats from `peer`'s rank (ncclRecv),
-  /// into memory allocated here (counted as `kind`).
+  /// On `device`, after the work before it: dst <- `count` elements from `peer`'s rank
+  /// (ncclRecv), into memory allocated here (counted as `kind`).
+  template <class T>
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
-               Buffer<float>& dst, std::size_t count, MemoryKind kind) {
+               Buffer<T>& dst, std::size_t count, MemoryKind kind) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "gpipe: mpi::CudaBackend receives float or bf16 messages");
     control_.check_peer(peer, tag);
     local_.submit(control_.local(device), label,
                   [this, device, peer, tag, &dst, count, kind](Kernels&) {
-                    dst = allocate<float>(device, count, kind);
+                    dst = allocate<T>(device, count, kind);
                     Transfer t{.send = false, .peer = peer, .tag = tag, .count = count};
+                    t.type = nccl_type<T>();
+                    t.bytes = count * sizeof(T);
                     t.data = dst.data();
                     note_message(received_hashes_, t);
                     group_.push_back(std::move(t));
@@ -310,22 +322,40 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
  private:
   friend class detail::MpiRanks<CudaBackend, cuda::Backend>;
 
+  template <class T>
+  static ncclDataType_t nccl_type() {
+    return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
+  }
   struct Transfer {
     bool send = false;
     std::size_t peer = 0, tag = 0, count = 0;
-    float* data = nullptr;
+    ncclDataType_t type = ncclFloat32;
+    std::size_t bytes = 0;
+    void* data = nullptr;
     Buffer<float> buffer = {};  ///< a send's data, kept until its group completes
+    Buffer<bf16> buffer_bf16 = {};
+    template <class T>
+    Buffer<T>& buffer_of() {
+      if constexpr (std::is_same_v<T, float>)
+        return buffer;
+      else
+        return buffer_bf16;
+    }
   };
   struct PendingSends {
     std::vector<Buffer<float>> buffers;
+    std::vector<Buffer<bf16>> buffers_bf16;
     cudaEvent_t done = nullptr;  ///< recorded after the group on the communication stream
     PendingSends() = default;
     PendingSends(PendingSends&& other) noexcept
-        : buffers(std::move(other.buffers)), done(std::exchange(other.done, nullptr)) {}
+        : buffers(std::move(other.buffers)),
+          buffers_bf16(std::move(other.buffers_bf16)),
+          done(std::exchange(other.done, nullptr)) {}
     PendingSends& operator=(PendingSends&& other) noexcept {
       if (this != &other) {
         release();
         buffers = std::move(other.buffers);
+        buffers_bf16 = std::move(other.buffers_bf16);
         done = std::exchange(other.done, nullptr);
       }
       return *this;
@@ -340,6 +370,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
         done = nullptr;
       }
       buffers.clear();
+      buffers_bf16.clear();
     }
   };
 
@@ -466,7 +497,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   static void note_message(std::vector<std::uint64_t>& hashes, const Transfer& t) {
     std::uint64_t& h = hashes[2 * t.peer + (t.tag & 1u)];
     for (const std::uint64_t v :
-         {static_cast<std::uint64_t>(t.tag), static_cast<std::uint64_t>(t.count)})
+         {static_cast<std::uint64_t>(t.tag), static_cast<std::uint64_t>(t.bytes)})
       h = (h ^ v) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
   }
   /// Collective over this replica's ranks: "" when every rank received from each peer exactly
@@ -514,9 +545,9 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     for (const Transfer& t : group) {
       const int peer = static_cast<int>(t.peer);
       ncclComm_t comm = (t.tag & 1u) != 0 ? gradients_nccl_ : activations_nccl_;
-      const ncclResult_t posted =
-          t.send ? ncclSend(t.data, t.count, ncclFloat32, peer, comm, comm_stream_)
-                 : ncclRecv(t.data, t.count, ncclFloat32, peer, comm, comm_stream_);
+      const ncclResult_t posted = t.send
+                                      ? ncclSend(t.data, t.count, t.type, peer, comm, comm_stream_)
+                                      : ncclRecv(t.data, t.count, t.type, peer, comm, comm_stream_);
       if (posted != ncclSuccess) {
         (void)ncclGroupEnd();
         GPIPE_NCCL_CHECK(posted);  // names the send or receive by its line
@@ -530,7 +561,10 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     PendingSends sends;
     sends.done = done;
     for (Transfer& t : group)
-      if (t.send) sends.buffers.push_back(std::move(t.buffer));
+      if (t.send) {
+        if (t.buffer.data() != nullptr) sends.buffers.push_back(std::move(t.buffer));
+        if (t.buffer_bf16.data() != nullptr) sends.buffers_bf16.push_back(std::move(t.buffer_bf16));
+      }
     pending_.push_back(std::move(sends));
     release_completed_sends();
   }

@@ -93,23 +93,24 @@ inline void column_sum(std::size_t chunks, std::size_t cols, const float* partia
 
 /// y(rows, cols) += bias(cols): thread (c, r) adds the pack of bias at column c * V to rows r,
 /// r + gridDim.y * blockDim.y, ...
-template <int V>
+template <int V, class T>
 __global__ void bias_add_forward_kernel(std::size_t rows, std::size_t cols, const float* bias,
-                                        float* y) {
+                                        T* y) {
   const std::size_t c = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
   const detail::Pack<float, V> b = detail::load_pack<V>(bias + c);
   for (std::size_t r = static_cast<std::size_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
        r += static_cast<std::size_t>(gridDim.y) * blockDim.y) {
-    detail::Pack<float, V> v = detail::load_pack<V>(y + r * cols + c);
+    detail::Pack<T, V> v = detail::load_pack<V>(y + r * cols + c);
 #pragma unroll
-    for (int j = 0; j < V; ++j) v.v[j] += b.v[j];
+    for (int j = 0; j < V; ++j) v.v[j] = detail::narrow<T>(detail::widen(v.v[j]) + b.v[j]);
     detail::store_pack<V>(y + r * cols + c, v);
   }
 }
 /// y(rows, cols) += bias(cols), on `stream`: 16-byte packs when cols % 4 == 0 and both pointers
 /// allow them.
-inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bias, float* y,
+template <class T>
+inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bias, T* y,
                              cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const bool vectorized = cols % 4 == 0 && detail::aligned<4>(bias, y);
@@ -121,18 +122,20 @@ inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bi
   const std::size_t row_blocks = (rows + block.y - 1) / block.y;
   const dim3 grid(static_cast<unsigned>((packs + bx - 1) / bx),
                   static_cast<unsigned>(std::min<std::size_t>(row_blocks, 65535)));
+  constexpr auto packed = &bias_add_forward_kernel<4, T>;
+  constexpr auto scalar = &bias_add_forward_kernel<1, T>;
   if (vectorized) {
-    GPIPE_CUDA_LAUNCH(bias_add_forward_kernel<4>, grid, block, stream)(rows, cols, bias, y);
+    GPIPE_CUDA_LAUNCH(packed, grid, block, stream)(rows, cols, bias, y);
   } else {
-    GPIPE_CUDA_LAUNCH(bias_add_forward_kernel<1>, grid, block, stream)(rows, cols, bias, y);
+    GPIPE_CUDA_LAUNCH(scalar, grid, block, stream)(rows, cols, bias, y);
   }
   GPIPE_CUDA_CHECK_LAUNCH("bias_add_forward_kernel");
 }
 
 /// Pass 1 of db(cols) += sum over rows of dy(rows, cols); see the top of this file.
-template <int Unroll>
+template <int Unroll, class T>
 __global__ void bias_grad_backward_kernel(std::size_t rows, std::size_t cols,
-                                          std::size_t rows_per_chunk, const float* dy, float* db,
+                                          std::size_t rows_per_chunk, const T* dy, float* db,
                                           float* partial) {
   __shared__ float buf[detail::column_lanes][detail::column_tile + 1];
   const std::size_t c = static_cast<std::size_t>(blockIdx.x) * detail::column_tile + threadIdx.x;
@@ -145,11 +148,12 @@ __global__ void bias_grad_backward_kernel(std::size_t rows, std::size_t cols,
     for (; r + (Unroll - 1) * detail::column_lanes < end; r += Unroll * detail::column_lanes) {
       float v[Unroll];
 #pragma unroll
-      for (int u = 0; u < Unroll; ++u) v[u] = dy[(r + u * detail::column_lanes) * cols + c];
+      for (int u = 0; u < Unroll; ++u)
+        v[u] = detail::widen(dy[(r + u * detail::column_lanes) * cols + c]);
 #pragma unroll
       for (int u = 0; u < Unroll; ++u) sum += v[u];
     }
-    for (; r < end; r += detail::column_lanes) sum += dy[r * cols + c];
+    for (; r < end; r += detail::column_lanes) sum += detail::widen(dy[r * cols + c]);
   }
   sum = detail::lane_sum(sum, buf);
   if (threadIdx.y == 0 && c < cols) detail::store_column(sum, c, cols, db, partial);
@@ -161,11 +165,13 @@ inline std::size_t bias_grad_scratch(std::size_t rows, std::size_t cols) {
 /// db(cols) += sum over rows of dy(rows, cols), on `stream`, deterministic. `scratch` holds
 /// bias_grad_scratch(rows, cols) floats (null if that is 0) and stays in use until the launches
 /// run.
-inline void bias_grad_backward(std::size_t rows, std::size_t cols, const float* dy, float* db,
+template <class T>
+inline void bias_grad_backward(std::size_t rows, std::size_t cols, const T* dy, float* db,
                                float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
-  GPIPE_CUDA_LAUNCH(bias_grad_backward_kernel<4>, split.grid(cols), split.block(), stream)
+  constexpr auto kernel = &bias_grad_backward_kernel<4, T>;
+  GPIPE_CUDA_LAUNCH(kernel, split.grid(cols), split.block(), stream)
   (rows, cols, split.rows_per_chunk, dy, db, scratch);
   GPIPE_CUDA_CHECK_LAUNCH("bias_grad_backward_kernel");
   if (split.chunks > 1) column_sum(split.chunks, cols, scratch, db, stream);

@@ -16,10 +16,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/model/precision.hpp"
 
 #ifndef GPIPE_CUDA_LAUNCH
 /// `GPIPE_CUDA_LAUNCH(kernel, grid, block, stream)(args...)` is
@@ -68,20 +71,60 @@ __device__ __forceinline__ std::size_t grid_threads() {
   return static_cast<std::size_t>(gridDim.x) * blockDim.x;
 }
 
-// y[i] = f(in_0[i], in_1[i], ...) for i < n, V elements per load. y may alias an input: each
-// pack is read whole before it is written.
-template <int V, class F, class... In>
-__device__ __forceinline__ void map(std::size_t n, F f, float* y, const In*... in) {
+// Storage types of the kernels' arrays: float, and gpipe::bf16 (gpipe::MixedBf16's activations),
+// which every kernel widens to float on load and rounds to nearest even on store, as the host
+// (gpipe/model/precision.hpp: the same bits, NaN kept quiet).
+__host__ __device__ __forceinline__ float float_of_bits(std::uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+__host__ __device__ __forceinline__ std::uint32_t bits_of_float(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+// The float value of a stored element (exact).
+__host__ __device__ __forceinline__ float widen(float v) { return v; }
+__host__ __device__ __forceinline__ float widen(bf16 v) {
+  return float_of_bits(static_cast<std::uint32_t>(v.bits) << 16);
+}
+// A float stored as T: itself, or rounded to the nearest bf16 (ties to even).
+template <class T>
+__host__ __device__ __forceinline__ T narrow(float f) {
+  if constexpr (std::is_same_v<T, float>) {
+    return f;
+  } else {
+    static_assert(std::is_same_v<T, bf16>, "gpipe: CUDA kernels store float or gpipe::bf16");
+    const std::uint32_t u = bits_of_float(f);
+    bf16 r;
+    r.bits = (u & 0x7fffffffu) > 0x7f800000u
+                 ? static_cast<std::uint16_t>((u >> 16) | 0x0040u)
+                 : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return r;
+  }
+}
+
+// y[i] = f(in_0[i], in_1[i], ...) for i < n, V elements per load, f on the inputs widened to
+// float and its result stored as Y (float or bf16). y may alias an input: each pack is read whole
+// before it is written.
+template <int V, class F, class Y, class... In>
+__device__ __forceinline__ void map(std::size_t n, F f, Y* y, const In*... in) {
   const std::size_t packs = n / V;
   for (std::size_t p = global_thread(); p < packs; p += grid_threads()) {
-    Pack<float, V> out;
+    Pack<Y, V> out;
     [&](const auto&... args) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) out.v[j] = f(args.v[j]...);
+      for (int j = 0; j < V; ++j) out.v[j] = narrow<Y>(f(widen(args.v[j])...));
     }(load_pack<V>(in + p * V)...);
     store_pack<V>(y + p * V, out);
   }
-  for (std::size_t i = packs * V + global_thread(); i < n; i += grid_threads()) y[i] = f(in[i]...);
+  for (std::size_t i = packs * V + global_thread(); i < n; i += grid_threads())
+    y[i] = narrow<Y>(f(widen(in[i])...));
 }
 
 // Sum over a warp; every lane gets it.

@@ -39,45 +39,47 @@ void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t s
 }  // namespace detail
 
 /// y(n) = max(x, 0)
-template <int V>
-__global__ void relu_forward_kernel(std::size_t n, const float* x, float* y) {
+template <int V, class T>
+__global__ void relu_forward_kernel(std::size_t n, const T* x, T* y) {
   detail::map<V>(
       n, [](float v) { return v > 0.0f ? v : 0.0f; }, y, x);
 }
 /// y(n) = max(x, 0), on `stream`; y may alias x.
-inline void relu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
-  detail::launch_map<relu_forward_kernel<4>, relu_forward_kernel<1>>(
+template <class T>
+inline void relu_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+  detail::launch_map<relu_forward_kernel<4, T>, relu_forward_kernel<1, T>>(
       "relu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
 /// dx(n) = dy * [x > 0]
-template <int V>
-__global__ void relu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
+template <int V, class T>
+__global__ void relu_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
   detail::map<V>(
       n, [](float xv, float g) { return xv > 0.0f ? g : 0.0f; }, dx, x, dy);
 }
 /// dx(n) = dy where x > 0, else 0, on `stream`.
-inline void relu_backward(std::size_t n, const float* x, const float* dy, float* dx,
-                          cudaStream_t stream) {
-  detail::launch_map<relu_backward_kernel<4>, relu_backward_kernel<1>>(
+template <class T>
+inline void relu_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
+  detail::launch_map<relu_backward_kernel<4, T>, relu_backward_kernel<1, T>>(
       "relu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
 /// y(n) = 0.5 x (1 + erf(x / sqrt 2))   (exact GELU)
-template <int V>
-__global__ void gelu_forward_kernel(std::size_t n, const float* x, float* y) {
+template <int V, class T>
+__global__ void gelu_forward_kernel(std::size_t n, const T* x, T* y) {
   detail::map<V>(
       n, [](float v) { return 0.5f * v * (1.0f + erff(v * detail::inv_sqrt2)); }, y, x);
 }
 /// y(n) = the exact GELU of x(n), on `stream`; y may alias x.
-inline void gelu_forward(std::size_t n, const float* x, float* y, cudaStream_t stream) {
-  detail::launch_map<gelu_forward_kernel<4>, gelu_forward_kernel<1>>(
+template <class T>
+inline void gelu_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+  detail::launch_map<gelu_forward_kernel<4, T>, gelu_forward_kernel<1, T>>(
       "gelu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
 /// dx(n) = dy (Phi(x) + x phi(x))
-template <int V>
-__global__ void gelu_backward_kernel(std::size_t n, const float* x, const float* dy, float* dx) {
+template <int V, class T>
+__global__ void gelu_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
   detail::map<V>(
       n,
       [](float v, float g) {
@@ -88,58 +90,76 @@ __global__ void gelu_backward_kernel(std::size_t n, const float* x, const float*
       dx, x, dy);
 }
 /// dx(n) = dy GELU'(x), on `stream`.
-inline void gelu_backward(std::size_t n, const float* x, const float* dy, float* dx,
-                          cudaStream_t stream) {
-  detail::launch_map<gelu_backward_kernel<4>, gelu_backward_kernel<1>>(
+template <class T>
+inline void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
+  detail::launch_map<gelu_backward_kernel<4, T>, gelu_backward_kernel<1, T>>(
       "gelu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
 /// y(n) = a + b   (y may alias a or b)
-template <int V>
-__global__ void add_kernel(std::size_t n, const float* a, const float* b, float* y) {
+template <int V, class T>
+__global__ void add_kernel(std::size_t n, const T* a, const T* b, T* y) {
   detail::map<V>(
       n, [](float u, float v) { return u + v; }, y, a, b);
 }
 /// y(n) = a + b, on `stream`; y may alias a or b.
-inline void add(std::size_t n, const float* a, const float* b, float* y, cudaStream_t stream) {
-  detail::launch_map<add_kernel<4>, add_kernel<1>>("add_kernel", n, detail::aligned<4>(a, b, y),
-                                                   stream, a, b, y);
+template <class T>
+inline void add(std::size_t n, const T* a, const T* b, T* y, cudaStream_t stream) {
+  detail::launch_map<add_kernel<4, T>, add_kernel<1, T>>(
+      "add_kernel", n, detail::aligned<4>(a, b, y), stream, a, b, y);
 }
 
 /// y(n) += x
-template <int V>
-__global__ void accumulate_kernel(std::size_t n, const float* x, float* y) {
+template <int V, class T>
+__global__ void accumulate_kernel(std::size_t n, const T* x, T* y) {
   detail::map<V>(
       n, [](float u, float v) { return u + v; }, y, y, x);
 }
 /// y(n) += x, on `stream`.
-inline void accumulate(std::size_t n, const float* x, float* y, cudaStream_t stream) {
-  detail::launch_map<accumulate_kernel<4>, accumulate_kernel<1>>(
+template <class T>
+inline void accumulate(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+  detail::launch_map<accumulate_kernel<4, T>, accumulate_kernel<1, T>>(
       "accumulate_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
 /// y(n) = value
-template <int V>
-__global__ void fill_kernel(std::size_t n, float value, float* y) {
+template <int V, class T>
+__global__ void fill_kernel(std::size_t n, float value, T* y) {
   detail::map<V>(
       n, [value] { return value; }, y);
 }
 /// y(n) = value, on `stream`.
-inline void fill(std::size_t n, float value, float* y, cudaStream_t stream) {
-  detail::launch_map<fill_kernel<4>, fill_kernel<1>>("fill_kernel", n, detail::aligned<4>(y),
-                                                     stream, value, y);
+template <class T>
+inline void fill(std::size_t n, float value, T* y, cudaStream_t stream) {
+  detail::launch_map<fill_kernel<4, T>, fill_kernel<1, T>>("fill_kernel", n, detail::aligned<4>(y),
+                                                           stream, value, y);
 }
 
 /// y(n) *= alpha
-template <int V>
-__global__ void scale_kernel(std::size_t n, float alpha, float* y) {
+template <int V, class T>
+__global__ void scale_kernel(std::size_t n, float alpha, T* y) {
   detail::map<V>(
       n, [alpha](float v) { return alpha * v; }, y, y);
 }
 /// y(n) *= alpha, on `stream` (gemm's beta C when k == 0).
-inline void scale(std::size_t n, float alpha, float* y, cudaStream_t stream) {
-  detail::launch_map<scale_kernel<4>, scale_kernel<1>>("scale_kernel", n, detail::aligned<4>(y),
-                                                       stream, alpha, y);
+template <class T>
+inline void scale(std::size_t n, float alpha, T* y, cudaStream_t stream) {
+  detail::launch_map<scale_kernel<4, T>, scale_kernel<1, T>>(
+      "scale_kernel", n, detail::aligned<4>(y), stream, alpha, y);
+}
+
+/// y(n) = x(n) stored as Y: floats rounded to bf16 (nearest, ties to even), bf16 widened to
+/// float (exact)
+template <int V, class X, class Y>
+__global__ void convert_kernel(std::size_t n, const X* x, Y* y) {
+  detail::map<V>(
+      n, [](float v) { return v; }, y, x);
+}
+/// y(n) = x(n) as Y (gpipe::MixedBf16's weight casts and widenings), on `stream`.
+template <class X, class Y>
+inline void convert(std::size_t n, const X* x, Y* y, cudaStream_t stream) {
+  detail::launch_map<convert_kernel<4, X, Y>, convert_kernel<1, X, Y>>(
+      "convert_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
 /// chunk_sums[c] = the sum of squares of x's chunk c in double, in the fixed order of

@@ -18,9 +18,11 @@
 #include <cstddef>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe::cuda {
 
@@ -47,6 +49,37 @@ inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t 
   GPIPE_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ni, mi, ki, &alpha, b, ldb, a,
                                  lda, &beta, c, ni));
+}
+
+/// C(m, n) = alpha op(A) op(B) + beta C with bf16 A and B, C float or bf16, products and sums in
+/// float (cublasGemmEx, CUBLAS_COMPUTE_32F: tensor cores where the GPU has them); shapes and
+/// layout as gemm's.
+template <class C>
+inline void gemm_bf16(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m,
+                      std::size_t n, std::size_t k, float alpha, const bf16* a, const bf16* b,
+                      float beta, C* c, cudaStream_t stream) {
+  static_assert(std::is_same_v<C, float> || std::is_same_v<C, bf16>,
+                "gpipe: gemm_bf16 writes float or bf16");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta C, without reading C when beta == 0
+    if (beta == 0.0f) {
+      fill(m * n, 0.0f, c, stream);
+    } else if (beta != 1.0f) {
+      scale(m * n, beta, c, stream);
+    }
+    return;
+  }
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+    throw Error("gpipe: gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                std::to_string(k) + ") exceeds cuBLAS's 32-bit dimensions");
+  const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const int lda = trans_a ? mi : ki;
+  const int ldb = trans_b ? ki : ni;
+  constexpr cudaDataType_t c_type = std::is_same_v<C, float> ? CUDA_R_32F : CUDA_R_16BF;
+  GPIPE_CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ni, mi, ki, &alpha, b,
+                                  CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c, c_type, ni,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows

@@ -8,6 +8,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
@@ -16,35 +17,80 @@
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer_norm.hpp"
 
+namespace gpipe::cuda {
+
+/// stash(rows, 2) = the bits of stats(r, 1) (rstd): high half, then low half (bf16 LayerNorm).
+__global__ void layer_norm_stash_rstd_kernel(std::size_t rows, const float* stats, bf16* stash) {
+  for (std::size_t r = detail::global_thread(); r < rows; r += detail::grid_threads()) {
+    const std::uint32_t bits = detail::bits_of_float(stats[2 * r + 1]);
+    stash[2 * r].bits = static_cast<std::uint16_t>(bits >> 16);
+    stash[2 * r + 1].bits = static_cast<std::uint16_t>(bits & 0xffffu);
+  }
+}
+
+/// stats(rows, 2) = (mean of x's row in float, rstd from the stash's bits); one warp per row.
+__global__ void layer_norm_stats_from_stash_kernel(std::size_t rows, std::size_t cols,
+                                                   const float* x, const bf16* stash,
+                                                   float* stats) {
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t r = detail::global_thread() / 32; r < rows; r += detail::grid_threads() / 32) {
+    float sum = 0;
+    for (std::size_t c = lane; c < cols; c += 32) sum += x[r * cols + c];
+    sum = detail::warp_sum(sum);
+    if (lane == 0) {
+      stats[2 * r] = sum / static_cast<float>(cols);
+      stats[2 * r + 1] = detail::float_of_bits(static_cast<std::uint32_t>(stash[2 * r].bits) << 16 |
+                                               stash[2 * r + 1].bits);
+    }
+  }
+}
+
+}  // namespace gpipe::cuda
+
+namespace gpipe::cuda::detail {
+
+// ReLU's and GELU's kernels on a CUDA context of either precision (Kernels: float; Bf16Kernels:
+// bf16 activations widened on load, float math, rounded once on store).
+template <class Ctx>
+struct ReluKernels {
+  using T = typename Ctx::value_type;
+  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
+    relu_forward(n, x, y, k.stream());
+  }
+  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    relu_backward(n, x, dy, dx, k.stream());
+  }
+};
+template <class Ctx>
+struct GeluKernels {
+  using T = typename Ctx::value_type;
+  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
+    gelu_forward(n, x, y, k.stream());
+  }
+  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    gelu_backward(n, x, dy, dx, k.stream());
+  }
+};
+
+}  // namespace gpipe::cuda::detail
+
 namespace gpipe {
 
-/// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream.
+/// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream:
+/// forward(k, n, x, y): y = max(x, 0); backward(k, n, x, dy, dx): dx = dy where x > 0, else 0.
 template <>
-struct LayerKernels<ReluOp, cuda::Kernels> {
-  /// y(n) = max(x, 0).
-  static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
-    cuda::relu_forward(n, x, y, k.stream());
-  }
-  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
-  static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
-                       float* dx) {
-    cuda::relu_backward(n, x, dy, dx, k.stream());
-  }
-};
+struct LayerKernels<ReluOp, cuda::Kernels> : cuda::detail::ReluKernels<cuda::Kernels> {};
+/// ReLU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
+template <>
+struct LayerKernels<ReluOp, cuda::Bf16Kernels> : cuda::detail::ReluKernels<cuda::Bf16Kernels> {};
 
-/// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on its stream.
+/// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on its stream:
+/// forward: y = 0.5 x (1 + erf(x / sqrt 2)); backward: dx = dy (Phi(x) + x phi(x)).
 template <>
-struct LayerKernels<GeluOp, cuda::Kernels> {
-  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)).
-  static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
-    cuda::gelu_forward(n, x, y, k.stream());
-  }
-  /// dx(n) = dy (Phi(x) + x phi(x)), Phi and phi the standard normal CDF and density.
-  static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
-                       float* dx) {
-    cuda::gelu_backward(n, x, dy, dx, k.stream());
-  }
-};
+struct LayerKernels<GeluOp, cuda::Kernels> : cuda::detail::GeluKernels<cuda::Kernels> {};
+/// GELU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
+template <>
+struct LayerKernels<GeluOp, cuda::Bf16Kernels> : cuda::detail::GeluKernels<cuda::Bf16Kernels> {};
 
 /// LayerNorm's kernels on the CUDA backend (kernels/layer_norm.cuh) on (rows, cols), on the
 /// context's stream, the weight gradient's partial sums in its scratch; the forward's stats (rows,
@@ -69,6 +115,66 @@ struct LayerKernels<LayerNormOp, cuda::Kernels> {
     cuda::layer_norm_backward_weight(
         rows, cols, x, dy, stats, dgamma, dbeta,
         k.scratch(cuda::layer_norm_backward_weight_scratch(rows, cols)), k.stream());
+  }
+};
+
+/// LayerNorm on bf16 activations (gpipe::MixedBf16): x and dy widened to float into the
+/// context's wide() scratch, the float kernels above run there, the results rounded once. The
+/// statistics stay float: a row's two stash slots hold rstd's 32 bits (high half first, as on
+/// the host), and the backward ops recompute the mean from x (a float sum per row: within a few
+/// float ulps of the forward's, which LayerNorm's gradient bound allows for).
+template <>
+struct LayerKernels<LayerNormOp, cuda::Bf16Kernels> {
+  /// y = (x - mean) rstd gamma + beta per row, rounded to bf16; stats(rows, 2) = rstd's bits.
+  static void forward(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols, double eps,
+                      const bf16* x, const float* gamma, const float* beta, bf16* y, bf16* stats) {
+    if (rows == 0 || cols == 0) return;
+    const std::size_t n = k.padded(rows * cols);
+    float* w = k.wide(2 * n + k.padded(2 * rows));
+    k.convert(rows * cols, x, w);
+    cuda::layer_norm_forward(rows, cols, eps, w, gamma, beta, w + n, w + 2 * n, k.stream());
+    k.convert(rows * cols, w + n, y);
+    GPIPE_CUDA_LAUNCH(cuda::layer_norm_stash_rstd_kernel, cuda::detail::grid_for(rows),
+                      cuda::detail::block_size, k.stream())
+    (rows, w + 2 * n, stats);
+    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_stash_rstd_kernel");
+  }
+  /// dx(rows, cols), overwritten, as the float kernel computes it from the widened x and dy and
+  /// the (mean, rstd) of stats_from_stash, rounded to bf16.
+  static void backward_input(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+                             const bf16* x, const bf16* dy, const float* gamma, const bf16* stats,
+                             bf16* dx) {
+    if (rows == 0 || cols == 0) return;
+    const std::size_t n = k.padded(rows * cols);
+    float* w = k.wide(3 * n + k.padded(2 * rows));
+    widen_with_stats(k, rows, cols, x, stats, w, w + 3 * n);
+    k.convert(rows * cols, dy, w + n);
+    cuda::layer_norm_backward_input(rows, cols, w, w + n, gamma, w + 3 * n, w + 2 * n, k.stream());
+    k.convert(rows * cols, w + 2 * n, dx);
+  }
+  /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy, in float.
+  static void backward_weight(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+                              const bf16* x, const bf16* dy, const bf16* stats, float* dgamma,
+                              float* dbeta) {
+    if (rows == 0 || cols == 0) return;
+    const std::size_t n = k.padded(rows * cols);
+    float* w = k.wide(2 * n + k.padded(2 * rows));
+    widen_with_stats(k, rows, cols, x, stats, w, w + 2 * n);
+    k.convert(rows * cols, dy, w + n);
+    cuda::layer_norm_backward_weight(
+        rows, cols, w, w + n, w + 2 * n, dgamma, dbeta,
+        k.scratch(cuda::layer_norm_backward_weight_scratch(rows, cols)), k.stream());
+  }
+
+ private:
+  // x widened into `wide`, and stats(rows, 2) = (mean recomputed, rstd from the stash).
+  static void widen_with_stats(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+                               const bf16* x, const bf16* stash, float* wide, float* stats) {
+    k.convert(rows * cols, x, wide);
+    GPIPE_CUDA_LAUNCH(cuda::layer_norm_stats_from_stash_kernel, cuda::detail::grid_for(32 * rows),
+                      cuda::detail::block_size, k.stream())
+    (rows, cols, wide, stash, stats);
+    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_stats_from_stash_kernel");
   }
 };
 

@@ -145,4 +145,51 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
   }
 };
 
+/// The causal attention core on bf16 activations (gpipe::MixedBf16): qkv (and in backward the
+/// probabilities and the output gradient) widened to float into the context's wide() scratch, the
+/// float kernels above run there (scores, softmax and both products in float, as the host's bf16
+/// context does), and the results rounded once: the probabilities are stored as bf16 for the
+/// backward; o is P v of the float P.
+template <>
+struct LayerKernels<CausalAttentionOp, cuda::Bf16Kernels> {
+  /// The float kernels the widened operands run through.
+  using Fp32 = LayerKernels<CausalAttentionOp, cuda::Kernels>;
+
+  /// As the float forward: probs (samples T, H T) and o (samples T, H d), both rounded to bf16.
+  static void forward(cuda::Bf16Kernels& k, std::size_t samples, std::size_t tokens,
+                      std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
+    if (samples == 0) return;
+    const std::size_t rows = samples * tokens, D = heads * d;
+    const std::size_t nq = k.padded(rows * 3 * D), np = k.padded(rows * heads * tokens);
+    float* q = k.wide(nq + np + k.padded(rows * D));
+    float* p = q + nq;
+    float* out = p + np;
+    k.convert(rows * 3 * D, qkv, q);
+    Fp32::forward(k.fp32(), samples, tokens, heads, d, q, p, out);
+    k.convert(rows * heads * tokens, p, probs);
+    k.convert(rows * D, out, o);
+  }
+
+  /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
+  /// is not used: the float (samples T, T) scratch is part of wide().
+  static void backward(cuda::Bf16Kernels& k, std::size_t samples, std::size_t tokens,
+                       std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
+                       const bf16* dout, bf16* dqkv, bf16*) {
+    if (samples == 0) return;
+    const std::size_t rows = samples * tokens, D = heads * d;
+    const std::size_t nq = k.padded(rows * 3 * D), np = k.padded(rows * heads * tokens),
+                      nd = k.padded(rows * D);
+    float* q = k.wide(2 * nq + np + nd + k.padded(rows * tokens));
+    float* p = q + nq;
+    float* g = p + np;
+    float* dq = g + nd;
+    float* scratch = dq + nq;
+    k.convert(rows * 3 * D, qkv, q);
+    k.convert(rows * heads * tokens, probs, p);
+    k.convert(rows * D, dout, g);
+    Fp32::backward(k.fp32(), samples, tokens, heads, d, q, p, g, dq, scratch);
+    k.convert(rows * 3 * D, dq, dqkv);
+  }
+};
+
 }  // namespace gpipe

@@ -20,30 +20,62 @@
 
 namespace gpipe::cuda {
 
-/// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :); ids are floats holding whole numbers
+namespace detail {
+// A row's token id: held as a float with a whole value, or (bf16 activations) in the 16 bits.
+__device__ __forceinline__ std::size_t token_id(float id) {
+  return static_cast<std::size_t>(lrintf(id));
+}
+__device__ __forceinline__ std::size_t token_id(bf16 id) { return id.bits; }
+}  // namespace detail
+
+/// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), summed in float and stored as T; ids are
+/// floats holding whole numbers, or for bf16 activations the 16 bits of each bf16
+template <class T>
 __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, std::size_t width,
-                                         const float* ids, const float* wte, const float* wpe,
-                                         float* y) {
+                                         const T* ids, const float* wte, const float* wpe, T* y) {
   for (std::size_t i = detail::global_thread(); i < rows * width; i += detail::grid_threads()) {
     const std::size_t r = i / width, c = i % width;
-    const auto id = static_cast<std::size_t>(lrintf(ids[r]));
-    y[i] = wte[id * width + c] + wpe[(r % tokens) * width + c];
+    const std::size_t id = detail::token_id(ids[r]);
+    y[i] = detail::narrow<T>(wte[id * width + c] + wpe[(r % tokens) * width + c]);
   }
 }
 
-/// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c): thread c, rows in order
+/// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c) in float: thread c, rows in order
+template <class T>
 __global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t tokens,
-                                                 std::size_t width, const float* ids,
-                                                 const float* dy, float* dwte, float* dwpe) {
+                                                 std::size_t width, const T* ids, const T* dy,
+                                                 float* dwte, float* dwpe) {
   for (std::size_t c = detail::global_thread(); c < width; c += detail::grid_threads()) {
     for (std::size_t r = 0; r < rows; ++r) {
-      const auto id = static_cast<std::size_t>(lrintf(ids[r]));
-      const float g = dy[r * width + c];
+      const std::size_t id = detail::token_id(ids[r]);
+      const float g = detail::widen(dy[r * width + c]);
       dwte[id * width + c] += g;
       dwpe[(r % tokens) * width + c] += g;
     }
   }
 }
+
+namespace detail {
+// Embedding's kernels on a CUDA context of either precision.
+template <class Ctx>
+struct EmbeddingKernels {
+  using T = typename Ctx::value_type;
+  static void forward(Ctx& k, std::size_t rows, std::size_t tokens, std::size_t width, const T* ids,
+                      const float* wte, const float* wpe, T* y) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(embedding_forward_kernel<T>, grid_for(rows * width), block_size, k.stream())
+    (rows, tokens, width, ids, wte, wpe, y);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
+  }
+  static void backward_weight(Ctx& k, std::size_t rows, std::size_t tokens, std::size_t width,
+                              const T* ids, const T* dy, float* dwte, float* dwpe) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(embedding_backward_weight_kernel<T>, grid_for(width, 128), 128, k.stream())
+    (rows, tokens, width, ids, dy, dwte, dwpe);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
+  }
+};
+}  // namespace detail
 
 }  // namespace gpipe::cuda
 
@@ -52,29 +84,17 @@ namespace gpipe {
 /// Embedding's kernels on the CUDA backend: a gather for forward, and for the weight gradient one
 /// thread per column that adds the rows in order, deterministic and in the host's order. There is
 /// no input gradient: the ids are constant.
+/// forward(k, rows, tokens, width, ids, wte, wpe, y): y(rows, width) = wte(id_r, :) + wpe(r %
+/// tokens, :), overwritten; ids (rows) are token ids held as floats, which the Trainer has checked
+/// against the vocabulary (not checked again here). backward_weight(k, rows, tokens, width, ids,
+/// dy, dwte, dwpe): dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at
+/// row r % tokens, for every row r of dy(rows, width), in order of r.
 template <>
-struct LayerKernels<EmbeddingOp, cuda::Kernels> {
-  /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), overwritten; ids (rows) are token ids held
-  /// as floats, which the Trainer has checked against the vocabulary (not checked again here).
-  static void forward(cuda::Kernels& k, std::size_t rows, std::size_t tokens, std::size_t width,
-                      const float* ids, const float* wte, const float* wpe, float* y) {
-    if (rows == 0) return;
-    GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel, cuda::detail::grid_for(rows * width),
-                      cuda::detail::block_size, k.stream())
-    (rows, tokens, width, ids, wte, wpe, y);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
-  }
-  /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row r % tokens,
-  /// for every row r of dy(rows, width), in order of r.
-  static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t tokens,
-                              std::size_t width, const float* ids, const float* dy, float* dwte,
-                              float* dwpe) {
-    if (rows == 0) return;
-    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_weight_kernel, cuda::detail::grid_for(width, 128),
-                      128, k.stream())
-    (rows, tokens, width, ids, dy, dwte, dwpe);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
-  }
-};
+struct LayerKernels<EmbeddingOp, cuda::Kernels> : cuda::detail::EmbeddingKernels<cuda::Kernels> {};
+/// Embedding on bf16 activations (gpipe::MixedBf16): ids in the 16 bits of each bf16 (the
+/// executor stores them so), wte + wpe summed in float and rounded once, dy widened to float.
+template <>
+struct LayerKernels<EmbeddingOp, cuda::Bf16Kernels>
+    : cuda::detail::EmbeddingKernels<cuda::Bf16Kernels> {};
 
 }  // namespace gpipe

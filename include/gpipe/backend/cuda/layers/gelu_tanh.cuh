@@ -23,8 +23,8 @@ inline constexpr float sqrt_2_over_pi = 0.79788456080286535588f;
 }  // namespace detail
 
 /// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-template <int V>
-__global__ void gelu_tanh_forward_kernel(std::size_t n, const float* x, float* y) {
+template <int V, class T>
+__global__ void gelu_tanh_forward_kernel(std::size_t n, const T* x, T* y) {
   detail::map<V>(
       n,
       [](float v) {
@@ -35,9 +35,8 @@ __global__ void gelu_tanh_forward_kernel(std::size_t n, const float* x, float* y
 }
 
 /// dx(n) = dy (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2))
-template <int V>
-__global__ void gelu_tanh_backward_kernel(std::size_t n, const float* x, const float* dy,
-                                          float* dx) {
+template <int V, class T>
+__global__ void gelu_tanh_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
   detail::map<V>(
       n,
       [](float v, float g) {
@@ -48,25 +47,47 @@ __global__ void gelu_tanh_backward_kernel(std::size_t n, const float* x, const f
       dx, x, dy);
 }
 
+/// y(n) = GELUTanh(x), float or bf16 (computed in float), on `stream`; y may alias x.
+template <class T>
+inline void gelu_tanh_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+  detail::launch_map<gelu_tanh_forward_kernel<4, T>, gelu_tanh_forward_kernel<1, T>>(
+      "gelu_tanh_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+}
+/// dx(n) = dy GELUTanh'(x), on `stream`.
+template <class T>
+inline void gelu_tanh_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
+  detail::launch_map<gelu_tanh_backward_kernel<4, T>, gelu_tanh_backward_kernel<1, T>>(
+      "gelu_tanh_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
+}
+
+namespace detail {
+// GELUTanh's kernels on a CUDA context of either precision (Kernels: float; Bf16Kernels: bf16
+// activations, float math).
+template <class Ctx>
+struct GeluTanhKernels {
+  using T = typename Ctx::value_type;
+  // y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may alias x.
+  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
+    gelu_tanh_forward(n, x, y, k.stream());
+  }
+  // dx(n) = dy GELUTanh'(x), x the forward's input.
+  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    gelu_tanh_backward(n, x, dy, dx, k.stream());
+  }
+};
+}  // namespace detail
+
 }  // namespace gpipe::cuda
 
 namespace gpipe {
 
-/// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread.
+/// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread:
+/// forward(k, n, x, y) and backward(k, n, x, dy, dx).
 template <>
-struct LayerKernels<GeluTanhOp, cuda::Kernels> {
-  /// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may alias x.
-  static void forward(cuda::Kernels& k, std::size_t n, const float* x, float* y) {
-    cuda::detail::launch_map<cuda::gelu_tanh_forward_kernel<4>, cuda::gelu_tanh_forward_kernel<1>>(
-        "gelu_tanh_forward_kernel", n, cuda::detail::aligned<4>(x, y), k.stream(), x, y);
-  }
-  /// dx(n) = dy GELUTanh'(x), x the forward's input.
-  static void backward(cuda::Kernels& k, std::size_t n, const float* x, const float* dy,
-                       float* dx) {
-    cuda::detail::launch_map<cuda::gelu_tanh_backward_kernel<4>,
-                             cuda::gelu_tanh_backward_kernel<1>>(
-        "gelu_tanh_backward_kernel", n, cuda::detail::aligned<4>(x, dy, dx), k.stream(), x, dy, dx);
-  }
-};
+struct LayerKernels<GeluTanhOp, cuda::Kernels> : cuda::detail::GeluTanhKernels<cuda::Kernels> {};
+/// The same on bf16 activations (gpipe::MixedBf16): widened on load, rounded once on store.
+template <>
+struct LayerKernels<GeluTanhOp, cuda::Bf16Kernels>
+    : cuda::detail::GeluTanhKernels<cuda::Bf16Kernels> {};
 
 }  // namespace gpipe

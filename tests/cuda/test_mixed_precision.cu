@@ -1,0 +1,291 @@
+// gpipe::MixedBf16 on the CUDA backend (cuda::Bf16Kernels): the conversions' bits against the
+// host's definition; the bf16 GEMM (cublasGemmEx) against double within the derived bound; a GPT
+// step's loss and gradients against the same step in Fp32 within bf16's bound (the derivation
+// is tests/runtime/test_mixed_precision.cpp's), and against the host backend's MixedBf16 step;
+// remat's recomputation gives the same bits; peak activations equal predict_memory's and half of
+// Fp32's; inference and an MLP with MSE against Fp32. tests/backend/cuda/
+// test_mixed_precision_emulated.cpp runs this file on the CPU emulator.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpipe/cuda.cuh"
+#include "gpipe/gpipe.hpp"  // the host backend
+#include "support/cuda_factory.cuh"
+#include "support/models.hpp"
+
+namespace {
+
+using namespace gpipe;
+
+constexpr double u = 1.0 / 256, e = 1.0 / (1 << 24);
+constexpr std::size_t V = 11, T = 4, D = 16, H = 2;
+using Emb = Embedding<V, T, D>;
+using Block = TransformerBlock<D, H>;
+using Head = Linear<D, V, false>;
+using Gpt1 = Pipeline<Stage<Emb, Block, Block, LayerNorm<D>, Head>>;
+using Gpt2 = Pipeline<Stage<Emb, Block>, Stage<Block, LayerNorm<D>, Head>>;
+// Leaf ops and weight GEMMs of the GPT (as in tests/runtime/test_mixed_precision.cpp).
+constexpr std::size_t n_ops = 1 + 2 * 10 + 2, n_gemm = 2 * 4 + 1;
+
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+};
+Batch batch(std::size_t samples, std::uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  for (std::size_t i = 0; i < samples * T; ++i) {
+    b.tokens.push_back(static_cast<std::int32_t>(rng.next_u64() % V));
+    b.targets.push_back(static_cast<std::int32_t>(rng.next_u64() % V));
+  }
+  return b;
+}
+
+double relative_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct StepResult {
+  float loss = 0;
+  std::vector<std::vector<float>> gradients;
+  std::vector<std::string> names;
+};
+template <class Model, class Backend, class Precision>
+StepResult run_step(const Batch& b, std::size_t m, Remat remat = Remat::never) {
+  Backend backend(Model::num_stages);
+  Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB, Precision> trainer(
+      backend, {.micro_batches = m, .remat = remat, .seed = 3});
+  StepResult out;
+  out.loss = trainer.forward_backward(b.tokens, b.targets);
+  for (const ParameterInfo& info : trainer.parameter_info()) {
+    out.names.push_back(info.name);
+    out.gradients.push_back(trainer.gradient(info.name));
+  }
+  return out;
+}
+
+// Device memory of `n` T on virtual device 0 of `backend`, filled from / read back to the host.
+template <class T>
+cuda::Buffer<T> put(cuda::Backend& backend, const std::vector<T>& host) {
+  auto buffer = backend.allocate<T>(0, host.size());
+  backend.submit(0, {"upload"},
+                 [&](cuda::Kernels& k) { k.upload(host.size(), host.data(), buffer.data()); });
+  backend.synchronize();
+  return buffer;
+}
+template <class T>
+std::vector<T> get(cuda::Backend& backend, const cuda::Buffer<T>& buffer) {
+  std::vector<T> host(buffer.size());
+  backend.submit(0, {"download"},
+                 [&](cuda::Kernels& k) { k.download(host.size(), buffer.data(), host.data()); });
+  backend.synchronize();
+  return host;
+}
+
+}  // namespace
+
+TEST_CASE("Bf16Kernels: conversions round as gpipe::bf16 does, widen exactly") {
+  std::vector<float> x;
+  for (std::uint32_t bits :
+       {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x00008000u,
+        0x00018000u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+        0x7f800001u, 0xff800001u, 0x7f80ffffu, 0x00000001u})
+    x.push_back(std::bit_cast<float>(bits));
+  Rng rng(1);
+  for (int i = 0; i < 1000; ++i)
+    x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng.next_u64())));
+  cuda::Backend backend(1);
+  auto dx = put(backend, x);
+  auto d16 = backend.allocate<bf16>(0, x.size());
+  auto back = backend.allocate<float>(0, x.size());
+  backend.submit(0, {"convert"}, [&](cuda::Kernels& k) {
+    k.bf16_context().convert(x.size(), dx.data(), d16.data());
+    k.bf16_context().convert(x.size(), d16.data(), back.data());
+  });
+  backend.synchronize();
+  const std::vector<bf16> got = get(backend, d16);
+  const std::vector<float> wide = get(backend, back);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CAPTURE(std::bit_cast<std::uint32_t>(x[i]));
+    CHECK(got[i].bits == bf16(x[i]).bits);
+    CHECK(std::bit_cast<std::uint32_t>(wide[i]) == static_cast<std::uint32_t>(got[i].bits) << 16);
+  }
+}
+
+TEST_CASE("Bf16Kernels: GEMMs of bf16 operands accumulate in float, within the derived bound") {
+  // op(A) (m, k) op(B) (k, n), bf16 values; B also as float weights (rounded at use: u
+  // relative), registered (read from their bf16 copy) or not. The result in float has
+  // |error| <= (k + 1) e S (S the sum of the products' magnitudes; alpha and beta are powers of
+  // two); stored as bf16 it adds u |C|.
+  constexpr std::size_t m = 13, n = 9, k = 37;
+  Rng rng(2);
+  auto values = [&](std::size_t count) {
+    std::vector<bf16> v;
+    for (std::size_t i = 0; i < count; ++i) v.push_back(bf16(rng.uniform(-2.0f, 2.0f)));
+    return v;
+  };
+  const std::vector<bf16> a = values(m * k);
+  const std::vector<bf16> b = values(k * n);
+  std::vector<float> bw;  // B as float weights with low bits set (so rounding matters)
+  for (const bf16& v : b) bw.push_back(float(v) * (1.0f + 1.0f / 512));
+  std::vector<bf16> bw16;
+  for (float w : bw) bw16.push_back(bf16(w));
+  const std::vector<float> c0(m * n, 0.75f);
+  cuda::Backend backend(1);
+  auto da = put(backend, a);
+  auto db = put(backend, b);
+  auto dbw = put(backend, bw);
+  auto dbw16 = put(backend, bw16);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int kind = 0; kind < 3; ++kind) {  // B: bf16, float weights, registered weights
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(kind);
+        // the operands in the transposed layouts (op(A) = A^T reads A as (k, m))
+        std::vector<double> ad(m * k), bd(k * n);
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t p = 0; p < k; ++p) ad[i * k + p] = float(a[ta ? p * m + i : i * k + p]);
+        const std::vector<bf16>& b_used = kind == 0 ? b : bw16;
+        for (std::size_t p = 0; p < k; ++p)
+          for (std::size_t j = 0; j < n; ++j)
+            bd[p * n + j] = float(b_used[tb ? j * k + p : p * n + j]);
+        auto c_float = put(backend, c0);
+        std::vector<bf16> c16_host(m * n, bf16(0.75f));
+        auto c16 = put(backend, c16_host);
+        backend.submit(0, {"gemm"}, [&](cuda::Kernels& fp32) {
+          cuda::Bf16Kernels& k16 = fp32.bf16_context();
+          if (kind == 2) k16.use_weights(dbw.data(), dbw16.data(), bw.size());
+          if (kind == 0) {
+            k16.gemm(ta, tb, m, n, k, 0.5f, da.data(), db.data(), 2.0f, c_float.data());
+            k16.gemm(ta, tb, m, n, k, 0.5f, da.data(), db.data(), 0.0f, c16.data());
+          } else {
+            k16.gemm(ta, tb, m, n, k, 0.5f, da.data(), dbw.data(), 2.0f, c_float.data());
+            k16.gemm(ta, tb, m, n, k, 0.5f, da.data(), dbw.data(), 0.0f, c16.data());
+          }
+          k16.use_weights(nullptr, nullptr, 0);
+        });
+        backend.synchronize();
+        const std::vector<float> got = get(backend, c_float);
+        const std::vector<bf16> got16 = get(backend, c16);
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            double ref = 0, mag = 0;
+            for (std::size_t p = 0; p < k; ++p) {
+              ref += ad[i * k + p] * bd[p * n + j];
+              mag += std::abs(ad[i * k + p] * bd[p * n + j]);
+            }
+            const double want = 0.5 * ref + 2.0 * 0.75, want16 = 0.5 * ref;
+            CHECK(std::abs(got[i * n + j] - want) <= (k + 2) * e * (0.5 * mag + 1.5));
+            CHECK(std::abs(float(got16[i * n + j]) - want16) <=
+                  u * std::abs(want16) + (1 + u) * (k + 1) * e * 0.5 * mag);
+          }
+      }
+}
+
+TEST_CASE("MixedBf16 on CUDA: a GPT step's loss and gradients are Fp32's within bf16's bound") {
+  const Batch b = batch(3, 11);
+  const StepResult fp32 = run_step<Gpt2, cuda::Backend, Fp32>(b, 3);
+  const StepResult bf16 = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3);
+  const StepResult host16 = run_step<Gpt2, host::Backend, MixedBf16>(b, 3);
+  CHECK(std::abs(bf16.loss - fp32.loss) <= (n_ops + n_gemm) * u * std::abs(fp32.loss));
+  CHECK(std::abs(bf16.loss - host16.loss) <= (n_ops + n_gemm) * u * std::abs(fp32.loss));
+  double worst = 0, worst_host = 0;
+  REQUIRE(bf16.names == fp32.names);
+  for (std::size_t i = 0; i < fp32.names.size(); ++i) {
+    CAPTURE(fp32.names[i]);
+    const double diff = relative_difference(bf16.gradients[i], fp32.gradients[i]);
+    const double diff_host = relative_difference(bf16.gradients[i], host16.gradients[i]);
+    CHECK(diff <= (2 * n_ops + n_gemm) * u);
+    CHECK(diff > 0);  // bf16 really rounds: the step is not fp32's
+    CHECK(diff_host <= (2 * n_ops + n_gemm) * u);
+    worst = std::max(worst, diff);
+    worst_host = std::max(worst_host, diff_host);
+  }
+  MESSAGE("loss fp32 " << fp32.loss << ", bf16 " << bf16.loss << ", host bf16 " << host16.loss
+                       << "; worst gradient difference from fp32 " << worst << ", from the host's "
+                       << "bf16 " << worst_host << " (bound " << (2 * n_ops + n_gemm) * u << ")");
+}
+
+TEST_CASE("MixedBf16 on CUDA: remat recomputes the same bits; one stage or two, within bound") {
+  const Batch b = batch(3, 12);
+  const StepResult never = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3);
+  const StepResult always = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3, Remat::always);
+  CHECK(always.loss == never.loss);
+  REQUIRE(always.names == never.names);
+  for (std::size_t i = 0; i < never.names.size(); ++i) {
+    CAPTURE(never.names[i]);
+    CHECK(always.gradients[i] == never.gradients[i]);
+  }
+  const StepResult one = run_step<Gpt1, cuda::Backend, MixedBf16>(b, 3);
+  CHECK(std::abs(one.loss - never.loss) <= (n_ops + n_gemm) * u * std::abs(never.loss));
+  for (std::size_t i = 0; i < never.names.size(); ++i)
+    CHECK(relative_difference(one.gradients[i], never.gradients[i]) <= (2 * n_ops + n_gemm) * u);
+}
+
+TEST_CASE("MixedBf16 on CUDA: peak activations are predict_memory's and half of Fp32's") {
+  const Batch b = batch(4, 13);
+  for (Remat remat : {Remat::never, Remat::always}) {
+    CAPTURE(to_string(remat));
+    std::size_t peaks[2][2] = {};
+    auto measure = [&]<class Precision>(int which) {
+      cuda::Backend backend(2);
+      Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, OneFOneB, Precision> trainer(
+          backend, {.micro_batches = 2, .remat = remat});
+      const auto predicted =
+          predict_memory<Gpt2, Precision>(trainer.schedule(), b.tokens.size(), remat);
+      backend.reset_peak();
+      trainer.forward_backward(b.tokens, b.targets);
+      for (std::size_t d = 0; d < 2; ++d) {
+        CAPTURE(d);
+        const MemoryStats stats = backend.memory_stats(d);
+        CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+        CHECK(stats.current_of(MemoryKind::parameters) == predicted[d].parameters);
+        CHECK(stats.peak <= predicted[d].total_bound());
+        peaks[which][d] = stats.peak_of(MemoryKind::activations);
+      }
+    };
+    measure.operator()<Fp32>(0);
+    measure.operator()<MixedBf16>(1);
+    for (std::size_t d = 0; d < 2; ++d) CHECK(2 * peaks[1][d] == peaks[0][d]);
+  }
+}
+
+TEST_CASE("MixedBf16 on CUDA: inference and an MLP with MSE against Fp32") {
+  const Batch b = batch(3, 14);
+  cuda::Backend backend(2);
+  Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, GPipe, Fp32> fp32(backend,
+                                                                      {.micro_batches = 3});
+  Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, GPipe, MixedBf16> bf16(backend,
+                                                                           {.micro_batches = 3});
+  CHECK(relative_difference(bf16.predict(b.tokens), fp32.predict(b.tokens)) <=
+        (n_ops + n_gemm) * u);
+
+  // Model2 of the tests' models: Linear, ReLU, GELU, LayerNorm, a residual, MSE (the bound's
+  // count as in tests/runtime/test_mixed_precision.cpp)
+  using Mlp = gpipe::test::Model2;
+  const std::vector<float> x = gpipe::test::random_inputs(6, Mlp::in_features, 1);
+  const std::vector<float> y = gpipe::test::random_inputs(6, Mlp::out_features, 2);
+  Trainer<Mlp, MSELoss, cuda::Backend, OneFOneB, Fp32> mlp32(backend, {.micro_batches = 3});
+  Trainer<Mlp, MSELoss, cuda::Backend, OneFOneB, MixedBf16> mlp16(backend, {.micro_batches = 3});
+  const float l32 = mlp32.forward_backward(x, y), l16 = mlp16.forward_backward(x, y);
+  CHECK(std::abs(l16 - l32) <= (11 + 5) * u * std::abs(l32));
+  CHECK(l16 != l32);
+  for (const ParameterInfo& info : mlp32.parameter_info()) {
+    CAPTURE(info.name);
+    CHECK(relative_difference(mlp16.gradient(info.name), mlp32.gradient(info.name)) <=
+          (2 * 11 + 5) * u);
+  }
+}
