@@ -17,6 +17,7 @@
 #error "gpipe/backend/cuda/kernels_bf16.cuh is CUDA code: compile it with nvcc"
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -158,17 +159,31 @@ class Bf16Kernels {
     fp32_.download(n, w, host_dst);
   }
 
-  /// The float context's softmax_cross_entropy on the logits widened to float: loss_sum[0]
-  /// (float, device memory) = the summed loss, dlogits rounded to bf16.
+  /// The float context's softmax_cross_entropy on the logits widened to float, in blocks of
+  /// rows of at most ce_block_elements logits (a GPT-2 head's 2048 x 50304 logits would need
+  /// 800 MB of float scratch at once): loss_sum[0] (float, device memory) = the sum of the
+  /// blocks' summed losses, dlogits rounded to bf16.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const bf16* logits,
                              const std::int32_t* targets, float grad_scale, bf16* dlogits,
                              float* loss_sum) {
-    const std::size_t n = rows * classes;
-    float* w = wide(2 * padded(n));
-    convert(n, logits, w);
-    fp32_.softmax_cross_entropy(rows, classes, w, targets, grad_scale, w + padded(n), loss_sum);
-    convert(n, w + padded(n), dlogits);
+    if (rows == 0 || classes == 0) return fill(1, 0.0f, loss_sum);
+    const std::size_t block_rows = std::max<std::size_t>(1, ce_block_elements / classes);
+    const std::size_t blocks = (rows + block_rows - 1) / block_rows;
+    const std::size_t n = padded(std::min(rows, block_rows) * classes);
+    float* w = wide(2 * n + blocks);
+    float* block_losses = w + 2 * n;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::size_t first = b * block_rows, count = std::min(block_rows, rows - first);
+      convert(count * classes, logits + first * classes, w);
+      fp32_.softmax_cross_entropy(count, classes, w, targets + first, grad_scale, w + n,
+                                  block_losses + b);
+      convert(count * classes, w + n, dlogits + first * classes);
+    }
+    cuda::sum(blocks, block_losses, loss_sum, s_->compute);
   }
+  /// Logits per block of softmax_cross_entropy's widening: 64 MB of floats per operand by
+  /// default (a block holds at least one row).
+  std::size_t ce_block_elements = std::size_t{16} << 20;
   /// loss_sum[0] = sum (y - target)^2 (float), dy = grad_scale 2 (y - target) rounded to bf16.
   void mse(std::size_t n, const bf16* y, const float* target, float grad_scale, bf16* dy,
            float* loss_sum) {
