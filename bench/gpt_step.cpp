@@ -7,7 +7,12 @@
 //   splits  K = 1: everything on one device. The LM head (D x V) is over half of the step's
 //           FLOPs and cannot be split as a whole layer, so the balanced cut is before it:
 //           K = 2: [embedding, 4 blocks] [LayerNorm, head]; K = 4: [embedding, block]
-//           [2 blocks] [block] [LayerNorm, head] (four device threads on this machine's 2 cores)
+//           [2 blocks] [block] [LayerNorm, head] (four device threads on this machine's 2 cores).
+//           Rows BM_GptStep<1F1B,cut:...> compare cuts at K = 2 and 4: `balanced` is
+//           gpipe::balanced_pipeline_t's (K = 2: [embedding, 4 blocks, LayerNorm] [head]; K = 4:
+//           [embedding, block] [2 blocks] [block, LayerNorm] [head]), `even` what counting layers
+//           gives (K = 2: [embedding, 2 blocks] [2 blocks, LayerNorm, head]; K = 4: [embedding,
+//           block] [block] [block] [block, LayerNorm, head])
 //   threads K = 1, threads:2: the one device with its large kernels split over two threads, its
 //           worker and one helper (host::BackendOptions::threads_per_device)
 // precision: rows named BM_GptStep<1F1B,bf16> train in gpipe::MixedBf16 (bf16 activations and GEMM
@@ -49,12 +54,33 @@ struct GptFor<4> {
                                gpipe::Stage<Block>, gpipe::Stage<Norm, Head>>;
 };
 
+// The cuts the cut:balanced and cut:even rows compare (see the top of this file).
+enum class Cut { hand, balanced, even };
+template <std::size_t K, Cut C>
+struct GptCut {
+  using type = typename GptFor<K>::type;
+};
+template <std::size_t K>
+struct GptCut<K, Cut::balanced> {
+  using type = gpipe::balanced_pipeline_t<K, Emb, Block, Block, Block, Block, Norm, Head>;
+};
+template <>
+struct GptCut<2, Cut::even> {
+  using type =
+      gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>, gpipe::Stage<Block, Block, Norm, Head>>;
+};
+template <>
+struct GptCut<4, Cut::even> {
+  using type = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                               gpipe::Stage<Block, Norm, Head>>;
+};
+
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
 // threads:T (Threaded) gives each device T threads (host::BackendOptions::threads_per_device).
-template <std::size_t K, bool Threaded = false, class Precision = gpipe::Fp32>
+template <std::size_t K, bool Threaded = false, class Precision = gpipe::Fp32, Cut C = Cut::hand>
 void BM_GptStep(benchmark::State& state) {
-  using Model = typename GptFor<K>::type;
+  using Model = typename GptCut<K, C>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
   const auto threads = Threaded ? static_cast<std::size_t>(state.range(2)) : std::size_t{1};
   gpipe::host::Backend backend(K, {.threads_per_device = threads});
@@ -121,6 +147,18 @@ void register_all() {
       ->ArgsProduct({{2}, {4}})
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
+  // the balanced cut against counting layers (issue 31)
+  auto cut = [](const char* name, auto bench, std::int64_t k) {
+    benchmark::RegisterBenchmark(name, bench)
+        ->ArgNames({"K", "M"})
+        ->ArgsProduct({{k}, {4}})
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  };
+  cut("BM_GptStep<1F1B,cut:balanced>", BM_GptStep<2, false, gpipe::Fp32, Cut::balanced>, 2);
+  cut("BM_GptStep<1F1B,cut:even>", BM_GptStep<2, false, gpipe::Fp32, Cut::even>, 2);
+  cut("BM_GptStep<1F1B,cut:balanced>", BM_GptStep<4, false, gpipe::Fp32, Cut::balanced>, 4);
+  cut("BM_GptStep<1F1B,cut:even>", BM_GptStep<4, false, gpipe::Fp32, Cut::even>, 4);
 }
 
 [[maybe_unused]] const bool registered = (register_all(), true);

@@ -4,6 +4,7 @@
 #include "gpipe/model/activation.hpp"
 #include "gpipe/model/attention.hpp"
 #include "gpipe/model/checkpoint.hpp"
+#include "gpipe/model/cost.hpp"
 #include "gpipe/model/embedding.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer.hpp"
