@@ -1,0 +1,192 @@
+#pragma once
+// The measured variant of the balanced cut (gpipe/model/cost.hpp): each layer's forward and
+// backward timed on a backend, and the best cut printed as the Pipeline type to paste.
+//
+//   auto costs = gpipe::measure_layer_costs<Emb, Block, Block, Norm, Head>(backend, samples);
+//   auto cut = gpipe::balanced_cut(gpipe::totals(costs), K);
+//   std::cout << gpipe::pipeline_type_name<Emb, Block, Block, Norm, Head>(cut, K);
+//
+// Each layer runs alone on device 0 of the backend, bound as a Pipeline binds it, on `samples`
+// samples of random inputs (token ids for an Embedding), after one warm-up: forward, then
+// backward_input and backward_weight, each pass timed with the host clock around the backend's
+// synchronize; the median of `repeats`. What a layer costs inside a whole step (transfers, the
+// executor's overhead) is not in it.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "gpipe/backend/concepts.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/model/cost.hpp"
+#include "gpipe/model/detail/chain.hpp"
+#include "gpipe/model/layer.hpp"
+
+namespace gpipe {
+
+namespace detail {
+
+// The name of type T as the compiler spells it ("gpipe::Linear<768, 3072>").
+template <class T>
+constexpr std::string_view spelled_type_name() {
+#if defined(__clang__) || defined(__GNUC__)
+  constexpr std::string_view f = __PRETTY_FUNCTION__;
+#if defined(__clang__)
+  constexpr std::string_view key = "T = ";
+  constexpr std::string_view end = "]";
+#else
+  constexpr std::string_view key = "with T = ";
+  constexpr std::string_view end = ";]";
+#endif
+  const std::size_t start = f.find(key) + key.size();
+  return f.substr(start, f.find_first_of(end, start) - start);
+#else
+  return "?";
+#endif
+}
+
+// Seconds of forward and of backward (B then W) of the bound layer L on `rows` rows, on device 0.
+template <class L, bool TokenIds, class Backend>
+LayerCost time_layer(Backend& backend, std::size_t rows, std::size_t vocab, std::size_t repeats) {
+  using Kernels = typename Backend::Kernels;
+  using T = typename Kernels::value_type;
+  static_assert(std::is_same_v<T, float>, "gpipe: measure_layer_costs times float layers");
+  Rng rng(1);
+  auto random = [&](std::size_t n, bool ids) {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = ids ? static_cast<float>(rng.next_u64() % vocab) : rng.uniform(-1.0f, 1.0f);
+    return v;
+  };
+  std::vector<float> params(L::num_params);
+  L::init(params, rng);
+  const std::vector<float> x = random(rows * L::in_features, TokenIds);
+  const std::vector<float> dy = random(rows * L::out_features, false);
+  auto device = [&](std::size_t n, MemoryKind kind = MemoryKind::activations) {
+    return backend.template allocate<float>(0, std::max<std::size_t>(n, 1), kind);
+  };
+  auto d_params = device(L::num_params, MemoryKind::parameters);
+  auto d_grads = device(L::num_params, MemoryKind::gradients);
+  auto d_x = device(x.size()), d_dy = device(dy.size()), d_y = device(rows * L::out_features),
+       d_dx = device(x.size()), d_stash = device(rows * L::stash_per_row),
+       d_grad_stash = device(rows * L::grad_stash_per_row),
+       d_workspace = device(rows * workspace_per_row_v<L>, MemoryKind::workspace);
+  backend.submit(0, {"measure: upload"}, [&](Kernels& k) {
+    k.upload(params.size(), params.data(), d_params.data());
+    k.upload(x.size(), x.data(), d_x.data());
+    k.upload(dy.size(), dy.data(), d_dy.data());
+    k.fill(L::num_params, 0.0f, d_grads.data());
+  });
+  backend.synchronize();
+  auto seconds = [&](auto&& work) {
+    const auto start = std::chrono::steady_clock::now();
+    backend.submit(0, {"measure"}, work);
+    backend.synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto forward = [&](Kernels& k) {
+    L::forward(k, ForwardArgs<T>{rows, d_x.data(), d_y.data(), d_params.data(), d_stash.data(),
+                                 d_workspace.data()});
+  };
+  auto backward = [&](Kernels& k) {
+    L::backward_input(
+        k, BackwardInputArgs<T>{rows, d_x.data(), d_dy.data(), d_dx.data(), d_params.data(),
+                                d_stash.data(), d_grad_stash.data(), d_workspace.data()});
+    L::backward_weight(
+        k, BackwardWeightArgs<T>{rows, d_x.data(), d_dy.data(), d_params.data(), d_stash.data(),
+                                 d_grad_stash.data(), d_grads.data(), d_workspace.data()});
+  };
+  seconds(forward);  // warm-up: first touches, caches, kernels' setup
+  seconds(backward);
+  std::vector<double> f, b;
+  for (std::size_t r = 0; r < repeats; ++r) {
+    f.push_back(seconds(forward));
+    b.push_back(seconds(backward));
+  }
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(f), median(b)};
+}
+
+template <class Backend, class... Bs>
+std::vector<LayerCost> time_chain(Backend& backend, std::size_t rows, std::size_t vocab,
+                                  std::size_t repeats, const Chain<Bs...>*) {
+  std::vector<LayerCost> out;
+  std::size_t index = 0;
+  (
+      [&] {
+        const bool ids = index++ == 0 && tokens_per_sample_v<Bs> > 0 && vocab > 0;
+        out.push_back(ids ? time_layer<Bs, true>(backend, rows, vocab, repeats)
+                          : time_layer<Bs, false>(backend, rows, vocab, repeats));
+      }(),
+      ...);
+  return out;
+}
+
+}  // namespace detail
+
+/// Each of Layers (in order, bound as a Pipeline of them binds them) timed on device 0 of
+/// `backend` on `samples` samples (T tokens each in a token model): seconds of forward and of
+/// backward (B and W), medians of `repeats` after a warm-up. Throws gpipe::Error for 0 samples
+/// or repeats.
+template <layer_spec... Layers, class Backend>
+std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, std::size_t samples,
+                                                             std::size_t repeats = 3) {
+  if (samples == 0 || repeats == 0)
+    throw Error("gpipe: measure_layer_costs needs at least one sample and one repeat");
+  using first = std::tuple_element_t<0, std::tuple<Layers...>>;
+  static_assert(detail::natural_in_features_v<first> > 0,
+                "gpipe: the first layer must fix its input width");
+  constexpr std::size_t T = detail::tokens_per_sample_v<first>;
+  using bound = detail::bind_chain_t<detail::natural_in_features_v<first>, T, Layers...>;
+  std::size_t vocab = 0;
+  if constexpr (requires { first::vocab_size; }) vocab = first::vocab_size;
+  const std::vector<LayerCost> timed = detail::time_chain(
+      backend, samples * (T > 0 ? T : 1), vocab, repeats, static_cast<const bound*>(nullptr));
+  std::array<LayerCost, sizeof...(Layers)> out{};
+  std::copy(timed.begin(), timed.end(), out.begin());
+  return out;
+}
+
+/// Each cost's total (forward + backward): balanced_cut's input.
+template <std::size_t N>
+constexpr std::array<double, N> totals(const std::array<LayerCost, N>& costs) {
+  std::array<double, N> out{};
+  for (std::size_t i = 0; i < N; ++i) out[i] = costs[i].total();
+  return out;
+}
+
+/// The Pipeline type of Layers cut by `cut` into `stages` stages (entries as balanced_cut gives
+/// them), spelled as C++ to paste: "gpipe::Pipeline<gpipe::Stage<A, B>, gpipe::Stage<C>>".
+template <layer_spec... Layers>
+std::string pipeline_type_name(const std::array<std::size_t, sizeof...(Layers) + 1>& cut,
+                               std::size_t stages) {
+  bool valid =
+      stages > 0 && stages <= sizeof...(Layers) && cut[0] == 0 && cut[stages] == sizeof...(Layers);
+  for (std::size_t s = 0; valid && s < stages; ++s) valid = cut[s] < cut[s + 1];
+  if (!valid)
+    throw Error("gpipe: pipeline_type_name: not a cut of these layers into that many stages");
+  const std::array<std::string_view, sizeof...(Layers)> names{
+      detail::spelled_type_name<Layers>()...};
+  std::string out = "gpipe::Pipeline<";
+  for (std::size_t s = 0; s < stages; ++s) {
+    out += s == 0 ? "gpipe::Stage<" : ", gpipe::Stage<";
+    for (std::size_t l = cut[s]; l < cut[s + 1]; ++l) {
+      if (l > cut[s]) out += ", ";
+      out += names[l];
+    }
+    out += ">";
+  }
+  return out + ">";
+}
+
+}  // namespace gpipe
