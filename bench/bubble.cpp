@@ -9,7 +9,8 @@
 //   bubble_measured      1 - busy / (K makespan) from the trainer's per-step timing
 //   bubble_simulated     the schedule simulator's bubble for equal op costs
 //   bubble_theory        the published closed form: (K-1)/(M+K-1) for GPipe and 1F1B,
-//                        ((K-1)/V)/(M+(K-1)/V) for interleaved (M >= K); 0 where none applies
+//                        ((K-1)/V)/(M+(K-1)/V) for interleaved and looped BFS (M >= K); 0
+//                        where none applies
 //   overhead_us_per_op   (wall time of the step - the simulated makespan with the op durations
 //                        measured in the same step) / (op slots on the critical path, that
 //                        makespan / the mean op duration): what the executor adds to each op

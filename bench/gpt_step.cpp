@@ -18,6 +18,9 @@
 // precision: rows named BM_GptStep<1F1B,bf16> train in gpipe::MixedBf16 (bf16 activations and GEMM
 //           inputs, fp32 master weights); bench/pytorch_gpt_step.py --autocast is PyTorch's
 //           torch.autocast("cpu", dtype=torch.bfloat16) step beside them
+// schedules: rows BM_GptStep<ZB-H1> and BM_GptStep<searched> (K = 2, 4, M = 4, the hand cut):
+//           searched is gpipe::search_schedule's pick for the op costs gpipe::measure_op_costs
+//           times in one ZB-H1 step, with 1F1B's memory (K stashes a device)
 // Counters: tokens_per_s, step_ms, speedup (against K = 1, M = 1, one thread, of this run), bubble,
 // clip_share (Trainer::clip_grad_norm's time over the step's).
 
@@ -26,6 +29,8 @@
 #include <chrono>
 #include <cstdint>
 #include <gpipe/gpipe.hpp>
+#include <gpipe/runtime/measure_costs.hpp>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -78,19 +83,29 @@ struct GptCut<4, Cut::even> {
 double baseline_ms = 0;  // K = 1, M = 1, which runs first
 
 // threads:T (Threaded) gives each device T threads (host::BackendOptions::threads_per_device).
-template <std::size_t K, bool Threaded = false, class Precision = gpipe::Fp32, Cut C = Cut::hand>
+// Kind: the schedule tag; SearchedSchedule runs search_schedule's pick for op costs measured in
+// one ZB-H1 step of the same model (gpipe::measure_op_costs) with K stashes a device (1F1B's).
+template <std::size_t K, bool Threaded = false, class Precision = gpipe::Fp32, Cut C = Cut::hand,
+          class Kind = gpipe::OneFOneB>
 void BM_GptStep(benchmark::State& state) {
   using Model = typename GptCut<K, C>::type;
   const auto m = static_cast<std::size_t>(state.range(1));
   const auto threads = Threaded ? static_cast<std::size_t>(state.range(2)) : std::size_t{1};
   gpipe::host::Backend backend(K, {.threads_per_device = threads});
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB,
-                 Precision>
-      trainer(backend, {.micro_batches = m, .seed = 1});
   gpipe::Rng rng(2);
   std::vector<std::int32_t> x(samples * T), y(samples * T);
   for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
   for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  std::optional<gpipe::Schedule> searched;
+  if constexpr (std::is_same_v<Kind, gpipe::SearchedSchedule>) {
+    gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::ZeroBubbleH1,
+                   Precision>
+        probe(backend, {.micro_batches = m, .seed = 1});
+    const std::vector<gpipe::OpCosts> costs = gpipe::measure_op_costs(probe, x, y, 1);
+    searched = gpipe::search_schedule(K, m, {.costs = costs, .max_stashes = {K}});
+  }
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, Kind, Precision> trainer(
+      backend, {.micro_batches = m, .seed = 1, .schedule = searched});
   double seconds = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
@@ -159,6 +174,13 @@ void register_all() {
   cut("BM_GptStep<1F1B,cut:even>", BM_GptStep<2, false, gpipe::Fp32, Cut::even>, 2);
   cut("BM_GptStep<1F1B,cut:balanced>", BM_GptStep<4, false, gpipe::Fp32, Cut::balanced>, 4);
   cut("BM_GptStep<1F1B,cut:even>", BM_GptStep<4, false, gpipe::Fp32, Cut::even>, 4);
+  // ZB-H1 and the schedule searched from measured op costs, beside the 1F1B rows (issue 31)
+  cut("BM_GptStep<ZB-H1>", BM_GptStep<2, false, gpipe::Fp32, Cut::hand, gpipe::ZeroBubbleH1>, 2);
+  cut("BM_GptStep<searched>", BM_GptStep<2, false, gpipe::Fp32, Cut::hand, gpipe::SearchedSchedule>,
+      2);
+  cut("BM_GptStep<ZB-H1>", BM_GptStep<4, false, gpipe::Fp32, Cut::hand, gpipe::ZeroBubbleH1>, 4);
+  cut("BM_GptStep<searched>", BM_GptStep<4, false, gpipe::Fp32, Cut::hand, gpipe::SearchedSchedule>,
+      4);
 }
 
 [[maybe_unused]] const bool registered = (register_all(), true);

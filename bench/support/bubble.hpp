@@ -47,7 +47,8 @@ using fixed_pipeline_t = typename FixedPipeline<Layer, S>::type;
 // The published closed form of a schedule's bubble for equal op costs, 0 where none applies.
 inline double bubble_theory(std::string_view schedule, double k, double m, double v) {
   if (schedule == "gpipe" || schedule == "1f1b") return (k - 1) / (m + k - 1);
-  if (schedule.starts_with("interleaved") && m >= k) return ((k - 1) / v) / (m + (k - 1) / v);
+  if ((schedule.starts_with("interleaved") || schedule.starts_with("looped-bfs")) && m >= k)
+    return ((k - 1) / v) / (m + (k - 1) / v);
   return 0;
 }
 
@@ -191,6 +192,7 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
   one_schedule.template operator()<OneFOneB>("BM_Bubble<OneFOneB>");
   one_schedule.template operator()<Interleaved<2>>("BM_Bubble<Interleaved<2>>");
   one_schedule.template operator()<ZeroBubbleH1>("BM_Bubble<ZeroBubbleH1>");
+  one_schedule.template operator()<LoopedBFS<2>>("BM_Bubble<LoopedBFS<2>>");
 }
 
 }  // namespace gpipe::bench

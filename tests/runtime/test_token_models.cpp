@@ -124,6 +124,9 @@ TEST_SUITE("token models") {
   TEST_CASE("a pipelined GPT step equals the unpipelined model: interleaved, 2 stages a device") {
     check_schedule<Interleaved<2>>();
   }
+  TEST_CASE("a pipelined GPT step equals the unpipelined model: looped BFS, 2 stages a device") {
+    check_schedule<LoopedBFS<2>>();
+  }
 
   TEST_CASE("a GPT whose devices have a team of threads gives the one-thread step") {
     // Large enough that a team of two splits the attention core (a micro-batch's 8 (sample, head)

@@ -1,10 +1,10 @@
 #pragma once
 // Backend conformance, part 3: every schedule runs without hanging and gives the GPipe
 // schedule's loss and gradients: 1F1B and ZB-H1 on K = 2, 4, 8 devices, interleaved 1F1B with
-// V = 2 on 1, 2, 4 and 8 devices (and V = 4 on one), for M in {1, 2, 4, 8, 16} (M < K included)
-// and every remat policy. Each is compared with the GPipe trainer of the same model, seed, M and
-// policy, and with the double-precision sequential reference; a step leaves only parameters and
-// gradients allocated.
+// V = 2 on 1, 2, 4 and 8 devices (and V = 4 on one), looped BFS with V = 2 on 2 and 4, for M in {1,
+// 2, 4, 8, 16} (M < K included) and every remat policy. Each is compared with the GPipe trainer of
+// the same model, seed, M and policy, and with the double-precision sequential reference; a step
+// leaves only parameters and gradients allocated.
 //
 // Instantiated per backend with a factory as in conformance_equivalence.hpp (here
 // gradient_tolerance):
@@ -49,7 +49,7 @@ struct ScheduleCase {
 };
 
 // 1F1B and ZB-H1 on K = 2, 4, 8 devices; interleaved with V = 2 on 1, 2, 4 and 8 devices, and
-// V = 4 on one.
+// V = 4 on one; looped BFS with V = 2 on 2 and 4 devices.
 template <class F>
 using ScheduleCases =
     std::tuple<ScheduleCase<F, Model2, OneFOneB>, ScheduleCase<F, Model4, OneFOneB>,
@@ -57,7 +57,8 @@ using ScheduleCases =
                ScheduleCase<F, Model4, ZeroBubbleH1>, ScheduleCase<F, Model8, ZeroBubbleH1>,
                ScheduleCase<F, Model2, Interleaved<2>>, ScheduleCase<F, Model4, Interleaved<2>>,
                ScheduleCase<F, Model8, Interleaved<2>>, ScheduleCase<F, Model16, Interleaved<2>>,
-               ScheduleCase<F, Model4, Interleaved<4>>>;
+               ScheduleCase<F, Model4, Interleaved<4>>, ScheduleCase<F, Model4, LoopedBFS<2>>,
+               ScheduleCase<F, Model8, LoopedBFS<2>>>;
 
 inline constexpr std::size_t schedule_rows = 16;  // enough rows for M = 16
 inline constexpr std::uint64_t schedule_seed = 7;

@@ -1,6 +1,7 @@
 #pragma once
-// The measured variant of the balanced cut (gpipe/model/cost.hpp): each layer's forward and
-// backward timed on a backend, and the best cut printed as the Pipeline type to paste.
+// Costs measured on a backend: each layer's forward and backward (the measured variant of the
+// balanced cut, gpipe/model/cost.hpp, printed as the Pipeline type to paste), and a trainer's
+// F, B and W op times per device (what search_schedule takes).
 //
 //   auto costs = gpipe::measure_layer_costs<Emb, Block, Block, Norm, Head>(backend, samples);
 //   auto cut = gpipe::balanced_cut(gpipe::totals(costs), K);
@@ -28,6 +29,8 @@
 #include "gpipe/model/cost.hpp"
 #include "gpipe/model/detail/chain.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/schedule/op.hpp"
+#include "gpipe/schedule/simulator.hpp"
 
 namespace gpipe {
 
@@ -154,6 +157,43 @@ std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, s
       backend, samples * (T > 0 ? T : 1), vocab, repeats, static_cast<const bound*>(nullptr));
   std::array<LayerCost, sizeof...(Layers)> out{};
   std::copy(timed.begin(), timed.end(), out.begin());
+  return out;
+}
+
+/// Per device the mean duration, in microseconds, of its forward, backward_input and
+/// backward_weight ops over `steps` traced forward_backward steps of `trainer` on (x, y): the
+/// costs search_schedule takes (transfer left 0: hand-overs are not timed apart). Uses the
+/// backend's tracing (on for these steps, off after) and leaves the trainer's gradients zero.
+/// Only this process's devices are timed; a device that ran none of an op kind gets 0 for it.
+/// Throws gpipe::Error for 0 steps.
+template <class TrainerT, class X, class Y>
+std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
+                                      std::size_t steps = 2) {
+  if (steps == 0) throw Error("gpipe: measure_op_costs needs at least one step");
+  auto& backend = trainer.backend();
+  const std::size_t k = TrainerT::num_devices;
+  std::vector<std::array<double, 3>> sum(k, {0, 0, 0});
+  std::vector<std::array<std::size_t, 3>> count(k, {0, 0, 0});
+  backend.set_tracing(true);
+  for (std::size_t i = 0; i < steps; ++i) trainer.forward_backward(x, y);
+  backend.set_tracing(false);
+  for (const TraceEvent& e : backend.take_trace()) {
+    const std::size_t kind = e.label.what == to_string(OpKind::forward)           ? 0
+                             : e.label.what == to_string(OpKind::backward_input)  ? 1
+                             : e.label.what == to_string(OpKind::backward_weight) ? 2
+                                                                                  : 3;
+    if (kind == 3 || e.device >= k) continue;
+    sum[e.device][kind] += e.end_us - e.start_us;
+    ++count[e.device][kind];
+  }
+  trainer.zero_grad();
+  std::vector<OpCosts> out(k);
+  for (std::size_t d = 0; d < k; ++d) {
+    auto mean = [&](std::size_t kind) {
+      return count[d][kind] > 0 ? sum[d][kind] / static_cast<double>(count[d][kind]) : 0.0;
+    };
+    out[d] = {.forward = mean(0), .backward_input = mean(1), .backward_weight = mean(2)};
+  }
   return out;
 }
 

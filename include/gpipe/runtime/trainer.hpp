@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -152,6 +153,11 @@ class Trainer {
     /// Parameters that share one tensor; the constructor throws `gpipe::Error` for an unknown
     /// name, a shape mismatch, a self-tie or a chain.
     std::vector<Tie> ties = {};
+    /// The ops to run instead of `ScheduleKind::make(num_devices, micro_batches)`'s: a schedule
+    /// chosen at run time (`gpipe::search_schedule`). It must be for num_devices devices,
+    /// `micro_batches` micro-batches and chunks_per_device chunks (else `gpipe::Error`), and the
+    /// validator proves it as it proves a generated one.
+    std::optional<Schedule> schedule = std::nullopt;
   };
 
   /// S, the model's stages.
@@ -172,7 +178,7 @@ class Trainer {
   Trainer(Backend& backend, Options options)
       : backend_(backend),
         options_(std::move(options)),
-        runner_(backend, generate_schedule(backend, options_.micro_batches), activation_programs_,
+        runner_(backend, generate_schedule(backend, options_), activation_programs_,
                 detail::loss_program<Loss, ActivationKernels>, shape(), options_.micro_batches,
                 options_.remat),
         store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(),
@@ -329,11 +335,23 @@ class Trainer {
             .tokens_per_sample = Model::tokens_per_sample,
             .vocab_size = Model::is_token_model ? Model::vocab_size : 0};
   }
-  // The schedule kind's op lists, after checking that the backend runs num_devices devices.
-  static Schedule generate_schedule(const Backend& backend, std::size_t micro_batches) {
+  // The schedule kind's op lists (or the options' schedule, checked against the shape), after
+  // checking that the backend runs num_devices devices.
+  static Schedule generate_schedule(const Backend& backend, const Options& options) {
+    const std::size_t micro_batches = options.micro_batches;
     detail::require(micro_batches >= 1, "micro_batches must be at least 1");
     transport::Transport<Backend>::check_device_count(backend, num_devices, num_stages);
-    return ScheduleKind::make(num_devices, micro_batches);
+    if (!options.schedule) return ScheduleKind::make(num_devices, micro_batches);
+    const Schedule& given = *options.schedule;
+    detail::require(given.num_devices == num_devices && given.num_micro_batches == micro_batches &&
+                        given.num_chunks == ScheduleKind::chunks_per_device,
+                    "Options::schedule is for " + std::to_string(given.num_devices) + " devices, " +
+                        std::to_string(given.num_micro_batches) + " micro-batches and " +
+                        std::to_string(given.num_chunks) +
+                        " chunks per device; this trainer runs " + std::to_string(num_devices) +
+                        ", " + std::to_string(micro_batches) + " and " +
+                        std::to_string(ScheduleKind::chunks_per_device));
+    return given;
   }
 
   // The stages' programs on the backend's context (the parameter store's sizes and

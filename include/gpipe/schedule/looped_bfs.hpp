@@ -1,0 +1,87 @@
+#pragma once
+// Looped breadth-first (Lamy-Poirier, 2023, "Breadth-First Pipeline Parallelism"; PyTorch's
+// ScheduleLoopedBFS): V stages per device placed round robin as in interleaved 1F1B (stage s on
+// device s % K, chunk s / K), run breadth first: every micro-batch through a device's first
+// chunk, then every micro-batch through its second, ..., then the backwards in the mirrored
+// order. Device d runs
+//   for c in 0..V-1:     for mb in 0..M-1:      [recv_activation] F(mb, c) [send_activation]
+//   for c in V-1..0:     for mb in M-1..0:      [recv_gradient] B W(mb, c) [send_gradient]
+// GPipe's order over the looped placement: with M >= K a device never waits between its chunks
+// (micro-batch 0 comes back from device K-1 after K chunk-ops, by when the device has M >= K
+// chunk-ops of the chunk before to run), so the pipeline fills and drains once per step on
+// chunk-sized ops: bubble (K-1)/(VM+K-1) = ((K-1)/V)/(M+(K-1)/V), interleaved 1F1B's, at
+// GPipe's memory (every device keeps all M micro-batches' stashes of all its chunks until their
+// backwards). For M < K every chunk after the first waits K - M chunk-ops for its first
+// micro-batch. Deadlock freedom: every device's list is ordered by (phase, chunk, micro-batch),
+// a topological order of the step's dependencies, with buffered sends; under rendezvous sends
+// order_for_rendezvous repairs the transfers as for interleaved 1F1B.
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+
+#include "gpipe/schedule/detail/program.hpp"
+#include "gpipe/schedule/op.hpp"
+
+namespace gpipe {
+namespace detail {
+
+// V => "looped-bfs-V" as characters, for LoopedBFS<V>::name.
+template <std::size_t V>
+constexpr auto looped_bfs_name() {
+  constexpr std::string_view prefix = "looped-bfs-";
+  constexpr std::size_t digits = [] {
+    std::size_t n = 1;
+    for (std::size_t v = V; v >= 10; v /= 10) ++n;
+    return n;
+  }();
+  std::array<char, prefix.size() + digits> text{};
+  for (std::size_t i = 0; i < prefix.size(); ++i) text[i] = prefix[i];
+  std::size_t v = V;
+  for (std::size_t i = text.size(); i-- > prefix.size(); v /= 10) {
+    text[i] = static_cast<char>('0' + v % 10);
+  }
+  return text;
+}
+
+}  // namespace detail
+
+/// (K, V, M) => device d: F(mb, c) for every chunk c in order, micro-batches in order within it;
+/// then B W(mb, c) for every chunk from the last, micro-batches from the last. Throws Error when
+/// K, V or M is 0.
+constexpr Schedule make_looped_bfs_schedule(std::size_t num_devices, std::size_t num_chunks,
+                                            std::size_t num_micro_batches) {
+  Schedule schedule =
+      detail::empty_schedule("a looped BFS schedule", num_devices, num_micro_batches, num_chunks);
+  for (std::size_t device = 0; device < num_devices; ++device) {
+    detail::Program program(schedule, device);
+    for (std::size_t chunk = 0; chunk < num_chunks; ++chunk)
+      for (std::size_t mb = 0; mb < num_micro_batches; ++mb) program.forward(mb, chunk);
+    for (std::size_t chunk = num_chunks; chunk-- > 0;)
+      for (std::size_t mb = num_micro_batches; mb-- > 0;) program.backward(mb, chunk);
+  }
+  return schedule;
+}
+
+/// Schedule tag for Trainer's schedule argument: looped breadth-first, V stages per device round
+/// robin (as Interleaved<V>), so a model with V*K stages runs on K devices.
+template <std::size_t V>
+struct LoopedBFS {
+  static_assert(V >= 1, "gpipe: LoopedBFS<V> needs at least one chunk per device");
+
+ private:
+  static constexpr auto name_text_ = detail::looped_bfs_name<V>();
+
+ public:
+  /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).
+  static constexpr std::size_t chunks_per_device = V;
+  /// `"looped-bfs-V"` with V's digits (`"looped-bfs-2"`), in benchmark labels and test output.
+  static constexpr std::string_view name{name_text_.data(), name_text_.size()};
+
+  /// The schedule for K devices and M micro-batches: make_looped_bfs_schedule(K, V, M).
+  static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
+    return make_looped_bfs_schedule(num_devices, V, num_micro_batches);
+  }
+};
+
+}  // namespace gpipe
