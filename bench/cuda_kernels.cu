@@ -321,6 +321,15 @@ void BM_adamw_update(benchmark::State& state) {
 BENCHMARK(BM_sgd_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_adamw_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// Linear L's three ops on `rows` rows through context k (activations of type T).
+template <class L, class Ctx, class T>
+void linear_step(Ctx& k, std::size_t rows, const T* x, T* y, const T* dy, T* dx,
+                 const float* params, float* grads) {
+  L::forward(k, gpipe::ForwardArgs<T>{rows, x, y, params, nullptr});
+  L::backward_input(k, gpipe::BackwardInputArgs<T>{rows, x, dy, dx, params, nullptr, nullptr});
+  L::backward_weight(k, gpipe::BackwardWeightArgs<T>{rows, x, dy, params, nullptr, nullptr, grads});
+}
+
 // Linear<In, Out> forward + backward_input + backward_weight on `rows` rows, against the same
 // three GEMMs through cuBLAS alone (x_cublas = Linear time / GEMM time).
 template <std::size_t In, std::size_t Out>
@@ -346,13 +355,8 @@ void BM_linear_forward_backward(benchmark::State& state) {
       GPIPE_CUBLAS_CHECK(cublasSgemm(k.blas(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, r, &one, x, in,
                                      dy, out, &one, grads, in));
     });
-    const double s = time_launches(state, k.stream(), 3, [&] {
-      L::forward(k, gpipe::ForwardArgs<float>{rows, x, y, params, nullptr});
-      L::backward_input(k,
-                        gpipe::BackwardInputArgs<float>{rows, x, dy, dx, params, nullptr, nullptr});
-      L::backward_weight(
-          k, gpipe::BackwardWeightArgs<float>{rows, x, dy, params, nullptr, nullptr, grads});
-    });
+    const double s = time_launches(state, k.stream(), 3,
+                                   [&] { linear_step<L>(k, rows, x, y, dy, dx, params, grads); });
     report_flops(state, 3 * 2.0 * static_cast<double>(rows) * In * Out, s);
     state.counters["x_cublas"] = s / gemms;
   });
@@ -380,21 +384,10 @@ void BM_linear_forward_backward_bf16(benchmark::State& state) {
     k16.convert(rows * Out, dy, dy16.data());
     k16.convert(L::num_params, params, w16.data());
     k16.use_weights(params, w16.data(), L::num_params);
-    const double fp32 = gpipe::bench::median_seconds(k.stream(), 10, [&] {
-      L::forward(k, gpipe::ForwardArgs<float>{rows, x, y, params, nullptr});
-      L::backward_input(k,
-                        gpipe::BackwardInputArgs<float>{rows, x, dy, dx, params, nullptr, nullptr});
-      L::backward_weight(
-          k, gpipe::BackwardWeightArgs<float>{rows, x, dy, params, nullptr, nullptr, grads});
-    });
+    const double fp32 = gpipe::bench::median_seconds(
+        k.stream(), 10, [&] { linear_step<L>(k, rows, x, y, dy, dx, params, grads); });
     const double s = time_launches(state, k.stream(), 3, [&] {
-      L::forward(k16,
-                 gpipe::ForwardArgs<gpipe::bf16>{rows, x16.data(), y16.data(), params, nullptr});
-      L::backward_input(
-          k16, gpipe::BackwardInputArgs<gpipe::bf16>{rows, x16.data(), dy16.data(), dx16.data(),
-                                                     params, nullptr, nullptr});
-      L::backward_weight(k16, gpipe::BackwardWeightArgs<gpipe::bf16>{
-                                  rows, x16.data(), dy16.data(), params, nullptr, nullptr, grads});
+      linear_step<L>(k16, rows, x16.data(), y16.data(), dy16.data(), dx16.data(), params, grads);
     });
     k16.use_weights(nullptr, nullptr, 0);
     report_flops(state, 3 * 2.0 * static_cast<double>(rows) * In * Out, s);

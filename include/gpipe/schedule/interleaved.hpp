@@ -96,24 +96,6 @@ constexpr std::size_t interleaved_first_group(std::size_t num_devices,
   return (num_micro_batches + groups - 1) / groups;
 }
 
-// V => "interleaved-V" as characters, for Interleaved<V>::name.
-template <std::size_t V>
-constexpr auto interleaved_name() {
-  constexpr std::string_view prefix = "interleaved-";
-  constexpr std::size_t digits = [] {
-    std::size_t n = 1;
-    for (std::size_t v = V; v >= 10; v /= 10) ++n;
-    return n;
-  }();
-  std::array<char, prefix.size() + digits> text{};
-  std::copy(prefix.begin(), prefix.end(), text.begin());
-  std::size_t v = V;
-  for (std::size_t i = text.size(); i-- > prefix.size(); v /= 10) {
-    text[i] = static_cast<char>('0' + v % 10);
-  }
-  return text;
-}
-
 }  // namespace detail
 
 /// (K, V, M) => device d: w_d = min(MV, K-1-d + (V-1) G_0) x F(T[i]), then (F(T[w_d+j]),
@@ -154,7 +136,7 @@ struct Interleaved {
   static_assert(V >= 1, "gpipe: Interleaved<V> needs at least one chunk per device");
 
  private:
-  static constexpr auto name_text_ = detail::interleaved_name<V>();
+  static constexpr auto name_text_ = detail::numbered_name<V>("interleaved-");
 
  public:
   /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).

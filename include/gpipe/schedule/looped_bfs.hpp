@@ -16,7 +16,6 @@
 // a topological order of the step's dependencies, with buffered sends; under rendezvous sends
 // order_for_rendezvous repairs the transfers as for interleaved 1F1B.
 
-#include <array>
 #include <cstddef>
 #include <string_view>
 
@@ -24,28 +23,6 @@
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
-namespace detail {
-
-// V => "looped-bfs-V" as characters, for LoopedBFS<V>::name.
-template <std::size_t V>
-constexpr auto looped_bfs_name() {
-  constexpr std::string_view prefix = "looped-bfs-";
-  constexpr std::size_t digits = [] {
-    std::size_t n = 1;
-    for (std::size_t v = V; v >= 10; v /= 10) ++n;
-    return n;
-  }();
-  std::array<char, prefix.size() + digits> text{};
-  for (std::size_t i = 0; i < prefix.size(); ++i) text[i] = prefix[i];
-  std::size_t v = V;
-  for (std::size_t i = text.size(); i-- > prefix.size(); v /= 10) {
-    text[i] = static_cast<char>('0' + v % 10);
-  }
-  return text;
-}
-
-}  // namespace detail
-
 /// (K, V, M) => device d: F(mb, c) for every chunk c in order, micro-batches in order within it;
 /// then B W(mb, c) for every chunk from the last, micro-batches from the last. Throws Error when
 /// K, V or M is 0.
@@ -70,7 +47,7 @@ struct LoopedBFS {
   static_assert(V >= 1, "gpipe: LoopedBFS<V> needs at least one chunk per device");
 
  private:
-  static constexpr auto name_text_ = detail::looped_bfs_name<V>();
+  static constexpr auto name_text_ = detail::numbered_name<V>("looped-bfs-");
 
  public:
   /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).

@@ -2,6 +2,7 @@
 // What the generators share: the checks of their arguments and the per-device op emitter that
 // wraps each compute op in the transfers the contract of schedule/op.hpp gives its stage.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -35,6 +36,22 @@ constexpr Schedule empty_schedule(const char* generator, std::size_t num_devices
           .num_micro_batches = num_micro_batches,
           .num_chunks = num_chunks,
           .ops = std::vector<std::vector<Op>>(num_devices)};
+}
+
+// prefix followed by V's decimal digits, as characters: the name of a schedule tag with V chunks
+// per device ("interleaved-2", "looped-bfs-12").
+template <std::size_t V, std::size_t N>
+constexpr auto numbered_name(const char (&prefix)[N]) {
+  constexpr std::size_t digits = [] {
+    std::size_t n = 1;
+    for (std::size_t v = V; v >= 10; v /= 10) ++n;
+    return n;
+  }();
+  std::array<char, N - 1 + digits> text{};
+  for (std::size_t i = 0; i + 1 < N; ++i) text[i] = prefix[i];
+  std::size_t v = V;
+  for (std::size_t i = text.size(); i-- > N - 1; v /= 10) text[i] = static_cast<char>('0' + v % 10);
+  return text;
 }
 
 // Appends to one device's list. Each compute op comes with its transfers, placed as late

@@ -26,23 +26,35 @@
 
 namespace gpipe::cuda {
 
-/// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
-/// when trans_b. All dense row-major, device memory of the handle's device.
-inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
-                 std::size_t k, float alpha, const float* a, const float* b, float beta, float* c,
-                 cudaStream_t stream) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // C = beta C, without reading C when beta == 0 (as the host reference)
+namespace detail {
+// What a GEMM does before cuBLAS: nothing for an empty C; C = beta C for k == 0 (C not read when
+// beta == 0, as the host reference); true when that was all. Throws for dimensions past cuBLAS's
+// 32 bits.
+template <class C>
+bool gemm_without_products(std::size_t m, std::size_t n, std::size_t k, float beta, C* c,
+                           cudaStream_t stream) {
+  if (m == 0 || n == 0) return true;
+  if (k == 0) {
     if (beta == 0.0f) {
       fill(m * n, 0.0f, c, stream);
     } else if (beta != 1.0f) {
       scale(m * n, beta, c, stream);
     }
-    return;
+    return true;
   }
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
     throw Error("gpipe: gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
                 std::to_string(k) + ") exceeds cuBLAS's 32-bit dimensions");
+  return false;
+}
+}  // namespace detail
+
+/// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
+/// when trans_b. All dense row-major, device memory of the handle's device.
+inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                 std::size_t k, float alpha, const float* a, const float* b, float beta, float* c,
+                 cudaStream_t stream) {
+  if (detail::gemm_without_products(m, n, k, beta, c, stream)) return;
   const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   const int lda = trans_a ? mi : ki;
   const int ldb = trans_b ? ki : ni;
@@ -60,18 +72,7 @@ inline void gemm_bf16(cublasHandle_t handle, bool trans_a, bool trans_b, std::si
                       float beta, C* c, cudaStream_t stream) {
   static_assert(std::is_same_v<C, float> || std::is_same_v<C, bf16>,
                 "gpipe: gemm_bf16 writes float or bf16");
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // C = beta C, without reading C when beta == 0
-    if (beta == 0.0f) {
-      fill(m * n, 0.0f, c, stream);
-    } else if (beta != 1.0f) {
-      scale(m * n, beta, c, stream);
-    }
-    return;
-  }
-  if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
-    throw Error("gpipe: gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                std::to_string(k) + ") exceeds cuBLAS's 32-bit dimensions");
+  if (detail::gemm_without_products(m, n, k, beta, c, stream)) return;
   const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   const int lda = trans_a ? mi : ki;
   const int ldb = trans_b ? ki : ni;
