@@ -75,13 +75,11 @@ const char* cublasGetStatusString(cublasStatus_t status) { return cublasGetStatu
 
 namespace gpipe::test::cuda_emulation {
 
-// For each of `batch` problems i: C_i(m, n) = alpha op(A_i)(m, k) op(B_i)(k, n) + beta C_i,
-// column-major, X_i = X + i stride_x.
-inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cublasOperation_t ta,
-                                    cublasOperation_t tb, int m, int n, int k, const float* alpha,
-                                    const float* a, int lda, long long stride_a, const float* b,
-                                    int ldb, long long stride_b, const float* beta, float* c,
-                                    int ldc, long long stride_c, int batch) {
+// The checks every emulated GEMM makes before it is enqueued: the shapes and leading dimensions
+// (CUBLAS_STATUS_INVALID_VALUE), the handle's GPU against the current one and its stream's
+// (CUBLAS_STATUS_EXECUTION_FAILED, with a message). SUCCESS when the call may go on.
+inline cublasStatus_t check_call(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                                 int m, int n, int k, int lda, int ldb, int ldc, int batch) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
   if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, trans_a ? k : m) ||
@@ -93,6 +91,31 @@ inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cub
                  handle->gpu, current_gpu());
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// When the GEMM runs: `p` must be device memory that `gpu` may access (else it would fault).
+inline void require_accessible(const char* name, int gpu, const void* p) {
+  const int owner = gpu_of_memory(p);
+  if (owner < 0)
+    throw std::runtime_error(std::string(name) + " on memory that is not device memory");
+  if (!may_access(gpu, owner))
+    throw std::runtime_error(std::string(name) + " on GPU " + std::to_string(gpu) +
+                             " with memory of GPU " + std::to_string(owner) +
+                             ", which it may not access");
+}
+
+// For each of `batch` problems i: C_i(m, n) = alpha op(A_i)(m, k) op(B_i)(k, n) + beta C_i,
+// column-major, X_i = X + i stride_x.
+inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cublasOperation_t ta,
+                                    cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                                    const float* a, int lda, long long stride_a, const float* b,
+                                    int ldb, long long stride_b, const float* beta, float* c,
+                                    int ldc, long long stride_c, int batch) {
+  const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
+  if (const cublasStatus_t status = check_call(handle, ta, tb, m, n, k, lda, ldb, ldc, batch);
+      status != CUBLAS_STATUS_SUCCESS)
+    return status;
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   run_on(handle->stream, [=, gpu = handle->gpu] {
@@ -101,15 +124,8 @@ inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cub
       const float* bi = b + i * stride_b;
       float* ci = c + i * stride_c;
       for (const void* p : {static_cast<const void*>(ai), static_cast<const void*>(bi),
-                            static_cast<const void*>(ci)}) {
-        const int owner = gpu_of_memory(p);
-        if (owner < 0)
-          throw std::runtime_error(std::string(name) + " on memory that is not device memory");
-        if (!may_access(gpu, owner))
-          throw std::runtime_error(std::string(name) + " on GPU " + std::to_string(gpu) +
-                                   " with memory of GPU " + std::to_string(owner) +
-                                   ", which it may not access");
-      }
+                            static_cast<const void*>(ci)})
+        require_accessible(name, gpu, p);
       auto at = [&](std::size_t r, std::size_t p) {
         const float v = trans_a ? ai[p + r * static_cast<std::size_t>(lda)]
                                 : ai[r + p * static_cast<std::size_t>(lda)];
@@ -162,30 +178,17 @@ inline cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t ta, cubla
                               cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
                               int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
                               cublasComputeType_t compute) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (a_type != CUDA_R_16BF || b_type != CUDA_R_16BF ||
       (c_type != CUDA_R_16BF && c_type != CUDA_R_32F) || compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool trans_a = ta != CUBLAS_OP_N, trans_b = tb != CUBLAS_OP_N;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, trans_a ? k : m) ||
-      ldb < std::max(1, trans_b ? n : k) || ldc < std::max(1, m))
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (handle->gpu != current_gpu() ||
-      (handle->stream != nullptr && handle->stream->gpu != handle->gpu)) {
-    std::fprintf(stderr, "cublas emulator: handle of GPU %d used with GPU %d current\n",
-                 handle->gpu, current_gpu());
-    return CUBLAS_STATUS_EXECUTION_FAILED;
-  }
+  if (const cublasStatus_t status = check_call(handle, ta, tb, m, n, k, lda, ldb, ldc, 1);
+      status != CUBLAS_STATUS_SUCCESS)
+    return status;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   run_on(handle->stream, [=, gpu = handle->gpu] {
-    for (const void* p : {a, b, static_cast<const void*>(c)}) {
-      const int owner = gpu_of_memory(p);
-      if (owner < 0) throw std::runtime_error("cublasGemmEx on memory that is not device memory");
-      if (!may_access(gpu, owner))
-        throw std::runtime_error("cublasGemmEx on GPU " + std::to_string(gpu) +
-                                 " with memory of GPU " + std::to_string(owner) +
-                                 ", which it may not access");
-    }
+    for (const void* p : {a, b, static_cast<const void*>(c)})
+      require_accessible("cublasGemmEx", gpu, p);
     const auto ld_a = static_cast<std::size_t>(lda), ld_b = static_cast<std::size_t>(ldb),
                ld_c = static_cast<std::size_t>(ldc);
     for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
