@@ -130,12 +130,23 @@ class ParameterStore {
     for (const auto& [follower, leader] : ties_) {
       const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
       if (has_follower && has_leader) {
-        std::vector<float> total = read(grads_, *leader);
-        const std::vector<float> other = read(grads_, *follower);
-        for (std::size_t i = 0; i < total.size(); ++i) total[i] += other[i];
-        write(grads_, *leader, total);
-        write(grads_, *follower, total);
-        backend_.synchronize();  // before `total` goes
+        // On the devices (never through the host): the leader's += the follower's, brought to
+        // the leader's device first when the two differ; then the follower's <- the sum.
+        const std::size_t dl = device_of_stage_[leader->stage];
+        const std::size_t df = device_of_stage_[follower->stage];
+        const std::span<float> gl = tensor(grads_, *leader), gf = tensor(grads_, *follower);
+        Buffer<float> moved;
+        std::span<const float> other = gf;
+        if (dl != df) {
+          moved = backend_.template allocate<float>(dl, gf.size(), MemoryKind::workspace);
+          transport_.copy({"sum tied gradients", follower->stage}, df, gf, dl,
+                          {moved.data(), gf.size()});
+          other = {moved.data(), gf.size()};
+        }
+        backend_.submit(dl, {"sum tied gradients", leader->stage}, [gl, other](Kernels& k) {
+          k.accumulate(gl.size(), other.data(), gl.data());
+        });
+        transport_.copy({"sum tied gradients", follower->stage}, dl, gl, df, gf);
       } else if (has_follower || has_leader) {
         const ParameterInfo& mine = has_leader ? *leader : *follower;
         const ParameterInfo& peer = has_leader ? *follower : *leader;
@@ -191,6 +202,11 @@ class ParameterStore {
                     [values, dst = where[info.stage].data() + info.offset](Kernels& k) {
                       k.upload(values.size(), values.data(), dst);
                     });
+  }
+  // info's values in `where`, on its stage's device
+  std::span<float> tensor(std::vector<Buffer<float>>& where, const ParameterInfo& info) const {
+    require_local(info);
+    return {where[info.stage].data() + info.offset, info.size};
   }
   void fill(std::vector<Buffer<float>>& where, const ParameterInfo& info, float value) {
     require_local(info);
@@ -266,10 +282,10 @@ class ParameterStore {
   void sync_tie(const TiePair& tie) {
     const auto& [follower, leader] = tie;
     const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
-    std::vector<float> values;  // outlives the copy that write() issues
     if (has_follower && has_leader) {
-      values = read(params_, *leader);
-      write(params_, *follower, values);
+      transport_.copy({"sync tied parameter", follower->stage}, device_of_stage_[leader->stage],
+                      tensor(params_, *leader), device_of_stage_[follower->stage],
+                      tensor(params_, *follower));
     } else if (has_leader) {
       exchange_with(follower->stage, {params_[leader->stage].data() + leader->offset, leader->size},
                     {});

@@ -16,7 +16,7 @@
 //              failed: if one did, every rank throws the same Error naming it. abort_step, when
 //              issuing a step threw, first tells the other ranks at once.
 //   between steps  broadcast from a device's rank, exchange between two ranks, sums over the
-//              replicas (the backends' MPI collectives)
+//              replicas (the backends' MPI collectives); copy within the rank's device
 
 #include <cstddef>
 #include <exception>
@@ -39,6 +39,7 @@ template <class Backend>
 requires multi_process_backend<Backend>
 class Transport<Backend> {
  public:
+  using Kernels = typename Backend::Kernels;                ///< the backend's kernel context
   using Buffer = typename Backend::template Buffer<float>;  ///< a message's data on the device
 
   /// How a send completes: buffered for MPI, rendezvous for NCCL (the backend's copy policy).
@@ -147,6 +148,19 @@ class Transport<Backend> {
   }
   /// Collective over the replicas: values <- their sum.
   void allreduce_sum(std::span<float> values) const { backend_.allreduce_sum(values); }
+  /// Between steps: dst <- src, both on this rank's one device (`from` and `to`), after the work
+  /// queued on it; returns once copied.
+  void copy(WorkLabel label, std::size_t from, std::span<const float> src, std::size_t to,
+            std::span<float> dst) const {
+    detail::require(from == to && backend_.is_local(from),
+                    "gpipe: a copy between devices " + std::to_string(from) + " and " +
+                        std::to_string(to) + ", where this rank runs one device");
+    detail::require(src.size() == dst.size(), "gpipe: a copy of " + std::to_string(src.size()) +
+                                                  " floats into " + std::to_string(dst.size()));
+    backend_.submit(to, label,
+                    [src, dst](Kernels& k) { k.copy(src.size(), src.data(), dst.data()); });
+    backend_.synchronize();
+  }
 
  private:
   Backend& backend_;

@@ -39,6 +39,9 @@
 //                                   arrays of their devices (a tie across processes); values <-
 //                                   their sum over the replicas; whether every process passed
 //                                   ok (a barrier, so that a failure on one ends the work of all)
+//   copy(label, from, src, to, dst) between steps: an array of one of this process's devices
+//                                   into another's (or the same's), device to device (a tie
+//                                   within the process)
 
 #include <cstddef>
 #include <exception>
@@ -167,6 +170,26 @@ class Transport {
   }
   /// One replica: values are their own sum.
   void allreduce_sum(std::span<float>) const {}
+  /// Between steps: dst, on device `to`, <- src, on device `from` (both this process's), after
+  /// the work queued on both, by the copy policy (device to device: never through the host);
+  /// returns once copied.
+  void copy(WorkLabel label, std::size_t from, std::span<const float> src, std::size_t to,
+            std::span<float> dst) const {
+    detail::require(src.size() == dst.size(), "gpipe: a copy of " + std::to_string(src.size()) +
+                                                  " floats into " + std::to_string(dst.size()));
+    typename Backend::Event ready;  // lives until the synchronize below
+    if (from != to) {
+      backend_.record(from, ready);
+      backend_.wait(to, ready);
+    }
+    backend_.submit(to, label, [from, to, src, dst](Kernels& k) {
+      if (from == to)
+        k.copy(src.size(), src.data(), dst.data());
+      else
+        Copy::receive(k, src.data(), dst.data(), src.size());
+    });
+    backend_.synchronize();
+  }
 
  private:
   Backend& backend_;

@@ -15,6 +15,8 @@
 //     them have arrived. A lane of the mask that has exited or does not exist, lanes that differ
 //     in mask or lane_mask, or a warp split between a shuffle and __syncthreads is an error
 //     (undefined behaviour or a hang on a GPU), reported as a gpipe::Error from the launch.
+//   - __fmul_rn(a, b): a product rounded once, which the GPU never contracts into an FMA (here,
+//     where nothing is contracted, a plain product).
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
 //     the next cudaGetLastError() returns (and GPIPE_CUDA_CHECK_LAUNCH turns into an Error).
 //   - between barriers, warps run one at a time in a pseudo-random order, each as far as it can
@@ -490,6 +492,8 @@ Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
   ::gpipe::test::cuda_emulation::launch(kernel, dim3(grid), dim3(block), stream)
 
 inline void __syncthreads() { ::gpipe::test::cuda_emulation::Emulator::instance().barrier(); }
+
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {

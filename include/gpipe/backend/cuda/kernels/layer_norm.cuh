@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
       const P4 w = detail::load_pack<4>(gamma + 4 * q);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        gv[p].v[j] *= w.v[j];
+        gv[p].v[j] = __fmul_rn(gv[p].v[j], w.v[j]);  // rounded once: see the streaming kernel
         sum_g += gv[p].v[j];
         sum_gx += gv[p].v[j] * ((xv[p].v[j] - mean) * rstd);
       }
@@ -325,7 +325,9 @@ __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std
     const detail::Pack<float, V> gv = detail::load_pack<V>(gamma + c);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float g = dv.v[j] * gv.v[j];
+      // The same rounded g in mean(g) and below: a product contracted into an FMA in one place
+      // only leaves its rounding error in dx (a whole row of it where cols == 1, whose dx is 0).
+      const float g = __fmul_rn(dv.v[j], gv.v[j]);
       sum_g += g;
       sum_gx += g * ((xv.v[j] - mean) * rstd);
     }
@@ -342,7 +344,7 @@ __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float xhat = (xv.v[j] - mean) * rstd;
-      out.v[j] = rstd * (dv.v[j] * gv.v[j] - mean_g - xhat * mean_gx);
+      out.v[j] = rstd * (__fmul_rn(dv.v[j], gv.v[j]) - mean_g - xhat * mean_gx);
     }
     detail::store_pack<V>(dx + row * cols + c, out);
   }
