@@ -49,6 +49,10 @@ inline double bubble_theory(std::string_view schedule, double k, double m, doubl
   if (schedule == "gpipe" || schedule == "1f1b") return (k - 1) / (m + k - 1);
   if ((schedule.starts_with("interleaved") || schedule.starts_with("looped-bfs")) && m >= k)
     return ((k - 1) / v) / (m + (k - 1) / v);
+  // ZB-H1 and ZB-H2 (equal F, B, W): (M+K-1)(F+B) + (M-K+1) W = 3M + K-1 for M >= K
+  if ((schedule == "zb-h1" || schedule == "zb-h2") && m >= k) return (k - 1) / (3 * m + k - 1);
+  // ZB-V: half-stage chunks, the least a synchronous step takes, (K-1)/2 + 3M, for M >= 2K-1
+  if (schedule == "zb-v" && m + 1 >= 2 * k) return ((k - 1) / 2) / (3 * m + (k - 1) / 2);
   return 0;
 }
 
@@ -163,8 +167,9 @@ void run_bubble_benchmark(benchmark::State& state, const MakeBackend& make_backe
   }
 }
 
-// Registers BM_Bubble<Schedule>/K:k/M:m for GPipe, 1F1B, interleaved (V = 2) and ZB-H1, K in
-// {1, 2, 4, 8}, M in {1, 2, 4, ..., 64}: run_bubble_benchmark with Layer and make_backend
+// Registers BM_Bubble<Schedule>/K:k/M:m for GPipe, 1F1B, interleaved (V = 2), ZB-H1, looped BFS
+// (V = 2), ZB-H2, ZB-V and DualPipeV, K in {1, 2, 4, 8}, M in {1, 2, 4, ..., 64} (DualPipeV: M >=
+// 2K): run_bubble_benchmark with Layer and make_backend
 // (std::size_t K -> a pointer that owns a backend of K devices).
 template <template <std::size_t> class Layer, class MakeBackend>
 void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
@@ -177,8 +182,13 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
                 benchmark::RegisterBenchmark(name, [make_backend, setup](benchmark::State& state) {
                   run_bubble_benchmark<Schedule, K, Layer>(state, make_backend, setup);
                 });
+            // DualPipeV runs M >= 2K only
+            std::vector<long> ms;
+            for (long m : {1, 2, 4, 8, 16, 32, 64})
+              if (!std::is_same_v<Schedule, DualPipeV> || m >= 2 * static_cast<long>(K))
+                ms.push_back(m);
             b->ArgNames({"K", "M"})
-                ->ArgsProduct({{static_cast<long>(K)}, {1, 2, 4, 8, 16, 32, 64}})
+                ->ArgsProduct({{static_cast<long>(K)}, ms})
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
             if (setup.min_time > 0) b->MinTime(setup.min_time);
@@ -193,6 +203,9 @@ void register_bubble_benchmarks(MakeBackend make_backend, BubbleSetup setup) {
   one_schedule.template operator()<Interleaved<2>>("BM_Bubble<Interleaved<2>>");
   one_schedule.template operator()<ZeroBubbleH1>("BM_Bubble<ZeroBubbleH1>");
   one_schedule.template operator()<LoopedBFS<2>>("BM_Bubble<LoopedBFS<2>>");
+  one_schedule.template operator()<ZeroBubbleH2>("BM_Bubble<ZeroBubbleH2>");
+  one_schedule.template operator()<ZeroBubbleV>("BM_Bubble<ZeroBubbleV>");
+  one_schedule.template operator()<DualPipeV>("BM_Bubble<DualPipeV>");
 }
 
 }  // namespace gpipe::bench

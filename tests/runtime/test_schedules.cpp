@@ -51,6 +51,30 @@ TEST_CASE("a trainer places interleaved stages on devices round robin") {
     CHECK(backend.memory_stats(d).current == 2 * sizeof(float) * on_device[d]);
 }
 
+TEST_CASE("ZB-V and DualPipeV place stages in a V: device d runs stages d and 2K-1-d") {
+  host::Backend backend(2);
+  Trainer<Model4, SoftmaxCrossEntropy, host::Backend, ZeroBubbleV> trainer(
+      backend, {.micro_batches = 4, .seed = conformance::schedule_seed});
+  CHECK(trainer.num_devices == 2);
+  CHECK(trainer.schedule().placement == Placement::v_shape);
+  const std::size_t device_of[4] = {0, 1, 1, 0};
+  for (std::size_t s = 0; s < 4; ++s) CHECK(trainer.device_of_stage(s) == device_of[s]);
+  // Parameters of stages 0 and 3 live on device 0, of stages 1 and 2 on device 1.
+  std::size_t on_device[2] = {};
+  for (std::size_t s = 0; s < 4; ++s) on_device[device_of[s]] += Model4::stage_num_params[s];
+  for (std::size_t d = 0; d < 2; ++d)
+    CHECK(backend.memory_stats(d).current == 2 * sizeof(float) * on_device[d]);
+  Trainer<Model4, SoftmaxCrossEntropy, host::Backend, DualPipeV> dual(
+      backend, {.micro_batches = 4, .seed = conformance::schedule_seed});
+  for (std::size_t s = 0; s < 4; ++s) CHECK(dual.device_of_stage(s) == device_of[s]);
+  // inference follows the V too, and gives GPipe's outputs
+  const std::vector<float> x = random_inputs(conformance::schedule_rows, Model4::in_features, 3);
+  host::Backend gpipe_backend(4);
+  Trainer<Model4, SoftmaxCrossEntropy, host::Backend> gpipe_trainer(
+      gpipe_backend, {.micro_batches = 4, .seed = conformance::schedule_seed});
+  CHECK(trainer.predict(x) == gpipe_trainer.predict(x));
+}
+
 TEST_CASE("inference follows the interleaved placement and matches GPipe's") {
   const std::vector<float> x = random_inputs(conformance::schedule_rows, Model4::in_features, 3);
   host::Backend gpipe_backend(4);

@@ -1,10 +1,11 @@
 #pragma once
 // Backend conformance, part 3: every schedule runs without hanging and gives the GPipe
-// schedule's loss and gradients: 1F1B and ZB-H1 on K = 2, 4, 8 devices, interleaved 1F1B with
-// V = 2 on 1, 2, 4 and 8 devices (and V = 4 on one), looped BFS with V = 2 on 2 and 4, for M in {1,
-// 2, 4, 8, 16} (M < K included) and every remat policy. Each is compared with the GPipe trainer of
-// the same model, seed, M and policy, and with the double-precision sequential reference; a step
-// leaves only parameters and gradients allocated.
+// schedule's loss and gradients: 1F1B, ZB-H1 and ZB-H2 on K = 2, 4, 8 devices, interleaved 1F1B
+// with V = 2 on 1, 2, 4 and 8 devices (and V = 4 on one), looped BFS with V = 2 on 2 and 4, ZB-V
+// on 1, 2 and 4 and DualPipeV on 2 and 4 (V-shaped placement: device d holds stages d and
+// 2K-1-d), for M in {1, 2, 4, 8, 16} (M < K included) and every remat policy. Each is compared with
+// the GPipe trainer of the same model, seed, M and policy, and with the double-precision sequential
+// reference; a step leaves only parameters and gradients allocated.
 //
 // Instantiated per backend with a factory as in conformance_equivalence.hpp (here
 // gradient_tolerance):
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/model.hpp"
@@ -48,8 +50,9 @@ struct ScheduleCase {
   using Schedule = ScheduleT;
 };
 
-// 1F1B and ZB-H1 on K = 2, 4, 8 devices; interleaved with V = 2 on 1, 2, 4 and 8 devices, and
-// V = 4 on one; looped BFS with V = 2 on 2 and 4 devices.
+// 1F1B, ZB-H1 and ZB-H2 on K = 2, 4, 8 devices; interleaved with V = 2 on 1, 2, 4 and 8
+// devices, and V = 4 on one; looped BFS with V = 2 on 2 and 4 devices; the V-shaped ZB-V on 1, 2
+// and 4 devices and DualPipeV on 2 and 4 (where M >= 2K; below, the trainer refuses it).
 template <class F>
 using ScheduleCases =
     std::tuple<ScheduleCase<F, Model2, OneFOneB>, ScheduleCase<F, Model4, OneFOneB>,
@@ -58,7 +61,11 @@ using ScheduleCases =
                ScheduleCase<F, Model2, Interleaved<2>>, ScheduleCase<F, Model4, Interleaved<2>>,
                ScheduleCase<F, Model8, Interleaved<2>>, ScheduleCase<F, Model16, Interleaved<2>>,
                ScheduleCase<F, Model4, Interleaved<4>>, ScheduleCase<F, Model4, LoopedBFS<2>>,
-               ScheduleCase<F, Model8, LoopedBFS<2>>>;
+               ScheduleCase<F, Model8, LoopedBFS<2>>, ScheduleCase<F, Model2, ZeroBubbleH2>,
+               ScheduleCase<F, Model4, ZeroBubbleH2>, ScheduleCase<F, Model8, ZeroBubbleH2>,
+               ScheduleCase<F, Model2, ZeroBubbleV>, ScheduleCase<F, Model4, ZeroBubbleV>,
+               ScheduleCase<F, Model8, ZeroBubbleV>, ScheduleCase<F, Model4, DualPipeV>,
+               ScheduleCase<F, Model8, DualPipeV>>;
 
 inline constexpr std::size_t schedule_rows = 16;  // enough rows for M = 16
 inline constexpr std::uint64_t schedule_seed = 7;
@@ -95,6 +102,14 @@ void check_schedule_matches_gpipe() {
       CAPTURE(to_string(remat));
       const typename Trainer<Model, Loss, Backend>::Options options{
           .micro_batches = m, .remat = remat, .seed = seed};
+      if constexpr (std::is_same_v<Kind, DualPipeV>) {
+        if (m < 2 * num_devices) {  // DualPipeV needs 2 micro-batches per stage of its V
+          using T = Trainer<Model, Loss, Backend, Kind>;
+          CHECK_THROWS_WITH_AS(T(backend, {.micro_batches = m, .remat = remat, .seed = seed}),
+                               doctest::Contains("at least 2K micro-batches"), Error);
+          continue;
+        }
+      }
 
       Trainer<Model, Loss, Backend> gpipe_trainer(gpipe_backend, options);
       const float gpipe_loss = gpipe_trainer.forward_backward(x, y);

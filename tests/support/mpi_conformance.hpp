@@ -30,6 +30,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/mpi.hpp"
@@ -317,6 +318,8 @@ void check_against_one_process(Backend& backend) {
   const std::vector<float> x = random_inputs(rows, Model::in_features, 3);
   const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 11);
   for (std::size_t m : {1u, 3u, 8u}) {
+    if constexpr (std::is_same_v<Kind, DualPipeV>)
+      if (m < 2 * devices) continue;  // DualPipeV needs M >= 2K
     for (Remat remat : {Remat::never, Remat::always}) {
       CAPTURE(Kind::name);
       CAPTURE(m);
@@ -463,12 +466,17 @@ void check_every_schedule(Backend& backend) {
     case 1:
       check_against_one_process<Model1, GPipe, Backend, OneProcess>(backend);
       check_against_one_process<Model1, OneFOneB, Backend, OneProcess>(backend);
+      // both stages of the V on the one rank: the turn is a copy within the device
+      check_against_one_process<Model2, ZeroBubbleV, Backend, OneProcess>(backend);
       break;
     case 2:
       check_against_one_process<Model2, GPipe, Backend, OneProcess>(backend);
       check_against_one_process<Model2, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model2, ZeroBubbleH1, Backend, OneProcess>(backend);
+      check_against_one_process<Model2, ZeroBubbleH2, Backend, OneProcess>(backend);
       check_against_one_process<Model4, Interleaved<2>, Backend, OneProcess>(backend);
+      check_against_one_process<Model4, ZeroBubbleV, Backend, OneProcess>(backend);
+      check_against_one_process<Model4, DualPipeV, Backend, OneProcess>(backend);
       if constexpr (requires(typename Backend::Kernels & k) { k.bf16_context(); })
         check_against_one_process<Model2, OneFOneB, Backend, OneProcess, MixedBf16>(backend);
       break;
@@ -482,6 +490,7 @@ void check_every_schedule(Backend& backend) {
       check_against_one_process<Model4, OneFOneB, Backend, OneProcess>(backend);
       check_against_one_process<Model4, ZeroBubbleH1, Backend, OneProcess>(backend);
       check_against_one_process<Model8, Interleaved<2>, Backend, OneProcess>(backend);
+      check_against_one_process<Model8, ZeroBubbleV, Backend, OneProcess>(backend);
       if constexpr (requires(typename Backend::Kernels & k) { k.bf16_context(); })
         check_against_one_process<Model4, GPipe, Backend, OneProcess, MixedBf16>(backend);
       break;

@@ -3,11 +3,20 @@
 // chunk}. Generators produce it, the validator proves it runnable, the simulator times it and the
 // runtime walks it; all of them agree on the contract below, which is the only place it is stated.
 //
-// Stages. S = num_devices * num_chunks stages 0..S-1 form the pipeline. Virtual stages are
-// assigned round robin: stage s = chunk * num_devices + device, so device d holds stages
-// d, d + K, d + 2K, ... (K = num_devices). GPipe and 1F1B have num_chunks == 1: stage == device.
-// An op's chunk names the stage it works on *on its own device*: the stage of op (d, op) is
-// stage_of(d, op.chunk), also for sends and recvs.
+// Stages. S = num_devices * num_chunks stages 0..S-1 form the pipeline; the schedule's
+// placement says which device holds which (K = num_devices):
+//   round_robin  stage s = chunk * K + device: device d holds stages d, d + K, d + 2K, ...
+//                (GPipe, 1F1B, ZB-H1/H2 with num_chunks == 1, where stage == device;
+//                Interleaved and LoopedBFS)
+//   v_shape      the chunks zigzag: chunk c of device d is stage c * K + d for even c and
+//                c * K + K-1-d for odd c, so with 2 chunks device d holds stages d and 2K-1-d
+//                (ZB-V, DualPipeV): the pipeline runs down the devices and back up, device K-1
+//                hands stage K-1's output to its own stage K, and device 0 holds the first
+//                stage and the last (the loss)
+// Either way chunk c of a device is its c-th stage in pipeline order (chunk_of_stage(s) =
+// s / K), and no device holds two chunks of one stage. An op's chunk names the stage it works
+// on *on its own device*: the stage of op (d, op) is stage_of(d, op.chunk), also for sends and
+// recvs.
 //
 // Ops of stage s for micro-batch mb (every one exactly once, no others):
 //   forward          (all s)    runs stage s; on s == S-1 it also computes the loss and the
@@ -123,28 +132,49 @@ struct Op {
   friend constexpr bool operator==(const Op&, const Op&) = default;
 };
 
+/// Which device holds which stage (see "Stages" at the top of schedule/op.hpp).
+enum class Placement : std::uint8_t {
+  round_robin,  ///< stage = chunk * K + device
+  v_shape,      ///< chunks zigzag: stage = chunk * K + (chunk even ? device : K - 1 - device)
+};
+
+/// `"round_robin"` or `"v_shape"`.
+constexpr std::string_view to_string(Placement placement) {
+  return placement == Placement::round_robin ? "round_robin" : "v_shape";
+}
+
 /// ops[device] is that device's program, run in order. Invariant of a valid schedule (see
 /// validate): ops.size() == num_devices, every op's micro_batch < num_micro_batches and
 /// chunk < num_chunks, and the contract at the top of this file holds.
 struct Schedule {
-  std::size_t num_devices = 0;         ///< K: devices, one list in `ops` each
-  std::size_t num_micro_batches = 0;   ///< M: micro-batches per step
-  std::size_t num_chunks = 1;          ///< virtual stages per device
-  std::vector<std::vector<Op>> ops{};  ///< `ops[device]`: that device's ops, in order
+  std::size_t num_devices = 0;                   ///< K: devices, one list in `ops` each
+  std::size_t num_micro_batches = 0;             ///< M: micro-batches per step
+  std::size_t num_chunks = 1;                    ///< virtual stages per device
+  std::vector<std::vector<Op>> ops{};            ///< `ops[device]`: that device's ops, in order
+  Placement placement = Placement::round_robin;  ///< which device holds which stage
 
   /// S = K * num_chunks: the stages of the pipeline.
   constexpr std::size_t num_stages() const { return num_devices * num_chunks; }
-  /// (device, chunk) => chunk * K + device
+  /// (device, chunk) => chunk * K + device (round robin), or with device mirrored to K-1-device
+  /// on odd chunks (v_shape)
   constexpr std::size_t stage_of(std::size_t device, std::size_t chunk) const {
-    return chunk * num_devices + device;
+    return chunk * num_devices + (mirrored(chunk) ? num_devices - 1 - device : device);
   }
-  /// stage => stage % K
-  constexpr std::size_t device_of_stage(std::size_t stage) const { return stage % num_devices; }
-  /// stage => stage / K
+  /// stage => the device that holds it: stage % K, mirrored on odd chunks of a v_shape
+  constexpr std::size_t device_of_stage(std::size_t stage) const {
+    const std::size_t position = stage % num_devices;
+    return mirrored(stage / num_devices) ? num_devices - 1 - position : position;
+  }
+  /// stage => stage / K, under either placement
   constexpr std::size_t chunk_of_stage(std::size_t stage) const { return stage / num_devices; }
 
-  /// Equal when the counts and every device's list, in order, are.
+  /// Equal when the counts, the placement and every device's list, in order, are.
   friend constexpr bool operator==(const Schedule&, const Schedule&) = default;
+
+ private:
+  constexpr bool mirrored(std::size_t chunk) const {
+    return placement == Placement::v_shape && chunk % 2 == 1;
+  }
 };
 
 }  // namespace gpipe

@@ -1,5 +1,6 @@
 #pragma once
-// ZB-H1 (Qi et al., 2023, "Zero Bubble Pipeline Parallelism", section 3.1): the backward is
+// ZB-H1 and ZB-H2 (Qi et al., 2023, "Zero Bubble Pipeline Parallelism", section 3.1; ZB-H2 at the
+// end of this file). ZB-H1: the backward is
 // split into B (input gradient, on the critical path) and W (weight gradient, needed only by
 // the optimizer). The gradient leaves right after B, so the backward wave crosses a hop in T_B
 // instead of T_B + T_W, and W's are postponed into the time devices would otherwise wait. Per
@@ -28,7 +29,9 @@
 
 #include <cstddef>
 #include <string_view>
+#include <vector>
 
+#include "gpipe/schedule/detail/list_schedule.hpp"
 #include "gpipe/schedule/detail/program.hpp"
 #include "gpipe/schedule/one_f_one_b.hpp"
 #include "gpipe/schedule/op.hpp"
@@ -62,6 +65,36 @@ struct ZeroBubbleH1 {
   /// The schedule for K devices and M micro-batches: make_zb_h1_schedule(K, M).
   static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
     return make_zb_h1_schedule(num_devices, num_micro_batches);
+  }
+};
+
+/// (K, M) => ZB-H2's order: list scheduling (schedule/detail/list_schedule.hpp, the Zero Bubble
+/// paper's heuristic) with equal F, B and W times, priority B, F, W, and ZB-H2's memory, 2K - 1
+/// stashes a device: the extra stashes let device d run more forwards ahead than ZB-H1's
+/// K - d, which fill the wait for the first gradient. With equal times it ties ZB-H1 (both reach
+/// (K-1) T_F + M (T_F + T_B + T_W), the least a synchronous step can take); where T_B > T_W
+/// ZB-H1 loses (K-1)(T_B - T_W) to that bound and ZB-H2 little. Throws Error when K or M is 0.
+constexpr Schedule make_zb_h2_schedule(std::size_t num_devices, std::size_t num_micro_batches) {
+  const Schedule shape =
+      detail::empty_schedule("a ZB-H2 schedule", num_devices, num_micro_batches, 1);
+  Schedule schedule =
+      detail::list_schedule(shape, std::vector<OpCosts>(num_devices, OpCosts{}),
+                            std::vector<std::size_t>(num_devices, 2 * num_devices - 1),
+                            {OpKind::backward_input, OpKind::forward, OpKind::backward_weight});
+  return schedule;
+}
+
+/// Schedule tag for Trainer's schedule argument: ZB-H2, one stage per device, B and W split, up
+/// to 2K - 1 stashes a device (ZB-H1 and 1F1B: K).
+struct ZeroBubbleH2 {
+  /// Stages per device: a model of S stages runs on S devices.
+  static constexpr std::size_t chunks_per_device = 1;
+  /// Name in benchmark labels and test output.
+  static constexpr std::string_view name = "zb-h2";
+
+  /// The schedule for K devices and M micro-batches: make_zb_h2_schedule(K, M).
+  static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
+    return make_zb_h2_schedule(num_devices, num_micro_batches);
   }
 };
 

@@ -30,6 +30,7 @@
 #include "gpipe/backend/mpi/control.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/schedule/op.hpp"
+#include "gpipe/transport/in_process.hpp"
 #include "gpipe/transport/transport.hpp"
 
 namespace gpipe::transport {
@@ -45,8 +46,12 @@ class Transport<Backend> {
   /// How a send completes: buffered for MPI, rendezvous for NCCL (the backend's copy policy).
   static constexpr Sends sends = transport_for<Backend>::sends;
 
-  /// A message between processes carries its data: nothing is left with the sender's slot.
-  struct Mailbox {};
+  /// A message between processes carries its data: nothing is left with the sender's slot. A
+  /// message between two stages of this rank's device (a V-shaped placement's turn) is a local
+  /// copy, as in one process: the sender leaves its buffer here.
+  struct Mailbox {
+    void* sent = nullptr;  ///< a local message's Buffer<T>, freed by the receiver's copy
+  };
 
   /// A handle to `backend`, which must outlive it.
   explicit Transport(Backend& backend) : backend_(backend) {}
@@ -81,14 +86,34 @@ class Transport<Backend> {
   /// sent.
   template <class T>
   void send(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& src,
-            Mailbox&) const {
+            Mailbox& box) const {
+    if (message.from == message.to) {
+      box.sent = &src;  // the receive below, later on the same stream, copies it
+      return;
+    }
     backend_.send(message.from, label, message.to, tag(message), src);
   }
-  /// On message.to (this rank's device): dst <- count floats from message.from's rank.
+  /// On message.to (this rank's device): dst <- count floats from message.from's rank, or, for
+  /// a message within the device, from the buffer its send left (copied on the device's stream,
+  /// then freed).
   template <class T>
   void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
-               std::size_t count, MemoryKind kind, Mailbox&) const {
-    backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
+               std::size_t count, MemoryKind kind, Mailbox& box) const {
+    if (message.from != message.to) {
+      backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
+      return;
+    }
+    detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
+    auto& src = *static_cast<typename Backend::template Buffer<T>*>(box.sent);
+    const std::size_t device = message.to;
+    backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
+      detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
+                                               " elements where " + std::to_string(count) +
+                                               " were expected");
+      dst = backend_.template allocate<T>(device, count, kind);
+      InProcess::receive(k, src.data(), dst.data(), count);
+      src.reset();
+    });
   }
 
   /// The arrays (on this rank's device) whose sum over the replicas the step computes, in the

@@ -14,10 +14,11 @@
 
 namespace gpipe::detail {
 
-// (K, M, V) => a Schedule with K empty lists; throws Error naming `generator` when K, M or V is 0
-// or an index does not fit an Op's 32-bit fields.
+// (K, M, V[, placement]) => a Schedule with K empty lists; throws Error naming `generator` when K,
+// M or V is 0 or an index does not fit an Op's 32-bit fields.
 constexpr Schedule empty_schedule(const char* generator, std::size_t num_devices,
-                                  std::size_t num_micro_batches, std::size_t num_chunks) {
+                                  std::size_t num_micro_batches, std::size_t num_chunks,
+                                  Placement placement = Placement::round_robin) {
   if (num_devices == 0) {
     throw Error(std::string("gpipe: ") + generator + " needs at least one device, got 0");
   }
@@ -35,7 +36,8 @@ constexpr Schedule empty_schedule(const char* generator, std::size_t num_devices
   return {.num_devices = num_devices,
           .num_micro_batches = num_micro_batches,
           .num_chunks = num_chunks,
-          .ops = std::vector<std::vector<Op>>(num_devices)};
+          .ops = std::vector<std::vector<Op>>(num_devices),
+          .placement = placement};
 }
 
 // prefix followed by V's decimal digits, as characters: the name of a schedule tag with V chunks
