@@ -11,7 +11,7 @@
 //   bubble_theory        the closed form: (K-1)/(M+K-1) for GPipe and 1F1B,
 //                        ((K-1)/V)/(M+(K-1)/V) for interleaved and looped BFS (M >= K),
 //                        (K-1)/(3M+K-1) for ZB-H1 and ZB-H2 (M >= K), ((K-1)/2)/(3M+(K-1)/2)
-//                        for ZB-V (M >= 2K-1); 0 where none applies (DualPipeV)
+//                        for ZB-V (M >= 2K-1) and DualPipeV (M >= 2K); 0 where none applies
 //   overhead_us_per_op   (wall time of the step - the simulated makespan with the op durations
 //                        measured in the same step) / (op slots on the critical path, that
 //                        makespan / the mean op duration): what the executor adds to each op

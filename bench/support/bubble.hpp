@@ -51,8 +51,10 @@ inline double bubble_theory(std::string_view schedule, double k, double m, doubl
     return ((k - 1) / v) / (m + (k - 1) / v);
   // ZB-H1 and ZB-H2 (equal F, B, W): (M+K-1)(F+B) + (M-K+1) W = 3M + K-1 for M >= K
   if ((schedule == "zb-h1" || schedule == "zb-h2") && m >= k) return (k - 1) / (3 * m + k - 1);
-  // ZB-V: half-stage chunks, the least a synchronous step takes, (K-1)/2 + 3M, for M >= 2K-1
-  if (schedule == "zb-v" && m + 1 >= 2 * k) return ((k - 1) / 2) / (3 * m + (k - 1) / 2);
+  // ZB-V and DualPipeV: half-stage chunks, the least a synchronous step takes, (K-1)/2 + 3M,
+  // for M >= 2K-1 (ZB-V) and M >= 2K (DualPipeV, which needs it)
+  if ((schedule == "zb-v" && m + 1 >= 2 * k) || (schedule == "dualpipe-v" && m >= 2 * k))
+    return ((k - 1) / 2) / (3 * m + (k - 1) / 2);
   return 0;
 }
 
