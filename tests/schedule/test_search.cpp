@@ -23,8 +23,8 @@ namespace {
 double best_builtin(std::size_t k, std::size_t m, const std::vector<OpCosts>& costs,
                     const std::vector<std::size_t>& limits) {
   double best = std::numeric_limits<double>::infinity();
-  for (const Schedule& s :
-       {make_gpipe_schedule(k, m), make_1f1b_schedule(k, m), make_zb_h1_schedule(k, m)}) {
+  for (const Schedule& s : {make_gpipe_schedule(k, m), make_1f1b_schedule(k, m),
+                            make_zb_h1_schedule(k, m), make_zb_h2_schedule(k, m)}) {
     const SimulationResult r = simulate(s, costs);
     bool fits = true;
     for (std::size_t d = 0; d < k; ++d) fits = fits && r.peak_live_activations[d] <= limits[d];

@@ -2,7 +2,8 @@
 // search_schedule: from measured op costs (per device F, B, W and the transfer time) and a limit
 // on the activation stashes a device may hold at once, the one-stage-per-device schedule with
 // the smallest simulated makespan that the search finds; never worse than the best built-in
-// schedule (GPipe, 1F1B, ZB-H1) that fits the limit, since those are candidates too.
+// schedule of one stage per device (GPipe, 1F1B, ZB-H1, ZB-H2) that fits the limit, since those
+// are candidates too.
 //
 // The candidates besides the built-ins come from list scheduling (schedule/detail/
 // list_schedule.hpp), the heuristic of the Zero Bubble paper's automatic scheduler (Qi et al.,
@@ -47,9 +48,9 @@ struct ScheduleSearch {
 
 /// The schedule with the smallest simulated makespan that the search finds for K devices and M
 /// micro-batches, one stage per device, under `search`'s costs and stash limits (see the top of
-/// this file): never worse than GPipe's, 1F1B's or ZB-H1's where those fit the limits. Throws
-/// gpipe::Error for K or M of 0, costs or limits of another length than 1 or K, a limit of 0, or
-/// limits that no schedule fits.
+/// this file): never worse than GPipe's, 1F1B's, ZB-H1's or ZB-H2's where those fit the limits.
+/// Throws gpipe::Error for K or M of 0, costs or limits of another length than 1 or K, a limit of
+/// 0, or limits that no schedule fits.
 constexpr Schedule search_schedule(std::size_t num_devices, std::size_t num_micro_batches,
                                    const ScheduleSearch& search) {
   const std::size_t k = num_devices, m = num_micro_batches;
@@ -81,6 +82,7 @@ constexpr Schedule search_schedule(std::size_t num_devices, std::size_t num_micr
   consider(make_gpipe_schedule(k, m));
   consider(make_1f1b_schedule(k, m));
   consider(make_zb_h1_schedule(k, m));
+  consider(make_zb_h2_schedule(k, m));
   const std::size_t most = *std::max_element(limit.begin(), limit.end());
   const Schedule shape = detail::empty_schedule("search_schedule", k, m, 1);
   for (const detail::Priority& p :
