@@ -161,6 +161,8 @@ TEST_CASE("a rank's device with a team of threads runs every schedule, and says 
   // The split itself is the host backend's, tested there (tests/backend/host, tests/runtime).
   mpi::Backend backend(MPI_COMM_WORLD, {.threads_per_device = 2});
   CHECK(backend.threads_per_device() == 2);
+  // the rank's own cores (its affinity mask, which mpirun may narrow), not the machine's
+  CHECK(backend.devices_share_cores(1) == (host::usable_cores() < 2));
   check_every_schedule<mpi::Backend, host::Backend>(backend);
 }
 

@@ -6,6 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <thread>
@@ -131,11 +135,11 @@ TEST_CASE("bubble_breakdown: the schedule's own bubble from the simulator, the r
   CHECK(why.mean_op_us > 0);
   CHECK(why.device_op_us[0] > 0);
   CHECK(why.device_op_us[1] > 0);
-  CHECK(why.devices_share_cores == (std::thread::hardware_concurrency() == 1));
+  CHECK(why.devices_share_cores == (host::usable_cores() == 1));
 }
 
 TEST_CASE("bubble_breakdown: devices share cores when devices x threads_per_device exceed them") {
-  const unsigned cores = std::thread::hardware_concurrency();
+  const unsigned cores = host::usable_cores();
   for (std::size_t threads : {1u, 2u, 3u}) {
     INFO("threads per device ", threads, ", cores ", cores);
     host::Backend backend(2, {.threads_per_device = threads});
@@ -148,6 +152,35 @@ TEST_CASE("bubble_breakdown: devices share cores when devices x threads_per_devi
     CHECK(why.devices_share_cores == (cores != 0 && 2 * threads > cores));
   }
 }
+
+#if defined(__linux__)
+TEST_CASE("usable_cores and devices_share_cores follow the affinity mask, not the machine") {
+  // What mpirun does to each rank by default: the process may run on one core only.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  const unsigned all = host::usable_cores();
+  CHECK(all == static_cast<unsigned>(CPU_COUNT(&mine)));
+  host::Backend backend(2);  // its workers keep the whole mask
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &mine)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  REQUIRE(sched_setaffinity(0, sizeof(one), &one) == 0);
+  const unsigned pinned = host::usable_cores();
+  const bool two_share = backend.devices_share_cores(2),
+             one_shares = backend.devices_share_cores(1);
+  REQUIRE(sched_setaffinity(0, sizeof(mine), &mine) == 0);  // before any CHECK can stop the test
+  CHECK(pinned == 1);
+  CHECK(two_share);
+  CHECK_FALSE(one_shares);
+  CHECK(host::usable_cores() == all);
+  CHECK(backend.devices_share_cores(2) == (all < 2));
+}
+#endif
 
 TEST_CASE("bubble_breakdown: uneven stages show as imbalance, not as executor overhead") {
   // The timings of a GPipe step on K = 2, M = 4 whose stage 1 takes 25 times stage 0's time

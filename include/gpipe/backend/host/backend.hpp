@@ -8,6 +8,10 @@
 //   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
 //   backend.synchronize();   // rethrows the first failure, naming where it happened
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <memory>
@@ -30,6 +34,19 @@
 #include "gpipe/error.hpp"
 
 namespace gpipe::host {
+
+/// The cores this process may compute on: the CPUs of the calling thread's affinity mask where
+/// the OS keeps one (Linux; `mpirun` binds each rank to one core unless told otherwise, and
+/// `taskset` or a container's cpuset narrow it too), else std::thread::hardware_concurrency(); 0
+/// when unknown.
+inline unsigned usable_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<unsigned>(CPU_COUNT(&set));
+#endif
+  return std::thread::hardware_concurrency();
+}
 
 /// Construction options of a host::Backend.
 struct BackendOptions {
@@ -85,9 +102,9 @@ class Backend {
   /// The threads each device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return threads_per_device_; }
   /// Whether `busy` devices computing at once, each on threads_per_device() threads, want more
-  /// cores than the machine has (std::thread::hardware_concurrency(); false when unknown).
+  /// cores than this process may use (usable_cores(): its affinity mask; false when unknown).
   bool devices_share_cores(std::size_t busy) const {
-    const unsigned cores = std::thread::hardware_concurrency();
+    const unsigned cores = usable_cores();
     return cores != 0 && busy * threads_per_device_ > cores;
   }
   /// What the microseconds of traces and timings count from: the backend's construction.

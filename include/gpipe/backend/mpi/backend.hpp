@@ -40,6 +40,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -107,12 +108,14 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
         local_(1, local_options(options)) {
     control_.align_clocks(local_.epoch());
+    warn_if_team_shares_cores();
   }
   /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
       : MpiRanks(comm, options.data_parallel, options.peer_timeout),
         local_(1, local_options(options)) {
     control_.align_clocks(local_.epoch());
+    warn_if_team_shares_cores();
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -126,6 +129,10 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
 
   /// The threads this rank's device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return local_.threads_per_device(); }
+  /// Whether this rank's device, computing on threads_per_device() threads, wants more cores than
+  /// the rank may use (host::usable_cores(): its affinity mask, which mpirun narrows to one core
+  /// by default; false when unknown). `busy` is 0 or 1: a rank runs one device.
+  bool devices_share_cores(std::size_t busy) const { return local_.devices_share_cores(busy); }
 
   /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
   /// for this one's data stops waiting; the step then fails everywhere (the agreement).
@@ -284,6 +291,17 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       return MPI_FLOAT;
     else
       return MPI_UINT16_T;
+  }
+
+  /// A line on stderr when the rank's threads_per_device exceed the cores its affinity mask
+  /// allows: they would take turns on them, slower than one thread.
+  void warn_if_team_shares_cores() const {
+    if (!devices_share_cores(1)) return;
+    std::fprintf(stderr,
+                 "gpipe: rank %zu: threads_per_device = %zu, but this rank may run on %u core(s) "
+                 "(its affinity mask): its threads will share them. mpirun binds each rank to one "
+                 "core by default: start it with --bind-to none, or --map-by slot:PE=%zu\n",
+                 rank(), threads_per_device(), host::usable_cores(), threads_per_device());
   }
 
   /// The rank's one-device host::Backend: its pipeline device, capacity and threads.
