@@ -18,9 +18,10 @@
 //   7  K-1-d times                              W B0(zb)
 //   8  d+1 times                                W
 // which counts M of each op on both chunks and needs M >= 2K (step 4 at least d+1 times).
-// Peak stashes per device: 2K chunk stashes (2K-1-d of chunk 0 and d+1 of chunk 1 after step
-// 2), i.e. K whole-stage stashes: 1F1B's memory. Every op carries its transfers (Program), and
-// the validator proves the lists under both send rules.
+// Peak stashes per device: 2K chunk stashes after step 2 (2K-1-d of chunk 0, d+1 of chunk 1),
+// and one more at step 4's first F0, before its B1's W frees one: at most 2K+1 chunk stashes,
+// K + 1/2 whole-stage ones (DeepSeek's PP+1; tests/schedule/test_v_schedules.cpp). Every op
+// carries its transfers (Program), and the validator proves the lists under both send rules.
 
 #include <cstddef>
 #include <string>
