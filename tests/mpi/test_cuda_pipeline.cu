@@ -106,6 +106,20 @@ TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the nex
   check_fault_ends_the_step_everywhere<OneFOneB, mpi::CudaBackend, cuda::Backend>(backend);
 }
 
+TEST_CASE("a training step's wall time over all ranks, from the trainer") {
+  mpi::CudaBackend backend;
+  check_step_wall_times(backend);
+}
+
+TEST_CASE("bad input on one rank alone ends the step on every rank with its error") {
+  mpi::CudaBackend backend;
+  check_inputs_refused_on_one_rank<mpi::CudaBackend, cuda::Backend>(backend);
+}
+
+TEST_CASE("bad input on one rank of one replica: the replicas' gradient sums stay in step") {
+  check_input_refused_in_one_replica<mpi::CudaBackend, cuda::Backend>();
+}
+
 TEST_CASE("the world, a replica count that does not fit, another rank's device") {
   mpi::CudaBackend backend;
   int size = 0, rank = 0;

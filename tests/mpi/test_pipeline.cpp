@@ -8,10 +8,10 @@
 // process run on the whole batch (to float rounding: the sums run in another order). A throw on
 // rank 1 at micro-batch 2 ends the step on every rank with one Error naming rank, stage,
 // micro-batch and the original message, and the next step runs normally; so does a failure
-// while a rank issues its step (its loss buffer out of memory), and a throw in one replica of
-// two (the replicas' gradient sums stay in step). One merged trace of every rank runs on one
-// clock (a message's receiver starts after its sender ended), and every rank's last_step() is
-// the whole pipeline's. With
+// while a rank issues its step (its loss buffer out of memory), bad input on one rank alone
+// (its targets, then predict's input), and a throw in one replica of two (the replicas' gradient
+// sums stay in step). One merged trace of every rank runs on one clock (a message's receiver starts
+// after its sender ended), and every rank's last_step() is the whole pipeline's. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -98,6 +98,20 @@ TEST_CASE("a failure while one rank issues its part of a step ends the step on e
   CAPTURE(message);
   CHECK(message.starts_with("gpipe: rank 2 failed: "));
   CHECK(message.find("exceeds the capacity") != std::string::npos);
+}
+
+TEST_CASE("a training step's wall time over all ranks, from the trainer") {
+  mpi::Backend backend;
+  check_step_wall_times(backend);
+}
+
+TEST_CASE("bad input on one rank alone ends the step on every rank with its error") {
+  mpi::Backend backend;
+  check_inputs_refused_on_one_rank<mpi::Backend, host::Backend>(backend);
+}
+
+TEST_CASE("bad input on one rank of one replica: the replicas' gradient sums stay in step") {
+  check_input_refused_in_one_replica<mpi::Backend, host::Backend>();
 }
 
 TEST_CASE("one trace and one step timing for all ranks, on one clock") {

@@ -2,15 +2,17 @@
 // gradients, on the host backend: the backend-conformance suite of
 // tests/support/conformance_optimizers.hpp; a change of optimizer type restarting the state;
 // gradient clipping against torch's clip_grad_norm_ on the double reference; the learning-rate
-// schedule; and hyperparameter checks.
+// schedule; hyperparameter checks; and a training step's wall time (Trainer::last_step_seconds).
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/backend/host/backend.hpp"
@@ -78,6 +80,46 @@ TEST_CASE("a step with another optimizer type restarts the state; the same type 
       CHECK(relative_error(got.at(name), entry.second) < HostFactory::parameter_tolerance);
     }
   }
+}
+
+TEST_CASE("last_step_seconds: from a step's first zero_grad or forward_backward to step()'s end") {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const std::vector<float> x = random_inputs(8, Model3::in_features, 41);
+  const std::vector<std::int32_t> y = random_classes(8, L6::out_features, 42);
+  host::Backend backend(3);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 4});
+  CHECK_THROWS_WITH_AS((void)trainer.last_step_seconds(),
+                       doctest::Contains("no training step has ended yet"), Error);
+  const optim::SGD sgd({.lr = 0.01});
+  // a step from zero_grad: a pause after zero_grad is in it, one before it is not
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const Clock::time_point before = Clock::now();
+  trainer.zero_grad();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)trainer.forward_backward(x, y);
+  trainer.step(sgd);
+  const Clock::time_point after = Clock::now();
+  const double first = trainer.last_step_seconds();
+  CHECK(first >= 0.020);
+  CHECK(first <= seconds(before, after));
+  CHECK(first >= trainer.last_step().makespan_us / 1e6);
+  CHECK(trainer.last_step_seconds() == first);  // asking again measures nothing new
+  // a step from forward_backward (two of them: gradient accumulation), clipping included
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const Clock::time_point again = Clock::now();
+  (void)trainer.forward_backward(x, y);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (void)trainer.forward_backward(x, y);
+  (void)trainer.clip_grad_norm(1.0);
+  trainer.step(sgd);
+  const double second = trainer.last_step_seconds();
+  CHECK(second >= 0.020);
+  CHECK(second <= seconds(again, Clock::now()));
 }
 
 TEST_CASE("WarmupCosine: linear warmup, half a cosine, then the minimum") {

@@ -11,7 +11,10 @@
 // rank that kills itself ends the job (run_killed_rank_step); GPT-2's tie between the first and the
 // last rank gives one process's loss, gradients, norm, AdamW step (both decay groups) and file
 // (check_ties_across_ranks); a checkpoint the ranks save loads into one process and back into
-// the ranks, and the next step is one process's (check_checkpoints_on_ranks).
+// the ranks, and the next step is one process's (check_checkpoints_on_ranks); bad input on one
+// rank alone ends the step on every rank with that rank's Error (check_inputs_refused_on_one_rank);
+// a training step's wall time is the same on every rank and spans them all
+// (check_step_wall_times).
 //
 // CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
 // collective.
@@ -20,6 +23,7 @@
 #include <mpi.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstddef>
@@ -30,6 +34,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -456,6 +461,121 @@ void check_fault_ends_the_step_everywhere(Backend& backend) {
     trainer.zero_grad();
     CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
   }
+}
+
+// Bad input found on one rank alone: the last rank's copy of the targets has a class id out of
+// range, then rank 0's copy of predict's input has a float too many, while the other ranks' copies
+// are right, so they issue their part of the step. Every rank throws the refusing rank's Error (at
+// once: without the agreement the others would wait for its messages until peer_timeout), and
+// the trainer goes on: the next step is the one-process step.
+template <class Model, class Backend, class OneProcess>
+void check_input_refused_on_one_rank(Backend& backend) {
+  constexpr std::size_t K = Model::num_stages;
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 21);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 22);
+  std::vector<std::int32_t> bad_y = y;
+  bad_y[5] = static_cast<std::int32_t>(Model::out_features);
+  std::vector<float> bad_x = x;
+  bad_x.push_back(0.5f);
+  const std::size_t last = backend.world_size() - 1;
+  CAPTURE(backend.rank());
+  Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+      backend, {.micro_batches = 4, .seed = seed});
+  std::string message =
+      error_of([&] { (void)trainer.forward_backward(x, backend.rank() == last ? bad_y : y); });
+  CAPTURE(message);
+  CHECK(message == "gpipe: rank " + std::to_string(last) +
+                       " failed: SoftmaxCrossEntropy target 5 is " +
+                       std::to_string(Model::out_features) + ", expected a class id in [0, " +
+                       std::to_string(Model::out_features) + ")");
+  message = error_of([&] { (void)trainer.predict(backend.rank() == 0 ? bad_x : x); });
+  CHECK(message.starts_with("gpipe: rank 0 failed: x has " + std::to_string(bad_x.size()) +
+                            " floats, expected a positive multiple of in_features"));
+  OneProcess one_process = one_process_like<OneProcess>(backend, K);
+  Trainer<Model, SoftmaxCrossEntropy, OneProcess, OneFOneB> reference(
+      one_process, {.micro_batches = 4, .seed = seed});
+  trainer.zero_grad();
+  CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+  CHECK(trainer.predict(x) == reference.predict(x));
+}
+
+// With 2 replicas x 2 devices (4 ranks): the last rank alone refuses its targets after a good
+// step, so that replica 0 runs its whole part and starts its gradient sums, which the refusing
+// rank must start too: every rank throws its Error, and from zero two steps equal one process's
+// (they would hang if the replicas' sums had fallen out of step).
+template <class Backend, class OneProcess>
+void check_input_refused_in_one_replica() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) return;
+  Backend backend(MPI_COMM_WORLD, {.data_parallel = 2});
+  const std::vector<float> x = random_inputs(rows, Model2::in_features, 25);
+  const std::vector<std::int32_t> y = random_classes(rows, Model2::out_features, 26);
+  std::vector<std::int32_t> bad_y = y;
+  bad_y[3] = -1;
+  CAPTURE(backend.rank());
+  Trainer<Model2, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+      backend, {.micro_batches = 2, .seed = seed});
+  OneProcess one_process = one_process_like<OneProcess>(backend, 2);
+  Trainer<Model2, SoftmaxCrossEntropy, OneProcess, OneFOneB> reference(
+      one_process, {.micro_batches = 2, .seed = seed});
+  (void)trainer.forward_backward(x, y);
+  const std::string message =
+      error_of([&] { (void)trainer.forward_backward(x, backend.rank() == 3 ? bad_y : y); });
+  CAPTURE(message);
+  CHECK(message ==
+        "gpipe: rank 3 failed: SoftmaxCrossEntropy target 3 is -1, expected a class id in [0, " +
+            std::to_string(Model2::out_features) + ")");
+  trainer.zero_grad();
+  check_two_steps(backend, trainer, reference, x, y);
+}
+
+template <class Backend, class OneProcess>
+void check_inputs_refused_on_one_rank(Backend& backend) {
+  if (backend.num_devices() == 2)
+    check_input_refused_on_one_rank<Model2, Backend, OneProcess>(backend);
+  if (backend.num_devices() == 3)
+    check_input_refused_on_one_rank<Model3, Backend, OneProcess>(backend);
+  if (backend.num_devices() == 4)
+    check_input_refused_on_one_rank<Model4, Backend, OneProcess>(backend);
+}
+
+// A training step's wall time over the ranks (Trainer::last_step_seconds): the same on every
+// rank; at least the pipeline's compute makespan and a pause that the last rank alone takes
+// between its forward_backward and its step() (no collective in between, so the other ranks' own
+// steps end before it); at most from the earliest rank's time before zero_grad to the latest
+// rank's after step() (one machine here: the ranks share steady_clock).
+template <class Model, class Backend>
+void check_step_wall_time(Backend& backend) {
+  using Clock = std::chrono::steady_clock;
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 23);
+  const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 24);
+  Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+      backend, {.micro_batches = 4, .seed = seed});
+  const double before = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  trainer.zero_grad();
+  (void)trainer.forward_backward(x, y);
+  if (backend.rank() == backend.world_size() - 1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  trainer.step(optim::SGD({.lr = 0.01}));
+  const double after = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  const double wall = trainer.last_step_seconds();
+  double span[2] = {-before, after}, widest[2] = {0, 0}, first = wall;
+  MPI_Allreduce(span, widest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Bcast(&first, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  CAPTURE(backend.rank());
+  CAPTURE(wall);
+  CHECK(wall == first);
+  CHECK(wall >= 0.050);
+  CHECK(wall >= trainer.last_step().makespan_us / 1e6);
+  CHECK(wall <= widest[0] + widest[1]);
+}
+
+template <class Backend>
+void check_step_wall_times(Backend& backend) {
+  if (backend.num_devices() == 2) check_step_wall_time<Model2, Backend>(backend);
+  if (backend.num_devices() == 3) check_step_wall_time<Model3, Backend>(backend);
+  if (backend.num_devices() == 4) check_step_wall_time<Model4, Backend>(backend);
 }
 
 // Every schedule on as many ranks as devices (2, 3 or 4), against one process; on one rank, the

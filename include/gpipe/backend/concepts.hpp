@@ -8,6 +8,7 @@
 // satisfy `backend` (their headers check it), the MPI backends `multi_process_backend`; a new
 // backend is written against them.
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -75,9 +76,12 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
 /// direction, see transport/mpi.hpp); the step's gradient sums over the replicas
 /// (`expect_reductions`, `start_reduction`, `finish_reductions`); the failure agreement
 /// (`announce_failure`, `agree(failure)`, collective: every process throws the same Error if
-/// one failed); and the collectives between steps (`broadcast` of floats or doubles,
-/// `exchange`, `allreduce_sum`, `all_succeeded`). The runtime reaches it only through
-/// `transport::Transport` (transport/mpi.hpp).
+/// one failed); `restart_timing()`, which starts the rank's count of compute time afresh
+/// without a collective (`take_timing()` gathers it, collectively); and the collectives between
+/// steps (`broadcast` of floats or doubles, `exchange`, `allreduce_sum`, `all_succeeded`, and
+/// `wall_seconds(start, end)`: from the earliest rank's start to the latest one's end, on the
+/// ranks' one clock). The runtime reaches it only through `transport::Transport`
+/// (transport/mpi.hpp).
 template <class B>
 concept multi_process_backend = backend<B> &&
     requires(B& b, const B& cb, std::size_t device, WorkLabel label,
@@ -99,6 +103,10 @@ concept multi_process_backend = backend<B> &&
   { b.all_succeeded(true) } -> std::convertible_to<bool>;
   b.exchange(device, std::span<const float>(values), values);
   b.allreduce_sum(values);
+  b.restart_timing();
+  {
+    b.wall_seconds(std::chrono::steady_clock::time_point{}, std::chrono::steady_clock::time_point{})
+    } -> std::convertible_to<double>;
 };
 
 /// A backend's copy policy (`transport_for<Backend>`): `T::receive(k, src, dst, n)` copies n

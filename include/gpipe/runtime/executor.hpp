@@ -172,6 +172,16 @@ class Executor {
     clear();
   }
 
+  // Ends a training step whose inputs this process refused before issuing anything, from the
+  // handler of the refusal: as a step whose issuing threw (abort_step: with several processes
+  // all throw the same Error). With replicas the sums that the other replicas' ranks of this
+  // device start are announced first, so that this rank starts them too (on gradients that are
+  // unspecified after a failed step) and the replicas' collectives stay in step.
+  [[noreturn]] void refuse(bool sum_over_replicas) {
+    if (sum_over_replicas) transport_.begin_gradient_sums(gradient_sum_arrays());
+    transport_.abort_step(std::current_exception());
+  }
+
  private:
   struct Slot {
     Buffer<A> input, stash, output, grad_output, grad_input, grad_stash;
@@ -196,6 +206,24 @@ class Executor {
   // gradients accumulated so far aside (on the devices' streams, before the step's work) and
   // zeroes them, so that the sums add only this step's.
   void prepare_gradient_sums() {
+    transport_.begin_gradient_sums(gradient_sum_arrays());
+    weights_done_.assign(num_stages_, 0);
+    earlier_.resize(num_stages_);
+    for (std::size_t s = 0; s < num_stages_; ++s) {
+      const std::size_t d = schedule_.device_of_stage(s);
+      if (!transport_.is_local(d)) continue;
+      const std::size_t n = grads_[s].size();
+      earlier_[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
+      backend_.submit(d, {"set gradients aside", s},
+                      [n, g = grads_[s].data(), e = earlier_[s].data()](Kernels& k) {
+                        k.copy(n, g, e);
+                        k.fill(n, 0.0f, g);
+                      });
+    }
+  }
+  // The gradient arrays of this process's stages whose sums over the replicas a step starts, in
+  // the order it starts them.
+  std::vector<std::span<float>> gradient_sum_arrays() const {
     std::vector<std::span<float>> sums;
     for (std::size_t d = 0; d < schedule_.num_devices; ++d) {
       if (!transport_.is_local(d)) continue;
@@ -211,20 +239,7 @@ class Executor {
       for (auto s = order.rbegin(); s != order.rend(); ++s)
         sums.emplace_back(grads_[*s].data(), grads_[*s].size());
     }
-    transport_.begin_gradient_sums(std::move(sums));
-    weights_done_.assign(num_stages_, 0);
-    earlier_.resize(num_stages_);
-    for (std::size_t s = 0; s < num_stages_; ++s) {
-      const std::size_t d = schedule_.device_of_stage(s);
-      if (!transport_.is_local(d)) continue;
-      const std::size_t n = grads_[s].size();
-      earlier_[s] = backend_.template allocate<float>(d, n, MemoryKind::gradients);
-      backend_.submit(d, {"set gradients aside", s},
-                      [n, g = grads_[s].data(), e = earlier_[s].data()](Kernels& k) {
-                        k.copy(n, g, e);
-                        k.fill(n, 0.0f, g);
-                      });
-    }
+    return sums;
   }
   // After stage s's backward_weight is issued: its sum over the replicas starts after the last.
   void after_backward_weight(std::size_t device, std::size_t s) {

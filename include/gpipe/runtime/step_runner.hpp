@@ -69,29 +69,52 @@ class StepRunner {
   std::vector<float> predict(std::span<const std::int32_t> tokens, ParameterStore<Backend>& store);
 
  private:
+  // The checks of a step's inputs, `check()`'s result: on a failure, with several processes,
+  // the step ends on every process at once with this one's Error (the others may have found
+  // their own copy of the inputs right and issued their part: the executor's refuse tells them),
+  // not after peer_timeout; in one process the Error is rethrown as it is. `store`: a training
+  // step's (with replicas, its gradient sums must be started all the same), nullptr for predict.
+  // No collective may come before the checks within a step.
+  template <class Check>
+  auto checked(Check check, ParameterStore<Backend>* store) {
+    try {
+      return check();
+    } catch (...) {
+      if (store == nullptr) transport_.abort_step(std::current_exception());
+      Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
+                                                    loss_, store->params(), store->grads(),
+                                                    shape_.vocab_size > 0);
+      executor.refuse(transport_.replicas() > 1);
+    }
+  }
+
   // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
   float run_step(std::span<const float> x, std::span<const Target> y, std::size_t rows,
                  ParameterStore<Backend>& store) {
     const std::size_t out = shape_.out_features, per_row = loss_.targets_per_row(out);
     const std::size_t T = shape_.tokens_per_sample;
-    require(y.size() == rows * per_row, "y has " + std::to_string(y.size()) +
-                                            " targets, expected " + std::to_string(rows * per_row) +
-                                            " (" + std::to_string(rows) +
-                                            (shape_.vocab_size > 0 ? " tokens x " : " rows x ") +
-                                            std::to_string(per_row) + ")");
-    loss_.check(y, out);
-
-    // A data-parallel replica runs its share of the samples, as evenly as they go.
     const std::size_t replicas = transport_.replicas();
     const MicroBatchSplit shares{rows, replicas, T};
+    checked(
+        [&] {
+          require(y.size() == rows * per_row,
+                  "y has " + std::to_string(y.size()) + " targets, expected " +
+                      std::to_string(rows * per_row) + " (" + std::to_string(rows) +
+                      (shape_.vocab_size > 0 ? " tokens x " : " rows x ") +
+                      std::to_string(per_row) + ")");
+          loss_.check(y, out);
+          if (replicas > 1)
+            require(shares.size(replicas - 1) / T >= micro_batches_,
+                    "the batch has " + std::to_string(shares.samples()) +
+                        " samples: " + std::to_string(replicas) +
+                        " replicas x micro_batches = " + std::to_string(micro_batches_) +
+                        " need at least " + std::to_string(replicas * micro_batches_));
+        },
+        &store);
+
+    // A data-parallel replica runs its share of the samples, as evenly as they go.
     const std::size_t replica = transport_.replica();
     const std::size_t mine = shares.size(replica), first = shares.begin(replica);
-    if (replicas > 1)
-      require(shares.size(replicas - 1) / T >= micro_batches_,
-              "the batch has " + std::to_string(shares.samples()) +
-                  " samples: " + std::to_string(replicas) +
-                  " replicas x micro_batches = " + std::to_string(micro_batches_) +
-                  " need at least " + std::to_string(replicas * micro_batches_));
     const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
     const auto my_y = y.subspan(first * per_row, mine * per_row);
 
@@ -99,7 +122,7 @@ class StepRunner {
                                                   store.params(), store.grads(),
                                                   shape_.vocab_size > 0);
     store.restart_tied_gradients();
-    take_timing();  // start this step's count afresh
+    transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
     const double total =
         executor.run({.x = my_x,
@@ -216,14 +239,19 @@ float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const f
                                                                std::span<const Target> y,
                                                                ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
-  require(x.size() % in == 0,
-          "x has " + std::to_string(x.size()) +
-              " floats, which is not a multiple of in_features = " + std::to_string(in) +
-              " (expected batch x " + std::to_string(in) + ", row-major)");
-  const std::size_t rows = x.size() / in;
-  require(rows >= micro_batches_,
-          "the batch has " + std::to_string(rows) + " rows, fewer than micro_batches = " +
-              std::to_string(micro_batches_) + " (every micro-batch needs at least one row)");
+  const std::size_t rows = checked(
+      [&] {
+        require(x.size() % in == 0,
+                "x has " + std::to_string(x.size()) +
+                    " floats, which is not a multiple of in_features = " + std::to_string(in) +
+                    " (expected batch x " + std::to_string(in) + ", row-major)");
+        require(x.size() / in >= micro_batches_,
+                "the batch has " + std::to_string(x.size() / in) +
+                    " rows, fewer than micro_batches = " + std::to_string(micro_batches_) +
+                    " (every micro-batch needs at least one row)");
+        return x.size() / in;
+      },
+      &store);
   return run_step(x, y, rows, store);
 }
 
@@ -231,7 +259,7 @@ template <class Backend, class Target, class Precision>
 float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const std::int32_t> tokens,
                                                                std::span<const Target> targets,
                                                                ParameterStore<Backend>& store) {
-  const std::vector<float> x = token_rows(tokens, micro_batches_);
+  const std::vector<float> x = checked([&] { return token_rows(tokens, micro_batches_); }, &store);
   return run_step(x, targets, tokens.size(), store);
 }
 
@@ -239,17 +267,21 @@ template <class Backend, class Target, class Precision>
 std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<const float> x,
                                                                    ParameterStore<Backend>& store) {
   const std::size_t in = shape_.in_features;
-  require(x.size() % in == 0 && !x.empty(),
-          "x has " + std::to_string(x.size()) +
-              " floats, expected a positive multiple of in_features = " + std::to_string(in) +
-              " (batch x " + std::to_string(in) + ", row-major)");
+  checked(
+      [&] {
+        require(x.size() % in == 0 && !x.empty(),
+                "x has " + std::to_string(x.size()) +
+                    " floats, expected a positive multiple of in_features = " + std::to_string(in) +
+                    " (batch x " + std::to_string(in) + ", row-major)");
+      },
+      nullptr);
   return run_predict(x, x.size() / in, store);
 }
 
 template <class Backend, class Target, class Precision>
 std::vector<float> StepRunner<Backend, Target, Precision>::predict(
     std::span<const std::int32_t> tokens, ParameterStore<Backend>& store) {
-  const std::vector<float> x = token_rows(tokens, 1);
+  const std::vector<float> x = checked([&] { return token_rows(tokens, 1); }, nullptr);
   return run_predict(x, tokens.size(), store);
 }
 

@@ -15,6 +15,7 @@
 // model's types is here: the checks that the model runs on the backend, the schedule's generator,
 // and the typed entry points.
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -205,6 +206,7 @@ class Trainer {
   /// floats (MSELoss). Returns the mean loss over the mini-batch and adds its gradients.
   float forward_backward(std::span<const float> x,
                          std::span<const target_type> y) requires(!Model::is_token_model) {
+    begin_step();
     return runner_.forward_backward(x, y, store_);
   }
 
@@ -212,6 +214,7 @@ class Trainer {
   /// Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
   float forward_backward(std::span<const std::int32_t> tokens,
                          std::span<const target_type> targets) requires(Model::is_token_model) {
+    begin_step();
     return runner_.forward_backward(tokens, targets, store_);
   }
 
@@ -236,7 +239,10 @@ class Trainer {
 
   /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
   /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
-  void zero_grad() { store_.zero_grad(); }
+  void zero_grad() {
+    begin_step();
+    store_.zero_grad();
+  }
 
   /// One optimizer update of every parameter from its accumulated gradient, on each stage's
   /// device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
@@ -247,6 +253,23 @@ class Trainer {
                   "gpipe: Trainer::step's argument is not an optimizer for this backend (named "
                   "above)");
     optimizer_.step(optimizer, store_, backend_);
+    const Clock::time_point end = Clock::now();
+    last_span_ = {step_start_.value_or(end), end};
+    step_start_.reset();
+  }
+
+  /// The wall time of the last training step over every process, in seconds: from the earliest
+  /// process's first `zero_grad` or `forward_backward` after the previous `step` (or after
+  /// construction) to the latest process's end of `step`, everything in between included
+  /// (clipping, ties, the optimizer), so that a training loop times itself without barriers of its
+  /// own. Collective with several processes: every process calls it (one MPI_Allreduce of two
+  /// doubles; across machines the ranks' clocks are aligned as their traces' are). Throws
+  /// `gpipe::Error` before the first `step`.
+  double last_step_seconds() const {
+    detail::require(last_span_.has_value(),
+                    "last_step_seconds: no training step has ended yet (a step ends with step())");
+    return transport::Transport<Backend>(backend_).wall_seconds(last_span_->first,
+                                                                last_span_->second);
   }
 
   /// torch.nn.utils.clip_grad_norm_ over the whole model: the L2 norm of every gradient of every
@@ -328,6 +351,12 @@ class Trainer {
 
  private:
   using Kernels = typename Backend::Kernels;
+  using Clock = std::chrono::steady_clock;
+
+  // A training step starts with the first zero_grad or forward_backward after the last step().
+  void begin_step() {
+    if (!step_start_) step_start_ = Clock::now();
+  }
 
   static constexpr detail::ModelShape shape() {
     return {.in_features = Model::in_features,
@@ -366,6 +395,9 @@ class Trainer {
   detail::StepRunner<Backend, target_type, Precision> runner_;
   detail::ParameterStore<Backend> store_;
   detail::OptimizerState<Backend> optimizer_;
+  std::optional<Clock::time_point> step_start_;  // the open training step's start, if any
+  // the last training step's start and end on this process (step())
+  std::optional<std::pair<Clock::time_point, Clock::time_point>> last_span_;
 };
 
 }  // namespace gpipe

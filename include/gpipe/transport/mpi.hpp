@@ -18,6 +18,7 @@
 //   between steps  broadcast from a device's rank, exchange between two ranks, sums over the
 //              replicas (the backends' MPI collectives); copy within the rank's device
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <span>
@@ -126,6 +127,10 @@ class Transport<Backend> {
     backend_.start_reduction(device, label);
   }
 
+  /// At a step's start, local: the step's timing counts from here. Not take_timing(), which is
+  /// collective: a rank that refuses its inputs goes from here to the agreement (abort_step),
+  /// which the others reach at the step's end, and no other collective may come between.
+  void restart_timing() const { backend_.restart_timing(); }
   /// Collective, ends a step: waits for this rank's work and sums, then the ranks agree whether
   /// any failed; if one did, every rank throws the same Error.
   void finish_step() const {
@@ -170,6 +175,12 @@ class Transport<Backend> {
   /// (memory of this rank's device: over MPI for host ranks, NCCL for GPU ranks).
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) const {
     backend_.exchange(peer, mine, theirs);
+  }
+  /// Collective over every process: seconds from the earliest process's `start` to the latest
+  /// one's `end`, on the one clock of the ranks' traces.
+  double wall_seconds(std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end) const {
+    return backend_.wall_seconds(start, end);
   }
   /// Collective over the replicas: values <- their sum.
   void allreduce_sum(std::span<float> values) const { backend_.allreduce_sum(values); }

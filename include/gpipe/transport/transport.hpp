@@ -29,6 +29,7 @@
 //   begin_gradient_sums(arrays), start_gradient_sum(d, label)  with replicas: the arrays whose sum
 //                                   over the replicas this step computes, in the order the sums
 //                                   start; the next one starts after the work queued on d
+//   restart_timing()                at a step's start: its timing counts from here (no collective)
 //   finish_step()                   ends a step: waits for its work; with several processes they
 //                                   agree whether one failed, and all throw the same Error
 //   abort_step(failure)             ends a step whose issuing threw `failure`: cancels its work,
@@ -39,10 +40,13 @@
 //                                   arrays of their devices (a tie across processes); values <-
 //                                   their sum over the replicas; whether every process passed
 //                                   ok (a barrier, so that a failure on one ends the work of all)
+//   wall_seconds(start, end)        seconds from the earliest process's start to the latest one's
+//                                   end (steady_clock; across processes on the traces' one clock)
 //   copy(label, from, src, to, dst) between steps: an array of one of this process's devices
 //                                   into another's (or the same's), device to device (a tie
 //                                   within the process)
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <span>
@@ -147,6 +151,8 @@ class Transport {
   /// One replica: nothing to start.
   void start_gradient_sum(std::size_t, WorkLabel) const {}
 
+  /// At a step's start: the step's timing counts from here.
+  void restart_timing() const { (void)backend_.take_timing(); }
   /// Waits for the step's work; rethrows the first failure of any stream.
   void finish_step() const { backend_.synchronize(); }
   /// Cancels the work issued, then rethrows `failure`.
@@ -167,6 +173,11 @@ class Transport {
   /// One process holds every device's arrays: it has no peer to exchange with.
   void exchange(std::size_t, std::span<const float>, std::span<float>) const {
     throw Error("gpipe: a backend of one process has no other process to exchange with");
+  }
+  /// Seconds from `start` to `end`: this process is every process.
+  double wall_seconds(std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end) const {
+    return std::chrono::duration<double>(end - start).count();
   }
   /// One replica: values are their own sum.
   void allreduce_sum(std::span<float>) const {}

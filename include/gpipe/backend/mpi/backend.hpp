@@ -247,6 +247,9 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     return control_.gather_timing(local_.take_timing().front());
   }
 
+  /// Local: this rank's compute time counts afresh from here (what take_timing() will gather).
+  void restart_timing() { (void)local_.take_timing(); }
+
   /// Drops this rank's work not yet run and releases its event waits, then waits for its pending
   /// sends (a send that may never be received after a failure is let go). Local: it tells no other
   /// rank; the transport's abort_step() does.

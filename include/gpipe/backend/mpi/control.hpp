@@ -263,6 +263,21 @@ class MpiControl {
                       "MPI_Allreduce");
   }
 
+  /// Collective over the world: the seconds from the earliest rank's `start` to the latest rank's
+  /// `end`, each rank's time points of its steady_clock taken on the one clock of align_clocks
+  /// (`epoch` is the one that was aligned).
+  double span_seconds(std::chrono::steady_clock::time_point epoch,
+                      std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end) {
+    const auto us = [&](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double, std::micro>(t - epoch).count() + clock_offset_us_;
+    };
+    const double mine[2] = {-us(start), us(end)};
+    double all[2] = {0, 0};
+    detail::check_mpi(MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+    return (all[1] + all[0]) / 1e6;
+  }
+
   /// Collective over the world: every rank gets every rank's `local` events, one merged trace
   /// ordered by start time, each event's device being its rank (with one replica, the pipeline
   /// device). The events' `what` stays valid while the backend lives.

@@ -264,6 +264,12 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     return control_.gather_timing(local_.take_timing().front());
   }
 
+  /// Local: this rank's compute time counts afresh from here (what take_timing() will gather).
+  void restart_timing() {
+    flush(control_.device());
+    (void)local_.take_timing();
+  }
+
   /// Drops this rank's work not yet issued and waits for its streams (aborting its NCCL
   /// communicators if this rank failed or a peer did); local: it tells no other rank.
   void cancel() {

@@ -63,6 +63,14 @@ class MpiRanks {
   /// steps: host `values` <- their sum over the replicas, in place.
   void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
 
+  /// Collective over the world: the seconds from the earliest rank's `start` to the latest rank's
+  /// `end` (each rank's own steady_clock time points, compared on the one clock of the ranks'
+  /// traces), e.g. a training step's wall time over all ranks.
+  double wall_seconds(std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end) {
+    return control_.span_seconds(local().epoch(), start, end);
+  }
+
   /// Bytes of this rank's device, as its one-device backend counts them.
   MemoryStats memory_stats(std::size_t device) const {
     return local().memory_stats(control_.local(device));
