@@ -5,7 +5,7 @@
 // AdamW state: seconds and bytes that each rank writes.
 // Usage: mpirun -n 2 bench_mpi_gpt_step [--steps=3] [--checkpoint_dir=DIR] [Google Benchmark flags]
 // Counters: step_ms (Trainer::last_step_seconds: the step over both ranks, from the first
-// zero_grad to the last rank's end of step()), tokens_per_s, clip_share (clip_grad_norm's time over the step's; with ties
+// forward_backward to the last rank's end of step()), tokens_per_s, clip_share (clip_grad_norm's time over the step's; with ties
 // the step includes their gradient exchange, so the tied row against the untied one gives the
 // tie's share); checkpoint: save_s, rank0_MB and rank1_MB (each rank's shard), index_KB.
 

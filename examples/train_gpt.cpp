@@ -12,7 +12,6 @@
 // Run `example_train_gpt --help` for the options.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -198,7 +197,6 @@ class Run {
         std::log(static_cast<double>(V)));
     std::vector<std::int32_t> x, y;
     for (std::size_t step = first; step < o_.steps; ++step) {
-      const auto start = std::chrono::steady_clock::now();
       double loss = 0, bubble = 0;
       for (std::size_t a = 0; a < o_.accumulate; ++a) {
         train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, x, y);
@@ -210,10 +208,9 @@ class Run {
       const double norm = trainer_.clip_grad_norm(o_.clip > 0 ? o_.clip : INFINITY);
       adamw_.options.lr = lr_(step);
       trainer_.step(adamw_);
+      // the step over every rank: from the first forward_backward to the last rank's step()
+      const double ms = 1e3 * trainer_.last_step_seconds();
       trainer_.zero_grad();
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count();
       train_gpt::LogRow row{.step = step,
                             .loss = loss / accumulated,
                             .lr = adamw_.options.lr,

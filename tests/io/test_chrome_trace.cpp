@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,30 @@ TEST_CASE("a Chrome trace names one thread row per device and its process after 
   CHECK(process_name == "K = 3, M = 1");
   CHECK(thread_names == std::vector<std::string>{"device 0", "device 1", "device 2"});
   CHECK(sort_indices == 3);
+}
+
+TEST_CASE("work in flight beside a device's stream gets a row of its own in a Chrome trace") {
+  std::vector<TraceEvent> events = sample_events();  // devices 0, 1, 2: K = 3
+  events.push_back({.device = 1,
+                    .label = {.what = "all-reduce gradients", .stage = 1, .background = true},
+                    .start_us = 4500,
+                    .end_us = 6000});
+  const JsonValue document = gpipe::detail::parse_json(gpipe::io::chrome_trace_json(events));
+  std::map<std::int64_t, std::string> thread_names;
+  for (const JsonValue& e : member(document, "traceEvents").as<JsonArray>())
+    if (member(e, "ph").as<std::string>() == "M" &&
+        member(e, "name").as<std::string>() == "thread_name")
+      thread_names[integer(member(e, "tid"))] = member(member(e, "args"), "name").as<std::string>();
+  CHECK(thread_names == std::map<std::int64_t, std::string>{{0, "device 0"},
+                                                             {1, "device 1"},
+                                                             {2, "device 2"},
+                                                             {4, "device 1: in flight"}});
+  const std::vector<const JsonValue*> complete = complete_events(document);
+  REQUIRE(complete.size() == events.size());
+  CHECK(member(*complete.back(), "name").as<std::string>() == "all-reduce gradients");
+  CHECK(integer(member(*complete.back(), "tid")) == 4);  // K + 1
+  CHECK(integer(member(*complete.back(), "dur")) == 1500);
+  CHECK(integer(member(*complete[3], "tid")) == 1);  // device 1's own work stays on its row
 }
 
 TEST_CASE("Chrome trace metadata holds the title and every given key, escaped") {

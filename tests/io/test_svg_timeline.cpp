@@ -260,6 +260,37 @@ TEST_CASE(
   CHECK(empty.find("bubble 0%") != std::string::npos);
 }
 
+TEST_CASE("the SVG timeline draws work in flight beside a stream as a thin bar at its row's top") {
+  // device 1's gradient sum runs from 400 to 900 us, over its own other work and device 0's
+  const std::vector<TraceEvent> events = {
+      {.device = 0, .label = {"forward", 0, 0, false, true}, .start_us = 0, .end_us = 1000},
+      {.device = 1, .label = {"forward", 1, 0, false, true}, .start_us = 0, .end_us = 300},
+      {.device = 1,
+       .label = {.what = "all-reduce gradients", .stage = 1, .background = true},
+       .start_us = 400,
+       .end_us = 900},
+  };
+  const std::string svg = gpipe::io::svg_timeline(events, {.title = "sums", .width = 1200});
+  std::string why;
+  CHECK_MESSAGE(well_formed(svg, why), why);
+  CHECK(count(svg, "<rect class=\"in-flight\"") == 1);
+  CHECK(count(svg, "<rect class=\"other\"") == 0);
+  CHECK(svg.find("in flight (gradient sum)") != std::string::npos);  // in the legend
+  CHECK(svg.find("bubble 35%") != std::string::npos);  // it is not busy time: 1 - 1300 / 2000
+  // at the top of device 1's row, thin
+  const std::size_t bar = svg.find("<rect class=\"in-flight\"");
+  const std::size_t row = svg.find("<rect class=\"row\"", svg.find("<rect class=\"row\"") + 1);
+  const auto attribute = [&](std::size_t at, std::string_view name) {
+    const std::size_t from = svg.find(std::string(name) + "=\"", at) + name.size() + 2;
+    return std::stod(svg.substr(from, svg.find('"', from) - from));
+  };
+  CHECK(attribute(bar, "y") == attribute(row, "y"));
+  CHECK(attribute(bar, "height") < attribute(row, "height") / 4);
+  const std::string hidden =
+      gpipe::io::svg_timeline(events, {.title = "sums", .show_background = false});
+  CHECK(count(hidden, "class=\"in-flight\"") == 0);
+}
+
 TEST_CASE("write_svg_timeline writes the picture and reports a path it cannot write") {
   const std::vector<TraceEvent> events = simulated_gpipe(2, 4);
   gpipe::io::write_svg_timeline("timeline.svg", events);

@@ -11,7 +11,8 @@
 // while a rank issues its step (its loss buffer out of memory), bad input on one rank alone
 // (its targets, then predict's input), and a throw in one replica of two (the replicas' gradient
 // sums stay in step). One merged trace of every rank runs on one clock (a message's receiver starts
-// after its sender ended), and every rank's last_step() is the whole pipeline's. With
+// after its sender ended) and shows each rank's gradient sum over the replicas after its stage's
+// last W; every rank's last_step() is the whole pipeline's. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -214,6 +215,41 @@ TEST_CASE("a failed data-parallel step leaves the gradient sums in step: the nex
     // Gradients after a failed step are unspecified; from zero, two steps equal one process's.
     trainer.zero_grad();
     check_two_steps(backend, trainer, reference, x, y);
+  }
+}
+
+TEST_CASE("the merged trace shows each rank's gradient sum over the replicas, after its last W") {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) return;  // 2 replicas x 2 devices
+  mpi::Backend backend(MPI_COMM_WORLD, {.data_parallel = 2});
+  const std::vector<float> x = random_inputs(rows, Model2::in_features, 27);
+  const std::vector<std::int32_t> y = random_classes(rows, Model2::out_features, 28);
+  Trainer<Model2, SoftmaxCrossEntropy, mpi::Backend, OneFOneB> trainer(
+      backend, {.micro_batches = 4, .seed = seed});
+  (void)trainer.forward_backward(x, y);  // untraced: nothing of it is kept
+  backend.set_tracing(true);
+  (void)trainer.forward_backward(x, y);
+  backend.set_tracing(false);
+  const std::vector<TraceEvent> events = backend.take_trace();
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    const TraceEvent* last_w = nullptr;
+    std::vector<const TraceEvent*> sums;
+    for (const TraceEvent& e : events) {
+      if (e.device != rank) continue;
+      if (e.label.what == "backward_weight" && (last_w == nullptr || e.end_us > last_w->end_us))
+        last_w = &e;
+      if (e.label.background) sums.push_back(&e);
+    }
+    CHECK(last_w != nullptr);
+    CHECK(sums.size() == 1);  // one stage per rank: one sum, traced once
+    if (last_w == nullptr || sums.size() != 1) continue;
+    CHECK(sums[0]->label.what == "all-reduce gradients");
+    CHECK(sums[0]->label.stage == rank % 2);
+    CHECK(!sums[0]->label.compute);
+    CHECK(sums[0]->start_us >= last_w->end_us);  // started once its stage's last W was done
+    CHECK(sums[0]->end_us >= sums[0]->start_us);
   }
 }
 

@@ -544,7 +544,8 @@ void check_inputs_refused_on_one_rank(Backend& backend) {
 // rank; at least the pipeline's compute makespan and a pause that the last rank alone takes
 // between its forward_backward and its step() (no collective in between, so the other ranks' own
 // steps end before it); at most from the earliest rank's time before zero_grad to the latest
-// rank's after step() (one machine here: the ranks share steady_clock).
+// rank's after step() (one machine here: the ranks share steady_clock); zero_grad before the
+// first forward_backward is not part of it.
 template <class Model, class Backend>
 void check_step_wall_time(Backend& backend) {
   using Clock = std::chrono::steady_clock;

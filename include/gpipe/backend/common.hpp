@@ -83,6 +83,9 @@ struct WorkLabel {
   std::size_t micro_batch = none;  ///< micro-batch the work belongs to, or `none`
   bool internal = false;           ///< stream bookkeeping (event record and wait): not traced
   bool compute = false;  ///< a forward, backward_input or backward_weight: counts as busy time
+  /// In flight beside the device's stream work rather than on it (a gradient sum over the
+  /// replicas, from its start to its completion): never busy time; exporters draw it apart.
+  bool background = false;
 };
 
 /// Compute time of one device since the last take: the sum of its compute work's durations and

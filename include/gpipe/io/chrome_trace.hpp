@@ -8,7 +8,10 @@
 //      {"name": "thread_name", "ph": "M", "pid": 0, "tid": d, "args": {"name": "device d"}}, ...
 //      {"name": "F3", "cat": "forward", "ph": "X", "pid": 0, "tid": d, "ts": 12.5, "dur": 1000,
 //       "args": {"stage": 1, "micro_batch": 3}}, ...]}
-// One complete event ("X") per record, on the row (tid) of its device. Names follow the GPipe
+// One complete event ("X") per record, on the row (tid) of its device; work in flight beside a
+// device's stream (WorkLabel::background: a gradient sum over the replicas), which may overlap
+// the device's ops, on a row of its own, tid K + d ("device d: in flight", K = 1 + the largest
+// device). Names follow the GPipe
 // paper's figures: "F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for
 // transfers, the label itself for work without a micro-batch ("optimizer step"). cat is the
 // label's what, args hold stage and micro_batch where the label has them. Times are microseconds
@@ -26,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/error.hpp"
@@ -76,7 +80,8 @@ inline std::string trace_event_name(const WorkLabel& label) {
 namespace io {
 
 /// The trace as a Chrome Trace Event Format document, which Perfetto and chrome://tracing open:
-/// one complete event ("X") per record on its device's row (tid), named as in the GPipe paper's
+/// one complete event ("X") per record on its device's row (tid d; work in flight beside the
+/// device's stream, `WorkLabel::background`, on a row of its own, tid K + d), named as in the GPipe paper's
 /// figures ("F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for a
 /// transfer, the label itself for work without a micro-batch), with `cat` the label's op and
 /// `args` its stage and micro-batch. Times are microseconds as recorded; `info` names the
@@ -97,19 +102,24 @@ inline std::string chrome_trace_json(std::span<const TraceEvent> events,
   out += json_quote(info.title) + "}}";
   std::size_t num_devices = 0;
   for (const TraceEvent& e : events) num_devices = std::max(num_devices, e.device + 1);
-  for (std::size_t d = 0; d < num_devices; ++d) {
-    const std::string tid = std::to_string(d);
-    out += ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " + tid +
-           ", \"args\": {\"name\": \"device " + tid + "\"}}";
-    out += ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": " + tid +
-           ", \"args\": {\"sort_index\": " + tid + "}}";
-  }
+  std::vector<bool> in_flight(num_devices, false);  // devices with background work
+  for (const TraceEvent& e : events) in_flight[e.device] = in_flight[e.device] || e.label.background;
+  const auto row = [&](std::size_t tid, const std::string& name) {
+    out += ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " +
+           std::to_string(tid) + ", \"args\": {\"name\": \"" + name + "\"}}";
+    out += ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": " +
+           std::to_string(tid) + ", \"args\": {\"sort_index\": " + std::to_string(tid) + "}}";
+  };
+  for (std::size_t d = 0; d < num_devices; ++d) row(d, "device " + std::to_string(d));
+  for (std::size_t d = 0; d < num_devices; ++d)
+    if (in_flight[d]) row(num_devices + d, "device " + std::to_string(d) + ": in flight");
 
   for (const TraceEvent& e : events) {
     const WorkLabel& label = e.label;
     out += ",\n{\"name\": " + json_quote(detail::trace_event_name(label));
     out += ", \"cat\": " + json_quote(label.what);
-    out += ", \"ph\": \"X\", \"pid\": 0, \"tid\": " + std::to_string(e.device);
+    const std::size_t tid = label.background ? num_devices + e.device : e.device;
+    out += ", \"ph\": \"X\", \"pid\": 0, \"tid\": " + std::to_string(tid);
     out += ", \"ts\": " + detail::json_microseconds(e.start_us);
     out += ", \"dur\": " + detail::json_microseconds(std::max(0.0, e.end_us - e.start_us));
     out += ", \"args\": {";

@@ -2,13 +2,15 @@
 // Trace records as an SVG timeline in the manner of the GPipe paper's Figure 2: one row per
 // device (device 0 at the top), time to the right, a box per compute op from its start to its end
 // with the micro-batch number inside where it fits, forward / backward_input / backward_weight in
-// three colours, transfers as thin grey bars along the bottom of the row, other work (optimizer
-// step, ...) in a fourth colour, and idle time left as the row's empty background. The title ends
+// three colours, transfers as thin grey bars along the bottom of the row, work in flight beside
+// the device's stream (a gradient sum over the replicas: WorkLabel::background) as thin green
+// bars along its top, other work (optimizer step, ...) in a fourth colour, and idle time left as
+// the row's empty background. The title ends
 // with the measured bubble fraction (runtime/trace_stats.hpp), e.g.
 //   "GPipe, K = 4, M = 8 — bubble 27.3% (4 devices, step 33 ms)".
 // Times on the axis are relative to the first drawn record.
 //
-// Boxes carry class="op F" (B, W), class="other" or class="transfer" and a <title> tooltip
+// Boxes carry class="op F" (B, W), class="other", "transfer" or "in-flight" and a <title> tooltip
 // ("stage 1 (device 1), micro-batch 3, forward: 12.0 – 13.0 ms"); background and legend shapes
 // carry other classes, so a reader can count ops by class.
 
@@ -39,6 +41,7 @@ struct SvgTimelineOptions {
   std::size_t num_devices = 0;           ///< rows (K of the bubble); 0: 1 + the largest device seen
   bool show_transfers = true;            ///< sends and recvs of nonzero duration, as thin bars
   bool show_other = true;                ///< work that is not a schedule op
+  bool show_background = true;           ///< work in flight beside the stream (gradient sums)
   double width = 1200;                   ///< of the whole picture, in px
   double row_height = 28;                ///< of one device's row, in px
 };
@@ -121,9 +124,10 @@ inline TimeAxis time_axis(double span_us, double target = 10) {
 }
 
 // Drawing classes of a record.
-enum class TimelineKind { forward, backward_input, backward_weight, transfer, other };
+enum class TimelineKind { forward, backward_input, backward_weight, transfer, other, background };
 
 inline TimelineKind timeline_kind(const WorkLabel& label) {
+  if (label.background) return TimelineKind::background;
   const std::optional<OpKind> kind = op_kind_of(label.what);
   if (!kind) return TimelineKind::other;
   switch (*kind) {
@@ -146,12 +150,13 @@ struct TimelineStyle {
 };
 
 // Forward cool, backward warm: B red, W amber (GPipe runs them back to back as one backward).
-inline constexpr std::array<TimelineStyle, 5> timeline_styles{{
+inline constexpr std::array<TimelineStyle, 6> timeline_styles{{
     {"op F", "#4e79a7", "#ffffff", "F  forward"},
     {"op B", "#e15759", "#ffffff", "B  backward (input grad)"},
     {"op W", "#f1a340", "#222222", "W  backward (weight grad)"},
     {"transfer", "#7f7f7f", "#ffffff", "send / recv"},
     {"other", "#b07aa1", "#ffffff", "other work"},
+    {"in-flight", "#59a14f", "#ffffff", "in flight (gradient sum)"},
 }};
 
 // Whether the timeline draws `e` under `options`.
@@ -161,6 +166,8 @@ inline bool timeline_draws(const TraceEvent& e, const io::SvgTimelineOptions& op
       return options.show_transfers && e.end_us > e.start_us;
     case TimelineKind::other:
       return options.show_other;
+    case TimelineKind::background:
+      return options.show_background && e.end_us > e.start_us;
     default:
       return true;
   }
@@ -201,7 +208,8 @@ struct TimelineLayout {
   }
 };
 
-// The legend: the three compute kinds always, transfers and other work when drawn.
+// The legend: the three compute kinds always, transfers, other work and work in flight when
+// drawn.
 inline void svg_legend(std::string& out, const TimelineLayout& layout) {
   double x = TimelineLayout::left;
   const double y = TimelineLayout::legend_y;
@@ -243,9 +251,10 @@ inline void svg_boxes(std::string& out, const TimelineLayout& layout,
     const TimelineKind kind = timeline_kind(e.label);
     const TimelineStyle& style = timeline_styles[static_cast<std::size_t>(kind)];
     const double row_y = layout.row_y(e.device);
-    const bool thin = kind == TimelineKind::transfer;
+    const bool thin = kind == TimelineKind::transfer || kind == TimelineKind::background;
     const double h = thin ? std::max(2.0, row_h / 6) : row_h;
-    const double y = thin ? row_y + row_h - h : row_y;
+    // transfers along the row's bottom, work in flight beside the stream along its top
+    const double y = kind == TimelineKind::transfer ? row_y + row_h - h : row_y;
     const double x = layout.x_of(e.start_us);
     const double w = std::max(0.0, layout.x_of(e.end_us) - x);
     out += "<rect class=\"" + std::string(style.css_class) + "\" x=\"" + svg_number(x) + "\" y=\"" +
@@ -301,10 +310,11 @@ namespace io {
 /// The timeline of `events` as an SVG document in the manner of the GPipe paper's Figure 2: a
 /// row per device (device 0 at the top), time to the right from the first drawn record, a box per
 /// compute op coloured by kind (forward, backward_input, backward_weight) with its micro-batch
-/// inside, transfers as thin grey bars, other work in a fourth colour; the title ends with the
-/// measured bubble fraction. Boxes carry class "op F" (B, W), "other" or "transfer" and a
-/// `<title>` tooltip, so a reader can count ops by class. Throws Error when an event lies on a
-/// device >= options.num_devices (where that is given) or has an invalid time.
+/// inside, transfers as thin grey bars, work in flight beside the stream (gradient sums over the
+/// replicas) as thin green bars along the row's top, other work in a fourth colour; the title ends
+/// with the measured bubble fraction. Boxes carry class "op F" (B, W), "other", "transfer" or
+/// "in-flight" and a `<title>` tooltip, so a reader can count ops by class. Throws Error when an
+/// event lies on a device >= options.num_devices (where that is given) or has an invalid time.
 inline std::string svg_timeline(std::span<const TraceEvent> events,
                                 const SvgTimelineOptions& options = {}) {
   using detail::svg_number;

@@ -239,10 +239,7 @@ class Trainer {
 
   /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
   /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
-  void zero_grad() {
-    begin_step();
-    store_.zero_grad();
-  }
+  void zero_grad() { store_.zero_grad(); }
 
   /// One optimizer update of every parameter from its accumulated gradient, on each stage's
   /// device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
@@ -259,10 +256,10 @@ class Trainer {
   }
 
   /// The wall time of the last training step over every process, in seconds: from the earliest
-  /// process's first `zero_grad` or `forward_backward` after the previous `step` (or after
-  /// construction) to the latest process's end of `step`, everything in between included
-  /// (clipping, ties, the optimizer), so that a training loop times itself without barriers of its
-  /// own. Collective with several processes: every process calls it (one MPI_Allreduce of two
+  /// process's start of its first `forward_backward` after the previous `step` (or after
+  /// construction) to the latest process's end of `step`, everything in between included (every
+  /// forward_backward of gradient accumulation, clipping, ties, the optimizer), so that a training
+  /// loop times itself without barriers of its own. Collective with several processes: every process calls it (one MPI_Allreduce of two
   /// doubles; across machines the ranks' clocks are aligned as their traces' are). Throws
   /// `gpipe::Error` before the first `step`.
   double last_step_seconds() const {
@@ -353,7 +350,7 @@ class Trainer {
   using Kernels = typename Backend::Kernels;
   using Clock = std::chrono::steady_clock;
 
-  // A training step starts with the first zero_grad or forward_backward after the last step().
+  // A training step starts with the first forward_backward after the last step().
   void begin_step() {
     if (!step_start_) step_start_ = Clock::now();
   }

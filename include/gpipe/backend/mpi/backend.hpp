@@ -230,16 +230,33 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// On this rank's `device`, after the work submitted before it: starts the next sum that
   /// expect_reductions() announced (an MPI_Iallreduce in place; nothing once all have started).
   void start_reduction(std::size_t device, WorkLabel label) {
-    submit(device, label, [this](Kernels&) {
+    submit(device, label, [this, stage = label.stage](Kernels&) {
       std::lock_guard lock(mu_);
-      start_next_reduction();
+      start_next_reduction(stage);
     });
+  }
+
+  /// Turns tracing on or off (this rank's device work, and its gradient sums: each traced from
+  /// its start to when the rank saw it complete, as background work labelled "all-reduce
+  /// gradients" with its stage).
+  void set_tracing(bool on) {
+    std::lock_guard lock(mu_);
+    tracing_ = on;
+    local_.set_tracing(on);
   }
 
   /// Collective over the world: every rank gets the work of every rank since the last call, one
   /// merged trace ordered by start time, each event's device being its rank (with one replica,
   /// the pipeline device). The events' `what` stays valid while the backend lives.
-  std::vector<TraceEvent> take_trace() { return control_.gather_trace(local_.take_trace()); }
+  std::vector<TraceEvent> take_trace() {
+    std::vector<TraceEvent> events = local_.take_trace();
+    {
+      std::lock_guard lock(mu_);
+      events.insert(events.end(), sum_events_.begin(), sum_events_.end());
+      sum_events_.clear();
+    }
+    return control_.gather_trace(std::move(events));
+  }
   /// Collective over this replica's ranks: the compute time of each of its devices since the
   /// last call (every rank gets all of them), so that a Trainer's last_step() covers the whole
   /// pipeline on every rank.
@@ -268,15 +285,19 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// the wait ends unless a rank died, which ends the job.
   void finish_reductions() {
     std::lock_guard lock(mu_);
-    while (reductions_started_ < reductions_.size()) start_next_reduction();
-    std::vector<MPI_Request> requests = std::move(reduction_requests_);
+    while (reductions_started_ < reductions_.size()) start_next_reduction(WorkLabel::none);
+    for (std::size_t i = 0; i < reduction_requests_.size(); ++i) {
+      int index = MPI_UNDEFINED;
+      detail::check_mpi(MPI_Waitany(static_cast<int>(reduction_requests_.size()),
+                                    reduction_requests_.data(), &index, MPI_STATUS_IGNORE),
+                        "MPI_Waitany");
+      if (index == MPI_UNDEFINED) break;  // every one had completed before
+      completed_reduction(static_cast<std::size_t>(index));
+    }
     reduction_requests_.clear();
+    sums_in_flight_.clear();
     reductions_.clear();
     reductions_started_ = 0;
-    if (requests.empty()) return;
-    detail::check_mpi(
-        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall");
   }
 
  private:
@@ -314,19 +335,50 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
             .threads_per_device = options.threads_per_device};
   }
 
-  /// Starts the next expected gradient sum, if any is left; called with mu_ held.
-  void start_next_reduction() {
+  /// Starts the next expected gradient sum (of `stage`'s gradients), if any is left; called with
+  /// mu_ held.
+  void start_next_reduction(std::size_t stage) {
     if (reductions_started_ == reductions_.size()) return;
     const std::span<float> values = reductions_[reductions_started_++];
     MPI_Request request = MPI_REQUEST_NULL;
+    const double start_us = local_us();
     detail::check_mpi(
         MPI_Iallreduce(MPI_IN_PLACE, values.data(), detail::MpiControl::count_of(values.size()),
                        MPI_FLOAT, MPI_SUM, control_.replicas_comm(), &request),
         "MPI_Iallreduce");
     reduction_requests_.push_back(request);
+    sums_in_flight_.push_back({.stage = stage, .start_us = start_us});
   }
-  /// Frees the buffers of sends that have completed; called with mu_ held.
+  /// Sum `index` has completed (seen now; its request is MPI_REQUEST_NULL): its trace event.
+  void completed_reduction(std::size_t index) {
+    if (!tracing_) return;
+    const SumInFlight& sum = sums_in_flight_[index];
+    sum_events_.push_back(
+        {.device = control_.device(),
+         .label = {.what = "all-reduce gradients", .stage = sum.stage, .background = true},
+         .start_us = sum.start_us,
+         .end_us = local_us()});
+  }
+  /// Notes the gradient sums that have completed (MPI_Test also drives their progress); called
+  /// with mu_ held, at every message of the rank's worker.
+  void test_reductions() {
+    for (std::size_t i = 0; i < reduction_requests_.size(); ++i) {
+      if (reduction_requests_[i] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      detail::check_mpi(MPI_Test(&reduction_requests_[i], &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) completed_reduction(i);
+    }
+  }
+  /// Microseconds since the rank's device's epoch: the clock of its traces.
+  double local_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
+                                                     local_.epoch())
+        .count();
+  }
+  /// Frees the buffers of sends that have completed and notes the completed gradient sums; called
+  /// with mu_ held.
   void release_completed_sends() {
+    test_reductions();
     for (std::size_t i = 0; i < pending_.size();) {
       int done = 0;
       detail::check_mpi(MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
@@ -368,6 +420,13 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   std::vector<std::span<float>> reductions_;  ///< this step's gradient sums (expect_reductions)
   std::size_t reductions_started_ = 0;
   std::vector<MPI_Request> reduction_requests_;
+  struct SumInFlight {
+    std::size_t stage = WorkLabel::none;  ///< whose gradients (none: started after a failure)
+    double start_us = 0;                  ///< when it started (local_us)
+  };
+  std::vector<SumInFlight> sums_in_flight_;  ///< [i] of reduction_requests_[i]
+  bool tracing_ = false;
+  std::vector<TraceEvent> sum_events_;  ///< the traced sums since take_trace
   host::Backend local_;  ///< the rank's device; destroyed (workers joined) before pending_
 };
 

@@ -163,7 +163,8 @@ class MpiControl {
   /// A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
   static void put_event(std::vector<char>& out, const TraceEvent& e) {
     const std::uint64_t fields[4] = {e.device, e.label.stage, e.label.micro_batch,
-                                     (e.label.internal ? 1u : 0u) | (e.label.compute ? 2u : 0u)};
+                                     (e.label.internal ? 1u : 0u) | (e.label.compute ? 2u : 0u) |
+                                         (e.label.background ? 4u : 0u)};
     const double times[2] = {e.start_us, e.end_us};
     const std::uint64_t length = e.label.what.size();
     const auto append = [&out](const void* p, std::size_t n) {
@@ -194,7 +195,8 @@ class MpiControl {
                       .stage = fields[1],
                       .micro_batch = fields[2],
                       .internal = (fields[3] & 1u) != 0,
-                      .compute = (fields[3] & 2u) != 0},
+                      .compute = (fields[3] & 2u) != 0,
+                      .background = (fields[3] & 4u) != 0},
             .start_us = times[0],
             .end_us = times[1]};
   }
