@@ -12,7 +12,9 @@
 // (its targets, then predict's input), and a throw in one replica of two (the replicas' gradient
 // sums stay in step). One merged trace of every rank runs on one clock (a message's receiver starts
 // after its sender ended) and shows each rank's gradient sum over the replicas after its stage's
-// last W; every rank's last_step() is the whole pipeline's. With
+// last W; every rank's last_step() is the whole pipeline's. ZeRO-1 (shard_optimizer) gives the
+// unsharded parameters bit for bit with half the optimizer state per rank and the same
+// checkpoint files. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -251,6 +253,83 @@ TEST_CASE("the merged trace shows each rank's gradient sum over the replicas, af
     CHECK(sums[0]->start_us >= last_w->end_us);  // started once its stage's last W was done
     CHECK(sums[0]->end_us >= sums[0]->start_us);
   }
+}
+
+TEST_CASE("ZeRO-1: a sharded optimizer gives the unsharded steps bit for bit with 1/R of its state") {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) return;  // 2 replicas x 2 devices
+  mpi::Backend sharded(MPI_COMM_WORLD, {.data_parallel = 2, .shard_optimizer = true});
+  mpi::Backend whole(MPI_COMM_WORLD, {.data_parallel = 2});
+  CHECK(sharded.shards_optimizer());
+  CHECK(!whole.shards_optimizer());
+  CHECK(!mpi::Backend(MPI_COMM_WORLD, {.shard_optimizer = true}).shards_optimizer());  // R = 1
+  const std::vector<float> x = random_inputs(rows, Model2::in_features, 29);
+  const std::vector<std::int32_t> y = random_classes(rows, Model2::out_features, 30);
+  using Trainer2 = Trainer<Model2, SoftmaxCrossEntropy, mpi::Backend, OneFOneB>;
+  Trainer2 a(sharded, {.micro_batches = 2, .seed = seed});
+  Trainer2 b(whole, {.micro_batches = 2, .seed = seed});
+  const auto step = [&](Trainer2& trainer, const auto& optimizer) {
+    trainer.zero_grad();
+    (void)trainer.forward_backward(x, y);
+    trainer.step(optimizer);
+  };
+  const auto same = [&] {
+    for (const ParameterInfo& info : a.parameter_info()) {
+      if (!sharded.is_local(a.device_of_stage(info.stage))) continue;
+      CAPTURE(info.name);
+      CHECK(a.parameter(info.name) == b.parameter(info.name));
+    }
+  };
+  CAPTURE(sharded.rank());
+  // AdamW with decay of matrices only (a share cuts tensors: each part keeps its group)
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .decay = optim::Decay::matrices});
+  for (int i = 0; i < 3; ++i) {
+    step(a, adamw);
+    step(b, adamw);
+  }
+  same();
+  // the state of this replica's share of its stage only: 2 planes of about n / 2
+  std::size_t n = 0;
+  for (const ParameterInfo& info : a.parameter_info())
+    if (sharded.is_local(a.device_of_stage(info.stage))) n += info.size;
+  const auto [first, last] = detail::MpiControl::share(n, 2, sharded.replica());
+  const auto state_bytes = [](const mpi::Backend& backend) {
+    return backend.memory_stats(backend.device()).current_of(MemoryKind::optimizer_state);
+  };
+  CHECK(state_bytes(whole) == 2 * n * sizeof(float));
+  CHECK(state_bytes(sharded) == 2 * (last - first) * sizeof(float));
+  CHECK(last - first <= n / 2 + 1);
+  // a checkpoint of the sharded state is the unsharded one's, file for file; each loads into
+  // the other trainer, which continues as the other did
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "gpipe_mpi_zero1";
+  const std::filesystem::path dir_a = dir / "a", dir_b = dir / "b";
+  if (sharded.rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  a.save_checkpoint(dir_a);
+  b.save_checkpoint(dir_b);
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (const char* file : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json"}) {
+    CAPTURE(file);
+    CHECK(!file_bytes(dir_a / file).empty());
+    CHECK(file_bytes(dir_a / file) == file_bytes(dir_b / file));
+  }
+  a.load_checkpoint(dir_b);
+  b.load_checkpoint(dir_a);
+  step(a, adamw);
+  step(b, adamw);
+  same();
+  // another optimizer restarts the state, sharded too
+  const optim::SGD sgd({.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01});
+  for (int i = 0; i < 2; ++i) {
+    step(a, sgd);
+    step(b, sgd);
+  }
+  same();
+  CHECK(state_bytes(sharded) == (last - first) * sizeof(float));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (sharded.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("the backend from argc and argv: the world, and a replica count that does not fit") {

@@ -134,9 +134,12 @@ class Checkpoint {
       std::filesystem::remove_all(version);
       std::filesystem::create_directories(version);
     });
+    if (optimizer_.sharded())  // ZeRO-1: replica 0 writes the whole state
+      together("gather the optimizer state", [&] { gather_state(); });
     together("write its shard", [&] {
       if (transport_.replica() == 0) write_shards(version);
     });
+    whole_state_.clear();
     together("publish " + dir.string(), [&] {
       if (!transport_.writes_files()) return;
       write_index(version / checkpoint_index, user);
@@ -287,10 +290,33 @@ class Checkpoint {
       if (store_.device_of_stage(s) == d) return s;
     return 0;
   }
+  // With a sharded optimizer: each local stage's whole state (every plane, in the unsharded
+  // layout) on replica 0, from every replica's share. Collective over the replicas.
+  void gather_state() {
+    const std::size_t planes = optimizer_.record().state_names.size();
+    whole_state_.assign(store_.num_stages(), {});
+    for (std::size_t s = 0; s < store_.num_stages(); ++s) {
+      if (!store_.local(s) || planes == 0) continue;
+      const std::size_t n = store_.params()[s].size();
+      const auto [first, last] = optimizer_.share(s);
+      const float* state = optimizer_.state(s).data();
+      for (std::size_t p = 0; p < planes; ++p) {
+        std::vector<float> plane = transport_.collect_optimizer_shares(
+            {state + p * (last - first), last - first}, n);
+        whole_state_[s].insert(whole_state_[s].end(), plane.begin(), plane.end());
+      }
+    }
+  }
   // State plane p of a local tensor.
   std::vector<float> state_values(const ParameterInfo& info, std::size_t p) {
     std::vector<float> out(info.size);
     const std::size_t n = store_.params()[info.stage].size();
+    if (optimizer_.sharded()) {
+      const std::vector<float>& whole = whole_state_.at(info.stage);
+      const auto from = whole.begin() + static_cast<std::ptrdiff_t>(p * n + info.offset);
+      std::copy(from, from + static_cast<std::ptrdiff_t>(info.size), out.begin());
+      return out;
+    }
     const float* src = optimizer_.state(info.stage).data() + p * n + info.offset;
     backend_.submit(
         store_.device_of_stage(info.stage), {"read optimizer state", info.stage},
@@ -343,14 +369,22 @@ class Checkpoint {
     optimizer_.restore(std::move(record), store_, backend_);
     for (const ParameterInfo& info : store_.infos()) {
       if (!store_.local(info.stage)) continue;
-      const std::size_t n = store_.params()[info.stage].size();
+      // this process's share of the stage (all of it unless the optimizer is sharded), and the
+      // part of the tensor in it
+      const auto [share_first, share_last] = optimizer_.share(info.stage);
+      const std::size_t first = std::max(info.offset, share_first);
+      const std::size_t last = std::min(info.offset + info.size, share_last);
+      if (first >= last) continue;
+      const std::size_t n = share_last - share_first;
       for (std::size_t p = 0; p < names.size(); ++p) {
         const std::vector<float>& plane = values.at(store_.saved_as(info).name + "." + names[p]);
-        float* dst = optimizer_.state(info.stage).data() + p * n + info.offset;
-        backend_.submit(store_.device_of_stage(info.stage), {"write optimizer state", info.stage},
-                        [&plane, dst](typename Backend::Kernels& k) {
-                          k.upload(plane.size(), plane.data(), dst);
-                        });
+        const float* src = plane.data() + (first - info.offset);
+        float* dst = optimizer_.state(info.stage).data() + p * n + (first - share_first);
+        backend_.submit(
+            store_.device_of_stage(info.stage), {"write optimizer state", info.stage},
+            [src, dst, count = last - first](typename Backend::Kernels& k) {
+              k.upload(count, src, dst);
+            });
       }
     }
     backend_.synchronize();
@@ -360,6 +394,7 @@ class Checkpoint {
   transport::Transport<Backend> transport_;
   ParameterStore<Backend>& store_;
   OptimizerState<Backend>& optimizer_;
+  std::vector<std::vector<float>> whole_state_;  // per stage, while saving a sharded state
 };
 
 }  // namespace gpipe::detail

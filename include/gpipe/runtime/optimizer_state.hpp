@@ -1,7 +1,9 @@
 #pragma once
 // The trainer's optimizer state: per stage, on the stage's device, what the optimizer keeps per
 // parameter (SGD's momentum buffer, AdamW's two moments) and the step count, restarted when the
-// optimizer's type changes. The state knows its optimizer by the type's name, fixed while
+// optimizer's type changes. With a transport that shards the optimizer over data-parallel
+// replicas (ZeRO-1: transport optimizer_share), a process keeps the state of its share of each
+// stage's parameters only, updates that share, and the replicas then gather the parameters. The state knows its optimizer by the type's name, fixed while
 // compiling (no RTTI: equal in every translation unit and shared library, and with -fno-rtti).
 // Compiled once per backend and optimizer type.
 
@@ -17,6 +19,7 @@
 #include "gpipe/error.hpp"
 #include "gpipe/optim/optimizer.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
+#include "gpipe/transport/transport.hpp"
 
 namespace gpipe::detail {
 
@@ -64,9 +67,13 @@ class OptimizerState {
   void step(const Optimizer& optimizer, ParameterStore<Backend>& store, Backend& backend);
 
   // For checkpoints: the record of the optimizer whose state this is, and stage s's state
-  // (state_names.size() planes of its parameter count, on its device; empty before any step).
+  // (state_names.size() planes of its share's size, on its device; empty before any step), its
+  // share of the stage's parameters [first, last) (all of them unless sharded) and whether any
+  // stage's state is a share.
   const OptimizerRecord& record() const { return record_; }
   typename Backend::template Buffer<float>& state(std::size_t s) { return state_[s]; }
+  std::pair<std::size_t, std::size_t> share(std::size_t s) const { return shares_[s]; }
+  bool sharded() const { return sharded_; }
   // No state: the next step starts its optimizer afresh (a checkpoint saved before any step).
   void clear() {
     state_.clear();
@@ -87,15 +94,19 @@ class OptimizerState {
   using Kernels = typename Backend::Kernels;
   using Ranges = std::vector<optim::ParameterRange>;
 
-  // Zeroed state: `planes` floats per parameter of each local stage.
+  // Zeroed state: `planes` floats per parameter of each local stage's share.
   void allocate(std::size_t planes, ParameterStore<Backend>& store, Backend& backend) {
+    const transport::Transport<Backend> transport(backend);
     state_.clear();
+    shares_.clear();
+    sharded_ = transport.shards_optimizer();
     for (std::size_t s = 0; s < store.num_stages(); ++s) {
+      shares_.push_back(transport.optimizer_share(store.params()[s].size()));
       if (!store.local(s)) {
         state_.emplace_back();
         continue;
       }
-      const std::size_t n = planes * store.params()[s].size();
+      const std::size_t n = planes * (shares_[s].second - shares_[s].first);
       state_.push_back(backend.template allocate<float>(store.device_of_stage(s), n,
                                                         MemoryKind::optimizer_state));
       backend.submit(store.device_of_stage(s), {"optimizer state", s},
@@ -117,7 +128,21 @@ class OptimizerState {
     return out;
   }
 
+  // Per stage: a stage's tensors as the optimizer sees its share [first, last): the tensors that
+  // meet it, cut to it, offsets from `first`.
+  static Ranges cut(const Ranges& tensors, std::pair<std::size_t, std::size_t> share) {
+    Ranges out;
+    for (const optim::ParameterRange& t : tensors) {
+      const std::size_t first = std::max(t.offset, share.first);
+      const std::size_t last = std::min(t.offset + t.size, share.second);
+      if (first < last) out.push_back({first - share.first, last - first, t.dims});
+    }
+    return out;
+  }
+
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
+  std::vector<std::pair<std::size_t, std::size_t>> shares_;     // per stage: [first, last)
+  bool sharded_ = false;  // a share is not the whole of its stage
   std::vector<Ranges> tensors_;  // per stage, for optimizers that group tensors by shape
   std::string_view optimizer_;   // type_name<Optimizer>() of the optimizer the state belongs to
   OptimizerRecord record_;       // what a checkpoint records of it, its step count among them
@@ -144,13 +169,18 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
     record_ = record;  // steps 0
   }
   record_.hyperparameters = std::move(record.hyperparameters);  // this step's
-  if (tensors_.empty()) tensors_ = tensors_of(store);
+  if (tensors_.empty()) {
+    tensors_ = tensors_of(store);
+    for (std::size_t s = 0; s < store.num_stages(); ++s) tensors_[s] = cut(tensors_[s], shares_[s]);
+  }
   const std::size_t t = ++record_.steps;
   for (std::size_t s = 0; s < store.num_stages(); ++s) {
     if (!store.local(s)) continue;
+    const auto [first, last] = shares_[s];
     backend.submit(store.device_of_stage(s), {"optimizer step", s},
-                   [&optimizer, p = store.params()[s].data(), g = store.grads()[s].data(),
-                    st = state_[s].data(), n = store.params()[s].size(), t,
+                   [&optimizer, p = store.params()[s].data() + first,
+                    g = store.grads()[s].data() + first, st = state_[s].data(), n = last - first,
+                    t,
                     tensors = std::span<const optim::ParameterRange>(tensors_[s])](Kernels& k) {
                      if constexpr (grouped_optimizer_for<Optimizer, Kernels>) {
                        optimizer.update(k, n, p, g, st, t, tensors);
@@ -160,6 +190,12 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
                    });
   }
   backend.synchronize();
+  if (sharded_) {  // every replica gets every share's update
+    const transport::Transport<Backend> transport(backend);
+    for (std::size_t s = 0; s < store.num_stages(); ++s)
+      if (store.local(s))
+        transport.gather_optimizer_shares({store.params()[s].data(), store.params()[s].size()});
+  }
   store.sync_tied_parameters();
 }
 

@@ -176,6 +176,35 @@ class Transport<Backend> {
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) const {
     backend_.exchange(peer, mine, theirs);
   }
+  /// The elements [first, last) of a stage's n parameters whose optimizer state this process
+  /// keeps and updates: all of them, or with a backend that shards the optimizer over R > 1
+  /// replicas (mpi::BackendOptions::shard_optimizer, ZeRO-1) this replica's 1/R.
+  std::pair<std::size_t, std::size_t> optimizer_share(std::size_t n) const {
+    if (!shards_optimizer()) return {0, n};
+    return detail::MpiControl::share(n, backend_.replicas(), backend_.replica());
+  }
+  /// Whether the optimizer state is sharded over the replicas (see optimizer_share).
+  bool shards_optimizer() const {
+    if constexpr (requires { backend_.shards_optimizer(); })
+      return backend_.shards_optimizer();
+    else
+      return false;
+  }
+  /// Between steps, collective over the replicas when the optimizer is sharded: a stage's
+  /// `values` (on this rank's device) <- every replica's share of them (optimizer_share), in place.
+  void gather_optimizer_shares(std::span<float> values) const {
+    if constexpr (requires { backend_.allgather_shares(values); })
+      if (shards_optimizer()) backend_.allgather_shares(values);
+  }
+  /// Between steps, collective over the replicas when the optimizer is sharded: the n elements
+  /// whose share (optimizer_share) this replica holds in `mine`, whole on replica 0, empty on
+  /// the others.
+  std::vector<float> collect_optimizer_shares(std::span<const float> mine, std::size_t n) const {
+    if constexpr (requires { backend_.gather_shares(mine, n); }) {
+      if (shards_optimizer()) return backend_.gather_shares(mine, n);
+    }
+    throw Error("gpipe: collect_optimizer_shares without a sharded optimizer");
+  }
   /// Collective over every process: seconds from the earliest process's `start` to the latest
   /// one's `end`, on the one clock of the ranks' traces.
   double wall_seconds(std::chrono::steady_clock::time_point start,

@@ -40,6 +40,12 @@
 //                                   arrays of their devices (a tie across processes); values <-
 //                                   their sum over the replicas; whether every process passed
 //                                   ok (a barrier, so that a failure on one ends the work of all)
+//   optimizer_share(n), shards_optimizer(), gather_optimizer_shares(values),
+//   collect_optimizer_shares(mine, n)  ZeRO-1 (with replicas and a backend that shards): the
+//                                   elements of a stage's n parameters whose optimizer state this
+//                                   process keeps, and between steps the collectives that give
+//                                   every replica the updated parameters, or replica 0 the whole
+//                                   state for a checkpoint (one process: [0, n), nothing to do)
 //   wall_seconds(start, end)        seconds from the earliest process's start to the latest one's
 //                                   end (steady_clock; across processes on the traces' one clock)
 //   copy(label, from, src, to, dst) between steps: an array of one of this process's devices
@@ -51,6 +57,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -173,6 +180,16 @@ class Transport {
   /// One process holds every device's arrays: it has no peer to exchange with.
   void exchange(std::size_t, std::span<const float>, std::span<float>) const {
     throw Error("gpipe: a backend of one process has no other process to exchange with");
+  }
+  /// One process keeps the optimizer state of every parameter: [0, n).
+  std::pair<std::size_t, std::size_t> optimizer_share(std::size_t n) const { return {0, n}; }
+  /// One process does not shard the optimizer.
+  bool shards_optimizer() const { return false; }
+  /// Nothing to gather: every share is this process's.
+  void gather_optimizer_shares(std::span<float>) const {}
+  /// Never called: the optimizer is not sharded in one process.
+  std::vector<float> collect_optimizer_shares(std::span<const float>, std::size_t) const {
+    throw Error("gpipe: collect_optimizer_shares without a sharded optimizer");
   }
   /// Seconds from `start` to `end`: this process is every process.
   double wall_seconds(std::chrono::steady_clock::time_point start,

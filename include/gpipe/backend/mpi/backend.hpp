@@ -29,7 +29,10 @@
 // pipeline's timing (both collective), so a Trainer's last_step() is the pipeline's.
 // Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
 // as its stage's last backward is done (expect_reductions, start_reduction) and end with the
-// step (finish_reductions).
+// step (finish_reductions); traced, each shows from its start to its completion. With
+// Options::shard_optimizer (ZeRO-1) each replica keeps and updates the optimizer state of its
+// 1/R of each stage's parameters, and the replicas then gather the parameters
+// (allgather_shares; a checkpoint's state is gathered on replica 0, gather_shares).
 // Tied parameters on two ranks are kept equal and their gradients summed with exchange()
 // (MPI_Sendrecv; mpi::CudaBackend's is NCCL's, GPU to GPU).
 // A GPU per rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
@@ -74,6 +77,12 @@ struct BackendOptions {
   /// The threads this rank's device computes on (host::BackendOptions::threads_per_device): more
   /// than 1 where a rank has cores of its own to spare, e.g. one rank per machine.
   std::size_t threads_per_device = 1;
+  /// ZeRO-1: with R replicas, each keeps the optimizer state of 1/R of each stage's parameters
+  /// and updates only those; the updated shares are then gathered by every replica
+  /// (MPI_Allgatherv). The same parameters as without it, bit for bit, 1/R of the state's memory
+  /// per rank; checkpoints are written and read in the same format. The optimizer's update must
+  /// treat each parameter on its own (SGD, AdamW: elementwise), as a share may cut a tensor.
+  bool shard_optimizer = false;
 };
 
 /// One host device per MPI rank: a `gpipe::multi_process_backend` (backend/concepts.hpp) whose
@@ -106,14 +115,16 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// finalizes it when the backend goes.
   Backend(int& argc, char**& argv, Options options = {})
       : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
-        local_(1, local_options(options)) {
+        local_(1, local_options(options)),
+        shard_optimizer_(options.shard_optimizer) {
     control_.align_clocks(local_.epoch());
     warn_if_team_shares_cores();
   }
   /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
       : MpiRanks(comm, options.data_parallel, options.peer_timeout),
-        local_(1, local_options(options)) {
+        local_(1, local_options(options)),
+        shard_optimizer_(options.shard_optimizer) {
     control_.align_clocks(local_.epoch());
     warn_if_team_shares_cores();
   }
@@ -129,6 +140,21 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
 
   /// The threads this rank's device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return local_.threads_per_device(); }
+  /// Whether each replica keeps only its share of the optimizer state (Options::shard_optimizer,
+  /// with more than one replica).
+  bool shards_optimizer() const { return shard_optimizer_ && replicas() > 1; }
+  /// Between steps, collective over the replicas: `values` (memory of this rank's device) <-
+  /// every replica's share of them (its 1/R, MpiControl::share), in place.
+  void allgather_shares(std::span<float> values) {
+    synchronize();
+    control_.allgather_shares(values);
+  }
+  /// Between steps, collective over the replicas: the n elements whose share each replica holds
+  /// in `mine` (memory of this rank's device), whole on replica 0 (host memory), empty elsewhere.
+  std::vector<float> gather_shares(std::span<const float> mine, std::size_t n) {
+    synchronize();
+    return control_.gather_shares(mine, n);
+  }
   /// Whether this rank's device, computing on threads_per_device() threads, wants more cores than
   /// the rank may use (host::usable_cores(): its affinity mask, which mpirun narrows to one core
   /// by default; false when unknown). `busy` is 0 or 1: a rank runs one device.
@@ -428,6 +454,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   bool tracing_ = false;
   std::vector<TraceEvent> sum_events_;  ///< the traced sums since take_trace
   host::Backend local_;  ///< the rank's device; destroyed (workers joined) before pending_
+  bool shard_optimizer_ = false;  ///< Options::shard_optimizer
 };
 
 }  // namespace gpipe::mpi

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -265,6 +266,36 @@ class MpiControl {
                       "MPI_Allreduce");
   }
 
+  /// Replica r's share of n elements split over R replicas (ZeRO-1's optimizer shards): the
+  /// elements [first, last) with first = n r / R, last = n (r + 1) / R.
+  static std::pair<std::size_t, std::size_t> share(std::size_t n, std::size_t replicas,
+                                                   std::size_t replica) {
+    return {n * replica / replicas, n * (replica + 1) / replicas};
+  }
+  /// Collective over the replicas, between steps: `values` (n elements of host memory or of this
+  /// rank's device) <- every replica's share of them (share(n, R, r) from replica r), in place.
+  void allgather_shares(std::span<float> values) {
+    std::vector<int> counts, offsets;
+    shares_of(values.size(), counts, offsets);
+    detail::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(),
+                                     counts.data(), offsets.data(), MPI_FLOAT, replicas_comm_),
+                      "MPI_Allgatherv");
+  }
+  /// Collective over the replicas, between steps: the n elements of which each replica holds its
+  /// share (`mine`, share(n, R, r).size() elements), whole on replica 0 and empty elsewhere.
+  std::vector<float> gather_shares(std::span<const float> mine, std::size_t n) {
+    std::vector<int> counts, offsets;
+    shares_of(n, counts, offsets);
+    detail::require(static_cast<int>(mine.size()) == counts[replica_],
+                    "a replica's share of " + std::to_string(n) + " elements has " +
+                        std::to_string(counts[replica_]) + ", not " + std::to_string(mine.size()));
+    std::vector<float> whole(replica_ == 0 ? n : 0);
+    detail::check_mpi(MPI_Gatherv(mine.data(), counts[replica_], MPI_FLOAT, whole.data(),
+                                  counts.data(), offsets.data(), MPI_FLOAT, 0, replicas_comm_),
+                      "MPI_Gatherv");
+    return whole;
+  }
+
   /// Collective over the world: the seconds from the earliest rank's `start` to the latest rank's
   /// `end`, each rank's time points of its steady_clock taken on the one clock of align_clocks
   /// (`epoch` is the one that was aligned).
@@ -421,6 +452,17 @@ class MpiControl {
   }
 
  private:
+  // Every replica's share of n elements: counts and offsets for MPI's v-collectives.
+  void shares_of(std::size_t n, std::vector<int>& counts, std::vector<int>& offsets) const {
+    counts.resize(replicas_);
+    offsets.resize(replicas_);
+    for (std::size_t r = 0; r < replicas_; ++r) {
+      const auto [first, last] = share(n, replicas_, r);
+      offsets[r] = count_of(first);
+      counts[r] = count_of(last - first);
+    }
+  }
+
   MPI_Comm comm_;
   MPI_Comm pipeline_ = MPI_COMM_NULL;       ///< this replica's ranks; rank = device
   MPI_Comm replicas_comm_ = MPI_COMM_NULL;  ///< this device's rank in every replica
