@@ -14,7 +14,7 @@
 // after its sender ended) and shows each rank's gradient sum over the replicas after its stage's
 // last W; every rank's last_step() is the whole pipeline's. ZeRO-1 (shard_optimizer) gives the
 // unsharded parameters bit for bit with half the optimizer state per rank and the same
-// checkpoint files. With
+// checkpoint files. A rank whose threads_per_device exceed its cores says so on stderr. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -25,7 +25,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -181,6 +183,37 @@ TEST_CASE("a rank's device with a team of threads runs every schedule, and says 
   // the rank's own cores (its affinity mask, which mpirun may narrow), not the machine's
   CHECK(backend.devices_share_cores(1) == (host::usable_cores() < 2));
   check_every_schedule<mpi::Backend, host::Backend>(backend);
+}
+
+TEST_CASE("a rank whose threads outnumber its cores says so on stderr, once; one that fits does not") {
+  // what the backend writes to stderr while it is built, read back from a temporary file
+  const auto stderr_of = [](std::size_t threads) {
+    std::fflush(stderr);
+    const int saved = dup(2);
+    std::FILE* file = std::tmpfile();
+    dup2(fileno(file), 2);
+    { mpi::Backend backend(MPI_COMM_WORLD, {.threads_per_device = threads}); }
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::rewind(file);
+    std::string text;
+    for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
+    std::fclose(file);
+    return text;
+  };
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::size_t cores = host::usable_cores();
+  const std::string too_many = stderr_of(cores + 1);
+  CAPTURE(too_many);
+  CHECK(too_many.starts_with("gpipe: rank " + std::to_string(rank) + ": threads_per_device = " +
+                             std::to_string(cores + 1) + ", but this rank may run on " +
+                             std::to_string(cores) + " core(s)"));
+  CHECK(too_many.find("--bind-to none, or --map-by slot:PE=" + std::to_string(cores + 1)) !=
+        std::string::npos);
+  CHECK(std::count(too_many.begin(), too_many.end(), '\n') == 1);
+  CHECK(stderr_of(1).empty());
 }
 
 TEST_CASE("data-parallel replicas of a pipeline give the one-process step on the whole batch") {
