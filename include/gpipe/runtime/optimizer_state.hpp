@@ -3,9 +3,10 @@
 // parameter (SGD's momentum buffer, AdamW's two moments) and the step count, restarted when the
 // optimizer's type changes. With a transport that shards the optimizer over data-parallel
 // replicas (ZeRO-1: transport optimizer_share), a process keeps the state of its share of each
-// stage's parameters only, updates that share, and the replicas then gather the parameters. The state knows its optimizer by the type's name, fixed while
-// compiling (no RTTI: equal in every translation unit and shared library, and with -fno-rtti).
-// Compiled once per backend and optimizer type.
+// stage's parameters only, updates that share, and the replicas then gather the parameters. The
+// state knows its optimizer by the type's name, fixed while compiling (no RTTI: equal in every
+// translation unit and shared library, and with -fno-rtti). Compiled once per backend and
+// optimizer type.
 
 #include <algorithm>
 #include <cstddef>
@@ -77,6 +78,8 @@ class OptimizerState {
   // No state: the next step starts its optimizer afresh (a checkpoint saved before any step).
   void clear() {
     state_.clear();
+    shares_.clear();
+    sharded_ = false;
     optimizer_ = {};
     record_ = {};
     restored_ = false;
