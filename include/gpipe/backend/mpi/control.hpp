@@ -134,10 +134,12 @@ class MpiControl {
     return static_cast<int>(n);
   }
   /// Collective: one origin for every rank's clock. clock_offset_us() turns this rank's
-  /// microseconds since `epoch` (its device backend's) into microseconds since the origin. When all
-  /// ranks share a machine they share steady_clock (CLOCK_MONOTONIC on Linux) and the origin is
-  /// rank 0's epoch, exactly; across machines it is the end of a barrier, as exact as the barrier's
-  /// ranks leave it at once (microseconds on shared memory, tens of microseconds over a network).
+  /// microseconds since `epoch` (its device backend's) into microseconds since the origin, rank
+  /// 0's epoch. When all ranks share a machine they share steady_clock (CLOCK_MONOTONIC on
+  /// Linux) and the offset is exact. Across machines rank 0 asks each other rank for its clock
+  /// `rounds` times (Cristian's method): the reply of the fastest round trip was read within
+  /// half that round trip of its midpoint on rank 0's clock (microseconds over a network,
+  /// where the exits of one barrier differ by milliseconds).
   void align_clocks(std::chrono::steady_clock::time_point epoch) {
     MPI_Comm node = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
@@ -155,10 +157,43 @@ class MpiControl {
       const long long own = first;
       detail::check_mpi(MPI_Bcast(&first, 1, MPI_LONG_LONG, 0, comm_), "MPI_Bcast");
       clock_offset_us_ = static_cast<double>(own - first) / 1000.0;
-    } else {
-      detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
-      clock_offset_us_ = -std::chrono::duration<double, std::micro>(Clock::now() - epoch).count();
+      return;
     }
+    const auto now_us = [epoch] {
+      return std::chrono::duration<double, std::micro>(Clock::now() - epoch).count();
+    };
+    constexpr int rounds = 16;
+    MPI_Comm clocks = MPI_COMM_NULL;  // no message of the caller's can meet these
+    detail::check_mpi(MPI_Comm_dup(comm_, &clocks), "MPI_Comm_dup");
+    if (rank_ == 0) {
+      clock_offset_us_ = 0;
+      for (int r = 1; r < static_cast<int>(size_); ++r) {
+        double best_trip = std::numeric_limits<double>::infinity(), offset = 0;
+        for (int i = 0; i < rounds; ++i) {
+          double theirs = 0;
+          const double sent = now_us();
+          detail::check_mpi(MPI_Send(nullptr, 0, MPI_BYTE, r, 0, clocks), "MPI_Send");
+          detail::check_mpi(MPI_Recv(&theirs, 1, MPI_DOUBLE, r, 0, clocks, MPI_STATUS_IGNORE),
+                            "MPI_Recv");
+          const double back = now_us();
+          if (back - sent < best_trip) {
+            best_trip = back - sent;
+            offset = (sent + back) / 2 - theirs;
+          }
+        }
+        detail::check_mpi(MPI_Send(&offset, 1, MPI_DOUBLE, r, 1, clocks), "MPI_Send");
+      }
+    } else {
+      for (int i = 0; i < rounds; ++i) {
+        detail::check_mpi(MPI_Recv(nullptr, 0, MPI_BYTE, 0, 0, clocks, MPI_STATUS_IGNORE),
+                          "MPI_Recv");
+        const double ours = now_us();
+        detail::check_mpi(MPI_Send(&ours, 1, MPI_DOUBLE, 0, 0, clocks), "MPI_Send");
+      }
+      detail::check_mpi(
+          MPI_Recv(&clock_offset_us_, 1, MPI_DOUBLE, 0, 1, clocks, MPI_STATUS_IGNORE), "MPI_Recv");
+    }
+    MPI_Comm_free(&clocks);
   }
 
   /// A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
