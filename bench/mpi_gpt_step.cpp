@@ -11,9 +11,10 @@
 // Usage: mpirun -n 2R bench_mpi_gpt_step [--steps=3] [--checkpoint_dir=DIR] [--replicas=R]
 //          [--shard_optimizer] [Google Benchmark flags]
 // Counters: step_ms (Trainer::last_step_seconds: the step over both ranks, from the first
-// forward_backward to the last rank's end of step()), tokens_per_s, clip_share (clip_grad_norm's time over the step's; with ties
-// the step includes their gradient exchange, so the tied row against the untied one gives the
-// tie's share); checkpoint: save_s, rank0_MB and rank1_MB (each rank's shard), index_KB.
+// forward_backward to the last rank's end of step()), tokens_per_s, clip_share (clip_grad_norm's
+// time over the step's; with ties the step includes their gradient exchange, so the tied row
+// against the untied one gives the tie's share); checkpoint: save_s, rank0_MB and rank1_MB (each
+// rank's shard), index_KB.
 
 #include <benchmark/benchmark.h>
 #include <mpi.h>
@@ -122,8 +123,8 @@ void BM_GptTrainingStep(benchmark::State& state) {
     state.counters["sums_ms"] = sums_ms;
     state.counters["sums_hidden"] = hidden;
     state.counters["state_MB"] =
-        static_cast<double>(backend.memory_stats(backend.device())
-                                .current_of(gpipe::MemoryKind::optimizer_state)) /
+        static_cast<double>(
+            backend.memory_stats(backend.device()).current_of(gpipe::MemoryKind::optimizer_state)) /
         (1 << 20);
   }
   state.counters["clip_share"] = clip_seconds / seconds;

@@ -145,10 +145,9 @@ TEST_CASE("work in flight beside a device's stream gets a row of its own in a Ch
     if (member(e, "ph").as<std::string>() == "M" &&
         member(e, "name").as<std::string>() == "thread_name")
       thread_names[integer(member(e, "tid"))] = member(member(e, "args"), "name").as<std::string>();
-  CHECK(thread_names == std::map<std::int64_t, std::string>{{0, "device 0"},
-                                                             {1, "device 1"},
-                                                             {2, "device 2"},
-                                                             {4, "device 1: in flight"}});
+  CHECK(thread_names ==
+        std::map<std::int64_t, std::string>{
+            {0, "device 0"}, {1, "device 1"}, {2, "device 2"}, {4, "device 1: in flight"}});
   const std::vector<const JsonValue*> complete = complete_events(document);
   REQUIRE(complete.size() == events.size());
   CHECK(member(*complete.back(), "name").as<std::string>() == "all-reduce gradients");

@@ -185,7 +185,8 @@ TEST_CASE("a rank's device with a team of threads runs every schedule, and says 
   check_every_schedule<mpi::Backend, host::Backend>(backend);
 }
 
-TEST_CASE("a rank whose threads outnumber its cores says so on stderr, once; one that fits does not") {
+TEST_CASE(
+    "a rank whose threads outnumber its cores says so on stderr, once; one that fits does not") {
   // what the backend writes to stderr while it is built, read back from a temporary file
   const auto stderr_of = [](std::size_t threads) {
     std::fflush(stderr);
@@ -207,9 +208,9 @@ TEST_CASE("a rank whose threads outnumber its cores says so on stderr, once; one
   const std::size_t cores = host::usable_cores();
   const std::string too_many = stderr_of(cores + 1);
   CAPTURE(too_many);
-  CHECK(too_many.starts_with("gpipe: rank " + std::to_string(rank) + ": threads_per_device = " +
-                             std::to_string(cores + 1) + ", but this rank may run on " +
-                             std::to_string(cores) + " core(s)"));
+  CHECK(too_many.starts_with("gpipe: rank " + std::to_string(rank) +
+                             ": threads_per_device = " + std::to_string(cores + 1) +
+                             ", but this rank may run on " + std::to_string(cores) + " core(s)"));
   CHECK(too_many.find("--bind-to none, or --map-by slot:PE=" + std::to_string(cores + 1)) !=
         std::string::npos);
   CHECK(std::count(too_many.begin(), too_many.end(), '\n') == 1);
@@ -288,7 +289,8 @@ TEST_CASE("the merged trace shows each rank's gradient sum over the replicas, af
   }
 }
 
-TEST_CASE("ZeRO-1: a sharded optimizer gives the unsharded steps bit for bit with 1/R of its state") {
+TEST_CASE(
+    "ZeRO-1: a sharded optimizer gives the unsharded steps bit for bit with 1/R of its state") {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != 4) return;  // 2 replicas x 2 devices

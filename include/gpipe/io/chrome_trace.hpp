@@ -81,8 +81,8 @@ namespace io {
 
 /// The trace as a Chrome Trace Event Format document, which Perfetto and chrome://tracing open:
 /// one complete event ("X") per record on its device's row (tid d; work in flight beside the
-/// device's stream, `WorkLabel::background`, on a row of its own, tid K + d), named as in the GPipe paper's
-/// figures ("F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for a
+/// device's stream, `WorkLabel::background`, on a row of its own, tid K + d), named as in the GPipe
+/// paper's figures ("F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for a
 /// transfer, the label itself for work without a micro-batch), with `cat` the label's op and
 /// `args` its stage and micro-batch. Times are microseconds as recorded; `info` names the
 /// process row and fills the top-level "metadata".
@@ -103,7 +103,8 @@ inline std::string chrome_trace_json(std::span<const TraceEvent> events,
   std::size_t num_devices = 0;
   for (const TraceEvent& e : events) num_devices = std::max(num_devices, e.device + 1);
   std::vector<bool> in_flight(num_devices, false);  // devices with background work
-  for (const TraceEvent& e : events) in_flight[e.device] = in_flight[e.device] || e.label.background;
+  for (const TraceEvent& e : events)
+    in_flight[e.device] = in_flight[e.device] || e.label.background;
   const auto row = [&](std::size_t tid, const std::string& name) {
     out += ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " +
            std::to_string(tid) + ", \"args\": {\"name\": \"" + name + "\"}}";

@@ -301,8 +301,8 @@ class Checkpoint {
       const auto [first, last] = optimizer_.share(s);
       const float* state = optimizer_.state(s).data();
       for (std::size_t p = 0; p < planes; ++p) {
-        std::vector<float> plane = transport_.collect_optimizer_shares(
-            {state + p * (last - first), last - first}, n);
+        std::vector<float> plane =
+            transport_.collect_optimizer_shares({state + p * (last - first), last - first}, n);
         whole_state_[s].insert(whole_state_[s].end(), plane.begin(), plane.end());
       }
     }
@@ -380,11 +380,10 @@ class Checkpoint {
         const std::vector<float>& plane = values.at(store_.saved_as(info).name + "." + names[p]);
         const float* src = plane.data() + (first - info.offset);
         float* dst = optimizer_.state(info.stage).data() + p * n + (first - share_first);
-        backend_.submit(
-            store_.device_of_stage(info.stage), {"write optimizer state", info.stage},
-            [src, dst, count = last - first](typename Backend::Kernels& k) {
-              k.upload(count, src, dst);
-            });
+        backend_.submit(store_.device_of_stage(info.stage), {"write optimizer state", info.stage},
+                        [src, dst, count = last - first](typename Backend::Kernels& k) {
+                          k.upload(count, src, dst);
+                        });
       }
     }
     backend_.synchronize();

@@ -144,8 +144,8 @@ class OptimizerState {
   }
 
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
-  std::vector<std::pair<std::size_t, std::size_t>> shares_;     // per stage: [first, last)
-  bool sharded_ = false;  // a share is not the whole of its stage
+  std::vector<std::pair<std::size_t, std::size_t>> shares_;      // per stage: [first, last)
+  bool sharded_ = false;         // a share is not the whole of its stage
   std::vector<Ranges> tensors_;  // per stage, for optimizers that group tensors by shape
   std::string_view optimizer_;   // type_name<Optimizer>() of the optimizer the state belongs to
   OptimizerRecord record_;       // what a checkpoint records of it, its step count among them
@@ -182,8 +182,7 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
     const auto [first, last] = shares_[s];
     backend.submit(store.device_of_stage(s), {"optimizer step", s},
                    [&optimizer, p = store.params()[s].data() + first,
-                    g = store.grads()[s].data() + first, st = state_[s].data(), n = last - first,
-                    t,
+                    g = store.grads()[s].data() + first, st = state_[s].data(), n = last - first, t,
                     tensors = std::span<const optim::ParameterRange>(tensors_[s])](Kernels& k) {
                      if constexpr (grouped_optimizer_for<Optimizer, Kernels>) {
                        optimizer.update(k, n, p, g, st, t, tensors);

@@ -259,9 +259,9 @@ class Trainer {
   /// process's start of its first `forward_backward` after the previous `step` (or after
   /// construction) to the latest process's end of `step`, everything in between included (every
   /// forward_backward of gradient accumulation, clipping, ties, the optimizer), so that a training
-  /// loop times itself without barriers of its own. Collective with several processes: every process calls it (one MPI_Allreduce of two
-  /// doubles; across machines the ranks' clocks are aligned as their traces' are). Throws
-  /// `gpipe::Error` before the first `step`.
+  /// loop times itself without barriers of its own. Collective with several processes: every
+  /// process calls it (one MPI_Allreduce of two doubles; across machines the ranks' clocks are
+  /// aligned as their traces' are). Throws `gpipe::Error` before the first `step`.
   double last_step_seconds() const {
     detail::require(last_span_.has_value(),
                     "last_step_seconds: no training step has ended yet (a step ends with step())");

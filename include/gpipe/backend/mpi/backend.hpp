@@ -453,7 +453,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   std::vector<SumInFlight> sums_in_flight_;  ///< [i] of reduction_requests_[i]
   bool tracing_ = false;
   std::vector<TraceEvent> sum_events_;  ///< the traced sums since take_trace
-  host::Backend local_;  ///< the rank's device; destroyed (workers joined) before pending_
+  host::Backend local_;           ///< the rank's device; destroyed (workers joined) before pending_
   bool shard_optimizer_ = false;  ///< Options::shard_optimizer
 };
 

@@ -190,8 +190,8 @@ class MpiControl {
         const double ours = now_us();
         detail::check_mpi(MPI_Send(&ours, 1, MPI_DOUBLE, 0, 0, clocks), "MPI_Send");
       }
-      detail::check_mpi(
-          MPI_Recv(&clock_offset_us_, 1, MPI_DOUBLE, 0, 1, clocks, MPI_STATUS_IGNORE), "MPI_Recv");
+      detail::check_mpi(MPI_Recv(&clock_offset_us_, 1, MPI_DOUBLE, 0, 1, clocks, MPI_STATUS_IGNORE),
+                        "MPI_Recv");
     }
     MPI_Comm_free(&clocks);
   }
