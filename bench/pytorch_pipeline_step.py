@@ -8,9 +8,11 @@ is_causal), final LayerNorm, untied LM head with bias; batch 8 samples; paramete
 names them (nn.Sequential indices: 0 embedding, 1-6 blocks, 7 LayerNorm, 8 head).
 Cut: rank 0 runs layers 0-4 (embedding, 4 blocks), rank 1 layers 5-8 (2 blocks, LayerNorm, head).
 Step: optimizer.zero_grad() (untimed), schedule.step (forward and backward of every micro-batch),
-torch.optim.AdamW(lr 6e-4, betas (0.9, 0.95), weight_decay 0.1, foreach=False). The loss of a
-micro-batch is its mean cross-entropy divided by M: torch 2.5's schedules sum the micro-batches'
-gradients, so the gradients are the mini-batch mean's, as gpipe's.
+torch.optim.AdamW(lr 6e-4, betas (0.9, 0.95), weight_decay 0.1, foreach=False). The gradients are
+the mini-batch mean loss's, as gpipe's: the schedule's scale_grads (torch >= 2.6) divides the
+micro-batches' summed gradients by M; older schedules get each micro-batch's loss divided by M.
+Versions: measured with torch 2.15 (PyPI); torch 2.5.1 runs ScheduleGPipe but hangs in
+Schedule1F1B on gloo (its batched send + receive waits for only one of the two requests).
 Timing: a step is from the earliest rank's start of schedule.step to the latest rank's end of
 optimizer.step (gpipe's Trainer::last_step_seconds); each rank records its own clock
 (CLOCK_MONOTONIC, one machine) and the spans are formed after the timed steps.
@@ -29,6 +31,7 @@ message when torch or torch.distributed.pipelining cannot be imported.
 """
 
 import argparse
+import inspect
 import json
 import os
 import socket
@@ -139,14 +142,19 @@ def worker(rank, args, port):
         model = build_gpt(torch)
         model.load_state_dict(state)
         part = model[:CUT] if rank == 0 else model[CUT:]
-        mb = B // m
-        example_in = x[:mb] if rank == 0 else torch.zeros(mb, T, D)
-        example_out = torch.zeros(mb, T, D) if rank == 0 else torch.zeros(mb, T, V)
-        stage = PipelineStage(part, rank, 2, torch.device("cpu"), input_args=example_in,
-                              output_args=example_out)
+        shapes = {}
+        if needs_shapes(PipelineStage):  # torch < 2.6: the micro-batches' input and output
+            mb = B // m
+            shapes = dict(input_args=x[:mb] if rank == 0 else torch.zeros(mb, T, D),
+                          output_args=torch.zeros(mb, T, D) if rank == 0 else torch.zeros(mb, T, V))
+        stage = PipelineStage(part, rank, 2, torch.device("cpu"), **shapes)
 
-        def loss_fn(logits, targets, m=m):
-            return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)) / m
+        # torch >= 2.6 divides the summed gradients by M itself (scale_grads); before, the loss
+        # of a micro-batch is divided by M so that the gradients are the mini-batch mean's
+        divide = 1 if scales_grads(kinds[kind]) else m
+
+        def loss_fn(logits, targets, divide=divide):
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)) / divide
 
         schedule = kinds[kind](stage, n_microbatches=m, loss_fn=loss_fn)
         optimizer = torch.optim.AdamW(part.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
@@ -159,7 +167,7 @@ def worker(rank, args, port):
             else:
                 schedule.step(target=y, losses=losses)
             optimizer.step()
-            return sum(loss.item() for loss in losses)
+            return sum(loss.item() for loss in losses) * divide / m
 
         losses = []
         for _ in range(4):  # the first two losses, and warm-up as gpipe's row has it
@@ -182,6 +190,15 @@ def worker(rank, args, port):
                               "torch": torch.__version__}), flush=True)
         dist.barrier()
     dist.destroy_process_group()
+
+
+def scales_grads(schedule_class):
+    return "scale_grads" in inspect.signature(schedule_class.__init__).parameters
+
+
+def needs_shapes(stage_class):
+    """True where PipelineStage must be given example inputs (later versions infer them)."""
+    return inspect.signature(stage_class.__init__).parameters["input_args"].default is inspect.Parameter.empty
 
 
 def free_port():
