@@ -56,7 +56,8 @@ using Emb = gpipe::Embedding<V, T, D>;
 using Block = gpipe::TransformerBlock<D, H>;
 using Norm = gpipe::LayerNorm<D>;
 using Head = gpipe::Linear<D, V>;
-using Gpt1 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block, Block, Block, Norm, Head>>;
+using Gpt1 =
+    gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block, Block, Block, Norm, Head>>;
 using Gpt2 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block>,
                              gpipe::Stage<Block, Block, Norm, Head>>;
 
@@ -216,8 +217,8 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
     add("BM_OneProcess<K:2,1F1B>", BM_OneProcess<Gpt2, gpipe::OneFOneB>, 4);
     add("BM_OneProcess<K:2,ZB-H1>", BM_OneProcess<Gpt2, gpipe::ZeroBubbleH1>, 8);
   } else {
-    std::fprintf(stderr, "%s: run it on 2 ranks (mpirun -n 2) or in one process, not %d\n",
-                 argv[0], size);
+    std::fprintf(stderr, "%s: run it on 2 ranks (mpirun -n 2) or in one process, not %d\n", argv[0],
+                 size);
     return 1;
   }
   return 0;
