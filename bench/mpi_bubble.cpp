@@ -14,7 +14,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <gpipe/gpipe.hpp>
 #include <gpipe/mpi.hpp>
 #include <memory>
@@ -22,37 +21,12 @@
 
 #include "support/bubble.hpp"
 #include "support/fixed_duration.hpp"
+#include "support/mpi_flags.hpp"
 
 namespace {
 
 gpipe::bench::BubbleFlags flags{.op_us = 1000, .trace_dir = ""};
 std::unique_ptr<gpipe::mpi::Session> session;  // finalizes MPI after main returns
-
-// Takes --steps=N out of argv: N, or 0 when it is not a positive number.
-long take_steps(int* argc, char** argv) {
-  long steps = 20;
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp(argv[i], "--steps=", 8) == 0) {
-      char* end = nullptr;
-      steps = std::strtol(argv[i] + 8, &end, 10);
-      if (end == argv[i] + 8 || *end != '\0') steps = 0;
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return steps > 0 ? steps : 0;
-}
-
-// On ranks other than 0: drops --benchmark_out... (rank 0 writes the file) and the console.
-void quiet(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i)
-    if (!std::string_view(argv[i]).starts_with("--benchmark_out")) argv[out++] = argv[i];
-  *argc = out;
-  if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fclose(stdout);
-}
 
 }  // namespace
 
@@ -60,7 +34,7 @@ void quiet(int* argc, char** argv) {
 // program's flags, and the benchmarks of K = the world size.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   session = std::make_unique<gpipe::mpi::Session>(*argc, argv);
-  const long steps = take_steps(argc, argv);
+  const long steps = gpipe::bench::take_count(argc, argv, "steps", 20);
   if (!gpipe::bench::take_bubble_flags(argc, argv, flags)) return 1;
   if (steps == 0) {
     std::fprintf(stderr, "%s: --steps must be a positive number\n", argv[0]);
@@ -69,7 +43,7 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (rank != 0) quiet(argc, argv);
+  if (rank != 0) gpipe::bench::quiet(argc, argv);
   const auto k = static_cast<std::size_t>(size);
   if (k != 1 && k != 2 && k != 4 && k != 8) {
     std::fprintf(stderr, "%s: run it with 1, 2, 4 or 8 ranks (mpirun -n K), not %zu\n", argv[0], k);

@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <gpipe/gpipe.hpp>
 #include <gpipe/mpi.hpp>
@@ -33,6 +32,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "support/mpi_flags.hpp"
 
 namespace {
 
@@ -166,15 +167,13 @@ void BM_GptCheckpoint(benchmark::State& state) {
 
 // Takes --steps=N, --checkpoint_dir=DIR, --replicas=R and --shard_optimizer out of argv.
 bool take_flags(int* argc, char** argv) {
+  steps = gpipe::bench::take_count(argc, argv, "steps", steps);
+  replicas = static_cast<std::size_t>(gpipe::bench::take_count(argc, argv, "replicas", 1));
   int out = 1;
   for (int i = 1; i < *argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg.starts_with("--steps=")) {
-      steps = std::strtol(argv[i] + 8, nullptr, 10);
-    } else if (arg.starts_with("--checkpoint_dir=")) {
+    if (arg.starts_with("--checkpoint_dir=")) {
       checkpoint_dir = std::string(arg.substr(17));
-    } else if (arg.starts_with("--replicas=")) {
-      replicas = static_cast<std::size_t>(std::strtol(argv[i] + 11, nullptr, 10));
     } else if (arg == "--shard_optimizer") {
       shard_optimizer = true;
     } else {
@@ -204,13 +203,7 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
                  argv[0], 2 * replicas, 2 * replicas, size);
     return 1;
   }
-  if (rank != 0) {  // rank 0 prints and writes --benchmark_out
-    int out = 1;
-    for (int i = 1; i < *argc; ++i)
-      if (!std::string_view(argv[i]).starts_with("--benchmark_out")) argv[out++] = argv[i];
-    *argc = out;
-    if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fclose(stdout);
-  }
+  if (rank != 0) gpipe::bench::quiet(argc, argv);  // rank 0 prints and writes --benchmark_out
   for (const bool tied : {false, true})
     benchmark::RegisterBenchmark(tied ? "BM_GptTrainingStep<tied>" : "BM_GptTrainingStep<untied>",
                                  tied ? BM_GptTrainingStep<true> : BM_GptTrainingStep<false>)

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "support/mpi_flags.hpp"
+
 namespace {
 
 std::unique_ptr<gpipe::mpi::Session> session;  // finalizes MPI after main returns
@@ -92,38 +94,12 @@ void handover(benchmark::State& state) {
   report(state, bytes, state.iterations(), seconds.count());
 }
 
-// Takes --round_trips=N out of argv: N, or 0 when it is not a positive number.
-long take_round_trips(int* argc, char** argv) {
-  long round_trips = 200;
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp(argv[i], "--round_trips=", 14) == 0) {
-      char* end = nullptr;
-      round_trips = std::strtol(argv[i] + 14, &end, 10);
-      if (end == argv[i] + 14 || *end != '\0') round_trips = 0;
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return round_trips > 0 ? round_trips : 0;
-}
-
-// On rank 1: drops --benchmark_out... (rank 0 writes the file) and the console.
-void quiet(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i)
-    if (!std::string_view(argv[i]).starts_with("--benchmark_out")) argv[out++] = argv[i];
-  *argc = out;
-  if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fclose(stdout);
-}
-
 }  // namespace
 
 // Called by the shared benchmark main before Google Benchmark sees the flags.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   session = std::make_unique<gpipe::mpi::Session>(*argc, argv);
-  const long round_trips = take_round_trips(argc, argv);
+  const long round_trips = gpipe::bench::take_count(argc, argv, "round_trips", 200);
   if (round_trips == 0) {
     std::fprintf(stderr, "%s: --round_trips must be a positive number\n", argv[0]);
     return 1;
@@ -135,7 +111,7 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
     std::fprintf(stderr, "%s: run it on 2 ranks (mpirun -n 2), not %d\n", argv[0], size);
     return 1;
   }
-  if (rank != 0) quiet(argc, argv);
+  if (rank != 0) gpipe::bench::quiet(argc, argv);
   backend = std::make_unique<gpipe::mpi::Backend>();
   for (const long bytes : {4L << 10, 256L << 10, 4L << 20}) {
     benchmark::RegisterBenchmark("mpi_pingpong", mpi_pingpong)

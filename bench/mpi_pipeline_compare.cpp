@@ -49,6 +49,8 @@
 #include <string_view>
 #include <vector>
 
+#include "support/mpi_flags.hpp"
+
 namespace {
 
 constexpr std::size_t V = 8192, T = 128, D = 384, H = 6, samples = 8;
@@ -157,14 +159,11 @@ void BM_OneProcess(benchmark::State& state) {
 
 // Takes --steps=N and --weights=FILE out of argv; false for a bad --steps.
 bool take_flags(int* argc, char** argv) {
+  steps = gpipe::bench::take_count(argc, argv, "steps", steps);
   int out = 1;
   for (int i = 1; i < *argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg.starts_with("--steps=")) {
-      char* end = nullptr;
-      steps = std::strtol(argv[i] + 8, &end, 10);
-      if (end == argv[i] + 8 || *end != '\0') steps = 0;
-    } else if (arg.starts_with("--weights=")) {
+    if (arg.starts_with("--weights=")) {
       weights = std::string(arg.substr(10));
     } else {
       argv[out++] = argv[i];
@@ -172,15 +171,6 @@ bool take_flags(int* argc, char** argv) {
   }
   *argc = out;
   return steps > 0;
-}
-
-// On ranks other than 0: drops --benchmark_out... (rank 0 writes the file) and the console.
-void quiet(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i)
-    if (!std::string_view(argv[i]).starts_with("--benchmark_out")) argv[out++] = argv[i];
-  *argc = out;
-  if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fclose(stdout);
 }
 
 void add(const char* name, void (*bench)(benchmark::State&), std::int64_t m) {
@@ -206,7 +196,7 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (rank != 0) quiet(argc, argv);
+  if (rank != 0) gpipe::bench::quiet(argc, argv);
   if (size == 2) {
     add("BM_TwoRanks<GPipe>", BM_TwoRanks<gpipe::GPipe>, 4);
     add("BM_TwoRanks<1F1B>", BM_TwoRanks<gpipe::OneFOneB>, 4);
