@@ -4,11 +4,13 @@
 // DualPipeV; what a tag provides: kind.hpp; search_schedule), the validator that
 // proves a schedule runnable (at run time, or while compiling: compile_time.hpp; with buffered or
 // rendezvous sends, and order_for_rendezvous for the second), and the simulator that times it. All
-// of it is constexpr and independent of backends and models.
+// of it is constexpr and independent of backends and models. inference.hpp: the forward-only
+// program that predict runs.
 
 #include "gpipe/schedule/compile_time.hpp"
 #include "gpipe/schedule/dual_pipe_v.hpp"
 #include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/inference.hpp"
 #include "gpipe/schedule/interleaved.hpp"
 #include "gpipe/schedule/kind.hpp"
 #include "gpipe/schedule/looped_bfs.hpp"

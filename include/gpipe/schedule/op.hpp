@@ -18,7 +18,8 @@
 // on *on its own device*: the stage of op (d, op) is stage_of(d, op.chunk), also for sends and
 // recvs.
 //
-// Ops of stage s for micro-batch mb (every one exactly once, no others):
+// Ops of stage s for micro-batch mb (every one exactly once, no others; a forward_only schedule,
+// an inference program, has only the forwards and the activations' sends and recvs):
 //   forward          (all s)    runs stage s; on s == S-1 it also computes the loss and the
 //                               gradient of the loss with respect to the stage's output
 //   backward_input   (all s)    B: gradient with respect to stage s's input
@@ -152,6 +153,9 @@ struct Schedule {
   std::size_t num_chunks = 1;                    ///< virtual stages per device
   std::vector<std::vector<Op>> ops{};            ///< `ops[device]`: that device's ops, in order
   Placement placement = Placement::round_robin;  ///< which device holds which stage
+  /// An inference program: only forward, send_activation and recv_activation ops, and the last
+  /// stage's forward computes no loss (see "Ops" at the top of this file).
+  bool forward_only = false;
 
   /// S = K * num_chunks: the stages of the pipeline.
   constexpr std::size_t num_stages() const { return num_devices * num_chunks; }

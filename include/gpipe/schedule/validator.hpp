@@ -136,8 +136,13 @@ class OpIndex {
   std::vector<std::size_t> positions_;
 };
 
-// Whether stage `stage` of `num_stages` has an op of this kind (per micro-batch).
-constexpr bool is_required(OpKind kind, std::size_t stage, std::size_t num_stages) {
+// Whether stage `stage` of `num_stages` has an op of this kind (per micro-batch); a forward_only
+// schedule's stages have no backward ops.
+constexpr bool is_required(OpKind kind, std::size_t stage, std::size_t num_stages,
+                           bool forward_only = false) {
+  if (forward_only && kind != OpKind::forward && kind != OpKind::send_activation &&
+      kind != OpKind::recv_activation)
+    return false;
   switch (kind) {
     case OpKind::recv_activation:
     case OpKind::send_gradient:
@@ -150,7 +155,10 @@ constexpr bool is_required(OpKind kind, std::size_t stage, std::size_t num_stage
   }
 }
 
-constexpr std::string_view why_not_required(OpKind kind) {
+constexpr std::string_view why_not_required(OpKind kind, bool forward_only = false) {
+  if (forward_only && kind != OpKind::forward && kind != OpKind::send_activation &&
+      kind != OpKind::recv_activation)
+    return "a forward_only schedule runs no backward op";
   switch (kind) {
     case OpKind::recv_activation:
       return "the first stage receives no activation";
@@ -360,8 +368,9 @@ constexpr ValidationResult index_ops(const Schedule& schedule, OpIndex& index) {
     for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
       const Op& op = schedule.ops[d][p];
       const std::size_t stage = schedule.stage_of(d, op.chunk);
-      if (!is_required(op.kind, stage, num_stages)) {
-        return op_error(ValidationError::unexpected_op, d, p, op, why_not_required(op.kind));
+      if (!is_required(op.kind, stage, num_stages, schedule.forward_only)) {
+        return op_error(ValidationError::unexpected_op, d, p, op,
+                        why_not_required(op.kind, schedule.forward_only));
       }
       std::size_t& seen = index.at(stage, op.micro_batch, op.kind);
       if (seen != no_position) {
@@ -410,7 +419,7 @@ constexpr ValidationResult check_complete(const Schedule& schedule, const OpInde
     for (std::size_t mb = 0; mb < schedule.num_micro_batches; ++mb) {
       for (std::size_t k = 0; k < num_op_kinds; ++k) {
         const auto kind = static_cast<OpKind>(k);
-        if (!is_required(kind, stage, num_stages)) continue;
+        if (!is_required(kind, stage, num_stages, schedule.forward_only)) continue;
         if (index.at(stage, mb, kind) != no_position) continue;
         return op_error(ValidationError::missing_op, d, schedule.ops[d].size(),
                         {kind, static_cast<std::uint32_t>(mb), chunk},
