@@ -57,7 +57,76 @@ void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
   }
 }
 
+// predict() runs the inference program of the trainer's schedule: its measured activations peak
+// equals predict_memory's replay of that program, and nothing stays allocated.
+template <class Model, class Schedule = GPipe>
+void check_inference_prediction(std::size_t rows, std::size_t m) {
+  CAPTURE(rows);
+  CAPTURE(m);
+  const std::vector<float> x = random_inputs(rows, Model::in_features, 1);
+  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
+  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(backend,
+                                                                       {.micro_batches = m});
+  const auto predicted = predict_memory<Model>(inference_schedule_for(trainer.schedule(), m),
+                                               rows, Remat::never);
+  backend.reset_peak();
+  (void)trainer.predict(x);
+  for (std::size_t d = 0; d < backend.num_devices(); ++d) {
+    CAPTURE(d);
+    const MemoryStats stats = backend.memory_stats(d);
+    CHECK(predicted[d].activations_peak > 0);
+    CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+    CHECK(stats.current_of(MemoryKind::activations) == 0);
+    CHECK(stats.current_of(MemoryKind::workspace) == 0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("the executor and predict_memory read one table of what each op allocates and frees") {
+  using detail::OpBuffers;
+  using detail::SlotBuffer;
+  // every buffer a training op allocates is freed by a later op of the same slot (or by the op
+  // itself), whatever the stage's position and remat
+  for (const bool first : {false, true})
+    for (const bool last : {false, true})
+      for (const bool recomputed : {false, true}) {
+        const detail::OpSituation at{.first_stage = first,
+                                     .last_stage = last,
+                                     .recomputed = recomputed,
+                                     .has_stash = true,
+                                     .skips_input_gradient = true};
+        int live[detail::num_slot_buffers] = {};
+        for (const OpKind kind : {OpKind::recv_activation, OpKind::forward,
+                                  OpKind::send_activation, OpKind::recv_gradient,
+                                  OpKind::backward_input, OpKind::send_gradient,
+                                  OpKind::backward_weight}) {
+          if ((kind == OpKind::recv_activation || kind == OpKind::send_gradient) && first)
+            continue;
+          if ((kind == OpKind::send_activation || kind == OpKind::recv_gradient) && last)
+            continue;
+          const OpBuffers b = detail::buffers_of(kind, at);
+          for (std::size_t i = 0; i < b.num_allocates; ++i)
+            CHECK(++live[static_cast<std::size_t>(b.allocates[i].buffer)] == 1);
+          for (std::size_t i = 0; i < b.num_frees; ++i)
+            live[static_cast<std::size_t>(b.frees[i])] = 0;
+        }
+        for (const int l : live) CHECK(l == 0);
+      }
+  // an inference forward leaves only the output on its way on
+  const OpBuffers f = detail::buffers_of(OpKind::forward, {.first_stage = true,
+                                                           .forward_only = true});
+  CHECK(f.num_allocates == 3);
+  CHECK(f.num_frees == 2);
+}
+
+TEST_CASE("predict's measured activations equal the memory model of its inference program") {
+  for (std::size_t m : {1u, 3u, 8u}) {
+    check_inference_prediction<Model2>(12, m);
+    check_inference_prediction<Model4>(12, m);
+    check_inference_prediction<DeepModel>(16, m);
+  }
+}
 
 TEST_CASE("measured peak activation bytes equal the memory model on every device") {
   for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {

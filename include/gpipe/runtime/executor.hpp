@@ -3,30 +3,23 @@
 // each op to the stream of its stage's device. Written once for every backend, and compiled once
 // per backend: it sees the model as its stages' programs (runtime/stage_program.hpp).
 //
-// Per (stage s, micro-batch mb) it keeps a Slot of device buffers (rows = the micro-batch's size):
-//   input       (rows, in_s)            from forward (stage 0: the user's rows) or recv_activation
-//                                       until backward_weight
-//   stash       (rows, stash_per_row)   from forward, or from the recompute before backward_input
-//                                       when the remat policy drops it, until backward_weight
-//   output      (rows, out_s)           from forward until received by stage s+1 (or, on the
-//                                       last stage, until the loss has read it)
-//   grad_output (rows, out_s)           from recv_gradient (last stage: from the loss, at
-//                                       forward) until backward_weight
-//   grad_input  (rows, in_s)            from backward_input until received by stage s-1
-//   grad_stash  (rows, grad_stash_per_row) from backward_input until backward_weight
-// and the transport's mailboxes of its two messages (its output, its input gradient).
+// Per (stage s, micro-batch mb) it keeps a Slot of device buffers (rows = the micro-batch's size)
+// and the transport's mailboxes of its two messages (its output, its input gradient); which op
+// allocates and frees which buffer, of what size and memory kind, is the table of
+// runtime/slot_buffers.hpp, which predict_memory replays too.
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
 // schedule's order of execution. Every send, receive, gradient sum and the step's end go through
 // the backend's transport (transport/transport.hpp), the same calls for every backend; a process
-// issues only the ops of its own devices (all of them, with one process). Memory kinds: what is
-// kept from a forward until a backward (input, stash, the loss gradient) counts as activations;
-// everything else as workspace.
+// issues only the ops of its own devices (all of them, with one process). A forward_only schedule
+// (schedule/inference.hpp) is predict's program: the same walk, no loss, the last stage's outputs
+// downloaded into the caller's array.
 //
 // Under gpipe::MixedBf16 every slot buffer and message holds bf16, the ops run on the device's
 // bf16 context (Kernels::bf16_context()), and each local stage's parameters are cast to bf16 once
 // per step before its ops (workspace until the step ends) for the GEMMs of all its micro-batches.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -40,6 +33,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/slot_buffers.hpp"
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/schedule/validator.hpp"
@@ -63,7 +57,9 @@ class Executor {
 
   struct Step {
     std::span<const float> x;        // (N, in_features), host memory
-    std::span<const target_type> y;  // (N, targets per row), host memory
+    std::span<const target_type> y;  // (N, targets per row), host memory; none for inference
+    std::span<float> out = {};       // inference: (N, out_features), host memory, the last
+                                     // stage's process writes it
     MicroBatchSplit split;
     Remat remat = Remat::never;
     // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
@@ -95,7 +91,8 @@ class Executor {
         grads_(grads),
         token_input_(token_input) {}
 
-  // Runs the step; returns the summed loss of every micro-batch. Throws (from the backend's
+  // Runs the step (with a forward_only schedule: the inference into step.out); returns the summed
+  // loss of every micro-batch (0 for inference). Throws (from the backend's
   // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
   double run(const Step& step) {
     step_ = &step;
@@ -103,7 +100,7 @@ class Executor {
     slots_ = std::vector<Slot>(num_stages_ * M);
     std::vector<float> losses(M);
     const std::size_t last_device = schedule_.device_of_stage(num_stages_ - 1);
-    const bool has_loss = transport_.is_local(last_device);
+    const bool has_loss = !schedule_.forward_only && transport_.is_local(last_device);
     try {
       if (step.sum_over_replicas) prepare_gradient_sums();
       cast_weights();
@@ -136,42 +133,6 @@ class Executor {
     return total;
   }
 
-  // Forward only (inference): out (N, out_features) <- the model at x, micro-batches pipelined
-  // through the stages with the fill part of the schedule; nothing is stashed. With several
-  // processes, `out` is written on the last stage's.
-  void run_forward(std::span<const float> x, MicroBatchSplit split, std::span<float> out) {
-    const std::size_t M = split.micro_batches;
-    slots_ = std::vector<Slot>(num_stages_ * M);
-    try {
-      cast_weights();
-      for (std::size_t mb = 0; mb < M; ++mb) {
-        for (std::size_t s = 0; s < num_stages_; ++s) {
-          const std::size_t device = schedule_.device_of_stage(s);
-          if (!transport_.is_local(device)) continue;
-          const WorkLabel label{
-              .what = "forward (inference)", .stage = s, .micro_batch = mb, .compute = true};
-          if (s > 0)
-            transport_.receive(label, message(s - 1, mb, M, false), slot(s, mb, M).input,
-                               split.size(mb) * stages_[s].in_features, MemoryKind::activations,
-                               slot(s - 1, mb, M).activation);
-          submit_inference(s, device, label, x, split, mb, out);
-          if (s + 1 < num_stages_)
-            transport_.send(label, message(s, mb, M, false), slot(s, mb, M).output,
-                            slot(s, mb, M).activation);
-        }
-      }
-    } catch (...) {
-      abandon([this] { clear(); });
-    }
-    try {
-      finish();
-    } catch (...) {
-      clear();
-      throw;
-    }
-    clear();
-  }
-
   // Ends a training step whose inputs this process refused before issuing anything, from the
   // handler of the refusal: as a step whose issuing threw (abort_step: with several processes
   // all throw the same Error). With replicas the sums that the other replicas' ranks of this
@@ -184,13 +145,48 @@ class Executor {
 
  private:
   struct Slot {
-    Buffer<A> input, stash, output, grad_output, grad_input, grad_stash;
-    bool stashed = false;  // stash holds this micro-batch's forward activations
+    std::array<Buffer<A>, num_slot_buffers> buffers;   // see runtime/slot_buffers.hpp
     typename Transport::Mailbox activation, gradient;  // of its output, of its input gradient
+    Buffer<A>& operator[](SlotBuffer b) { return buffers[static_cast<std::size_t>(b)]; }
   };
 
-  Slot& slot(std::size_t s, std::size_t mb) { return slot(s, mb, step_->split.micro_batches); }
-  Slot& slot(std::size_t s, std::size_t mb, std::size_t M) { return slots_[s * M + mb]; }
+  Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
+
+  // What stage s's ops on micro-batch mb allocate and free depends on (slot_buffers.hpp).
+  OpSituation situation(std::size_t s, std::size_t mb) const {
+    return {.first_stage = s == 0,
+            .last_stage = s + 1 == num_stages_,
+            .forward_only = schedule_.forward_only,
+            .recomputed = recomputes(step_->remat, mb, step_->split.micro_batches),
+            .has_stash = stages_[s].stash_per_row > 0,
+            .skips_input_gradient = stages_[s].skips_input_gradient};
+  }
+  // The elements per row of a slot buffer of stage s.
+  std::size_t width(std::size_t s, SlotBuffer b) const {
+    const StageProgram<Ctx>& stage = stages_[s];
+    switch (width_of(b)) {
+      case Width::in:
+        return stage.in_features;
+      case Width::out:
+        return stage.out_features;
+      case Width::stash:
+        return stage.stash_per_row;
+      case Width::grad_stash:
+        return stage.grad_stash_per_row;
+    }
+    return 0;
+  }
+  // An op's allocations, and after its kernels its frees, on its slot (slot_buffers.hpp).
+  void allocate(const OpBuffers& ops, std::size_t s, std::size_t device, std::size_t rows,
+                Slot& here) {
+    for (std::size_t i = 0; i < ops.num_allocates; ++i) {
+      const Allocation& a = ops.allocates[i];
+      here[a.buffer] = backend_.template allocate<A>(device, rows * width(s, a.buffer), a.kind);
+    }
+  }
+  static void release(const OpBuffers& ops, Slot& here) {
+    for (std::size_t i = 0; i < ops.num_frees; ++i) here[ops.frees[i]].reset();
+  }
 
   void clear() {
     slots_.clear();
@@ -285,25 +281,27 @@ class Executor {
             .to = schedule_.device_of_stage(gradient ? s - 1 : s + 1)};
   }
 
-  // A send or receive of stage s's slot, through the transport.
+  // A send or receive of stage s's slot, through the transport: a send hands over the buffer
+  // the table frees, a receive fills the one it allocates.
   void issue_transfer(const Op& op, std::size_t s, WorkLabel label) {
     const std::size_t mb = op.micro_batch, M = step_->split.micro_batches;
-    const std::size_t rows = step_->split.size(mb);
+    const OpBuffers ops = buffers_of(op.kind, situation(s, mb));
+    Slot& here = slot(s, mb);
     switch (op.kind) {
       case OpKind::send_activation:
-        return transport_.send(label, message(s, mb, M, false), slot(s, mb).output,
-                               slot(s, mb).activation);
+        return transport_.send(label, message(s, mb, M, false), here[ops.frees[0]],
+                               here.activation);
       case OpKind::send_gradient:
-        return transport_.send(label, message(s, mb, M, true), slot(s, mb).grad_input,
-                               slot(s, mb).gradient);
+        return transport_.send(label, message(s, mb, M, true), here[ops.frees[0]], here.gradient);
       case OpKind::recv_activation:
-        return transport_.receive(label, message(s - 1, mb, M, false), slot(s, mb).input,
-                                  rows * stages_[s].in_features, MemoryKind::activations,
-                                  slot(s - 1, mb).activation);
-      case OpKind::recv_gradient:
-        return transport_.receive(label, message(s + 1, mb, M, true), slot(s, mb).grad_output,
-                                  rows * stages_[s].out_features, MemoryKind::workspace,
-                                  slot(s + 1, mb).gradient);
+      case OpKind::recv_gradient: {
+        const bool gradient = op.kind == OpKind::recv_gradient;
+        const std::size_t from = gradient ? s + 1 : s - 1;
+        const Allocation& a = ops.allocates[0];
+        return transport_.receive(label, message(from, mb, M, gradient), here[a.buffer],
+                                  step_->split.size(mb) * width(s, a.buffer), a.kind,
+                                  gradient ? slot(from, mb).gradient : slot(from, mb).activation);
+      }
       default:
         return;
     }
@@ -316,11 +314,10 @@ class Executor {
         .what = to_string(op.kind), .stage = s, .micro_batch = mb, .compute = is_compute(op.kind)};
     switch (op.kind) {
       case OpKind::forward:
-        return submit_forward(s, device, label, mb);
       case OpKind::backward_input:
-        return submit_backward_input(s, device, label, mb);
+        return submit_compute(op.kind, s, device, label, mb);
       case OpKind::backward_weight:
-        submit_backward_weight(s, device, label, mb);
+        submit_compute(op.kind, s, device, label, mb);
         return after_backward_weight(device, s);
       case OpKind::send_activation:
       case OpKind::send_gradient:
@@ -370,63 +367,24 @@ class Executor {
     c.upload(n, x, dst);
   }
 
-  void submit_forward(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    backend_.submit(device, label, [this, s, device, mb](Kernels& kernels) {
+  // Submits the compute op `kind` of stage s on micro-batch mb to `device`: the slot's buffers
+  // the table allocates, the op's scratch, its kernels, then the table's frees.
+  void submit_compute(OpKind kind, std::size_t s, std::size_t device, WorkLabel label,
+                      std::size_t mb) {
+    backend_.submit(device, label, [this, kind, s, device, mb](Kernels& kernels) {
       Ctx& k = context(kernels, s);
-      const StageProgram<Ctx>& stage = stages_[s];
-      const Step& step = *step_;
-      const std::size_t rows = step.split.size(mb);
+      const std::size_t rows = step_->split.size(mb);
+      const OpSituation at = situation(s, mb);
+      const OpBuffers ops = buffers_of(kind, at);
       Slot& here = slot(s, mb);
-      if (s == 0) {
-        here.input = backend_.template allocate<A>(device, rows * stage.in_features,
-                                                   MemoryKind::activations);
-        upload_input(k, rows * stage.in_features,
-                     step.x.data() + step.split.begin(mb) * stage.in_features, here.input.data());
-      }
-      here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
-                                                 MemoryKind::activations);
-      here.output =
-          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
-      {
-        auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
-                                        params_[s].data(), here.stash.data(), ws.data()});
-      }
-      if (s == num_stages_ - 1) apply_loss(device, k, mb, rows, here);
-      here.stashed = !recomputes(step.remat, mb, step.split.micro_batches);
-      if (!here.stashed) here.stash.reset();
-    });
-  }
-
-  void submit_inference(std::size_t s, std::size_t device, WorkLabel label,
-                        std::span<const float> x, MicroBatchSplit split, std::size_t mb,
-                        std::span<float> out) {
-    backend_.submit(device, label, [this, s, device, x, split, mb, out](Kernels& kernels) {
-      Ctx& k = context(kernels, s);
-      const StageProgram<Ctx>& stage = stages_[s];
-      const std::size_t rows = split.size(mb);
-      Slot& here = slot(s, mb, split.micro_batches);
-      if (s == 0) {
-        here.input = backend_.template allocate<A>(device, rows * stage.in_features,
-                                                   MemoryKind::activations);
-        upload_input(k, rows * stage.in_features, x.data() + split.begin(mb) * stage.in_features,
-                     here.input.data());
-      }
-      auto stash =
-          backend_.template allocate<A>(device, rows * stage.stash_per_row, MemoryKind::workspace);
-      here.output =
-          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
-      {
-        auto ws = workspace(stage, device, rows);
-        stage.forward(k, ForwardArgs<A>{rows, here.input.data(), here.output.data(),
-                                        params_[s].data(), stash.data(), ws.data()});
-      }
-      here.input.reset();
-      if (s == num_stages_ - 1) {
-        k.download(rows * stage.out_features, here.output.data(),
-                   out.data() + split.begin(mb) * stage.out_features);
-        here.output.reset();
-      }
+      allocate(ops, s, device, rows, here);
+      if (kind == OpKind::forward)
+        forward(k, s, device, mb, rows, here);
+      else if (kind == OpKind::backward_input)
+        backward_input(k, s, device, rows, at, here);
+      else
+        backward_weight(k, s, device, rows, here);
+      release(ops, here);
     });
   }
 
@@ -436,8 +394,32 @@ class Executor {
                                          MemoryKind::workspace);
   }
 
+  // F: stage 0 first uploads its rows; the last stage then applies the loss (training) or
+  // downloads its output (inference).
+  void forward(Ctx& k, std::size_t s, std::size_t device, std::size_t mb, std::size_t rows,
+               Slot& here) {
+    const StageProgram<Ctx>& stage = stages_[s];
+    const Step& step = *step_;
+    if (s == 0)
+      upload_input(k, rows * stage.in_features,
+                   step.x.data() + step.split.begin(mb) * stage.in_features,
+                   here[SlotBuffer::input].data());
+    {
+      Buffer<A> ws = workspace(stage, device, rows);
+      stage.forward(k, ForwardArgs<A>{rows, here[SlotBuffer::input].data(),
+                                      here[SlotBuffer::output].data(), params_[s].data(),
+                                      here[SlotBuffer::stash].data(), ws.data()});
+    }
+    if (s + 1 < num_stages_) return;
+    if (schedule_.forward_only)
+      k.download(rows * stage.out_features, here[SlotBuffer::output].data(),
+                 step.out.data() + step.split.begin(mb) * stage.out_features);
+    else
+      apply_loss(device, k, mb, rows, here);
+  }
+
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
-  // grad_output. The logits are not needed after that.
+  // grad_output.
   void apply_loss(std::size_t device, Ctx& k, std::size_t mb, std::size_t rows, Slot& here) {
     const std::size_t out = stages_[num_stages_ - 1].out_features;
     const Step& step = *step_;
@@ -445,66 +427,39 @@ class Executor {
     auto targets =
         backend_.template allocate<target_type>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
-    here.grad_output = backend_.template allocate<A>(device, rows * out, MemoryKind::activations);
-    loss_program_.apply(k, rows, out, here.output.data(), targets.data(), step.loss_scale,
-                        here.grad_output.data(), loss_.data() + mb);
-    here.output.reset();
+    loss_program_.apply(k, rows, out, here[SlotBuffer::output].data(), targets.data(),
+                        step.loss_scale, here[SlotBuffer::grad_output].data(), loss_.data() + mb);
   }
 
-  // Submits stage s's op on micro-batch mb to `device`: run(k, stage, rows, slot, workspace).
-  template <class Run>
-  void submit_op(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb, Run run) {
-    backend_.submit(device, label, [this, s, device, mb, run](Kernels& kernels) {
-      Ctx& k = context(kernels, s);
-      const StageProgram<Ctx>& stage = stages_[s];
-      const std::size_t rows = step_->split.size(mb);
-      Buffer<A> ws = workspace(stage, device, rows);
-      run(k, stage, rows, slot(s, mb), ws);
-    });
+  // B: first, where remat dropped the stash, the stage's forward again from its kept input.
+  void backward_input(Ctx& k, std::size_t s, std::size_t device, std::size_t rows,
+                      const OpSituation& at, Slot& here) {
+    const StageProgram<Ctx>& stage = stages_[s];
+    Buffer<A> ws = workspace(stage, device, rows);
+    if (at.recomputed && at.has_stash) {
+      auto scratch =
+          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
+      stage.forward(k, ForwardArgs<A>{rows, here[SlotBuffer::input].data(), scratch.data(),
+                                      params_[s].data(), here[SlotBuffer::stash].data(),
+                                      ws.data()});
+    }
+    stage.backward_input(
+        k, BackwardInputArgs<A>{rows, here[SlotBuffer::input].data(),
+                                here[SlotBuffer::grad_output].data(),
+                                here[SlotBuffer::grad_input].data(), params_[s].data(),
+                                here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(),
+                                ws.data()});
   }
 
-  void submit_backward_input(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    submit_op(s, device, label, mb,
-              [this, s, device](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows,
-                                Slot& here, Buffer<A>& ws) {
-                if (!here.stashed && stage.stash_per_row > 0) {
-                  // Re-materialization: run the stage's forward again from its kept input.
-                  here.stash = backend_.template allocate<A>(device, rows * stage.stash_per_row,
-                                                             MemoryKind::activations);
-                  auto scratch = backend_.template allocate<A>(device, rows * stage.out_features,
-                                                               MemoryKind::workspace);
-                  stage.forward(k, ForwardArgs<A>{rows, here.input.data(), scratch.data(),
-                                                  params_[s].data(), here.stash.data(), ws.data()});
-                }
-                // Nobody upstream wants the first stage's input gradient: skip it where the
-                // stage can.
-                const bool skip_dx = s == 0 && stage.skips_input_gradient;
-                if (!skip_dx)
-                  here.grad_input = backend_.template allocate<A>(device, rows * stage.in_features,
-                                                                  MemoryKind::workspace);
-                here.grad_stash = backend_.template allocate<A>(
-                    device, rows * stage.grad_stash_per_row, MemoryKind::workspace);
-                stage.backward_input(
-                    k, BackwardInputArgs<A>{rows, here.input.data(), here.grad_output.data(),
-                                            here.grad_input.data(), params_[s].data(),
-                                            here.stash.data(), here.grad_stash.data(), ws.data()});
-                if (s == 0) here.grad_input.reset();
-              });
-  }
-
-  void submit_backward_weight(std::size_t s, std::size_t device, WorkLabel label, std::size_t mb) {
-    submit_op(s, device, label, mb,
-              [this, s](Ctx& k, const StageProgram<Ctx>& stage, std::size_t rows, Slot& here,
-                        Buffer<A>& ws) {
-                stage.backward_weight(
-                    k, BackwardWeightArgs<A>{rows, here.input.data(), here.grad_output.data(),
-                                             params_[s].data(), here.stash.data(),
-                                             here.grad_stash.data(), grads_[s].data(), ws.data()});
-                here.input.reset();
-                here.stash.reset();
-                here.grad_output.reset();
-                here.grad_stash.reset();
-              });
+  // W: the stage's parameter gradients accumulated into grads_[s].
+  void backward_weight(Ctx& k, std::size_t s, std::size_t device, std::size_t rows, Slot& here) {
+    const StageProgram<Ctx>& stage = stages_[s];
+    Buffer<A> ws = workspace(stage, device, rows);
+    stage.backward_weight(
+        k, BackwardWeightArgs<A>{rows, here[SlotBuffer::input].data(),
+                                 here[SlotBuffer::grad_output].data(), params_[s].data(),
+                                 here[SlotBuffer::stash].data(),
+                                 here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data()});
   }
 
   Backend& backend_;

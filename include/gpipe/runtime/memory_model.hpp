@@ -1,7 +1,7 @@
 #pragma once
 // The memory model: what each device holds during a step, predicted from the model's types, the
-// batch, the schedule and the remat policy, by replaying the executor's allocations in each
-// device's op order (see executor.hpp for what each op allocates and frees).
+// batch, the schedule and the remat policy, by replaying in each device's op order the table of
+// what each op allocates and frees (runtime/slot_buffers.hpp), the one the executor allocates by.
 //
 // Activations (a stage's input and stash per micro-batch, and the loss gradient on the last
 // stage) are allocated and freed only by the device's own ops, so their peak is exact. Workspace
@@ -14,6 +14,7 @@
 // so `always` keeps about (M + L) / (M L) of `never` when L and M are large.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/slot_buffers.hpp"
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
@@ -47,6 +49,21 @@ namespace detail {
 // Per-stage sizes in floats per row, from the stage types.
 struct StageSizes {
   std::size_t in = 0, out = 0, stash = 0, grad_stash = 0, workspace = 0, params = 0;
+
+  /// The elements per row of a slot buffer of this width.
+  constexpr std::size_t width(Width w) const {
+    switch (w) {
+      case Width::in:
+        return in;
+      case Width::out:
+        return out;
+      case Width::stash:
+        return stash;
+      case Width::grad_stash:
+        return grad_stash;
+    }
+    return 0;
+  }
 };
 
 template <class Model>
@@ -94,34 +111,29 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
 
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
     std::size_t current = 0, peak = 0;
-    auto grow = [&](std::size_t bytes) { peak = std::max(peak, current += bytes); };
-    std::vector<bool> kept(S * M, false);  // stash kept from forward (no recompute)
+    // the activations' bytes each slot buffer holds now, as the executor allocates them
+    std::vector<std::array<std::size_t, detail::num_slot_buffers>> held(S * M);
     std::size_t workspace = 0;
     for (const Op& op : schedule.ops[d]) {
       const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
       const std::size_t n = split.size(mb);
       const detail::StageSizes& z = st[s];
-      const bool last = s + 1 == S;
-      switch (op.kind) {
-        case OpKind::recv_activation:
-          grow(n * z.in * a);
-          break;
-        case OpKind::forward:
-          if (s == 0) grow(n * z.in * a);
-          grow(n * z.stash * a);
-          if (last) grow(n * z.out * a);  // the loss gradient
-          kept[s * M + mb] = !recomputes(remat, mb, M);
-          if (!kept[s * M + mb]) current -= n * z.stash * a;
-          break;
-        case OpKind::backward_input:
-          if (!kept[s * M + mb] && z.stash > 0) grow(n * z.stash * a);
-          break;
-        case OpKind::backward_weight:
-          current -= n * (z.in + z.stash + (last ? z.out : 0)) * a;
-          break;
-        default:
-          break;
+      const detail::OpBuffers ops = detail::buffers_of(
+          op.kind, {.first_stage = s == 0,
+                    .last_stage = s + 1 == S,
+                    .forward_only = schedule.forward_only,
+                    .recomputed = recomputes(remat, mb, M),
+                    .has_stash = z.stash > 0});
+      auto& slot = held[s * M + mb];
+      for (std::size_t i = 0; i < ops.num_allocates; ++i) {
+        const detail::Allocation& alloc = ops.allocates[i];
+        if (alloc.kind != MemoryKind::activations) continue;
+        const std::size_t bytes = n * z.width(detail::width_of(alloc.buffer)) * a;
+        slot[static_cast<std::size_t>(alloc.buffer)] = bytes;
+        peak = std::max(peak, current += bytes);
       }
+      for (std::size_t i = 0; i < ops.num_frees; ++i)
+        current -= std::exchange(slot[static_cast<std::size_t>(ops.frees[i])], 0);
       // Workspace: within one op at most an output or recompute scratch, the input and output
       // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
       // output and input gradient not yet received by the neighbouring stage.

@@ -20,6 +20,7 @@
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/runtime/step_stats.hpp"
+#include "gpipe/schedule/inference.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/transport.hpp"
@@ -81,10 +82,7 @@ class StepRunner {
       return check();
     } catch (...) {
       if (store == nullptr) transport_.abort_step(std::current_exception());
-      Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_,
-                                                    loss_, store->params(), store->grads(),
-                                                    shape_.vocab_size > 0);
-      executor.refuse(transport_.replicas() > 1);
+      executor(schedule_, issue_order_, *store).refuse(transport_.replicas() > 1);
     }
   }
 
@@ -118,9 +116,7 @@ class StepRunner {
     const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
     const auto my_y = y.subspan(first * per_row, mine * per_row);
 
-    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_, loss_,
-                                                  store.params(), store.grads(),
-                                                  shape_.vocab_size > 0);
+    auto executor = this->executor(schedule_, issue_order_, store);
     store.restart_tied_gradients();
     transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
@@ -144,10 +140,13 @@ class StepRunner {
                                  ParameterStore<Backend>& store) {
     const std::size_t T = shape_.tokens_per_sample;
     std::vector<float> out(rows * shape_.out_features);
-    Executor<Backend, Target, Precision> executor(backend_, schedule_, issue_order_, stages_, loss_,
-                                                  store.params(), store.grads(),
-                                                  shape_.vocab_size > 0);
-    executor.run_forward(x, {rows, std::min(rows / T, micro_batches_), T}, out);
+    const MicroBatchSplit split{rows, std::min(rows / T, micro_batches_), T};
+    // the forward half of the pipeline as a program of its own, valid under both send rules
+    // and in message order by construction (schedule/inference.hpp), proven all the same
+    const Schedule program = inference_schedule_for(schedule_, split.micro_batches);
+    require_valid(program, sends);
+    const std::vector<OpPlace> order = issue_order(program);
+    executor(program, order, store).run({.x = x, .y = {}, .out = out, .split = split});
     transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
     return out;
   }
@@ -180,6 +179,14 @@ class StepRunner {
   }
 
   std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
+
+  // An executor of `program` (issued in `order`; both outlive it) over the store's arrays.
+  Executor<Backend, Target, Precision> executor(const Schedule& program,
+                                                std::span<const OpPlace> order,
+                                                ParameterStore<Backend>& store) {
+    return {backend_, program,        order, stages_, loss_, store.params(), store.grads(),
+            shape_.vocab_size > 0};
+  }
 
   Backend& backend_;
   transport::Transport<Backend> transport_;

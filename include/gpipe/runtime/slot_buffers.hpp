@@ -1,0 +1,141 @@
+#pragma once
+// Buffer lifetimes as data: which of a (stage, micro-batch) slot's buffers each op allocates and
+// frees, their size per row and their memory kind. The executor allocates and frees by this
+// table and predict_memory replays it, so the two cannot disagree.
+//
+//   buffer       width per row      allocated by                          freed by
+//   input        in_features        forward (stage 0) or recv_activation  backward_weight
+//                                   (activations)                         (inference: forward)
+//   stash        stash_per_row      forward; again by backward_input      forward when remat drops
+//                                   when remat dropped it (activations;   it, else backward_weight
+//                                   inference: workspace)                 (inference: forward)
+//   output       out_features       forward (workspace)                   the last stage's forward
+//                                                                         (after the loss, or the
+//                                                                         download), else the
+//                                                                         send once delivered
+//   grad_output  out_features       forward of the last stage (the loss   backward_weight
+//                                   gradient: activations), else
+//                                   recv_gradient (workspace)
+//   grad_input   in_features        backward_input (workspace), unless    the send once delivered;
+//                                   stage 0 skips it                      stage 0: backward_input
+//   grad_stash   grad_stash_per_row backward_input (workspace)            backward_weight
+// An op allocates its buffers before its kernels run and frees its own after them; a send hands
+// its buffer to the transport, which frees it when the receiver has it (so that lifetime depends
+// on timing). Besides the slot, an op takes scratch that lives for that op only: the stage's
+// workspace_per_row, the recompute's output (backward_input under remat) and the last stage's
+// targets.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/schedule/op.hpp"
+
+namespace gpipe::detail {
+
+/// The buffers of one (stage, micro-batch) slot; see the table at the top of this file.
+enum class SlotBuffer : std::uint8_t { input, stash, output, grad_output, grad_input, grad_stash };
+/// Number of SlotBuffer values.
+inline constexpr std::size_t num_slot_buffers = 6;
+
+/// A slot buffer's elements per row, of its stage's sizes.
+enum class Width : std::uint8_t { in, out, stash, grad_stash };
+
+/// width_of(b): the width the table gives buffer b.
+constexpr Width width_of(SlotBuffer b) {
+  switch (b) {
+    case SlotBuffer::input:
+    case SlotBuffer::grad_input:
+      return Width::in;
+    case SlotBuffer::output:
+    case SlotBuffer::grad_output:
+      return Width::out;
+    case SlotBuffer::stash:
+      return Width::stash;
+    case SlotBuffer::grad_stash:
+      return Width::grad_stash;
+  }
+  return Width::in;
+}
+
+/// One allocation of an op: the buffer and the memory kind it is counted as.
+struct Allocation {
+  SlotBuffer buffer = SlotBuffer::input;
+  MemoryKind kind = MemoryKind::workspace;
+};
+
+/// Where an op runs, as far as its buffers depend on it.
+struct OpSituation {
+  bool first_stage = false;           ///< stage 0: its input comes from the caller
+  bool last_stage = false;            ///< the last stage: the loss follows its forward
+  bool forward_only = false;          ///< an inference program (Schedule::forward_only)
+  bool recomputed = false;            ///< remat drops this micro-batch's stash after forward
+  bool has_stash = false;             ///< the stage stashes anything (stash_per_row > 0)
+  bool skips_input_gradient = false;  ///< stage 0's backward_input may leave dx out
+};
+
+/// What one op does to its slot: allocations before its kernels, frees after them, each in
+/// order. A send's free is the transport's, when the receiver has the data.
+struct OpBuffers {
+  std::array<Allocation, 4> allocates{};
+  std::size_t num_allocates = 0;
+  std::array<SlotBuffer, 4> frees{};
+  std::size_t num_frees = 0;
+
+  constexpr void allocate(SlotBuffer b, MemoryKind kind) { allocates[num_allocates++] = {b, kind}; }
+  constexpr void free(SlotBuffer b) { frees[num_frees++] = b; }
+};
+
+/// The row of the table at the top of this file for an op of `kind` in situation `at`.
+constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
+  constexpr MemoryKind activations = MemoryKind::activations, workspace = MemoryKind::workspace;
+  OpBuffers b;
+  switch (kind) {
+    case OpKind::forward:
+      if (at.first_stage) b.allocate(SlotBuffer::input, activations);
+      if (at.forward_only) {  // nothing outlives the op but the output on its way on
+        b.allocate(SlotBuffer::stash, workspace);
+        b.allocate(SlotBuffer::output, workspace);
+        b.free(SlotBuffer::stash);
+        b.free(SlotBuffer::input);
+        if (at.last_stage) b.free(SlotBuffer::output);
+        return b;
+      }
+      b.allocate(SlotBuffer::stash, activations);
+      b.allocate(SlotBuffer::output, workspace);
+      if (at.last_stage) {
+        b.allocate(SlotBuffer::grad_output, activations);
+        b.free(SlotBuffer::output);
+      }
+      if (at.recomputed) b.free(SlotBuffer::stash);
+      return b;
+    case OpKind::backward_input:
+      if (at.recomputed && at.has_stash) b.allocate(SlotBuffer::stash, activations);
+      if (!(at.first_stage && at.skips_input_gradient)) b.allocate(SlotBuffer::grad_input, workspace);
+      b.allocate(SlotBuffer::grad_stash, workspace);
+      if (at.first_stage) b.free(SlotBuffer::grad_input);
+      return b;
+    case OpKind::backward_weight:
+      b.free(SlotBuffer::input);
+      b.free(SlotBuffer::stash);
+      b.free(SlotBuffer::grad_output);
+      b.free(SlotBuffer::grad_stash);
+      return b;
+    case OpKind::recv_activation:
+      b.allocate(SlotBuffer::input, activations);
+      return b;
+    case OpKind::recv_gradient:
+      b.allocate(SlotBuffer::grad_output, workspace);
+      return b;
+    case OpKind::send_activation:
+      b.free(SlotBuffer::output);
+      return b;
+    case OpKind::send_gradient:
+      b.free(SlotBuffer::grad_input);
+      return b;
+  }
+  return b;
+}
+
+}  // namespace gpipe::detail
