@@ -67,8 +67,8 @@ void check_inference_prediction(std::size_t rows, std::size_t m) {
   host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
   Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(backend,
                                                                        {.micro_batches = m});
-  const auto predicted = predict_memory<Model>(inference_schedule_for(trainer.schedule(), m),
-                                               rows, Remat::never);
+  const auto predicted =
+      predict_memory<Model>(inference_schedule_for(trainer.schedule(), m), rows, Remat::never);
   backend.reset_peak();
   (void)trainer.predict(x);
   for (std::size_t d = 0; d < backend.num_devices(); ++d) {
@@ -97,14 +97,11 @@ TEST_CASE("the executor and predict_memory read one table of what each op alloca
                                      .has_stash = true,
                                      .skips_input_gradient = true};
         int live[detail::num_slot_buffers] = {};
-        for (const OpKind kind : {OpKind::recv_activation, OpKind::forward,
-                                  OpKind::send_activation, OpKind::recv_gradient,
-                                  OpKind::backward_input, OpKind::send_gradient,
-                                  OpKind::backward_weight}) {
-          if ((kind == OpKind::recv_activation || kind == OpKind::send_gradient) && first)
-            continue;
-          if ((kind == OpKind::send_activation || kind == OpKind::recv_gradient) && last)
-            continue;
+        for (const OpKind kind : {OpKind::recv_activation, OpKind::forward, OpKind::send_activation,
+                                  OpKind::recv_gradient, OpKind::backward_input,
+                                  OpKind::send_gradient, OpKind::backward_weight}) {
+          if ((kind == OpKind::recv_activation || kind == OpKind::send_gradient) && first) continue;
+          if ((kind == OpKind::send_activation || kind == OpKind::recv_gradient) && last) continue;
           const OpBuffers b = detail::buffers_of(kind, at);
           for (std::size_t i = 0; i < b.num_allocates; ++i)
             CHECK(++live[static_cast<std::size_t>(b.allocates[i].buffer)] == 1);
@@ -114,8 +111,8 @@ TEST_CASE("the executor and predict_memory read one table of what each op alloca
         for (const int l : live) CHECK(l == 0);
       }
   // an inference forward leaves only the output on its way on
-  const OpBuffers f = detail::buffers_of(OpKind::forward, {.first_stage = true,
-                                                           .forward_only = true});
+  const OpBuffers f =
+      detail::buffers_of(OpKind::forward, {.first_stage = true, .forward_only = true});
   CHECK(f.num_allocates == 3);
   CHECK(f.num_frees == 2);
 }

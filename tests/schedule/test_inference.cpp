@@ -18,8 +18,8 @@ using gpipe::OpKind;
 using gpipe::Placement;
 using gpipe::Schedule;
 using gpipe::Sends;
-using gpipe::ValidationError;
 using gpipe::validate;
+using gpipe::ValidationError;
 
 static_assert(validate(make_inference_schedule(1, 1)));
 static_assert(validate(make_inference_schedule(4, 3)));

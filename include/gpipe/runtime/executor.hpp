@@ -10,9 +10,9 @@
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
 // schedule's order of execution. Every send, receive, gradient sum and the step's end go through
 // the backend's transport (transport/transport.hpp), the same calls for every backend; a process
-// issues only the ops of its own devices (all of them, with one process). A forward_only schedule
-// (schedule/inference.hpp) is predict's program: the same walk, no loss, the last stage's outputs
-// downloaded into the caller's array.
+// issues only the ops of its own devices (all of them, with one process). Activation forward_only
+// schedule (schedule/inference.hpp) is predict's program: the same walk, no loss, the last stage's
+// outputs downloaded into the caller's array.
 //
 // Under gpipe::MixedBf16 every slot buffer and message holds bf16, the ops run on the device's
 // bf16 context (Kernels::bf16_context()), and each local stage's parameters are cast to bf16 once
@@ -49,10 +49,13 @@ class Executor {
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
   using Kernels = typename Backend::Kernels;
-  using A = typename Precision::activation_type;  // activations' element type
-  using Context = ActivationContext<Kernels, A>;
-  using Ctx = typename Context::type;  // the context the stages' ops run on
+  using Activation = typename Precision::activation_type;  // activations' element type
+  // the context the stages' ops run on: the backend's (Kernels), or its bf16 one
+  using OpContext = typename ActivationContext<Kernels, Activation>::type;
   using Transport = transport::Transport<Backend>;
+  static_assert(transport::transport_interface<Transport, Backend>,
+                "gpipe: transport::Transport<Backend> lacks a member of transport_interface "
+                "(transport/transport.hpp)");
   using target_type = Target;
 
   struct Step {
@@ -77,9 +80,9 @@ class Executor {
   // token_input: stage 0's rows are token ids (with bf16 activations they travel as the 16 bits
   // of a bf16, which hold ids exactly; a bf16 value holds integers only up to 256).
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
-           std::span<const StageProgram<Ctx>> stages, const LossProgram<Ctx, Target>& loss,
-           std::span<Buffer<float>> params, std::span<Buffer<float>> grads,
-           bool token_input = false)
+           std::span<const StageProgram<OpContext>> stages,
+           const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
+           std::span<Buffer<float>> grads, bool token_input = false)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -145,9 +148,9 @@ class Executor {
 
  private:
   struct Slot {
-    std::array<Buffer<A>, num_slot_buffers> buffers;   // see runtime/slot_buffers.hpp
+    std::array<Buffer<Activation>, num_slot_buffers> buffers;  // see runtime/slot_buffers.hpp
     typename Transport::Mailbox activation, gradient;  // of its output, of its input gradient
-    Buffer<A>& operator[](SlotBuffer b) { return buffers[static_cast<std::size_t>(b)]; }
+    Buffer<Activation>& operator[](SlotBuffer b) { return buffers[static_cast<std::size_t>(b)]; }
   };
 
   Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
@@ -163,7 +166,7 @@ class Executor {
   }
   // The elements per row of a slot buffer of stage s.
   std::size_t width(std::size_t s, SlotBuffer b) const {
-    const StageProgram<Ctx>& stage = stages_[s];
+    const StageProgram<OpContext>& stage = stages_[s];
     switch (width_of(b)) {
       case Width::in:
         return stage.in_features;
@@ -181,7 +184,8 @@ class Executor {
                 Slot& here) {
     for (std::size_t i = 0; i < ops.num_allocates; ++i) {
       const Allocation& a = ops.allocates[i];
-      here[a.buffer] = backend_.template allocate<A>(device, rows * width(s, a.buffer), a.kind);
+      here[a.buffer] =
+          backend_.template allocate<Activation>(device, rows * width(s, a.buffer), a.kind);
     }
   }
   static void release(const OpBuffers& ops, Slot& here) {
@@ -281,8 +285,8 @@ class Executor {
             .to = schedule_.device_of_stage(gradient ? s - 1 : s + 1)};
   }
 
-  // A send or receive of stage s's slot, through the transport: a send hands over the buffer
-  // the table frees, a receive fills the one it allocates.
+  // Activation send or receive of stage s's slot, through the transport: a send hands over the
+  // buffer the table frees, a receive fills the one it allocates.
   void issue_transfer(const Op& op, std::size_t s, WorkLabel label) {
     const std::size_t mb = op.micro_batch, M = step_->split.micro_batches;
     const OpBuffers ops = buffers_of(op.kind, situation(s, mb));
@@ -327,11 +331,11 @@ class Executor {
     }
   }
 
-  static constexpr bool mixed = !std::is_same_v<A, float>;
+  static constexpr bool mixed = !std::is_same_v<Activation, float>;
 
   // MixedBf16: every local stage's parameters rounded to bf16 once, on its device before the
-  // step's ops, for the GEMMs of all its micro-batches (a copy per use would cost about a fifth
-  // of a micro-batch's GEMM at 256 rows; BENCHMARKS.md); counted as workspace while the step runs.
+  // step's ops, for the GEMMs of all its micro-batches (a copy per use costs a sizeable share
+  // of a micro-batch's GEMM: BENCHMARKS.md); counted as workspace while the step runs.
   void cast_weights() {
     if constexpr (mixed) {
       weights_bf16_.resize(num_stages_);
@@ -339,28 +343,30 @@ class Executor {
         const std::size_t d = schedule_.device_of_stage(s);
         if (!transport_.is_local(d)) continue;
         weights_bf16_[s] =
-            backend_.template allocate<A>(d, params_[s].size(), MemoryKind::workspace);
-        backend_.submit(d, {"weights to bf16", s},
-                        [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_[s].data()](
-                            Kernels& k) { Context::of(k).convert(n, p, w); });
+            backend_.template allocate<Activation>(d, params_[s].size(), MemoryKind::workspace);
+        backend_.submit(
+            d, {"weights to bf16", s},
+            [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_[s].data()](
+                Kernels& k) { ActivationContext<Kernels, Activation>::of(k).convert(n, p, w); });
       }
     }
   }
 
   // The context stage s's ops run on, its bf16 weights registered (MixedBf16).
-  Ctx& context(Kernels& k, std::size_t s) {
-    Ctx& c = Context::of(k);
+  OpContext& context(Kernels& k, std::size_t s) {
+    OpContext& c = ActivationContext<Kernels, Activation>::of(k);
     if constexpr (mixed)
       c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
     return c;
   }
 
   // Stage 0's rows (n values at x, host memory) into its input buffer on the device.
-  void upload_input(Ctx& c, std::size_t n, const float* x, A* dst) const {
+  void upload_input(OpContext& c, std::size_t n, const float* x, Activation* dst) const {
     if constexpr (mixed) {
       if (token_input_) {  // ids in a bf16's 16 bits (the Trainer checked them against V)
-        std::vector<A> ids(n);
-        for (std::size_t i = 0; i < n; ++i) ids[i] = A::from_bits(static_cast<std::uint16_t>(x[i]));
+        std::vector<Activation> ids(n);
+        for (std::size_t i = 0; i < n; ++i)
+          ids[i] = Activation::from_bits(static_cast<std::uint16_t>(x[i]));
         return c.upload(n, ids.data(), dst);
       }
     }
@@ -372,7 +378,7 @@ class Executor {
   void submit_compute(OpKind kind, std::size_t s, std::size_t device, WorkLabel label,
                       std::size_t mb) {
     backend_.submit(device, label, [this, kind, s, device, mb](Kernels& kernels) {
-      Ctx& k = context(kernels, s);
+      OpContext& k = context(kernels, s);
       const std::size_t rows = step_->split.size(mb);
       const OpSituation at = situation(s, mb);
       const OpBuffers ops = buffers_of(kind, at);
@@ -389,26 +395,27 @@ class Executor {
   }
 
   // The stage's scratch for one op (empty when it needs none).
-  Buffer<A> workspace(const StageProgram<Ctx>& stage, std::size_t device, std::size_t rows) {
-    return backend_.template allocate<A>(device, rows * stage.workspace_per_row,
-                                         MemoryKind::workspace);
+  Buffer<Activation> workspace(const StageProgram<OpContext>& stage, std::size_t device,
+                               std::size_t rows) {
+    return backend_.template allocate<Activation>(device, rows * stage.workspace_per_row,
+                                                  MemoryKind::workspace);
   }
 
   // F: stage 0 first uploads its rows; the last stage then applies the loss (training) or
   // downloads its output (inference).
-  void forward(Ctx& k, std::size_t s, std::size_t device, std::size_t mb, std::size_t rows,
+  void forward(OpContext& k, std::size_t s, std::size_t device, std::size_t mb, std::size_t rows,
                Slot& here) {
-    const StageProgram<Ctx>& stage = stages_[s];
+    const StageProgram<OpContext>& stage = stages_[s];
     const Step& step = *step_;
     if (s == 0)
       upload_input(k, rows * stage.in_features,
                    step.x.data() + step.split.begin(mb) * stage.in_features,
                    here[SlotBuffer::input].data());
     {
-      Buffer<A> ws = workspace(stage, device, rows);
-      stage.forward(k, ForwardArgs<A>{rows, here[SlotBuffer::input].data(),
-                                      here[SlotBuffer::output].data(), params_[s].data(),
-                                      here[SlotBuffer::stash].data(), ws.data()});
+      Buffer<Activation> ws = workspace(stage, device, rows);
+      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(),
+                                               here[SlotBuffer::output].data(), params_[s].data(),
+                                               here[SlotBuffer::stash].data(), ws.data()});
     }
     if (s + 1 < num_stages_) return;
     if (schedule_.forward_only)
@@ -420,7 +427,7 @@ class Executor {
 
   // Last stage: loss of the micro-batch into loss_[mb]; gradient of the mean loss into
   // grad_output.
-  void apply_loss(std::size_t device, Ctx& k, std::size_t mb, std::size_t rows, Slot& here) {
+  void apply_loss(std::size_t device, OpContext& k, std::size_t mb, std::size_t rows, Slot& here) {
     const std::size_t out = stages_[num_stages_ - 1].out_features;
     const Step& step = *step_;
     const std::size_t per_row = loss_program_.targets_per_row(out);
@@ -432,42 +439,42 @@ class Executor {
   }
 
   // B: first, where remat dropped the stash, the stage's forward again from its kept input.
-  void backward_input(Ctx& k, std::size_t s, std::size_t device, std::size_t rows,
+  void backward_input(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
                       const OpSituation& at, Slot& here) {
-    const StageProgram<Ctx>& stage = stages_[s];
-    Buffer<A> ws = workspace(stage, device, rows);
+    const StageProgram<OpContext>& stage = stages_[s];
+    Buffer<Activation> ws = workspace(stage, device, rows);
     if (at.recomputed && at.has_stash) {
-      auto scratch =
-          backend_.template allocate<A>(device, rows * stage.out_features, MemoryKind::workspace);
-      stage.forward(k, ForwardArgs<A>{rows, here[SlotBuffer::input].data(), scratch.data(),
-                                      params_[s].data(), here[SlotBuffer::stash].data(),
-                                      ws.data()});
+      auto scratch = backend_.template allocate<Activation>(device, rows * stage.out_features,
+                                                            MemoryKind::workspace);
+      stage.forward(
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
+                                     params_[s].data(), here[SlotBuffer::stash].data(), ws.data()});
     }
     stage.backward_input(
-        k, BackwardInputArgs<A>{rows, here[SlotBuffer::input].data(),
-                                here[SlotBuffer::grad_output].data(),
-                                here[SlotBuffer::grad_input].data(), params_[s].data(),
-                                here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(),
-                                ws.data()});
+        k, BackwardInputArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               here[SlotBuffer::grad_input].data(), params_[s].data(),
+               here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(), ws.data()});
   }
 
   // W: the stage's parameter gradients accumulated into grads_[s].
-  void backward_weight(Ctx& k, std::size_t s, std::size_t device, std::size_t rows, Slot& here) {
-    const StageProgram<Ctx>& stage = stages_[s];
-    Buffer<A> ws = workspace(stage, device, rows);
+  void backward_weight(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
+                       Slot& here) {
+    const StageProgram<OpContext>& stage = stages_[s];
+    Buffer<Activation> ws = workspace(stage, device, rows);
     stage.backward_weight(
-        k, BackwardWeightArgs<A>{rows, here[SlotBuffer::input].data(),
-                                 here[SlotBuffer::grad_output].data(), params_[s].data(),
-                                 here[SlotBuffer::stash].data(),
-                                 here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data()});
+        k, BackwardWeightArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               params_[s].data(), here[SlotBuffer::stash].data(),
+               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data()});
   }
 
   Backend& backend_;
   Transport transport_;
   const Schedule& schedule_;
   std::span<const OpPlace> order_;
-  std::span<const StageProgram<Ctx>> stages_;
-  const LossProgram<Ctx, Target>& loss_program_;
+  std::span<const StageProgram<OpContext>> stages_;
+  const LossProgram<OpContext, Target>& loss_program_;
   const std::size_t num_stages_;
   std::span<Buffer<float>> params_, grads_;
   const Step* step_ = nullptr;
@@ -476,7 +483,7 @@ class Executor {
   std::vector<Buffer<float>> earlier_;     // per stage: gradients set aside (data parallel)
   std::vector<std::size_t> weights_done_;  // per stage: backward_weight ops issued
   bool token_input_ = false;
-  std::vector<Buffer<A>> weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
+  std::vector<Buffer<Activation>> weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
 };
 
 }  // namespace gpipe::detail

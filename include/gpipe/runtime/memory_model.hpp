@@ -118,12 +118,12 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
       const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
       const std::size_t n = split.size(mb);
       const detail::StageSizes& z = st[s];
-      const detail::OpBuffers ops = detail::buffers_of(
-          op.kind, {.first_stage = s == 0,
-                    .last_stage = s + 1 == S,
-                    .forward_only = schedule.forward_only,
-                    .recomputed = recomputes(remat, mb, M),
-                    .has_stash = z.stash > 0});
+      const detail::OpBuffers ops =
+          detail::buffers_of(op.kind, {.first_stage = s == 0,
+                                       .last_stage = s + 1 == S,
+                                       .forward_only = schedule.forward_only,
+                                       .recomputed = recomputes(remat, mb, M),
+                                       .has_stash = z.stash > 0});
       auto& slot = held[s * M + mb];
       for (std::size_t i = 0; i < ops.num_allocates; ++i) {
         const detail::Allocation& alloc = ops.allocates[i];

@@ -112,7 +112,8 @@ constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
       return b;
     case OpKind::backward_input:
       if (at.recomputed && at.has_stash) b.allocate(SlotBuffer::stash, activations);
-      if (!(at.first_stage && at.skips_input_gradient)) b.allocate(SlotBuffer::grad_input, workspace);
+      if (!(at.first_stage && at.skips_input_gradient))
+        b.allocate(SlotBuffer::grad_input, workspace);
       b.allocate(SlotBuffer::grad_stash, workspace);
       if (at.first_stage) b.free(SlotBuffer::grad_input);
       return b;

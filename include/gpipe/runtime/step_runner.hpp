@@ -184,8 +184,8 @@ class StepRunner {
   Executor<Backend, Target, Precision> executor(const Schedule& program,
                                                 std::span<const OpPlace> order,
                                                 ParameterStore<Backend>& store) {
-    return {backend_, program,        order, stages_, loss_, store.params(), store.grads(),
-            shape_.vocab_size > 0};
+    return {backend_, program,        order,         stages_,
+            loss_,    store.params(), store.grads(), shape_.vocab_size > 0};
   }
 
   Backend& backend_;

@@ -7,7 +7,7 @@
 //   trainer.step(optimizer);                       // update on every stage's device
 //   trainer.zero_grad();
 //
-// A thin facade over three parts that see the model as data (its stages' programs, shapes and
+// A thin facade over four parts that see the model as data (its stages' programs, shapes and
 // parameter names), so that they are compiled once per backend and not once per model: the
 // parameter store (storage, initialization, names, ties, files; runtime/parameter_store.hpp),
 // the optimizer state (runtime/optimizer_state.hpp), checkpoints (runtime/checkpoint.hpp) and

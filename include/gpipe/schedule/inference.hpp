@@ -4,7 +4,8 @@
 // validator proves it and the runtime walks it as it walks a training step.
 //
 // Every device runs its stages' ops in (micro-batch, stage) order:
-//   for mb in 0..M-1:  for each stage s of the device, ascending:  [recv_activation] F [send_activation]
+//   for mb in 0..M-1:  for each stage s of the device, ascending:  [recv_activation] F
+//   [send_activation]
 // Deadlock freedom, under both send rules: an op of (mb, s) depends only on ops of (mb, s-1),
 // which come earlier in the lexicographic order of (mb, s); every device's list follows that
 // order, so the least unfinished op of all devices always stands at the head of its list with

@@ -12,47 +12,11 @@
 //                   over NCCL): tagged messages, collectives over the ranks, gradient sums over
 //                   the replicas and the failure agreement that ends each step
 //
-// The interface (both definitions; `Buffer` is Backend::Buffer<float>, and in one process a
-// message's buffer may hold any element type, bf16 under gpipe::MixedBf16):
-//   sends                           Sends::buffered or ::rendezvous: the Trainer orders and
-//                                   validates its schedule for it
-//   Mailbox                         what a message leaves with its sender's slot for the
-//                                   receiver (one process: the sender's event and buffer)
-//   check_device_count(b, n, stages)  gpipe::Error unless b runs a pipeline of n devices
-//   is_local(d)                     whether this process runs device d (issues its work)
-//   writes_files()                  whether this process writes the files of a collective save
-//   replicas(), replica()           the data-parallel replicas of the pipeline, and this one
-//   send(label, message, src, box)  within a step, on message.from's stream: hands src over
-//   receive(label, message, dst, count, kind, box)  on message.to's stream: dst <- the message's
-//                                   count floats, allocated there as `kind`; frees the sender's
-//                                   buffer where it can reach it
-//   begin_gradient_sums(arrays), start_gradient_sum(d, label)  with replicas: the arrays whose sum
-//                                   over the replicas this step computes, in the order the sums
-//                                   start; the next one starts after the work queued on d
-//   restart_timing()                at a step's start: its timing counts from here (no collective)
-//   finish_step()                   ends a step: waits for its work; with several processes they
-//                                   agree whether one failed, and all throw the same Error
-//   abort_step(failure)             ends a step whose issuing threw `failure`: cancels its work,
-//                                   (tells the other processes) and throws
-//   broadcast(d, values), exchange(peer, mine, theirs), allreduce_sum(values), all_succeeded(ok)
-//                                   between steps: every process gets device d's values (floats
-//                                   or doubles, host memory); d's process and this one swap
-//                                   arrays of their devices (a tie across processes); values <-
-//                                   their sum over the replicas; whether every process passed
-//                                   ok (a barrier, so that a failure on one ends the work of all)
-//   optimizer_share(n), shards_optimizer(), gather_optimizer_shares(values),
-//   collect_optimizer_shares(mine, n)  ZeRO-1 (with replicas and a backend that shards): the
-//                                   elements of a stage's n parameters whose optimizer state this
-//                                   process keeps, and between steps the collectives that give
-//                                   every replica the updated parameters, or replica 0 the whole
-//                                   state for a checkpoint (one process: [0, n), nothing to do)
-//   wall_seconds(start, end)        seconds from the earliest process's start to the latest one's
-//                                   end (steady_clock; across processes on the traces' one clock)
-//   copy(label, from, src, to, dst) between steps: an array of one of this process's devices
-//                                   into another's (or the same's), device to device (a tie
-//                                   within the process)
+// The interface both definitions provide is the concept `transport_interface` below, in named
+// parts (the members' contracts are stated there); the executor checks it for its backend.
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <span>
@@ -79,6 +43,97 @@ struct Message {
   std::size_t from = 0;   ///< the sending stage's device
   std::size_t to = 0;     ///< the receiving stage's device
 };
+
+/// Where the devices run: `is_local(d)`, whether this process runs device d (issues its work);
+/// `writes_files()`, whether this process writes the files of a collective save; `replicas()`
+/// and `replica()`, the data-parallel replicas of the pipeline and this process's one;
+/// `check_device_count(backend, n, stages)`, a gpipe::Error unless the backend runs a pipeline
+/// of n devices.
+template <class T, class Backend>
+concept process_layout = requires(const T& t, const Backend& b, std::size_t d) {
+  { t.is_local(d) } -> std::convertible_to<bool>;
+  { t.writes_files() } -> std::convertible_to<bool>;
+  { t.replicas() } -> std::convertible_to<std::size_t>;
+  { t.replica() } -> std::convertible_to<std::size_t>;
+  T::check_device_count(b, d, d);
+};
+
+/// A step's messages: `sends` (Sends::buffered or ::rendezvous: the Trainer orders and validates
+/// its schedule for it); `Mailbox`, what a message leaves with its sender's slot for the
+/// receiver; `send(label, message, src, box)`, within a step on message.from's stream, hands src
+/// over; `receive(label, message, dst, count, kind, box)`, on message.to's stream, dst <- the
+/// message's count elements, allocated there as `kind`, and frees the sender's buffer where it
+/// can reach it. In one process a message may hold any element type (bf16 under MixedBf16).
+template <class T, class Backend>
+concept step_messages = requires(const T& t, WorkLabel label, const Message& message,
+                                 typename Backend::template Buffer<float>& buffer,
+                                 typename T::Mailbox& box, std::size_t n, MemoryKind kind) {
+  { T::sends } -> std::convertible_to<Sends>;
+  t.send(label, message, buffer, box);
+  t.receive(label, message, buffer, n, kind, box);
+};
+
+/// A step's end: `restart_timing()` at its start (its timing counts from there, no collective);
+/// `finish_step()` waits for its work (with several processes they agree whether one failed, and
+/// all throw the same Error); `abort_step(failure)` ends a step whose issuing threw: cancels its
+/// work, tells the other processes, and throws.
+template <class T>
+concept step_agreement = requires(const T& t, std::exception_ptr failure) {
+  t.restart_timing();
+  t.finish_step();
+  t.abort_step(failure);
+};
+
+/// Between processes and replicas: `begin_gradient_sums(arrays)` and `start_gradient_sum(d,
+/// label)`, with replicas the arrays whose sum over them a step computes, in the order the sums
+/// start (the next one after the work queued on d); between steps `broadcast(d, values)` (every
+/// process gets device d's floats or doubles), `exchange(peer, mine, theirs)` (d's process and
+/// this one swap arrays: a tie across processes), `allreduce_sum(values)` (their sum over the
+/// replicas), `all_succeeded(ok)` (whether every process passed ok: a barrier).
+template <class T>
+concept process_collectives = requires(const T& t, std::vector<std::span<float>> arrays,
+                                       std::size_t d, WorkLabel label, std::span<float> floats,
+                                       std::span<double> doubles) {
+  t.begin_gradient_sums(arrays);
+  t.start_gradient_sum(d, label);
+  t.broadcast(d, floats);
+  t.broadcast(d, doubles);
+  t.exchange(d, std::span<const float>(floats), floats);
+  t.allreduce_sum(floats);
+  { t.all_succeeded(true) } -> std::convertible_to<bool>;
+};
+
+/// ZeRO-1 (with replicas and a backend that shards; in one process every share is its own):
+/// `optimizer_share(n)`, the [begin, end) of a stage's n parameters whose optimizer state this
+/// process keeps; `shards_optimizer()`; between steps `gather_optimizer_shares(values)` gives
+/// every replica the updated parameters and `collect_optimizer_shares(mine, n)` replica 0 the
+/// whole state for a checkpoint.
+template <class T>
+concept optimizer_shares = requires(const T& t, std::size_t n, std::span<float> values) {
+  { t.optimizer_share(n) } -> std::convertible_to<std::pair<std::size_t, std::size_t>>;
+  { t.shards_optimizer() } -> std::convertible_to<bool>;
+  t.gather_optimizer_shares(values);
+  {
+    t.collect_optimizer_shares(std::span<const float>(values), n)
+    } -> std::same_as<std::vector<float>>;
+};
+
+/// Between steps: `wall_seconds(start, end)`, seconds from the earliest process's start to the
+/// latest one's end (steady_clock; across processes on the traces' one clock); `copy(label,
+/// from, src, to, dst)`, an array of one of this process's devices into another's (or the
+/// same's), device to device (a tie within the process).
+template <class T>
+concept between_steps = requires(const T& t, std::chrono::steady_clock::time_point time,
+                                 WorkLabel label, std::size_t d, std::span<float> dst) {
+  { t.wall_seconds(time, time) } -> std::convertible_to<double>;
+  t.copy(label, d, std::span<const float>(dst), d, dst);
+};
+
+/// transport_interface<T, Backend>: what the runtime calls of `Transport<Backend>` (T), for
+/// every backend alike.
+template <class T, class Backend>
+concept transport_interface = process_layout<T, Backend> && step_messages<T, Backend> &&
+    step_agreement<T> && process_collectives<T> && optimizer_shares<T> && between_steps<T>;
 
 /// How the runtime moves data for a Backend: a handle (it holds a reference to the backend, and
 /// copies and const members are cheap). This definition serves every backend whose devices

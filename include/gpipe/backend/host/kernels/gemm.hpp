@@ -186,9 +186,9 @@ struct GemmSplit : BlockSplit {
 /// Blocks are whole multiples of this many columns or rows (64 bytes of floats), so that no two
 /// threads write one cache line of C and each library call keeps its full register tiles.
 inline constexpr std::size_t gemm_split_align = 16;
-/// A block is not worth a hand-over below this many multiply-adds (about 60 microseconds of one
-/// core's GEMM): waking a helper and waiting for it costs about 20 microseconds on the 2-core
-/// Zen 3 of BENCHMARKS.md (bench_host_kernels' BM_TeamRun).
+/// A block is not worth a hand-over below this many multiply-adds: waking a helper and waiting
+/// for it costs a third of such a block's GEMM on one core (bench_host_kernels' BM_TeamRun and
+/// BM_Gemm; BENCHMARKS.md has the times).
 inline constexpr std::size_t gemm_split_min_work = std::size_t{1} << 21;
 
 /// The split gemm() uses for an (m, n, k) GEMM on a team of `threads`: along the longer of C's two

@@ -6,8 +6,8 @@
 //
 // Each shape gets a oneDNN matmul primitive, created once and kept: on CPUs with AVX512-BF16 (AMD
 // Zen 4, Intel Cooper Lake on) or AMX (Intel Sapphire Rapids on) oneDNN runs it on those
-// instructions ("brg:avx512_core_bf16", "brg:avx512_core_amx"), about twice the multiply-adds
-// per cycle of its fp32 kernels (BENCHMARKS.md). Where oneDNN has only its reference
+// instructions ("brg:avx512_core_bf16", "brg:avx512_core_amx"), with more multiply-adds per
+// cycle than its fp32 kernels (BENCHMARKS.md has the ratio). Where oneDNN has only its reference
 // implementation for bf16 (a CPU without AVX-512, where it is many times slower than fp32), and
 // in builds without oneDNN (GPIPE_HOST_GEMM_REFERENCE), the same product is computed as an fp32
 // GEMM of the bf16 values widened exactly to float: the same products, accumulated in float.

@@ -11,10 +11,10 @@
 //                              Zen kernels (openblas_get_corename() says "Zen"), oneDNN elsewhere
 //                              and in sanitizer builds
 //
-// Why the AMD rule: on a 2-vCPU AMD EPYC (Zen 3), oneDNN 2.6's sgemm ran the model's GEMMs
-// 10-35 % slower than OpenBLAS 0.3.21's Zen kernels (input gradient at 32 rows: 1.7 x), and the
-// MLP step of bench_mlp_step took about 1.5 x as long; on Intel CPUs with AVX-512 oneDNN is the
-// faster one (and OpenBLAS 0.3.21 may not know the CPU at all). BENCHMARKS.md has the numbers.
+// Why the AMD rule: on AMD Zen, oneDNN 2.6's sgemm ran the model's GEMMs, and bench_mlp_step's
+// whole step, slower than OpenBLAS 0.3.21's Zen kernels; on Intel CPUs with AVX-512 oneDNN is the
+// faster one (and OpenBLAS 0.3.21 may not know the CPU at all). BENCHMARKS.md has the numbers
+// ("Host step on AMD Zen 3").
 // Either way each call runs on its caller's thread alone: OpenBLAS's thread count is set to one
 // when gpipe loads it (a process-wide setting in OpenBLAS 0.3.21, so a program that also calls
 // OpenBLAS itself gets one thread there too), and the OpenMP count per call as for oneDNN.

@@ -1,8 +1,8 @@
 #pragma once
 // A Linear layer's forward as one oneDNN matmul primitive with the bias fused into it:
 //   y (rows, out) = x (rows, in) W^T + b,   W (out, in) row-major, read in place (no copy).
-// Against dnnl_sgemm followed by a bias pass it is a few to ten percent faster, most for
-// micro-batches of few rows (bench_host_kernels, BM_LinearForward; BENCHMARKS.md).
+// It is faster than dnnl_sgemm followed by a bias pass, most for micro-batches of few rows
+// (bench_host_kernels, BM_LinearForward; BENCHMARKS.md has the times).
 //
 // A primitive is created once per (rows, in, out) and kept (JIT code: creating one costs far
 // more than running it); a micro-batch split gives each Linear at most two row counts. Every
