@@ -46,24 +46,10 @@ struct DeviceMemoryPrediction {
 
 namespace detail {
 
-// Per-stage sizes in floats per row, from the stage types.
+// Per-stage sizes in elements per row (named as StageProgram names them), from the stage types.
 struct StageSizes {
-  std::size_t in = 0, out = 0, stash = 0, grad_stash = 0, workspace = 0, params = 0;
-
-  /// The elements per row of a slot buffer of this width.
-  constexpr std::size_t width(Width w) const {
-    switch (w) {
-      case Width::in:
-        return in;
-      case Width::out:
-        return out;
-      case Width::stash:
-        return stash;
-      case Width::grad_stash:
-        return grad_stash;
-    }
-    return 0;
-  }
+  std::size_t in_features = 0, out_features = 0, stash_per_row = 0, grad_stash_per_row = 0,
+              workspace_per_row = 0, num_params = 0;
 };
 
 template <class Model>
@@ -104,9 +90,9 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   std::vector<DeviceMemoryPrediction> out(schedule.num_devices);
   for (std::size_t s = 0; s < S; ++s) {
     DeviceMemoryPrediction& p = out[schedule.device_of_stage(s)];
-    p.parameters += st[s].params * f;
-    p.gradients += st[s].params * f;
-    p.optimizer_state += st[s].params * optimizer_state_per_param * f;
+    p.parameters += st[s].num_params * f;
+    p.gradients += st[s].num_params * f;
+    p.optimizer_state += st[s].num_params * optimizer_state_per_param * f;
   }
 
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
@@ -123,12 +109,12 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
                                        .last_stage = s + 1 == S,
                                        .forward_only = schedule.forward_only,
                                        .recomputed = recomputes(remat, mb, M),
-                                       .has_stash = z.stash > 0});
+                                       .has_stash = z.stash_per_row > 0});
       auto& slot = held[s * M + mb];
       for (std::size_t i = 0; i < ops.num_allocates; ++i) {
         const detail::Allocation& alloc = ops.allocates[i];
         if (alloc.kind != MemoryKind::activations) continue;
-        const std::size_t bytes = n * z.width(detail::width_of(alloc.buffer)) * a;
+        const std::size_t bytes = n * detail::elements_per_row(z, alloc.buffer) * a;
         slot[static_cast<std::size_t>(alloc.buffer)] = bytes;
         peak = std::max(peak, current += bytes);
       }
@@ -137,17 +123,19 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
       // Workspace: within one op at most an output or recompute scratch, the input and output
       // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
       // output and input gradient not yet received by the neighbouring stage.
-      workspace =
-          std::max(workspace, max_rows * (z.out + z.in + z.out + z.grad_stash + z.workspace) * a +
-                                  max_rows * target_bytes_per_row);
+      workspace = std::max(workspace, max_rows *
+                                              (z.out_features + z.in_features + z.out_features +
+                                               z.grad_stash_per_row + z.workspace_per_row) *
+                                              a +
+                                          max_rows * target_bytes_per_row);
     }
     // Outputs and input gradients waiting for a neighbour, at most every micro-batch of every
     // stage on the device, and the per-micro-batch losses.
     std::size_t waiting = 0, weights_bf16 = 0;
     for (std::size_t s = 0; s < S; ++s) {
       if (schedule.device_of_stage(s) != d) continue;
-      waiting += rows * (st[s].out + st[s].in) * a;
-      if (mixed) weights_bf16 += st[s].params * a;
+      waiting += rows * (st[s].out_features + st[s].in_features) * a;
+      if (mixed) weights_bf16 += st[s].num_params * a;
     }
     out[d].activations_peak = peak;
     out[d].workspace_bound = workspace + waiting + M * f + weights_bf16;

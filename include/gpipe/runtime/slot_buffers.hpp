@@ -59,6 +59,41 @@ constexpr Width width_of(SlotBuffer b) {
   return Width::in;
 }
 
+/// The elements per row of buffer b of a stage whose sizes are `stage` (a StageProgram, or the
+/// memory model's StageSizes: in_features, out_features, stash_per_row, grad_stash_per_row).
+template <class Sizes>
+constexpr std::size_t elements_per_row(const Sizes& stage, SlotBuffer b) {
+  switch (width_of(b)) {
+    case Width::in:
+      return stage.in_features;
+    case Width::out:
+      return stage.out_features;
+    case Width::stash:
+      return stage.stash_per_row;
+    case Width::grad_stash:
+      return stage.grad_stash_per_row;
+  }
+  return 0;
+}
+
+/// The buffers of a (stage, micro-batch) slot, of a backend's Buffer type.
+template <class Buffer>
+struct SlotBuffers {
+  std::array<Buffer, num_slot_buffers> buffers;
+  /// Buffer b.
+  Buffer& operator[](SlotBuffer b) { return buffers[static_cast<std::size_t>(b)]; }
+};
+
+/// A slot: its buffers, and the transport's mailboxes of its two messages (its output, its input
+/// gradient).
+template <class Buffer, class Mailbox>
+struct Slot {
+  SlotBuffers<Buffer> buffers;
+  Mailbox activation, gradient;
+  /// Buffer b.
+  Buffer& operator[](SlotBuffer b) { return buffers[b]; }
+};
+
 /// One allocation of an op: the buffer and the memory kind it is counted as.
 struct Allocation {
   SlotBuffer buffer = SlotBuffer::input;

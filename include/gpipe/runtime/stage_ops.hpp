@@ -1,0 +1,214 @@
+#pragma once
+// What a stage's compute ops do on their slot's buffers, on a device's context: F (stage 0 first
+// uploads its rows; the last stage then applies the loss, or in inference downloads its output),
+// B (first, where remat dropped the stash, the forward again from the kept input), W; each with
+// the stage's scratch for that op. The executor issues them in the schedule's order and
+// allocates and frees the slot's buffers around them (runtime/slot_buffers.hpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/model/precision.hpp"
+#include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/slot_buffers.hpp"
+#include "gpipe/runtime/stage_program.hpp"
+#include "gpipe/schedule/op.hpp"
+
+namespace gpipe::detail {
+
+// The inputs of one step (or of one inference, whose y is empty and whose outputs go to out).
+template <class Target>
+struct StepInput {
+  std::span<const float> x;   // (N, in_features), host memory
+  std::span<const Target> y;  // (N, targets per row), host memory; none for inference
+  std::span<float> out = {};  // inference: (N, out_features), host memory, the last
+                              // stage's process writes it
+  MicroBatchSplit split;
+  Remat remat = Remat::never;
+  // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
+  // part of it): the factor of every micro-batch's loss gradient
+  float loss_scale = 1;
+  // With data-parallel replicas: the step's gradients are summed over them, each stage's as
+  // soon as its last backward_weight is done; the gradients accumulated before the step are
+  // set aside meanwhile and added back after it.
+  bool sum_over_replicas = false;
+};
+
+// Where one compute op runs: stage, device, micro-batch and its rows.
+struct OpPosition {
+  std::size_t stage = 0, device = 0, micro_batch = 0, rows = 0;
+};
+
+// The compute ops of a model's stages on Backend, in Precision (MixedBf16: on the device's bf16
+// context, with each stage's weights cast to bf16 once per step).
+template <class Backend, class Target, class Precision>
+class StageOps {
+ public:
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using Kernels = typename Backend::Kernels;
+  using Activation = typename Precision::activation_type;
+  using OpContext = typename ActivationContext<Kernels, Activation>::type;
+  using Buffers = SlotBuffers<Buffer<Activation>>;
+  using Step = StepInput<Target>;
+
+  // The stages' programs and the loss's, and the stages' parameter and gradient arrays, all
+  // outliving this. token_input: stage 0's rows are token ids (with bf16 activations they
+  // travel as the 16 bits of a bf16, which hold ids exactly; a bf16 value holds integers only up
+  // to 256).
+  StageOps(Backend& backend, std::span<const StageProgram<OpContext>> stages,
+           const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
+           std::span<Buffer<float>> grads, bool token_input)
+      : backend_(backend),
+        stages_(stages),
+        loss_program_(loss),
+        params_(params),
+        grads_(grads),
+        token_input_(token_input) {}
+
+  // Before a step's ops, for each stage of this process: under MixedBf16 its parameters rounded
+  // to bf16 once, on its device, for the GEMMs of all its micro-batches (a copy per use costs a
+  // sizeable share of a micro-batch's GEMM: BENCHMARKS.md); counted as workspace while the step
+  // runs.
+  void prepare_weights(std::size_t s, std::size_t d) {
+    if constexpr (mixed) {
+      weights_bf16_.resize(stages_.size());
+      weights_bf16_[s] =
+          backend_.template allocate<Activation>(d, params_[s].size(), MemoryKind::workspace);
+      backend_.submit(
+          d, {"weights to bf16", s},
+          [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_[s].data()](Kernels& k) {
+            ActivationContext<Kernels, Activation>::of(k).convert(n, p, w);
+          });
+    }
+  }
+  // Forgets the step's bf16 weights.
+  void clear() { weights_bf16_.clear(); }
+
+  // Runs the compute op `kind` at `at` (situation `sit`) on the backend's context k, on the
+  // slot's buffers `here`; the last stage's loss of micro-batch mb goes to loss[mb].
+  void run(OpKind kind, Kernels& k, const OpPosition& at, const OpSituation& sit, Buffers& here,
+           const Step& step, float* loss) {
+    OpContext& c = context(k, at.stage);
+    if (kind == OpKind::forward)
+      forward(c, at, sit.forward_only, here, step, loss);
+    else if (kind == OpKind::backward_input)
+      backward_input(c, at.stage, at.device, at.rows, sit, here);
+    else
+      backward_weight(c, at.stage, at.device, at.rows, here);
+  }
+
+ private:
+  // The context stage s's ops run on, its bf16 weights registered (MixedBf16).
+  OpContext& context(Kernels& k, std::size_t s) {
+    OpContext& c = ActivationContext<Kernels, Activation>::of(k);
+    if constexpr (mixed)
+      c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
+    return c;
+  }
+
+  // Stage 0's rows (n values at x, host memory) into its input buffer on the device.
+  void upload_input(OpContext& c, std::size_t n, const float* x, Activation* dst) const {
+    if constexpr (mixed) {
+      if (token_input_) {  // ids in a bf16's 16 bits (the Trainer checked them against V)
+        std::vector<Activation> ids(n);
+        for (std::size_t i = 0; i < n; ++i)
+          ids[i] = Activation::from_bits(static_cast<std::uint16_t>(x[i]));
+        return c.upload(n, ids.data(), dst);
+      }
+    }
+    c.upload(n, x, dst);
+  }
+
+  static constexpr bool mixed = !std::is_same_v<Activation, float>;
+
+  // The stage's scratch for one op (empty when it needs none).
+  Buffer<Activation> workspace(const StageProgram<OpContext>& stage, std::size_t device,
+                               std::size_t rows) {
+    return backend_.template allocate<Activation>(device, rows * stage.workspace_per_row,
+                                                  MemoryKind::workspace);
+  }
+
+  // F: stage 0 first uploads its rows; the last stage then applies the loss (training) or
+  // downloads its output (inference).
+  void forward(OpContext& k, const OpPosition& at, bool inference, Buffers& here, const Step& step,
+               float* loss) {
+    const std::size_t s = at.stage, device = at.device, mb = at.micro_batch, rows = at.rows;
+    const StageProgram<OpContext>& stage = stages_[s];
+    if (s == 0)
+      upload_input(k, rows * stage.in_features,
+                   step.x.data() + step.split.begin(mb) * stage.in_features,
+                   here[SlotBuffer::input].data());
+    {
+      Buffer<Activation> ws = workspace(stage, device, rows);
+      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(),
+                                               here[SlotBuffer::output].data(), params_[s].data(),
+                                               here[SlotBuffer::stash].data(), ws.data()});
+    }
+    if (s + 1 < stages_.size()) return;
+    if (inference)
+      k.download(rows * stage.out_features, here[SlotBuffer::output].data(),
+                 step.out.data() + step.split.begin(mb) * stage.out_features);
+    else
+      apply_loss(device, k, mb, rows, here, step, loss);
+  }
+
+  // Last stage: loss of the micro-batch into loss[mb]; gradient of the mean loss into
+  // grad_output.
+  void apply_loss(std::size_t device, OpContext& k, std::size_t mb, std::size_t rows, Buffers& here,
+                  const Step& step, float* loss) {
+    const std::size_t out = stages_.back().out_features;
+
+    const std::size_t per_row = loss_program_.targets_per_row(out);
+    auto targets =
+        backend_.template allocate<Target>(device, rows * per_row, MemoryKind::workspace);
+    k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
+    loss_program_.apply(k, rows, out, here[SlotBuffer::output].data(), targets.data(),
+                        step.loss_scale, here[SlotBuffer::grad_output].data(), loss + mb);
+  }
+
+  // B: first, where remat dropped the stash, the stage's forward again from its kept input.
+  void backward_input(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
+                      const OpSituation& at, Buffers& here) {
+    const StageProgram<OpContext>& stage = stages_[s];
+    Buffer<Activation> ws = workspace(stage, device, rows);
+    if (at.recomputed && at.has_stash) {
+      auto scratch = backend_.template allocate<Activation>(device, rows * stage.out_features,
+                                                            MemoryKind::workspace);
+      stage.forward(
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
+                                     params_[s].data(), here[SlotBuffer::stash].data(), ws.data()});
+    }
+    stage.backward_input(
+        k, BackwardInputArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               here[SlotBuffer::grad_input].data(), params_[s].data(),
+               here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(), ws.data()});
+  }
+
+  // W: the stage's parameter gradients accumulated into grads_[s].
+  void backward_weight(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
+                       Buffers& here) {
+    const StageProgram<OpContext>& stage = stages_[s];
+    Buffer<Activation> ws = workspace(stage, device, rows);
+    stage.backward_weight(
+        k, BackwardWeightArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               params_[s].data(), here[SlotBuffer::stash].data(),
+               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data()});
+  }
+
+  Backend& backend_;
+  std::span<const StageProgram<OpContext>> stages_;
+  const LossProgram<OpContext, Target>& loss_program_;
+  std::span<Buffer<float>> params_, grads_;
+  bool token_input_ = false;
+  std::vector<Buffer<Activation>> weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
+};
+
+}  // namespace gpipe::detail
