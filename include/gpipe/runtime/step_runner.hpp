@@ -32,6 +32,9 @@ struct ModelShape {
   std::size_t in_features = 0, out_features = 0;
   std::size_t tokens_per_sample = 1;  // rows per sample: T for a token model, else 1
   std::size_t vocab_size = 0;         // a token model's V; 0: rows are features
+
+  // Stage 0's rows are token ids (a token model), not features.
+  bool takes_tokens() const { return vocab_size > 0; }
 };
 
 template <class Backend, class Target, class Precision = Fp32>
@@ -98,7 +101,7 @@ class StepRunner {
           require(y.size() == rows * per_row,
                   "y has " + std::to_string(y.size()) + " targets, expected " +
                       std::to_string(rows * per_row) + " (" + std::to_string(rows) +
-                      (shape_.vocab_size > 0 ? " tokens x " : " rows x ") +
+                      (shape_.takes_tokens() ? " tokens x " : " rows x ") +
                       std::to_string(per_row) + ")");
           loss_.check(y, out);
           if (replicas > 1)
@@ -185,7 +188,7 @@ class StepRunner {
                                                 std::span<const OpPlace> order,
                                                 ParameterStore<Backend>& store) {
     return {backend_, program,        order,         stages_,
-            loss_,    store.params(), store.grads(), shape_.vocab_size > 0};
+            loss_,    store.params(), store.grads(), shape_.takes_tokens()};
   }
 
   Backend& backend_;
