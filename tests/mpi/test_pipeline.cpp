@@ -328,7 +328,7 @@ TEST_CASE(
   std::size_t n = 0;
   for (const ParameterInfo& info : a.parameter_info())
     if (sharded.is_local(a.device_of_stage(info.stage))) n += info.size;
-  const auto [first, last] = detail::MpiControl::share(n, 2, sharded.replica());
+  const auto [first, last] = detail::replica_share(n, 2, sharded.replica());
   const auto state_bytes = [](const mpi::Backend& backend) {
     return backend.memory_stats(backend.device()).current_of(MemoryKind::optimizer_state);
   };

@@ -28,7 +28,8 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/concepts.hpp"
-#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/agreement.hpp"
+#include "gpipe/backend/mpi/shares.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/in_process.hpp"
@@ -138,12 +139,12 @@ class Transport<Backend> {
     try {
       backend_.synchronize();
     } catch (...) {
-      failure = detail::MpiControl::message_of(std::current_exception());
+      failure = detail::FaultAgreement::message_of(std::current_exception());
     }
     try {
       backend_.finish_reductions();
     } catch (...) {
-      if (failure.empty()) failure = detail::MpiControl::message_of(std::current_exception());
+      if (failure.empty()) failure = detail::FaultAgreement::message_of(std::current_exception());
     }
     backend_.agree(std::move(failure));
   }
@@ -157,7 +158,7 @@ class Transport<Backend> {
       backend_.finish_reductions();
     } catch (...) {  // the failure to report is `failure`
     }
-    backend_.agree(detail::MpiControl::message_of(failure));
+    backend_.agree(detail::FaultAgreement::message_of(failure));
     throw Error("gpipe: rank " + std::to_string(backend_.rank()) + " failed");  // agree threw
   }
 
@@ -181,7 +182,7 @@ class Transport<Backend> {
   /// replicas (mpi::BackendOptions::shard_optimizer, ZeRO-1) this replica's 1/R.
   std::pair<std::size_t, std::size_t> optimizer_share(std::size_t n) const {
     if (!shards_optimizer()) return {0, n};
-    return detail::MpiControl::share(n, backend_.replicas(), backend_.replica());
+    return detail::replica_share(n, backend_.replicas(), backend_.replica());
   }
   /// Whether the optimizer state is sharded over the replicas (see optimizer_share).
   bool shards_optimizer() const {

@@ -42,26 +42,22 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <exception>
-#include <limits>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/host/backend.hpp"
-#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/check.hpp"
 #include "gpipe/backend/mpi/ranks.hpp"
+#include "gpipe/backend/mpi/sums.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/transport/mpi.hpp"
 
@@ -117,7 +113,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
         local_(1, local_options(options)),
         shard_optimizer_(options.shard_optimizer) {
-    control_.align_clocks(local_.epoch());
+    clocks_.align(local_.epoch());
     warn_if_team_shares_cores();
   }
   /// On the caller's communicator, MPI initialized by the caller.
@@ -125,7 +121,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       : MpiRanks(comm, options.data_parallel, options.peer_timeout),
         local_(1, local_options(options)),
         shard_optimizer_(options.shard_optimizer) {
-    control_.align_clocks(local_.epoch());
+    clocks_.align(local_.epoch());
     warn_if_team_shares_cores();
   }
   Backend(const Backend&) = delete;
@@ -144,16 +140,16 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// with more than one replica).
   bool shards_optimizer() const { return shard_optimizer_ && replicas() > 1; }
   /// Between steps, collective over the replicas: `values` (memory of this rank's device) <-
-  /// every replica's share of them (its 1/R, MpiControl::share), in place.
+  /// every replica's share of them (its 1/R, detail::replica_share), in place.
   void allgather_shares(std::span<float> values) {
     synchronize();
-    control_.allgather_shares(values);
+    shares_.allgather(values);
   }
   /// Between steps, collective over the replicas: the n elements whose share each replica holds
   /// in `mine` (memory of this rank's device), whole on replica 0 (host memory), empty elsewhere.
   std::vector<float> gather_shares(std::span<const float> mine, std::size_t n) {
     synchronize();
-    return control_.gather_shares(mine, n);
+    return shares_.gather(mine, n);
   }
   /// Whether this rank's device, computing on threads_per_device() threads, wants more cores than
   /// the rank may use (host::usable_cores(): its affinity mask, which mpirun narrows to one core
@@ -163,21 +159,16 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
   /// for this one's data stops waiting; the step then fails everywhere (the agreement).
   void submit(std::size_t device, WorkLabel label, Work work) {
-    local_.submit(control_.local(device), label, [this, work = std::move(work)](Kernels& k) {
-      try {
-        work(k);
-      } catch (...) {
-        if (!control_.stopped_for_peer()) control_.announce_failure();
-        throw;
-      }
+    local_.submit(layout_.local(device), label, [this, work = std::move(work)](Kernels& k) {
+      agreement_.telling_failure([&] { work(k); });
     });
   }
   /// As host::Backend::record, on this rank's device.
   void record(std::size_t device, const Event& event) {
-    local_.record(control_.local(device), event);
+    local_.record(layout_.local(device), event);
   }
   /// As host::Backend::wait, on this rank's device.
-  void wait(std::size_t device, const Event& event) { local_.wait(control_.local(device), event); }
+  void wait(std::size_t device, const Event& event) { local_.wait(layout_.local(device), event); }
 
   /// On `device` (this rank's), after the work before it: sends src's `src.size()` elements
   /// (float, or bf16 under gpipe::MixedBf16: half the bytes) to `peer`'s rank with `tag`, and
@@ -185,7 +176,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   template <class T>
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
             Buffer<T>& src) {
-    const int message_tag = control_.step_tag(peer, tag);
+    const int message_tag = layout_.step_tag(peer, tag);
     submit(device, label, [this, peer, message_tag, &src](Kernels&) {
       Pending pending;
       const T* data = src.data();
@@ -195,8 +186,8 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       else
         pending.buffer_bf16 = std::move(src);
       detail::check_mpi(
-          MPI_Isend(data, detail::MpiControl::count_of(size), mpi_type<T>(), static_cast<int>(peer),
-                    message_tag, control_.pipeline(), &pending.request),
+          MPI_Isend(data, detail::mpi_count(size), mpi_type<T>(), static_cast<int>(peer),
+                    message_tag, layout_.pipeline(), &pending.request),
           "MPI_Isend");
       std::lock_guard lock(mu_);
       pending_.push_back(std::move(pending));
@@ -208,21 +199,21 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   template <class T>
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
                Buffer<T>& dst, std::size_t count, MemoryKind kind) {
-    const int message_tag = control_.step_tag(peer, tag);
+    const int message_tag = layout_.step_tag(peer, tag);
     submit(device, label, [this, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
       dst = allocate<T>(device, count, kind);
       MPI_Request request = MPI_REQUEST_NULL;
       detail::check_mpi(
-          MPI_Irecv(dst.data(), detail::MpiControl::count_of(count), mpi_type<T>(),
-                    static_cast<int>(peer), message_tag, control_.pipeline(), &request),
+          MPI_Irecv(dst.data(), detail::mpi_count(count), mpi_type<T>(), static_cast<int>(peer),
+                    message_tag, layout_.pipeline(), &request),
           "MPI_Irecv");
       const MPI_Status status =
-          control_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
-                                         std::to_string(tag) + ")");
+          agreement_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
+                                           std::to_string(tag) + ")");
       int received = 0;
       MPI_Get_count(&status, mpi_type<T>(), &received);
       if (static_cast<std::size_t>(received) != count)
-        throw Error("gpipe: rank " + std::to_string(control_.rank()) + " expected " +
+        throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
                     std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
                     " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
                     "), got " + std::to_string(received));
@@ -236,7 +227,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// which is host memory (either may be empty; the sizes must match the peer's): MPI_Sendrecv.
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
     synchronize();
-    control_.exchange(peer, mine, theirs);
+    collectives_.exchange(peer, mine, theirs);
   }
 
   /// The step's gradient sums over the replicas, overlapped with the step: `values` (memory of
@@ -247,10 +238,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// hold: every rank starts the same ones, in the same order, every step.
   void expect_reductions(std::vector<std::span<float>> values) {
     std::lock_guard lock(mu_);
-    detail::require(reductions_started_ == reductions_.size(),
-                    "mpi::Backend: a step's gradient sums are still open");
-    reductions_ = std::move(values);
-    reductions_started_ = 0;
+    sums_.expect(std::move(values), "mpi::Backend");
     reduction_requests_.clear();
   }
   /// On this rank's `device`, after the work submitted before it: starts the next sum that
@@ -281,13 +269,13 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       events.insert(events.end(), sum_events_.begin(), sum_events_.end());
       sum_events_.clear();
     }
-    return control_.gather_trace(std::move(events));
+    return clocks_.gather_trace(std::move(events));
   }
   /// Collective over this replica's ranks: the compute time of each of its devices since the
   /// last call (every rank gets all of them), so that a Trainer's last_step() covers the whole
   /// pipeline on every rank.
   std::vector<ComputeTiming> take_timing() {
-    return control_.gather_timing(local_.take_timing().front());
+    return clocks_.gather_timing(local_.take_timing().front());
   }
 
   /// Local: this rank's compute time counts afresh from here (what take_timing() will gather).
@@ -311,7 +299,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// the wait ends unless a rank died, which ends the job.
   void finish_reductions() {
     std::lock_guard lock(mu_);
-    while (reductions_started_ < reductions_.size()) start_next_reduction(WorkLabel::none);
+    while (!sums_.all_started()) start_next_reduction(WorkLabel::none);
     for (std::size_t i = 0; i < reduction_requests_.size(); ++i) {
       int index = MPI_UNDEFINED;
       detail::check_mpi(MPI_Waitany(static_cast<int>(reduction_requests_.size()),
@@ -322,8 +310,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     }
     reduction_requests_.clear();
     sums_in_flight_.clear();
-    reductions_.clear();
-    reductions_started_ = 0;
+    sums_.clear();
   }
 
  private:
@@ -357,20 +344,20 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// The rank's one-device host::Backend: its pipeline device, capacity and threads.
   host::BackendOptions local_options(const Options& options) const {
     return {.device_capacity = options.device_capacity,
-            .first_device = control_.device(),
+            .first_device = layout_.device(),
             .threads_per_device = options.threads_per_device};
   }
 
   /// Starts the next expected gradient sum (of `stage`'s gradients), if any is left; called with
   /// mu_ held.
   void start_next_reduction(std::size_t stage) {
-    if (reductions_started_ == reductions_.size()) return;
-    const std::span<float> values = reductions_[reductions_started_++];
+    const std::optional<std::span<float>> values = sums_.next();
+    if (!values) return;
     MPI_Request request = MPI_REQUEST_NULL;
     const double start_us = local_us();
     detail::check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, values.data(), detail::MpiControl::count_of(values.size()),
-                       MPI_FLOAT, MPI_SUM, control_.replicas_comm(), &request),
+        MPI_Iallreduce(MPI_IN_PLACE, values->data(), detail::mpi_count(values->size()), MPI_FLOAT,
+                       MPI_SUM, layout_.replicas_comm(), &request),
         "MPI_Iallreduce");
     reduction_requests_.push_back(request);
     sums_in_flight_.push_back({.stage = stage, .start_us = start_us});
@@ -380,7 +367,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     if (!tracing_) return;
     const SumInFlight& sum = sums_in_flight_[index];
     sum_events_.push_back(
-        {.device = control_.device(),
+        {.device = layout_.device(),
          .label = {.what = "all-reduce gradients", .stage = sum.stage, .background = true},
          .start_us = sum.start_us,
          .end_us = local_us()});
@@ -425,8 +412,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     for (int polls = 0; !pending_.empty(); ++polls) {
       release_completed_sends();
       if (pending_.empty()) break;
-      if (control_.announced() || control_.peer_failed() ||
-          std::chrono::steady_clock::now() - start > control_.peer_timeout()) {
+      if (agreement_.announced() || agreement_.peer_failed() || agreement_.timed_out(start)) {
         for (Pending& p : pending_) {
           MPI_Request_free(&p.request);
           abandoned_.push_back(std::move(p.buffer));
@@ -435,7 +421,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         pending_.clear();
         break;
       }
-      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      detail::pause_between_polls(polls);
     }
   }
 
@@ -443,8 +429,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   std::vector<Buffer<bf16>> abandoned_bf16_;
   std::mutex mu_;
   std::vector<Pending> pending_;
-  std::vector<std::span<float>> reductions_;  ///< this step's gradient sums (expect_reductions)
-  std::size_t reductions_started_ = 0;
+  detail::SumOrder sums_;  ///< this step's gradient sums (expect_reductions)
   std::vector<MPI_Request> reduction_requests_;
   struct SumInFlight {
     std::size_t stage = WorkLabel::none;  ///< whose gradients (none: started after a failure)

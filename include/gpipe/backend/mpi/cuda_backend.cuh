@@ -1,6 +1,6 @@
 #pragma once
 // gpipe::mpi::CudaBackend: one GPU per MPI rank. The layout, the fault protocol and the merged
-// trace are mpi::Backend's (detail::MpiControl: R replicas x K devices, rank r is device r % K
+// trace are mpi::Backend's (detail::MpiRanks: R replicas x K devices, rank r is device r % K
 // of replica r / K); the rank's device is a one-device cuda::Backend on GPU
 // Options::gpu (default: the rank's index among the ranks of its machine, modulo the GPUs there).
 // Activations and gradients move between ranks' GPUs with NCCL, bootstrapped over MPI (rank 0 of
@@ -42,19 +42,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpipe/backend/cuda/backend.cuh"
-#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/check.hpp"
 #include "gpipe/backend/mpi/ranks.hpp"
+#include "gpipe/backend/mpi/sums.hpp"
 #include "gpipe/model/precision.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/mpi.hpp"
@@ -111,13 +111,13 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// finalizes it when the backend goes. Collective.
   CudaBackend(int& argc, char**& argv, Options options = {})
       : MpiRanks(argc, argv, options.data_parallel, options.peer_timeout),
-        local_(1, local_options(control_, options)) {
+        local_(1, local_options(layout_, options)) {
     start();
   }
   /// On the caller's communicator, MPI initialized by the caller. Collective.
   explicit CudaBackend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
       : MpiRanks(comm, options.data_parallel, options.peer_timeout),
-        local_(1, local_options(control_, options)) {
+        local_(1, local_options(layout_, options)) {
     start();
   }
   CudaBackend(const CudaBackend&) = delete;
@@ -151,14 +151,11 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// As cuda::Backend::submit on this rank's device, after the sends and receives issued before
   /// it have been posted. Work that throws tells every other rank at once.
   void submit(std::size_t device, WorkLabel label, Work work) {
-    local_.submit(control_.local(device), label, [this, work = std::move(work)](Kernels& k) {
-      try {
+    local_.submit(layout_.local(device), label, [this, work = std::move(work)](Kernels& k) {
+      agreement_.telling_failure([&] {
         post_group(k);
         work(k);
-      } catch (...) {
-        if (!control_.stopped_for_peer()) control_.announce_failure();
-        throw;
-      }
+      });
     });
   }
   /// As cuda::Backend::record, on this rank's device (after the transfers issued before it).
@@ -181,8 +178,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
             Buffer<T>& src) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "gpipe: mpi::CudaBackend sends float or bf16 messages");
-    control_.check_peer(peer, tag);
-    local_.submit(control_.local(device), label, [this, peer, tag, &src](Kernels&) {
+    layout_.check_peer(peer, tag);
+    local_.submit(layout_.local(device), label, [this, peer, tag, &src](Kernels&) {
       Transfer t{.send = true, .peer = peer, .tag = tag, .count = src.size()};
       t.type = nccl_type<T>();
       t.bytes = src.size() * sizeof(T);
@@ -199,8 +196,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
                Buffer<T>& dst, std::size_t count, MemoryKind kind) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
                   "gpipe: mpi::CudaBackend receives float or bf16 messages");
-    control_.check_peer(peer, tag);
-    local_.submit(control_.local(device), label,
+    layout_.check_peer(peer, tag);
+    local_.submit(layout_.local(device), label,
                   [this, device, peer, tag, &dst, count, kind](Kernels&) {
                     dst = allocate<T>(device, count, kind);
                     Transfer t{.send = false, .peer = peer, .tag = tag, .count = count};
@@ -218,10 +215,10 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// gradients' communicator, idle between steps) on the compute stream, after its work; waits
   /// for it. A tie across ranks exchanges its values and its gradient sums this way.
   void exchange(std::size_t peer, std::span<const float> mine, std::span<float> theirs) {
-    control_.check_peer(peer, 0);
+    layout_.check_peer(peer, 0);
     if (gradients_nccl_ == nullptr)
       throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its devices");
-    flush(control_.device());
+    flush(layout_.device());
     const int to = static_cast<int>(peer);
     ncclResult_t posted = ncclGroupStart();
     if (posted == ncclSuccess && !mine.empty())
@@ -241,10 +238,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// finish_reductions. After a failure finish_reductions starts those not yet started, so that
   /// every rank starts the same ones in the same order.
   void expect_reductions(std::vector<std::span<float>> values) {
-    detail::require(reductions_started_ == reductions_.size(),
-                    "mpi::CudaBackend: a step's gradient sums are still open");
-    reductions_ = std::move(values);
-    reductions_started_ = 0;
+    sums_.expect(std::move(values), "mpi::CudaBackend");
   }
   /// On this rank's `device`, after the work submitted before it: starts the next sum that
   /// expect_reductions() announced.
@@ -255,25 +249,25 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// Collective over the world: every rank's work since the last call, one merged trace whose
   /// events' device is their rank.
   std::vector<TraceEvent> take_trace() {
-    flush(control_.device());
-    return control_.gather_trace(local_.take_trace());
+    flush(layout_.device());
+    return clocks_.gather_trace(local_.take_trace());
   }
   /// Collective over this replica's ranks: each device's compute time since the last call.
   std::vector<ComputeTiming> take_timing() {
-    flush(control_.device());
-    return control_.gather_timing(local_.take_timing().front());
+    flush(layout_.device());
+    return clocks_.gather_timing(local_.take_timing().front());
   }
 
   /// Local: this rank's compute time counts afresh from here (what take_timing() will gather).
   void restart_timing() {
-    flush(control_.device());
+    flush(layout_.device());
     (void)local_.take_timing();
   }
 
   /// Drops this rank's work not yet issued and waits for its streams (aborting its NCCL
   /// communicators if this rank failed or a peer did); local: it tells no other rank.
   void cancel() {
-    flush(control_.device());
+    flush(layout_.device());
     wait_for_streams(/*abort_on_failure=*/true);
     local_.cancel();
     group_.clear();
@@ -281,7 +275,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   }
   /// Waits for this rank's work and its transfers; rethrows the first failure on this rank.
   void synchronize() {
-    flush(control_.device());
+    flush(layout_.device());
     wait_for_streams(/*abort_on_failure=*/true);
     local_.synchronize();
     pending_.clear();
@@ -289,9 +283,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
 
   /// Between steps: starts the expected sums not started, then waits for all of them.
   void finish_reductions() {
-    while (reductions_started_ < reductions_.size()) start_next_reduction(compute_stream_);
-    reductions_.clear();
-    reductions_started_ = 0;
+    while (!sums_.all_started()) start_next_reduction(compute_stream_);
+    sums_.clear();
     wait_for_streams(/*abort_on_failure=*/true);
   }
 
@@ -306,17 +299,17 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     std::string order = check_message_order();
     if (failure.empty() && !aborted_ && !order.empty()) {
       failure = std::move(order);
-      control_.stop_for_peer();
+      agreement_.stop_for_peer();
     }
     if (failure.empty() && aborted_)
       failure = abort_reason_ == silent_peer
                     ? "gpipe: no message from a peer within " +
-                          std::to_string(control_.peer_timeout().count()) +
+                          std::to_string(agreement_.peer_timeout().count()) +
                           " s (Options::peer_timeout): is every rank alive?"
                     : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
                           abort_reason_;
     try {
-      control_.agree(std::move(failure));
+      agreement_.agree(std::move(failure));
     } catch (...) {
       abort_reason_ = "";
       abort_communicators();
@@ -380,28 +373,24 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     }
   };
 
-  static cuda::BackendOptions local_options(const detail::MpiControl& control,
+  /// The rank's one-device cuda::Backend: its GPU (Options::gpu, or its index among its
+  /// machine's ranks modulo the GPUs there), capacity and pipeline device.
+  static cuda::BackendOptions local_options(const detail::MpiLayout& layout,
                                             const Options& options) {
     int gpu = options.gpu;
     if (gpu < 0) {
-      MPI_Comm node = MPI_COMM_NULL;
-      detail::check_mpi(
-          MPI_Comm_split_type(control.comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-          "MPI_Comm_split_type");
-      int local_rank = 0;
-      MPI_Comm_rank(node, &local_rank);
-      MPI_Comm_free(&node);
       const int count = cuda::device_count();
-      gpu = count > 0 ? local_rank % count : 0;  // none: cuda::Backend says so
+      gpu = count > 0 ? static_cast<int>(layout.machine_rank()) % count
+                      : 0;  // none: cuda::Backend says so
     }
     return {.device_capacity = options.device_capacity,
             .gpus = {gpu},
             .tf32 = options.tf32,
-            .first_device = control.device()};
+            .first_device = layout.device()};
   }
 
   void start() {
-    control_.align_clocks(local_.epoch());
+    clocks_.align(local_.epoch());
     local_.submit(0, {.what = "set up NCCL streams", .internal = true},
                   [this](Kernels& k) { compute_stream_ = k.stream(); });
     local_.synchronize();
@@ -409,8 +398,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     GPIPE_CUDA_CHECK(cudaSetDevice(gpu()));
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
-    sent_hashes_.assign(2 * control_.devices(), 0);
-    received_hashes_.assign(2 * control_.devices(), 0);
+    sent_hashes_.assign(2 * layout_.devices(), 0);
+    received_hashes_.assign(2 * layout_.devices(), 0);
     make_communicators();
   }
 
@@ -431,13 +420,13 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     GPIPE_CUDA_CHECK(cudaGetDeviceProperties(&properties, gpu()));
     static_assert(sizeof properties.uuid.bytes == sizeof own.uuid);
     std::memcpy(own.uuid, properties.uuid.bytes, sizeof own.uuid);
-    own.rank = static_cast<int>(control_.rank());
+    own.rank = static_cast<int>(layout_.rank());
     own.gpu = gpu();
     int length = 0;
     detail::check_mpi(MPI_Get_processor_name(own.host, &length), "MPI_Get_processor_name");
     std::vector<MPI_Comm> shared;
-    if (control_.devices() > 1) shared.push_back(control_.pipeline());
-    if (control_.replicas() > 1) shared.push_back(control_.replicas_comm());
+    if (layout_.devices() > 1) shared.push_back(layout_.pipeline());
+    if (layout_.replicas() > 1) shared.push_back(layout_.replicas_comm());
     for (MPI_Comm comm : shared) {
       int size = 0;
       MPI_Comm_size(comm, &size);
@@ -472,11 +461,11 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// Collective: the pipeline's (one per direction) and (with replicas) the replicas'
   /// communicators.
   void make_communicators() {
-    if (control_.devices() > 1) {
-      activations_nccl_ = nccl_over(control_.pipeline());
-      gradients_nccl_ = nccl_over(control_.pipeline());
+    if (layout_.devices() > 1) {
+      activations_nccl_ = nccl_over(layout_.pipeline());
+      gradients_nccl_ = nccl_over(layout_.pipeline());
     }
-    if (control_.replicas() > 1) replicas_nccl_ = nccl_over(control_.replicas_comm());
+    if (layout_.replicas() > 1) replicas_nccl_ = nccl_over(layout_.replicas_comm());
     aborted_ = false;
   }
   /// Local: ends every NCCL operation of this rank that still waits (ncclCommAbort).
@@ -510,17 +499,17 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// what that peer sent to it, in order, this step; else the first mismatch this rank sees.
   /// Resets the hashes.
   std::string check_message_order() {
-    const std::size_t k = control_.devices();
+    const std::size_t k = layout_.devices();
     std::vector<std::uint64_t> sent_to_me(2 * k, 0);
     const int status = MPI_Alltoall(sent_hashes_.data(), 2, MPI_UINT64_T, sent_to_me.data(), 2,
-                                    MPI_UINT64_T, control_.pipeline());
+                                    MPI_UINT64_T, layout_.pipeline());
     std::string out;
     if (status != MPI_SUCCESS) out = "gpipe: MPI_Alltoall failed while checking NCCL messages";
     for (std::size_t i = 0; i < 2 * k && out.empty(); ++i)
       if (sent_to_me[i] != received_hashes_[i])
         out = "gpipe: the NCCL " + std::string(i % 2 == 1 ? "gradients" : "activations") +
               " from device " + std::to_string(i / 2) + " to device " +
-              std::to_string(control_.device()) +
+              std::to_string(layout_.device()) +
               " were posted in another order (or with other sizes) by the receiver than by the "
               "sender: NCCL has no tags, so the schedule must post each pair's messages in the "
               "same order on both sides";
@@ -576,7 +565,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   }
   /// Posts the queued transfers from a piece of work on `device` (outside other work).
   void flush(std::size_t device) {
-    local_.submit(control_.local(device), {.what = "post transfers", .internal = true},
+    local_.submit(layout_.local(device), {.what = "post transfers", .internal = true},
                   [this](Kernels& k) { post_group(k); });
   }
   /// Frees the buffers of send groups that have completed.
@@ -587,8 +576,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
 
   /// Starts the next expected gradient sum on the reduction stream, after `compute`'s work.
   void start_next_reduction(cudaStream_t compute) {
-    if (reductions_started_ == reductions_.size()) return;
-    const std::span<float> values = reductions_[reductions_started_++];
+    const std::optional<std::span<float>> values = sums_.next();
+    if (!values) return;
     if (replicas_nccl_ == nullptr) {
       if (aborted_) return;
       throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its replicas");
@@ -598,7 +587,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     GPIPE_CUDA_CHECK(cudaEventRecord(ready, compute));
     GPIPE_CUDA_CHECK(cudaStreamWaitEvent(reduce_stream_, ready, 0));
     (void)cudaEventDestroy(ready);
-    GPIPE_NCCL_CHECK(ncclAllReduce(values.data(), values.data(), values.size(), ncclFloat32,
+    GPIPE_NCCL_CHECK(ncclAllReduce(values->data(), values->data(), values->size(), ncclFloat32,
                                    ncclSum, replicas_nccl_, reduce_stream_));
   }
   /// Waits until this rank's streams are idle. With abort_on_failure, once this rank or another
@@ -614,21 +603,21 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
       if (!busy) break;
       if (abort_on_failure && !aborted_) {
         const char* reason = nullptr;
-        if (control_.announced())
+        if (agreement_.announced())
           reason = "this rank failed";
-        else if (control_.peer_failed())
+        else if (agreement_.peer_failed())
           reason = "another rank failed";
         else if (nccl_failed())
           reason = "NCCL reported a failed peer (ncclCommGetAsyncError)";
-        else if (std::chrono::steady_clock::now() - start > control_.peer_timeout())
+        else if (agreement_.timed_out(start))
           reason = silent_peer;
         if (reason != nullptr) {
-          if (!control_.announced()) control_.stop_for_peer();
+          if (!agreement_.announced()) agreement_.stop_for_peer();
           abort_communicators();
           abort_reason_ = reason;
         }
       }
-      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      detail::pause_between_polls(polls);
     }
     (void)cudaGetLastError();
     release_completed_sends();
@@ -647,8 +636,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   std::vector<Transfer> group_;        ///< transfers issued since the last other work
   std::vector<PendingSends> pending_;  ///< posted send groups, not known to be complete
   std::vector<std::uint64_t> sent_hashes_, received_hashes_;  ///< per peer, this step
-  std::vector<std::span<float>> reductions_;                  ///< this step's gradient sums
-  std::size_t reductions_started_ = 0;
+  detail::SumOrder sums_;                                     ///< this step's gradient sums
 };
 
 }  // namespace gpipe::mpi

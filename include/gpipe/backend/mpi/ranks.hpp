@@ -1,10 +1,6 @@
 #pragma once
-// What gpipe's two MPI backends (mpi::Backend, mpi::CudaBackend) share as a base: MPI's session,
-// the control plane (backend/mpi/control.hpp) and, from it, the layout of the world, the
-// collectives between steps and the failure agreement. Each backend adds its device and the
-// mechanics of its messages and sums; the protocol that uses them is transport/mpi.hpp. The base
-// also forwards what a rank's one device answers itself (memory, allocation, tracing) to the
-// backend's `local_`, a one-device host::Backend or cuda::Backend.
+// The base of gpipe's two MPI backends (mpi::Backend, mpi::CudaBackend): the pieces they share,
+// composed, and the members that only forward to them or to the rank's one device.
 
 #include <mpi.h>
 
@@ -16,13 +12,20 @@
 #include <utility>
 
 #include "gpipe/backend/common.hpp"
-#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/agreement.hpp"
+#include "gpipe/backend/mpi/clocks.hpp"
+#include "gpipe/backend/mpi/collectives.hpp"
+#include "gpipe/backend/mpi/layout.hpp"
 #include "gpipe/backend/mpi/session.hpp"
+#include "gpipe/backend/mpi/shares.hpp"
 
 namespace gpipe::detail {
 
-// The ranks of R replicas x K devices, rank r being device r % K of replica r / K. Derived: the
-// backend (a friend, whose `Local local_` is the rank's device).
+/// The ranks of R replicas x K devices, rank r being device r % K of replica r / K: MPI's session,
+/// the layout, the fault agreement, the common clock, the collectives between steps and the
+/// optimizer's shares. Each backend adds its device and the mechanics of its messages and sums;
+/// the protocol that uses them is transport/mpi.hpp. Derived: the backend (a friend, whose
+/// `Local local_` is the rank's device, a one-device host::Backend or cuda::Backend).
 template <class Derived, class Local>
 class MpiRanks {
  public:
@@ -30,50 +33,50 @@ class MpiRanks {
   MpiRanks& operator=(const MpiRanks&) = delete;
 
   /// One device per rank: the pipeline's K devices (world size / data_parallel).
-  std::size_t num_devices() const { return control_.devices(); }
+  std::size_t num_devices() const { return layout_.devices(); }
   /// Ranks in the communicator: R replicas x K devices.
-  std::size_t world_size() const { return control_.size(); }
+  std::size_t world_size() const { return layout_.size(); }
   /// This process's rank in the communicator (rank 0 writes the files of a collective save).
-  std::size_t rank() const { return control_.rank(); }
+  std::size_t rank() const { return layout_.rank(); }
   /// The pipeline device this rank runs: rank() % K.
-  std::size_t device() const { return control_.device(); }
+  std::size_t device() const { return layout_.device(); }
   /// R, the pipeline replicas (Options::data_parallel).
-  std::size_t replicas() const { return control_.replicas(); }
+  std::size_t replicas() const { return layout_.replicas(); }
   /// The replica this rank belongs to: rank() / K.
-  std::size_t replica() const { return control_.replica(); }
+  std::size_t replica() const { return layout_.replica(); }
   /// Whether this rank runs `device`; the runtime issues only its own device's work. Any device
   /// number is accepted.
-  bool is_local(std::size_t device) const { return device == control_.device(); }
+  bool is_local(std::size_t device) const { return device == layout_.device(); }
   /// The communicator given at construction; the backend's messages within a replica and its sums
   /// over the replicas use communicators split from it.
-  MPI_Comm communicator() const { return control_.comm(); }
+  MPI_Comm communicator() const { return layout_.comm(); }
 
   /// Collective over this replica's ranks, between steps: each gets the values (host memory) of
   /// `device`'s rank.
   void broadcast(std::size_t device, std::span<float> values) {
-    control_.broadcast(device, values);
+    collectives_.broadcast(device, values);
   }
   /// Collective over the world (every replica): whether every rank passed true.
-  bool all_succeeded(bool mine) { return control_.all_true(mine); }
+  bool all_succeeded(bool mine) { return collectives_.all_true(mine); }
   /// As above, of doubles (host memory).
   void broadcast(std::size_t device, std::span<double> values) {
-    control_.broadcast(device, values);
+    collectives_.broadcast(device, values);
   }
   /// Collective over the replicas (the ranks of the same device in every replica), between
   /// steps: host `values` <- their sum over the replicas, in place.
-  void allreduce_sum(std::span<float> values) { control_.allreduce_sum(values); }
+  void allreduce_sum(std::span<float> values) { collectives_.allreduce_sum(values); }
 
   /// Collective over the world: the seconds from the earliest rank's `start` to the latest rank's
   /// `end` (each rank's own steady_clock time points, compared on the one clock of the ranks'
   /// traces), e.g. a training step's wall time over all ranks.
   double wall_seconds(std::chrono::steady_clock::time_point start,
                       std::chrono::steady_clock::time_point end) {
-    return control_.span_seconds(local().epoch(), start, end);
+    return clocks_.span_seconds(local().epoch(), start, end);
   }
 
   /// Bytes of this rank's device, as its one-device backend counts them.
   MemoryStats memory_stats(std::size_t device) const {
-    return local().memory_stats(control_.local(device));
+    return local().memory_stats(layout_.local(device));
   }
   /// Sets this rank's device's peaks to its current use.
   void reset_peak() { local().reset_peak(); }
@@ -82,33 +85,38 @@ class MpiRanks {
   template <class T>
   typename Local::template Buffer<T> allocate(std::size_t device, std::size_t count,
                                               MemoryKind kind = MemoryKind::other) {
-    return local().template allocate<T>(control_.local(device), count, kind);
+    return local().template allocate<T>(layout_.local(device), count, kind);
   }
   /// Traces and timings count microseconds from one origin on every rank (align_clocks).
   void set_tracing(bool on) { local().set_tracing(on); }
 
   /// Tells every other rank at once that this one failed (once a step).
-  void announce_failure() { control_.announce_failure(); }
+  void announce_failure() { agreement_.announce_failure(); }
   /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none).
   /// Returns when no rank failed; otherwise every rank throws the same Error, naming the rank
   /// that failed first-hand and its message. The next step's messages carry other tags.
-  void agree(std::string failure) { control_.agree(std::move(failure)); }
+  void agree(std::string failure) { agreement_.agree(std::move(failure)); }
 
  protected:
   /// MPI_COMM_WORLD, initializing MPI (MPI_THREAD_SERIALIZED) unless the program did.
   MpiRanks(int& argc, char**& argv, std::size_t data_parallel, std::chrono::seconds peer_timeout)
       : session_(std::make_unique<mpi::Session>(argc, argv)),
-        control_(MPI_COMM_WORLD, data_parallel, peer_timeout) {}
+        layout_(MPI_COMM_WORLD, data_parallel),
+        agreement_(layout_, peer_timeout) {}
   /// On the caller's communicator, MPI initialized by the caller.
   MpiRanks(MPI_Comm comm, std::size_t data_parallel, std::chrono::seconds peer_timeout)
-      : control_(comm, data_parallel, peer_timeout) {}
+      : layout_(comm, data_parallel), agreement_(layout_, peer_timeout) {}
   ~MpiRanks() = default;
 
   Local& local() { return static_cast<Derived&>(*this).local_; }
   const Local& local() const { return static_cast<const Derived&>(*this).local_; }
 
   std::unique_ptr<mpi::Session> session_;  ///< set when this initialized MPI: finalized last
-  MpiControl control_;                     ///< layout, tags, faults, clocks
+  MpiLayout layout_;                       ///< who is who, communicators, tags
+  FaultAgreement agreement_;               ///< the fault protocol
+  RankClocks clocks_{layout_};             ///< the common clock, merged traces and timings
+  MpiCollectives collectives_{layout_};    ///< between steps
+  OptimizerShares shares_{layout_};        ///< ZeRO-1
 };
 
 }  // namespace gpipe::detail

@@ -4,7 +4,7 @@
 
 #include <mpi.h>
 
-#include "gpipe/backend/mpi/control.hpp"
+#include "gpipe/backend/mpi/check.hpp"
 
 namespace gpipe::mpi {
 
