@@ -45,7 +45,6 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -57,6 +56,7 @@
 #include "gpipe/backend/host/backend.hpp"
 #include "gpipe/backend/mpi/check.hpp"
 #include "gpipe/backend/mpi/ranks.hpp"
+#include "gpipe/backend/mpi/sends.hpp"
 #include "gpipe/backend/mpi/sums.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/transport/mpi.hpp"
@@ -178,19 +178,8 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
             Buffer<T>& src) {
     const int message_tag = layout_.step_tag(peer, tag);
     submit(device, label, [this, peer, message_tag, &src](Kernels&) {
-      Pending pending;
-      const T* data = src.data();
-      const std::size_t size = src.size();
-      if constexpr (std::is_same_v<T, float>)
-        pending.buffer = std::move(src);
-      else
-        pending.buffer_bf16 = std::move(src);
-      detail::check_mpi(
-          MPI_Isend(data, detail::mpi_count(size), mpi_type<T>(), static_cast<int>(peer),
-                    message_tag, layout_.pipeline(), &pending.request),
-          "MPI_Isend");
       std::lock_guard lock(mu_);
-      pending_.push_back(std::move(pending));
+      sends_.start(src, static_cast<int>(peer), message_tag, layout_.pipeline());
       release_completed_sends();
     });
   }
@@ -204,14 +193,14 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
       dst = allocate<T>(device, count, kind);
       MPI_Request request = MPI_REQUEST_NULL;
       detail::check_mpi(
-          MPI_Irecv(dst.data(), detail::mpi_count(count), mpi_type<T>(), static_cast<int>(peer),
-                    message_tag, layout_.pipeline(), &request),
+          MPI_Irecv(dst.data(), detail::mpi_count(count), detail::mpi_type<T>(),
+                    static_cast<int>(peer), message_tag, layout_.pipeline(), &request),
           "MPI_Irecv");
       const MPI_Status status =
           agreement_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
                                            std::to_string(tag) + ")");
       int received = 0;
-      MPI_Get_count(&status, mpi_type<T>(), &received);
+      MPI_Get_count(&status, detail::mpi_type<T>(), &received);
       if (static_cast<std::size_t>(received) != count)
         throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
                     std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
@@ -238,15 +227,14 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// hold: every rank starts the same ones, in the same order, every step.
   void expect_reductions(std::vector<std::span<float>> values) {
     std::lock_guard lock(mu_);
-    sums_.expect(std::move(values), "mpi::Backend");
-    reduction_requests_.clear();
+    sums_.expect(std::move(values));
   }
   /// On this rank's `device`, after the work submitted before it: starts the next sum that
   /// expect_reductions() announced (an MPI_Iallreduce in place; nothing once all have started).
   void start_reduction(std::size_t device, WorkLabel label) {
     submit(device, label, [this, stage = label.stage](Kernels&) {
       std::lock_guard lock(mu_);
-      start_next_reduction(stage);
+      sums_.start_next(stage, local_us());
     });
   }
 
@@ -255,7 +243,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// gradients" with its stage).
   void set_tracing(bool on) {
     std::lock_guard lock(mu_);
-    tracing_ = on;
+    sums_.set_tracing(on);
     local_.set_tracing(on);
   }
 
@@ -266,8 +254,8 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     std::vector<TraceEvent> events = local_.take_trace();
     {
       std::lock_guard lock(mu_);
-      events.insert(events.end(), sum_events_.begin(), sum_events_.end());
-      sum_events_.clear();
+      const std::vector<TraceEvent> sums = sums_.take_events();
+      events.insert(events.end(), sums.begin(), sums.end());
     }
     return clocks_.gather_trace(std::move(events));
   }
@@ -299,36 +287,11 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// the wait ends unless a rank died, which ends the job.
   void finish_reductions() {
     std::lock_guard lock(mu_);
-    while (!sums_.all_started()) start_next_reduction(WorkLabel::none);
-    for (std::size_t i = 0; i < reduction_requests_.size(); ++i) {
-      int index = MPI_UNDEFINED;
-      detail::check_mpi(MPI_Waitany(static_cast<int>(reduction_requests_.size()),
-                                    reduction_requests_.data(), &index, MPI_STATUS_IGNORE),
-                        "MPI_Waitany");
-      if (index == MPI_UNDEFINED) break;  // every one had completed before
-      completed_reduction(static_cast<std::size_t>(index));
-    }
-    reduction_requests_.clear();
-    sums_in_flight_.clear();
-    sums_.clear();
+    sums_.finish([this] { return local_us(); });
   }
 
  private:
   friend class detail::MpiRanks<Backend, host::Backend>;
-
-  struct Pending {
-    MPI_Request request = MPI_REQUEST_NULL;
-    Buffer<float> buffer;      ///< the message's data: float
-    Buffer<bf16> buffer_bf16;  ///< or bf16 (gpipe::MixedBf16)
-  };
-  /// The MPI type of a message's elements: bf16 travels as its 16 bits.
-  template <class T>
-  static MPI_Datatype mpi_type() {
-    if constexpr (std::is_same_v<T, float>)
-      return MPI_FLOAT;
-    else
-      return MPI_UINT16_T;
-  }
 
   /// A line on stderr when the rank's threads_per_device exceed the cores its affinity mask
   /// allows: they would take turns on them, slower than one thread.
@@ -348,40 +311,6 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
             .threads_per_device = options.threads_per_device};
   }
 
-  /// Starts the next expected gradient sum (of `stage`'s gradients), if any is left; called with
-  /// mu_ held.
-  void start_next_reduction(std::size_t stage) {
-    const std::optional<std::span<float>> values = sums_.next();
-    if (!values) return;
-    MPI_Request request = MPI_REQUEST_NULL;
-    const double start_us = local_us();
-    detail::check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, values->data(), detail::mpi_count(values->size()), MPI_FLOAT,
-                       MPI_SUM, layout_.replicas_comm(), &request),
-        "MPI_Iallreduce");
-    reduction_requests_.push_back(request);
-    sums_in_flight_.push_back({.stage = stage, .start_us = start_us});
-  }
-  /// Sum `index` has completed (seen now; its request is MPI_REQUEST_NULL): its trace event.
-  void completed_reduction(std::size_t index) {
-    if (!tracing_) return;
-    const SumInFlight& sum = sums_in_flight_[index];
-    sum_events_.push_back(
-        {.device = layout_.device(),
-         .label = {.what = "all-reduce gradients", .stage = sum.stage, .background = true},
-         .start_us = sum.start_us,
-         .end_us = local_us()});
-  }
-  /// Notes the gradient sums that have completed (MPI_Test also drives their progress); called
-  /// with mu_ held, at every message of the rank's worker.
-  void test_reductions() {
-    for (std::size_t i = 0; i < reduction_requests_.size(); ++i) {
-      if (reduction_requests_[i] == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      detail::check_mpi(MPI_Test(&reduction_requests_[i], &done, MPI_STATUS_IGNORE), "MPI_Test");
-      if (done) completed_reduction(i);
-    }
-  }
   /// Microseconds since the rank's device's epoch: the clock of its traces.
   double local_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
@@ -389,56 +318,31 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         .count();
   }
   /// Frees the buffers of sends that have completed and notes the completed gradient sums; called
-  /// with mu_ held.
+  /// with mu_ held, at every message of the rank's worker.
   void release_completed_sends() {
-    test_reductions();
-    for (std::size_t i = 0; i < pending_.size();) {
-      int done = 0;
-      detail::check_mpi(MPI_Test(&pending_[i].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      if (done) {
-        pending_[i] = std::move(pending_.back());
-        pending_.pop_back();
-      } else {
-        ++i;
-      }
-    }
+    sums_.test(local_us());
+    sends_.release_completed();
   }
   /// Waits for every pending send (their receivers run the same schedule) and frees them. After
-  /// a failure (here or elsewhere) a send may never be received: it is let go, its buffer kept
-  /// until the backend goes (MPI may still read it).
+  /// a failure (here or elsewhere) a send may never be received: it is let go (MpiSends::abandon).
   void complete_sends() {
     std::lock_guard lock(mu_);
     const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0; !pending_.empty(); ++polls) {
+    for (int polls = 0;; ++polls) {
       release_completed_sends();
-      if (pending_.empty()) break;
+      if (sends_.empty()) break;
       if (agreement_.announced() || agreement_.peer_failed() || agreement_.timed_out(start)) {
-        for (Pending& p : pending_) {
-          MPI_Request_free(&p.request);
-          abandoned_.push_back(std::move(p.buffer));
-          abandoned_bf16_.push_back(std::move(p.buffer_bf16));
-        }
-        pending_.clear();
+        sends_.abandon();
         break;
       }
       detail::pause_between_polls(polls);
     }
   }
 
-  std::vector<Buffer<float>> abandoned_;  ///< buffers of sends let go after a failure
-  std::vector<Buffer<bf16>> abandoned_bf16_;
-  std::mutex mu_;
-  std::vector<Pending> pending_;
-  detail::SumOrder sums_;  ///< this step's gradient sums (expect_reductions)
-  std::vector<MPI_Request> reduction_requests_;
-  struct SumInFlight {
-    std::size_t stage = WorkLabel::none;  ///< whose gradients (none: started after a failure)
-    double start_us = 0;                  ///< when it started (local_us)
-  };
-  std::vector<SumInFlight> sums_in_flight_;  ///< [i] of reduction_requests_[i]
-  bool tracing_ = false;
-  std::vector<TraceEvent> sum_events_;  ///< the traced sums since take_trace
-  host::Backend local_;           ///< the rank's device; destroyed (workers joined) before pending_
+  std::mutex mu_;                          ///< sends_ and sums_: the worker's and the caller's
+  detail::MpiSends sends_;                 ///< in flight
+  detail::MpiGradientSums sums_{layout_};  ///< this step's gradient sums over the replicas
+  host::Backend local_;           ///< the rank's device; destroyed (workers joined) before sends_
   bool shard_optimizer_ = false;  ///< Options::shard_optimizer
 };
 

@@ -1,0 +1,176 @@
+#pragma once
+// mpi::CudaBackend's sends and receives: queued as they are issued, a run of them with no other
+// work between is posted as one NCCL group on the rank's communication stream, after an event of
+// the compute stream; the compute stream waits for a group that receives, and a sent buffer is
+// freed once its group has completed.
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/cuda/backend.cuh"
+#include "gpipe/backend/mpi/nccl.cuh"
+#include "gpipe/error.hpp"
+#include "gpipe/model/precision.hpp"
+
+namespace gpipe::detail {
+
+/// Makes `waiting` wait for the work issued so far on `first`.
+inline void stream_waits_for(cudaStream_t waiting, cudaStream_t first) {
+  cudaEvent_t ready = nullptr;
+  GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  GPIPE_CUDA_CHECK(cudaEventRecord(ready, first));
+  GPIPE_CUDA_CHECK(cudaStreamWaitEvent(waiting, ready, 0));
+  (void)cudaEventDestroy(ready);
+}
+
+/// A send or a receive of float or bf16 elements to or from a pipeline device's rank.
+struct NcclTransfer {
+  bool send = false;
+  std::size_t peer = 0, tag = 0, count = 0;
+  ncclDataType_t type = ncclFloat32;
+  void* data = nullptr;
+  cuda::Buffer<float> buffer = {};  ///< a send's data, kept until its group completes
+  cuda::Buffer<bf16> buffer_bf16 = {};
+
+  /// A send of src's elements, which it takes over.
+  template <class T>
+  static NcclTransfer sending(std::size_t peer, std::size_t tag, cuda::Buffer<T>& src) {
+    NcclTransfer t{.send = true, .peer = peer, .tag = tag, .count = src.size()};
+    t.type = nccl_type<T>();
+    t.data = src.data();
+    if constexpr (std::is_same_v<T, float>)
+      t.buffer = std::move(src);
+    else
+      t.buffer_bf16 = std::move(src);
+    return t;
+  }
+  /// A receive of dst's elements into it.
+  template <class T>
+  static NcclTransfer receiving(std::size_t peer, std::size_t tag, cuda::Buffer<T>& dst) {
+    NcclTransfer t{.send = false, .peer = peer, .tag = tag, .count = dst.size()};
+    t.type = nccl_type<T>();
+    t.data = dst.data();
+    return t;
+  }
+  /// The message's size in bytes.
+  std::size_t bytes() const { return count * (type == ncclFloat32 ? sizeof(float) : sizeof(bf16)); }
+
+  template <class T>
+  static ncclDataType_t nccl_type() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16>,
+                  "gpipe: mpi::CudaBackend's messages are float or bf16");
+    return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
+  }
+};
+
+/// The queue of a rank's transfers and the groups posted from it (see the top of this file), on
+/// a communication stream of its own. Not thread-safe: the backend's one thread calls it.
+class NcclGroups {
+ public:
+  /// On CUDA device `gpu`, over `nccl`'s communicators (which must outlive this).
+  NcclGroups(NcclCommunicators& nccl, int gpu) : nccl_(nccl) {
+    GPIPE_CUDA_CHECK(cudaSetDevice(gpu));
+    GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~NcclGroups() {
+    queue_.clear();
+    pending_.clear();
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  NcclGroups(const NcclGroups&) = delete;
+  NcclGroups& operator=(const NcclGroups&) = delete;
+
+  /// The communication stream.
+  cudaStream_t stream() const { return stream_; }
+  /// Queues `t` for the next post().
+  void queue(NcclTransfer t) { queue_.push_back(std::move(t)); }
+  /// Posts the queued transfers as one NCCL group on the communication stream, after what
+  /// `compute` has issued; `compute` waits for the group if it receives. After an abort the
+  /// queued transfers are dropped (the step fails anyway).
+  void post(cudaStream_t compute) {
+    if (queue_.empty()) return;
+    std::vector<NcclTransfer> group = std::exchange(queue_, {});
+    if (nccl_.of_tag(0) == nullptr) {
+      if (nccl_.aborted()) return;
+      throw Error("gpipe: mpi::CudaBackend has no NCCL communicator between its devices");
+    }
+    stream_waits_for(stream_, compute);
+    const bool receives = post_group(group);
+    Posted posted;
+    GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&posted.done, cudaEventDisableTiming));
+    GPIPE_CUDA_CHECK(cudaEventRecord(posted.done, stream_));
+    if (receives) GPIPE_CUDA_CHECK(cudaStreamWaitEvent(compute, posted.done, 0));
+    for (NcclTransfer& t : group)
+      if (t.send) posted.sends.push_back(std::move(t));
+    pending_.push_back(std::move(posted));
+    release_completed();
+  }
+  /// Frees the buffers of the groups that have completed.
+  void release_completed() {
+    std::erase_if(pending_, [](const Posted& p) { return cudaEventQuery(p.done) == cudaSuccess; });
+  }
+  /// Frees every posted group's buffers; the streams are idle, or the communicators aborted.
+  void release_all() { pending_.clear(); }
+  /// Drops the queued transfers and frees the posted ones (as release_all).
+  void drop() {
+    queue_.clear();
+    pending_.clear();
+  }
+
+ private:
+  // A posted group's sends, their buffers freed once it completes.
+  struct Posted {
+    std::vector<NcclTransfer> sends;
+    cudaEvent_t done = nullptr;  ///< recorded after the group on the communication stream
+    Posted() = default;
+    Posted(Posted&& other) noexcept
+        : sends(std::move(other.sends)), done(std::exchange(other.done, nullptr)) {}
+    Posted& operator=(Posted&& other) noexcept {
+      if (this != &other) {
+        release();
+        sends = std::move(other.sends);
+        done = std::exchange(other.done, nullptr);
+      }
+      return *this;
+    }
+    ~Posted() { release(); }
+    // Waits for the group (its streams are idle or its communicator aborted when this runs),
+    // then frees the buffers.
+    void release() {
+      if (done != nullptr) {
+        (void)cudaEventSynchronize(done);
+        (void)cudaEventDestroy(done);
+        done = nullptr;
+      }
+      sends.clear();
+    }
+  };
+
+  // ncclGroupStart, a send or receive each, ncclGroupEnd; whether any receives.
+  bool post_group(const std::vector<NcclTransfer>& group) {
+    GPIPE_NCCL_CHECK(ncclGroupStart());
+    bool receives = false;
+    for (const NcclTransfer& t : group) {
+      const int peer = static_cast<int>(t.peer);
+      ncclComm_t comm = nccl_.of_tag(t.tag);
+      const ncclResult_t posted = t.send ? ncclSend(t.data, t.count, t.type, peer, comm, stream_)
+                                         : ncclRecv(t.data, t.count, t.type, peer, comm, stream_);
+      if (posted != ncclSuccess) {
+        (void)ncclGroupEnd();
+        GPIPE_NCCL_CHECK(posted);  // names the send or receive by its line
+      }
+      receives = receives || !t.send;
+    }
+    GPIPE_NCCL_CHECK(ncclGroupEnd());
+    return receives;
+  }
+
+  NcclCommunicators& nccl_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<NcclTransfer> queue_;  ///< transfers issued since the last post
+  std::vector<Posted> pending_;      ///< posted groups with sends, not known to be complete
+};
+
+}  // namespace gpipe::detail
