@@ -24,7 +24,8 @@ inline void pause_between_polls(int polls) {
   if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
-/// A rank's side of the fault protocol (see the top of this file), over `layout`'s world.
+/// A rank's side of the fault protocol (see the top of this file), over `layout`'s world. A rank
+/// that dies takes no part: it ends the job (mpirun).
 class FaultAgreement {
  public:
   /// Over `layout`'s world (which must outlive this); a wait fails after `peer_timeout`.

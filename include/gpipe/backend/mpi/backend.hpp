@@ -1,16 +1,8 @@
 #pragma once
-// gpipe::mpi::Backend: one host device per MPI rank. With R = Options::data_parallel replicas
-// of a K-device pipeline (world size R K), rank r is device r % K of replica r / K, so stage s
-// runs on the ranks with r % K == s % K; the Trainer, the schedules and the model types are the
-// ones of one process. Replica i takes its share of the mini-batch, and each stage's gradients
-// are summed over the replicas during the step (below). Each rank issues only its own device's
-// ops; activations and gradients cross between ranks as MPI point-to-point messages:
-//   send     MPI_Isend from the sender's output buffer, on its device's worker; the buffer stays
-//            with the pending send and is freed on the sender once the send completes (checked
-//            at every later transfer and at synchronize), so a send never blocks its device
-//   receive  MPI_Irecv into memory the receiver allocates, waited for on its worker
-// The loss and predict's output live on the last stage's rank; the Trainer broadcasts them so
-// that every rank returns the same values.
+// gpipe::mpi::Backend: one host device per MPI rank, R = Options::data_parallel replicas of a
+// K-device pipeline (world size R K). It composes the MPI backends' shared base (ranks.hpp: the
+// layout, the fault agreement, one clock, the collectives between steps, ZeRO-1's shares) with a
+// one-device host::Backend, its sends in flight (sends.hpp) and its gradient sums (sums.hpp).
 //
 //   gpipe::mpi::Backend backend(argc, argv);   // MPI_COMM_WORLD, initialized here if need be;
 //                                              // launched as `mpirun -n K ./train`
@@ -18,24 +10,8 @@
 //   gpipe::Trainer<Model, Loss, gpipe::mpi::Backend, gpipe::OneFOneB> trainer(backend, {...});
 //
 // MPI is called from the rank's device worker during a step and from the calling thread between
-// steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction).
-// Failures: work that throws tells every other rank at once; receives poll for that (and give
-// up after Options::peer_timeout); the agreement at the end of every step (transport/mpi.hpp's
-// finish_step) makes all ranks throw the same Error naming the failing rank. A failure while a
-// rank issues its part of a step (before its work runs) takes the same way (abort_step). A rank
-// that dies ends the job (mpirun).
-// Time: every rank's traces and timings count from one origin (align_clocks); take_trace()
-// merges all ranks' work into one trace and take_timing() gives every rank the whole
-// pipeline's timing (both collective), so a Trainer's last_step() is the pipeline's.
-// Data parallel: the step's gradient sums over the replicas start on each rank's worker as soon
-// as its stage's last backward is done (expect_reductions, start_reduction) and end with the
-// step (finish_reductions); traced, each shows from its start to its completion. With
-// Options::shard_optimizer (ZeRO-1) each replica keeps and updates the optimizer state of its
-// 1/R of each stage's parameters, and the replicas then gather the parameters
-// (allgather_shares; a checkpoint's state is gathered on replica 0, gather_shares).
-// Tied parameters on two ranks are kept equal and their gradients summed with exchange()
-// (MPI_Sendrecv; mpi::CudaBackend's is NCCL's, GPU to GPU).
-// A GPU per rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
+// steps, never at once: MPI_THREAD_SERIALIZED is enough (checked at construction). A GPU per
+// rank, with NCCL between them, is mpi::CudaBackend (backend/mpi/cuda_backend.cuh).
 
 #include <mpi.h>
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "gpipe/backend/mpi/check.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
@@ -29,16 +30,13 @@ class MpiCollectives {
   MpiCollectives(const MpiCollectives&) = delete;
   MpiCollectives& operator=(const MpiCollectives&) = delete;
 
-  /// Collective over this replica's ranks: each gets the values of `device`'s.
-  void broadcast(std::size_t device, std::span<float> values) {
-    check_mpi(MPI_Bcast(values.data(), mpi_count(values.size()), MPI_FLOAT,
-                        static_cast<int>(device), layout_.pipeline()),
-              "MPI_Bcast");
-  }
-  /// As above, of doubles.
-  void broadcast(std::size_t device, std::span<double> values) {
-    check_mpi(MPI_Bcast(values.data(), mpi_count(values.size()), MPI_DOUBLE,
-                        static_cast<int>(device), layout_.pipeline()),
+  /// Collective over this replica's ranks: each gets the values (float or double) of `device`'s.
+  template <class T>
+  void broadcast(std::size_t device, std::span<T> values) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+    check_mpi(MPI_Bcast(values.data(), mpi_count(values.size()),
+                        std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE, static_cast<int>(device),
+                        layout_.pipeline()),
               "MPI_Bcast");
   }
   /// Collective over the world: whether every rank passed true.

@@ -87,7 +87,7 @@ class MpiRanks {
                                               MemoryKind kind = MemoryKind::other) {
     return local().template allocate<T>(layout_.local(device), count, kind);
   }
-  /// Traces and timings count microseconds from one origin on every rank (align_clocks).
+  /// Traces and timings count microseconds from one origin on every rank (RankClocks::align).
   void set_tracing(bool on) { local().set_tracing(on); }
 
   /// Tells every other rank at once that this one failed (once a step).
