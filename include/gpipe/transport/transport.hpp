@@ -58,8 +58,8 @@ concept process_layout = requires(const T& t, const Backend& b, std::size_t d) {
   T::check_device_count(b, d, d);
 };
 
-/// A step's messages: `sends` (Sends::buffered or ::rendezvous: the Trainer orders and validates
-/// its schedule for it); `Mailbox`, what a message leaves with its sender's slot for the
+/// A step's messages: `sends` (Sends::buffered or Sends::rendezvous: the Trainer orders and
+/// validates its schedule for it); `Mailbox`, what a message leaves with its sender's slot for the
 /// receiver; `send(label, message, src, box)`, within a step on message.from's stream, hands src
 /// over; `receive(label, message, dst, count, kind, box)`, on message.to's stream, dst <- the
 /// message's count elements, allocated there as `kind`, and frees the sender's buffer where it
