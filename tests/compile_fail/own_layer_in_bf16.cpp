@@ -1,4 +1,4 @@
-// expect: Scale<N>::forward.*Ctx = gpipe::host::Kernels<gpipe::bf16>
+// expect: Scale<N>::forward.*Ctx = gpipe::host::KernelContext<gpipe::bf16>
 // A user's own layer (examples/own_layer: kernels written for host::Kernels<T>, reading weights
 // of the activations' type T) in a MixedBf16 model: refused at compile time, the error naming
 // the layer's op and the bf16 context (its weights are float there, its activations bf16). It

@@ -1,17 +1,20 @@
 #pragma once
 // What layers run on: a backend's kernel context, and the kernels a layer brings for a backend.
 //
-// kernel_context<Ctx>: the primitives every backend's per-device context provides
-// (gpipe::host::Kernels<T>, gpipe::cuda::Kernels). Pointers are memory of the context's device;
-// every operation is issued in the device's stream order. Layers are written against these
-// primitives, and where they need more, against their own LayerKernels.
+// kernel_context<Ctx>: the primitives every backend's per-device context provides. Each backend
+// has one context class template, its parameter the activations' type T (float, or bf16 under
+// gpipe::MixedBf16): gpipe::host::KernelContext<T>, gpipe::cuda::KernelContext<T>. Pointers are
+// memory of the context's device; every operation is issued in the device's stream order. Layers
+// are written against these primitives, and where they need more, against their own
+// LayerKernels.
 //
 // LayerKernels<Op, Ctx>: the kernels of one layer's operations (Op, a tag type the layer names)
 // on the backend whose context is Ctx. The primary template is declared here once and never
 // defined; each backend specializes it for the layers it runs (the library's own in
 // backend/host/layers/ and backend/cuda/layers/), and a layer written outside the library
-// specializes it for its own tag, on the host and, in a .cu file, for gpipe::cuda::Kernels, whose
-// stream() and blas() its kernels are launched on. The layer then calls
+// specializes it for its own tag, on the host and, in a .cu file, for the CUDA context, whose
+// stream() and blas() its kernels are launched on. A partial specialization for
+// KernelContext<T> covers both precisions where the kernels are the same code. The layer calls
 //   LayerKernels<MyOp, Ctx>::forward(ctx, ...)
 // and a backend without the specialization fails to compile at that call, naming MyOp and Ctx.
 

@@ -13,8 +13,8 @@
 // default 0); its contents do not survive from one op to the next.
 //
 // The operations are function templates over a kernel context Ctx (a backend's per-device kernel
-// set, e.g. gpipe::host::Kernels<float>); pointers are that device's memory. Ctx::value_type is
-// the activations' scalar type (float, bf16 under gpipe::MixedBf16, double in the
+// set, e.g. gpipe::host::KernelContext<float>); pointers are that device's memory. Ctx::value_type
+// is the activations' scalar type (float, bf16 under gpipe::MixedBf16, double in the
 // finite-difference tests); parameters and gradients are master_t<value_type> (float for bf16).
 
 #include <array>

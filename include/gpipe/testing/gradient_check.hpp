@@ -6,8 +6,8 @@
 //   const auto check = gpipe::testing::check_layer<MyLayer>();   // 3 rows, random inputs
 //   assert(check.dx_error < 1e-6 && check.params_error < 1e-6);
 //
-// The layer runs on gpipe::host::Kernels<double> (its ops must be templates on the context, as
-// the layer concept asks) through LayerRun<L, T>, which owns every buffer the layer asks for.
+// The layer runs on gpipe::host::KernelContext<double> (its ops must be templates on the context,
+// as the layer concept asks) through LayerRun<L, T>, which owns every buffer the layer asks for.
 // Buffers the layer must write before anything reads them (y, stash, dx, grad_stash, workspace)
 // are NaN before each op, so a layer that reads a value it never wrote, or that accumulates into
 // dx, shows up as NaN (and NaN fails every comparison). The checked scalar is
@@ -34,7 +34,7 @@ namespace gpipe::testing {
 template <class T>
 inline constexpr T nan_v = std::numeric_limits<T>::quiet_NaN();
 
-/// One forward / backward_input / backward_weight of layer L over `rows` rows on Kernels<T>.
+/// One forward / backward_input / backward_weight of layer L over `rows` rows on KernelContext<T>.
 /// Set x, params (and dy before backward_input); grads start at zero and accumulate.
 template <layer L, class T>
 struct LayerRun {
@@ -51,17 +51,17 @@ struct LayerRun {
         grads(L::num_params),
         workspace(rows * workspace_per_row_v<L>) {}
 
-  std::size_t rows;           ///< rows of every op, fixed at construction
-  host::Kernels<T> ctx{};     ///< the kernel context the layer's ops run with
-  std::vector<T> x;           ///< (rows, in_features)
-  std::vector<T> params;      ///< (num_params)
-  std::vector<T> y;           ///< (rows, out_features)
-  std::vector<T> stash;       ///< (rows, stash_per_row)
-  std::vector<T> dy;          ///< (rows, out_features)
-  std::vector<T> dx;          ///< (rows, in_features)
-  std::vector<T> grad_stash;  ///< (rows, grad_stash_per_row)
-  std::vector<T> grads;       ///< (num_params), accumulated from zero
-  std::vector<T> workspace;   ///< (rows, workspace_per_row), NaN before every op: scratch only
+  std::size_t rows;              ///< rows of every op, fixed at construction
+  host::KernelContext<T> ctx{};  ///< the kernel context the layer's ops run with
+  std::vector<T> x;              ///< (rows, in_features)
+  std::vector<T> params;         ///< (num_params)
+  std::vector<T> y;              ///< (rows, out_features)
+  std::vector<T> stash;          ///< (rows, stash_per_row)
+  std::vector<T> dy;             ///< (rows, out_features)
+  std::vector<T> dx;             ///< (rows, in_features)
+  std::vector<T> grad_stash;     ///< (rows, grad_stash_per_row)
+  std::vector<T> grads;          ///< (num_params), accumulated from zero
+  std::vector<T> workspace;      ///< (rows, workspace_per_row), NaN before every op: scratch only
 
   /// y, stash <- L::forward(x, params); y, stash and workspace are NaN before it.
   void forward() {

@@ -5,7 +5,7 @@
 // a machine with one GPU runs a K-stage pipeline.
 //
 //   gpipe::cuda::Backend backend(4, {.device_capacity = 8ull << 30});  // 4 stages, GPUs d % count
-//   backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::Kernels& k) { ... });
+//   backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::KernelContext<float>& k) { ... });
 //   backend.synchronize();   // waits for the GPUs; rethrows the first failure, naming where
 //
 // Issuing. A piece of work runs on the caller's thread, with its device's GPU current, and
@@ -122,8 +122,8 @@ class Event {
 /// one-GPU machine runs a K-stage pipeline.
 ///
 ///     gpipe::cuda::Backend backend(4, {.device_capacity = 8ull << 30});  // GPUs d % count
-///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::Kernels& k) { ... });
-///     backend.synchronize();  // waits for the GPUs; rethrows the first failure, naming where
+///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::KernelContext<float>& k) { ...
+///     }); backend.synchronize();  // waits for the GPUs; rethrows the first failure, naming where
 ///
 /// Work runs on the caller's thread, with its device's GPU current, and only enqueues kernels.
 /// Work, records and waits of one device run in submission order; a wait for an event no record
@@ -137,7 +137,7 @@ class Backend {
   /// Construction options: capacity, GPU mapping, TF32, NCCL.
   using Options = BackendOptions;
   /// The kernel context each piece of work gets: its device's streams and cuBLAS handle.
-  using Kernels = cuda::Kernels;
+  using Kernels = cuda::KernelContext<float>;
   /// Orders work across devices: recorded on one device's compute stream, waited for on another's.
   using Event = cuda::Event;
   /// Owning handle of `count` elements of `T` in one device's GPU memory, as allocate() returns it;

@@ -1,11 +1,11 @@
 #pragma once
-// gpipe::cuda::Kernels: the CUDA backend's kernel context, the same members with the same
-// meaning as gpipe::host::Kernels<float> (see gpipe/backend/host/kernels.hpp): primitives only, a
-// layer's own kernels (ReLU, GELU, LayerNorm, attention, embedding) being its LayerKernels
-// specialization in layers/. Every operation is
-// enqueued on the virtual device's compute stream and returns at once; pointers are device
-// memory of that device (copy also accepts memory of other GPUs). The backend hands each piece
-// of work the context of the work's device, with that device's GPU current.
+// gpipe::cuda::KernelContext<float>: the CUDA backend's kernel context, the same members with the
+// same meaning as gpipe::host::KernelContext<float> (see gpipe/backend/host/kernels.hpp):
+// primitives only, a layer's own kernels (ReLU, GELU, LayerNorm, attention, embedding) being its
+// LayerKernels specialization in layers/. Every operation is enqueued on the virtual device's
+// compute stream and returns at once; pointers are device memory of that device (copy also accepts
+// memory of other GPUs). The backend hands each piece of work the context of the work's device,
+// with that device's GPU current.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels.cuh is CUDA code: compile it with nvcc"
@@ -27,6 +27,7 @@
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
+#include "gpipe/model/precision.hpp"
 
 #if GPIPE_CUDA_NCCL
 #include <nccl.h>
@@ -35,16 +36,24 @@
 namespace gpipe::cuda {
 
 class Backend;
-class Bf16Kernels;
+
+/// The CUDA backend's kernel context for activations of type T: float (below) or bf16
+/// (kernels_bf16.cuh). A layer's kernels written once for both precisions specialize
+/// `LayerKernels<MyOp, cuda::KernelContext<T>>`.
+template <class T>
+class KernelContext;
+template <>
+class KernelContext<bf16>;
 
 /// The CUDA backend's kernel context for one virtual device: the primitives of
-/// `gpipe::kernel_context`, with the meaning of `gpipe::host::Kernels<float>`'s. Each operation is
-/// enqueued on the device's compute stream (stream()) and returns before the GPU has run it;
-/// pointers are device memory of this device's GPU unless a member says otherwise. Only the
+/// `gpipe::kernel_context`, with the meaning of `gpipe::host::KernelContext<float>`'s. Each
+/// operation is enqueued on the device's compute stream (stream()) and returns before the GPU has
+/// run it; pointers are device memory of this device's GPU unless a member says otherwise. Only the
 /// Backend makes one, and hands it to each piece of work with the device's GPU current. A launch
 /// that fails throws `gpipe::Error` at once; a fault inside a kernel surfaces at
 /// Backend::synchronize().
-class Kernels {
+template <>
+class KernelContext<float> {
  public:
   /// Element type of every primitive's arrays: the kernels compute in FP32.
   using value_type = float;
@@ -69,7 +78,7 @@ class Kernels {
   }
   /// The device's context for bf16 activations (gpipe::MixedBf16): the same device, stream and
   /// cuBLAS handle, made on first use (gpipe/backend/cuda/kernels_bf16.cuh).
-  Bf16Kernels& bf16_context();
+  KernelContext<bf16>& bf16_context();
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
@@ -214,7 +223,7 @@ class Kernels {
     }
   }
   friend class Backend;
-  explicit Kernels(detail::DeviceState& state) : s_(&state) {}
+  explicit KernelContext(detail::DeviceState& state) : s_(&state) {}
 
   struct HostCopy {
     const void* src;
@@ -266,10 +275,16 @@ class Kernels {
 #endif
   }
 
-  friend class Bf16Kernels;
+  friend class KernelContext<bf16>;
   detail::DeviceState* s_;
-  std::shared_ptr<Bf16Kernels> bf16_;  // made by bf16_context(), shared by copies of this context
+  // made by bf16_context(), shared by copies of this context
+  std::shared_ptr<KernelContext<bf16>> bf16_;
 };
+
+/// The contexts' former names, kept for layers written outside the library, which specialize
+/// `LayerKernels<MyOp, cuda::Kernels>`: the same types.
+using Kernels = KernelContext<float>;
+using Bf16Kernels = KernelContext<bf16>;
 
 }  // namespace gpipe::cuda
 

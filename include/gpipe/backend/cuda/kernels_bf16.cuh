@@ -1,8 +1,8 @@
 #pragma once
-// gpipe::cuda::Bf16Kernels: the CUDA backend's kernel context for gpipe::MixedBf16, a
+// gpipe::cuda::KernelContext<bf16>: the CUDA backend's kernel context for gpipe::MixedBf16, a
 // gpipe::kernel_context whose value_type is bf16 (activations, stashes, hand-overs) and whose
 // master type is float (parameters, gradients, losses). A device's float context makes it on
-// first use (Kernels::bf16_context()): same device, streams and cuBLAS handle.
+// first use (KernelContext<float>::bf16_context()): same device, streams and cuBLAS handle.
 //
 // Every kernel computes in float: bf16 inputs are widened exactly on load, results rounded once
 // to nearest even on store (kernels/common.cuh: the host's bits). GEMMs multiply bf16 operands
@@ -33,14 +33,15 @@ namespace gpipe::cuda {
 
 /// The CUDA backend's kernel context for bf16 activations with float master weights (see the top
 /// of this file). Its members take the float context's arguments with activations as bf16; every
-/// operation is enqueued on the device's compute stream, as Kernels' are.
-class Bf16Kernels {
+/// operation is enqueued on the device's compute stream, as the float context's are.
+template <>
+class KernelContext<bf16> {
  public:
   /// The activations' type; parameters, gradients and losses are float (master_t<bf16>).
   using value_type = bf16;
 
   /// A context on the device of `fp32` (the backend's float context of that device).
-  explicit Bf16Kernels(const Kernels& fp32) : fp32_(*fp32.s_), s_(fp32.s_) {}
+  explicit KernelContext(const KernelContext<float>& fp32) : fp32_(*fp32.s_), s_(fp32.s_) {}
 
   /// Index of the virtual device whose work this context issues.
   std::size_t device() const { return s_->index; }
@@ -51,8 +52,8 @@ class Bf16Kernels {
   /// The device's cuBLAS handle.
   cublasHandle_t blas() const { return s_->blas; }
   /// The device's float context (for float kernels on widened operands).
-  Kernels& fp32() { return fp32_; }
-  /// The float context's scratch (Kernels::scratch).
+  KernelContext<float>& fp32() { return fp32_; }
+  /// The float context's scratch (KernelContext<float>::scratch).
   float* scratch(std::size_t floats) { return fp32_.scratch(floats); }
   /// `floats` of this context's own float scratch, for widened operands: valid for work enqueued
   /// on the compute stream until the next call; apart from scratch(), so that a float kernel run
@@ -78,7 +79,7 @@ class Bf16Kernels {
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
             const A* a, const B* b, float beta, C* c) {
     static_assert(is_storage<A> && is_storage<B> && is_storage<C>,
-                  "gpipe: cuda::Bf16Kernels::gemm takes bf16 or float arrays");
+                  "gpipe: cuda::KernelContext<bf16>::gemm takes bf16 or float arrays");
     if (m == 0 || n == 0) return;
     // float operands that are not registered weights are rounded into the cast scratch, A's
     // first and B's after it (at a 256-byte boundary)
@@ -146,8 +147,8 @@ class Bf16Kernels {
     fp32_.upload(n, host_src, w);
     convert(n, w, dst);
   }
-  /// host_dst(n) = src(n), the same type; as Kernels::download, host_dst holds the data once the
-  /// backend has synchronized.
+  /// host_dst(n) = src(n), the same type; as KernelContext<float>::download, host_dst holds the
+  /// data once the backend has synchronized.
   template <class U>
   void download(std::size_t n, const U* src, U* host_dst) {
     fp32_.download(n, src, host_dst);
@@ -192,20 +193,21 @@ class Bf16Kernels {
     fp32_.mse(n, w, target, grad_scale, w + padded(n), loss_sum);
     convert(n, w + padded(n), dy);
   }
-  /// torch.optim.SGD's step on the float master arrays (Kernels::sgd_update).
+  /// torch.optim.SGD's step on the float master arrays (KernelContext<float>::sgd_update).
   void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov,
                   bool first_step) {
     fp32_.sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
                      first_step);
   }
-  /// torch.optim.AdamW's step on the float master arrays (Kernels::adamw_update).
+  /// torch.optim.AdamW's step on the float master arrays (KernelContext<float>::adamw_update).
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
   }
 
-  /// The transport's half of a hand-over, as Kernels::receive (bf16 messages: half the bytes).
+  /// The transport's half of a hand-over, as KernelContext<float>::receive (bf16 messages: half the
+  /// bytes).
   template <class U>
   void receive(std::size_t n, const U* src, U* dst) {
     fp32_.receive(n, src, dst);
@@ -229,15 +231,15 @@ class Bf16Kernels {
     return cast;
   }
 
-  Kernels fp32_;
+  KernelContext<float> fp32_;
   detail::DeviceState* s_;
   const float* weights_ = nullptr;
   const bf16* weights_bf16_ = nullptr;
   std::size_t weights_count_ = 0;
 };
 
-inline Bf16Kernels& Kernels::bf16_context() {
-  if (!bf16_) bf16_ = std::make_shared<Bf16Kernels>(*this);
+inline KernelContext<bf16>& KernelContext<float>::bf16_context() {
+  if (!bf16_) bf16_ = std::make_shared<KernelContext<bf16>>(*this);
   return *bf16_;
 }
 

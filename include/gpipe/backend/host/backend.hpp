@@ -5,7 +5,7 @@
 // Options::threads_per_device gives each device a team of threads to split its kernels over.
 //
 //   gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
-//   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
+//   backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::KernelContext<float>& k) { ... });
 //   backend.synchronize();   // rethrows the first failure, naming where it happened
 
 #if defined(__linux__)
@@ -69,8 +69,8 @@ struct BackendOptions {
 /// unless Options::threads_per_device gives each device's kernels more threads.
 ///
 ///     gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
-///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::Kernels<float>& k) { ... });
-///     backend.synchronize();  // rethrows the first failure, naming where it happened
+///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::KernelContext<float>& k) { ...
+///     }); backend.synchronize();  // rethrows the first failure, naming where it happened
 ///
 /// The device arguments of every member are 0..num_devices()-1; another throws `gpipe::Error`.
 class Backend {
@@ -79,7 +79,7 @@ class Backend {
   using Options = BackendOptions;
 
   /// The kernel context every piece of submitted work gets: float, on the work's device.
-  using Kernels = host::Kernels<float>;
+  using Kernels = host::KernelContext<float>;
   /// Orders work across devices: recorded on one device's stream, waited for on another's.
   using Event = host::Event;
   /// Owning handle of `count` elements of `T` on one device, as allocate() returns it.

@@ -19,11 +19,13 @@
 
 // The kernel context every layer of a model calls, and the kernels of the layers that bring
 // their own (backend/host/layers/).
-GPIPE_HOST_INSTANTIATION class gpipe::host::Kernels<float>;
-GPIPE_HOST_INSTANTIATION struct gpipe::LayerKernels<gpipe::ReluOp, gpipe::host::Kernels<float>>;
-GPIPE_HOST_INSTANTIATION struct gpipe::LayerKernels<gpipe::GeluOp, gpipe::host::Kernels<float>>;
+GPIPE_HOST_INSTANTIATION class gpipe::host::KernelContext<float>;
+GPIPE_HOST_INSTANTIATION struct gpipe::LayerKernels<gpipe::ReluOp,
+                                                    gpipe::host::KernelContext<float>>;
+GPIPE_HOST_INSTANTIATION struct gpipe::LayerKernels<gpipe::GeluOp,
+                                                    gpipe::host::KernelContext<float>>;
 GPIPE_HOST_INSTANTIATION struct gpipe::LayerKernels<gpipe::LayerNormOp,
-                                                    gpipe::host::Kernels<float>>;
+                                                    gpipe::host::KernelContext<float>>;
 // The Trainer's parts for host::Backend (runtime/trainer.hpp): step runners for both target types
 // (class ids, floats), the parameter store and the optimizer state's update for both optimizers.
 GPIPE_HOST_INSTANTIATION class gpipe::detail::StepRunner<gpipe::host::Backend, std::int32_t>;

@@ -1,5 +1,5 @@
 #pragma once
-// gpipe::host::Kernels<T>: the host backend's kernel context, the set of primitive operations
+// gpipe::host::KernelContext<T>: the host backend's kernel context, the set of primitive operations
 // that layers, losses and optimizers are written against (gpipe::kernel_context,
 // model/kernel_context.hpp). A backend's stream hands its kernel context to each piece of work;
 // the CUDA backend's enqueues the same operations on its stream. Pointers are device memory of
@@ -7,7 +7,7 @@
 // own kernels (ReLU, GELU, LayerNorm, attention, embedding) are its LayerKernels specialization
 // for this context, in layers/, which splits them over the team with in_blocks.
 //
-// Kernels<double> exists for the finite-difference tests and the double-precision reference.
+// KernelContext<double> exists for the finite-difference tests and the double-precision reference.
 //
 // Beyond the primitives every backend's context has, this one has linear_forward, a Linear
 // layer's GEMM and bias in one call, which Linear uses where a context provides it: the float
@@ -40,17 +40,22 @@
 namespace gpipe::host {
 
 template <class T>
-class Kernels;
+class KernelContext;
 /// The context for bf16 activations (kernels_bf16.hpp).
 template <>
-class Kernels<bf16>;
+class KernelContext<bf16>;
+
+/// The context's former name, kept for layers written outside the library, which specialize
+/// `LayerKernels<MyOp, host::Kernels<T>>`: the same type.
+template <class T>
+using Kernels = KernelContext<T>;
 
 /// The host backend's kernel context for scalars `T` (a `gpipe::kernel_context`): the primitive
 /// operations layers, losses and optimizers run on one device. Each runs at once on the calling
 /// thread, which for submitted work is the device's worker. Shapes are given as (rows, cols) of
 /// row-major arrays; "+=" marks an output that is accumulated into, "=" one that is overwritten.
 template <class T>
-class Kernels {
+class KernelContext {
  public:
   /// The scalar type of every array argument: float in a backend's work, double in the
   /// finite-difference tests and the double-precision reference.
@@ -59,7 +64,8 @@ class Kernels {
   /// A context for `device`, the number device() reports, computing on the calling thread and on
   /// `team`'s helpers where given (the team outlives the context; null = the calling thread
   /// alone); it allocates nothing until used.
-  explicit Kernels(std::size_t device = 0, Team* team = nullptr) : device_(device), team_(team) {}
+  explicit KernelContext(std::size_t device = 0, Team* team = nullptr)
+      : device_(device), team_(team) {}
   /// The device whose memory the pointer arguments are.
   std::size_t device() const { return device_; }
   /// The threads this context's kernels split over: 1, or the size of its Team.
@@ -161,7 +167,7 @@ class Kernels {
 
   /// The context for bf16 activations on this device and team (kernels_bf16.hpp), made on first
   /// use and kept with this one (gpipe::MixedBf16's work runs on it).
-  Kernels<bf16>& bf16_context();
+  KernelContext<bf16>& bf16_context();
 
  private:
 #ifdef GPIPE_HOST_GEMM_REFERENCE
@@ -175,22 +181,22 @@ class Kernels {
   Team* team_;
   std::vector<double> row_losses_;  ///< softmax_cross_entropy's per-row losses, when it splits
   [[no_unique_address]] std::conditional_t<fused_linear, LinearForward, std::monostate> linear_;
-  std::unique_ptr<Kernels<bf16>> bf16_;  ///< bf16_context(), once asked for
+  std::unique_ptr<KernelContext<bf16>> bf16_;  ///< bf16_context(), once asked for
 };
 
-// The kernels are defined out of the class, so that a program that declares Kernels<float> an
+// The kernels are defined out of the class, so that a program that declares KernelContext<float> an
 // explicit instantiation (GPIPE_COMPILED_HOST: backend/host/compiled.hpp) compiles none of them.
 
 template <class T>
-void Kernels<T>::gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
-                      T alpha, const T* a, const T* b, T beta, T* c) {
+void KernelContext<T>::gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,
+                            T alpha, const T* a, const T* b, T beta, T* c) {
   host::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c,
              dense_strides(trans_a, trans_b, m, n, k), team_);
 }
 
 template <class T>
-void Kernels<T>::linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x,
-                                const T* w, const T* b, T* y) {
+void KernelContext<T>::linear_forward(std::size_t rows, std::size_t in, std::size_t out, const T* x,
+                                      const T* w, const T* b, T* y) {
   if (rows == 0) return;
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   if constexpr (fused_linear) {
@@ -204,36 +210,36 @@ void Kernels<T>::linear_forward(std::size_t rows, std::size_t in, std::size_t ou
 }
 
 template <class T>
-void Kernels<T>::bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
+void KernelContext<T>::bias_add(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
     host::bias_add(count, cols, bias, y + first * cols);
   });
 }
 
 template <class T>
-void Kernels<T>::bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
+void KernelContext<T>::bias_grad(std::size_t rows, std::size_t cols, const T* dy, T* db) {
   in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
     host::bias_grad(rows, count, dy + first, db + first, cols);
   });
 }
 
 template <class T>
-void Kernels<T>::add(std::size_t n, const T* a, const T* b, T* y) {
+void KernelContext<T>::add(std::size_t n, const T* a, const T* b, T* y) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::add(c, a + i, b + i, y + i); });
 }
 
 template <class T>
-void Kernels<T>::accumulate(std::size_t n, const T* x, T* y) {
+void KernelContext<T>::accumulate(std::size_t n, const T* x, T* y) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::accumulate(c, x + i, y + i); });
 }
 
 template <class T>
-void Kernels<T>::scale(std::size_t n, T alpha, T* x) {
+void KernelContext<T>::scale(std::size_t n, T alpha, T* x) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::scale(c, alpha, x + i); });
 }
 
 template <class T>
-void Kernels<T>::sum_of_squares(std::size_t n, const T* x, double* out) {
+void KernelContext<T>::sum_of_squares(std::size_t n, const T* x, double* out) {
   using detail::squares_chunk;
   const std::size_t chunks = (n + squares_chunk - 1) / squares_chunk;
   std::vector<double> sums(chunks);
@@ -249,19 +255,19 @@ void Kernels<T>::sum_of_squares(std::size_t n, const T* x, double* out) {
 }
 
 template <class T>
-void Kernels<T>::copy(std::size_t n, const T* src, T* dst) {
+void KernelContext<T>::copy(std::size_t n, const T* src, T* dst) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::copy(c, src + i, dst + i); });
 }
 
 template <class T>
-void Kernels<T>::fill(std::size_t n, T value, T* dst) {
+void KernelContext<T>::fill(std::size_t n, T value, T* dst) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) { host::fill(c, value, dst + i); });
 }
 
 template <class T>
-void Kernels<T>::softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
-                                       const std::int32_t* targets, T grad_scale, T* dlogits,
-                                       T* loss_sum) {
+void KernelContext<T>::softmax_cross_entropy(std::size_t rows, std::size_t classes, const T* logits,
+                                             const std::int32_t* targets, T grad_scale, T* dlogits,
+                                             T* loss_sum) {
   const BlockSplit rows_split = split(rows, classes);
   if (rows_split.parts <= 1)
     return host::softmax_cross_entropy(rows, classes, logits, targets, grad_scale, dlogits,
@@ -278,14 +284,15 @@ void Kernels<T>::softmax_cross_entropy(std::size_t rows, std::size_t classes, co
 }
 
 template <class T>
-void Kernels<T>::mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy, T* loss_sum) {
+void KernelContext<T>::mse(std::size_t n, const T* y, const T* target, T grad_scale, T* dy,
+                           T* loss_sum) {
   host::mse(n, y, target, grad_scale, dy, loss_sum);
 }
 
 template <class T>
-void Kernels<T>::sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr,
-                            double momentum, double dampening, double weight_decay, bool nesterov,
-                            bool first_step) {
+void KernelContext<T>::sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, double lr,
+                                  double momentum, double dampening, double weight_decay,
+                                  bool nesterov, bool first_step) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
     host::sgd_update(c, p + i, g + i, momentum_buf == nullptr ? nullptr : momentum_buf + i, lr,
                      momentum, dampening, weight_decay, nesterov, first_step);
@@ -293,8 +300,9 @@ void Kernels<T>::sgd_update(std::size_t n, T* p, const T* g, T* momentum_buf, do
 }
 
 template <class T>
-void Kernels<T>::adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
-                              double beta2, double eps, double weight_decay, std::size_t step) {
+void KernelContext<T>::adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr,
+                                    double beta1, double beta2, double eps, double weight_decay,
+                                    std::size_t step) {
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
     host::adamw_update(c, p + i, g + i, m + i, v + i, lr, beta1, beta2, eps, weight_decay, step);
   });

@@ -1,8 +1,8 @@
 #pragma once
-// gpipe::host::Kernels<bf16>: the host backend's kernel context for gpipe::MixedBf16, a
+// gpipe::host::KernelContext<bf16>: the host backend's kernel context for gpipe::MixedBf16, a
 // gpipe::kernel_context whose value_type is bf16 (activations, stashes, hand-overs) and whose
 // master type is float (parameters, gradients, losses). A device's float context makes it on
-// first use (Kernels<float>::bf16_context()), on the same device and team.
+// first use (KernelContext<float>::bf16_context()), on the same device and team.
 //
 // Every kernel computes in float: bf16 inputs are widened exactly, results rounded once to
 // nearest even when stored as bf16. GEMMs multiply bf16 operands with fp32 accumulation
@@ -30,7 +30,7 @@ namespace gpipe::host {
 /// The host backend's kernel context for bf16 activations with float master weights (see the
 /// top of this file). Its members take the float context's arguments with activations as bf16.
 template <>
-class Kernels<bf16> {
+class KernelContext<bf16> {
  public:
   /// The activations' type; parameters, gradients and losses are float (master_t<bf16>).
   using value_type = bf16;
@@ -39,7 +39,7 @@ class Kernels<bf16> {
 
   /// A context for `device`, computing on the calling thread and on `team`'s helpers (null: the
   /// calling thread alone).
-  explicit Kernels(std::size_t device = 0, Team* team = nullptr)
+  explicit KernelContext(std::size_t device = 0, Team* team = nullptr)
       : fp32_(device, team), scratch_(fp32_.threads()) {}
 
   /// The device whose memory the pointer arguments are.
@@ -47,11 +47,12 @@ class Kernels<bf16> {
   /// The threads this context's kernels split over: 1, or the size of its Team.
   std::size_t threads() const { return fp32_.threads(); }
 
-  /// The split in_blocks() makes, as the float context's (Kernels<float>::split).
+  /// The split in_blocks() makes, as the float context's (KernelContext<float>::split).
   BlockSplit split(std::size_t units, std::size_t unit_work) const {
     return fp32_.split(units, unit_work);
   }
-  /// Calls f(first, count) over blocks of [0, units) on the team, as Kernels<float>::in_blocks.
+  /// Calls f(first, count) over blocks of [0, units) on the team, as
+  /// KernelContext<float>::in_blocks.
   template <class F>
   void in_blocks(std::size_t units, std::size_t unit_work, const F& f) {
     fp32_.in_blocks(units, unit_work, f);
@@ -86,7 +87,7 @@ class Kernels<bf16> {
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
             const A* a, const B* b, float beta, C* c) {
     static_assert(is_storage<A> && is_storage<B> && is_storage<C>,
-                  "gpipe: host::Kernels<bf16>::gemm takes bf16 or float arrays");
+                  "gpipe: host::KernelContext<bf16>::gemm takes bf16 or float arrays");
     if (m == 0 || n == 0) return;
     const GemmStrides ld = dense_strides(trans_a, trans_b, m, n, k);
     const bf16* a16 = operand(a, m * k, a_scratch_);
@@ -271,7 +272,7 @@ class Kernels<bf16> {
     fp32_.sgd_update(n, p, g, momentum_buf, lr, momentum, dampening, weight_decay, nesterov,
                      first_step);
   }
-  /// One AdamW step on the float master arrays (Kernels<float>::adamw_update).
+  /// One AdamW step on the float master arrays (KernelContext<float>::adamw_update).
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
@@ -335,7 +336,7 @@ class Kernels<bf16> {
     return scratch.data();
   }
 
-  Kernels<float> fp32_;
+  KernelContext<float> fp32_;
   std::vector<Bf16Gemm> gemms_ = std::vector<Bf16Gemm>(1);  ///< one per block of a split GEMM
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
@@ -346,8 +347,8 @@ class Kernels<bf16> {
 };
 
 template <class T>
-Kernels<bf16>& Kernels<T>::bf16_context() {
-  if (!bf16_) bf16_ = std::make_unique<Kernels<bf16>>(device_, team_);
+KernelContext<bf16>& KernelContext<T>::bf16_context() {
+  if (!bf16_) bf16_ = std::make_unique<KernelContext<bf16>>(device_, team_);
   return *bf16_;
 }
 
@@ -360,24 +361,24 @@ namespace gpipe::detail {
 // own thread alone.
 template <class Op>
 struct WidenedElementwise {
-  using Fp32 = LayerKernels<Op, host::Kernels<float>>;
+  using Fp32 = LayerKernels<Op, host::KernelContext<float>>;
   // y(n) = f(x)
-  static void forward(host::Kernels<bf16>& k, std::size_t n, const bf16* x, bf16* y) {
+  static void forward(host::KernelContext<bf16>& k, std::size_t n, const bf16* x, bf16* y) {
     k.widened(
         n, y,
         [](std::size_t c, const float* const* in, float* out) {
-          host::Kernels<float> solo;
+          host::KernelContext<float> solo;
           Fp32::forward(solo, c, in[0], out);
         },
         x);
   }
   // dx(n) = dy f'(x)
-  static void backward(host::Kernels<bf16>& k, std::size_t n, const bf16* x, const bf16* dy,
+  static void backward(host::KernelContext<bf16>& k, std::size_t n, const bf16* x, const bf16* dy,
                        bf16* dx) {
     k.widened(
         n, dx,
         [](std::size_t c, const float* const* in, float* out) {
-          host::Kernels<float> solo;
+          host::KernelContext<float> solo;
           Fp32::backward(solo, c, in[0], in[1], out);
         },
         x, dy);

@@ -121,7 +121,7 @@ class Event {
 class Stream {
  public:
   /// A piece of work: called on the stream's thread with the device's kernel context.
-  using Work = std::function<void(Kernels<float>&)>;
+  using Work = std::function<void(KernelContext<float>&)>;
 
   /// The clock of traces and timings.
   using Clock = std::chrono::steady_clock;
@@ -170,13 +170,13 @@ class Stream {
   /// item: neither traced nor timed).
   void record(const Event& event) {
     submit({.what = "record event", .internal = true},
-           [this, state = event.state_](Kernels<float>&) { group_.record(*state); });
+           [this, state = event.state_](KernelContext<float>&) { group_.record(*state); });
   }
   /// Enqueues a wait for `event`: the work submitted after it runs once `event` is recorded, or
   /// once the group has failed.
   void wait(const Event& event) {
     submit({.what = "wait event", .internal = true},
-           [this, state = event.state_](Kernels<float>&) { group_.wait(*state, event_cv_); });
+           [this, state = event.state_](KernelContext<float>&) { group_.wait(*state, event_cv_); });
   }
 
   /// Blocks until every piece of work submitted so far has run (or been skipped).
@@ -257,7 +257,7 @@ class Stream {
   std::vector<TraceEvent> trace_;
   ComputeTiming timing_;
   std::unique_ptr<Team> team_;  ///< null for one thread; outlives kernels_, which points to it
-  Kernels<float> kernels_;
+  KernelContext<float> kernels_;
   std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_, event_cv_;
   std::deque<Item> queue_;

@@ -49,8 +49,8 @@ __global__ void layer_norm_stats_from_stash_kernel(std::size_t rows, std::size_t
 
 namespace gpipe::cuda::detail {
 
-// ReLU's and GELU's kernels on a CUDA context of either precision (Kernels: float; Bf16Kernels:
-// bf16 activations widened on load, float math, rounded once on store).
+// ReLU's and GELU's kernels on a CUDA context of either precision (KernelContext<float>;
+// KernelContext<bf16>: bf16 activations widened on load, float math, rounded once on store).
 template <class Ctx>
 struct ReluKernels {
   using T = typename Ctx::value_type;
@@ -79,39 +79,45 @@ namespace gpipe {
 /// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream:
 /// forward(k, n, x, y): y = max(x, 0); backward(k, n, x, dy, dx): dx = dy where x > 0, else 0.
 template <>
-struct LayerKernels<ReluOp, cuda::Kernels> : cuda::detail::ReluKernels<cuda::Kernels> {};
+struct LayerKernels<ReluOp, cuda::KernelContext<float>>
+    : cuda::detail::ReluKernels<cuda::KernelContext<float>> {};
 /// ReLU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
 template <>
-struct LayerKernels<ReluOp, cuda::Bf16Kernels> : cuda::detail::ReluKernels<cuda::Bf16Kernels> {};
+struct LayerKernels<ReluOp, cuda::KernelContext<bf16>>
+    : cuda::detail::ReluKernels<cuda::KernelContext<bf16>> {};
 
 /// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on its stream:
 /// forward: y = 0.5 x (1 + erf(x / sqrt 2)); backward: dx = dy (Phi(x) + x phi(x)).
 template <>
-struct LayerKernels<GeluOp, cuda::Kernels> : cuda::detail::GeluKernels<cuda::Kernels> {};
+struct LayerKernels<GeluOp, cuda::KernelContext<float>>
+    : cuda::detail::GeluKernels<cuda::KernelContext<float>> {};
 /// GELU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
 template <>
-struct LayerKernels<GeluOp, cuda::Bf16Kernels> : cuda::detail::GeluKernels<cuda::Bf16Kernels> {};
+struct LayerKernels<GeluOp, cuda::KernelContext<bf16>>
+    : cuda::detail::GeluKernels<cuda::KernelContext<bf16>> {};
 
 /// LayerNorm's kernels on the CUDA backend (kernels/layer_norm.cuh) on (rows, cols), on the
 /// context's stream, the weight gradient's partial sums in its scratch; the forward's stats (rows,
 /// 2) = (mean, rstd) kept for the two backward ops.
 template <>
-struct LayerKernels<LayerNormOp, cuda::Kernels> {
+struct LayerKernels<LayerNormOp, cuda::KernelContext<float>> {
   /// y(rows, cols) = (x - mean) rstd gamma + beta per row, rstd = 1 / sqrt(biased variance +
   /// eps); writes stats(rows, 2).
-  static void forward(cuda::Kernels& k, std::size_t rows, std::size_t cols, double eps,
+  static void forward(cuda::KernelContext<float>& k, std::size_t rows, std::size_t cols, double eps,
                       const float* x, const float* gamma, const float* beta, float* y,
                       float* stats) {
     cuda::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, k.stream());
   }
   /// dx(rows, cols), overwritten, from x, dy, gamma and the forward's stats.
-  static void backward_input(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
-                             const float* dy, const float* gamma, const float* stats, float* dx) {
+  static void backward_input(cuda::KernelContext<float>& k, std::size_t rows, std::size_t cols,
+                             const float* x, const float* dy, const float* gamma,
+                             const float* stats, float* dx) {
     cuda::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, k.stream());
   }
   /// dgamma(cols) += sum over rows of dy xhat, dbeta(cols) += sum over rows of dy.
-  static void backward_weight(cuda::Kernels& k, std::size_t rows, std::size_t cols, const float* x,
-                              const float* dy, const float* stats, float* dgamma, float* dbeta) {
+  static void backward_weight(cuda::KernelContext<float>& k, std::size_t rows, std::size_t cols,
+                              const float* x, const float* dy, const float* stats, float* dgamma,
+                              float* dbeta) {
     cuda::layer_norm_backward_weight(
         rows, cols, x, dy, stats, dgamma, dbeta,
         k.scratch(cuda::layer_norm_backward_weight_scratch(rows, cols)), k.stream());
@@ -124,9 +130,9 @@ struct LayerKernels<LayerNormOp, cuda::Kernels> {
 /// the host), and the backward ops recompute the mean from x (a float sum per row: within a few
 /// float ulps of the forward's, which LayerNorm's gradient bound allows for).
 template <>
-struct LayerKernels<LayerNormOp, cuda::Bf16Kernels> {
+struct LayerKernels<LayerNormOp, cuda::KernelContext<bf16>> {
   /// y = (x - mean) rstd gamma + beta per row, rounded to bf16; stats(rows, 2) = rstd's bits.
-  static void forward(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols, double eps,
+  static void forward(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols, double eps,
                       const bf16* x, const float* gamma, const float* beta, bf16* y, bf16* stats) {
     if (rows == 0 || cols == 0) return;
     const std::size_t n = k.padded(rows * cols);
@@ -141,7 +147,7 @@ struct LayerKernels<LayerNormOp, cuda::Bf16Kernels> {
   }
   /// dx(rows, cols), overwritten, as the float kernel computes it from the widened x and dy and
   /// the (mean, rstd) of stats_from_stash, rounded to bf16.
-  static void backward_input(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+  static void backward_input(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
                              const bf16* x, const bf16* dy, const float* gamma, const bf16* stats,
                              bf16* dx) {
     if (rows == 0 || cols == 0) return;
@@ -153,7 +159,7 @@ struct LayerKernels<LayerNormOp, cuda::Bf16Kernels> {
     k.convert(rows * cols, w + 2 * n, dx);
   }
   /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy, in float.
-  static void backward_weight(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+  static void backward_weight(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
                               const bf16* x, const bf16* dy, const bf16* stats, float* dgamma,
                               float* dbeta) {
     if (rows == 0 || cols == 0) return;
@@ -168,7 +174,7 @@ struct LayerKernels<LayerNormOp, cuda::Bf16Kernels> {
 
  private:
   // x widened into `wide`, and stats(rows, 2) = (mean recomputed, rstd from the stash).
-  static void widen_with_stats(cuda::Bf16Kernels& k, std::size_t rows, std::size_t cols,
+  static void widen_with_stats(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
                                const bf16* x, const bf16* stash, float* wide, float* stats) {
     k.convert(rows * cols, x, wide);
     GPIPE_CUDA_LAUNCH(cuda::layer_norm_stats_from_stash_kernel, cuda::detail::grid_for(32 * rows),

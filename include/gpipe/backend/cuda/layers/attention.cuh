@@ -75,12 +75,12 @@ namespace gpipe {
 /// causal softmax, in float, with the host's layout (see the top of this file). Rows are
 /// samples x T; qkv holds q, k, v side by side, 3 H d per row, head h at column h d of each.
 template <>
-struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
+struct LayerKernels<CausalAttentionOp, cuda::KernelContext<float>> {
   /// qkv (samples T, 3 H d) -> probs (samples T, H T): per head the causal softmax of
   /// q k^T / sqrt(d), masked entries 0, kept for backward; and o (samples T, H d) = P v per head.
   /// Both overwritten.
-  static void forward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
-                      std::size_t d, const float* qkv, float* probs, float* o) {
+  static void forward(cuda::KernelContext<float>& k, std::size_t samples, std::size_t tokens,
+                      std::size_t heads, std::size_t d, const float* qkv, float* probs, float* o) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
@@ -109,9 +109,9 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
   /// dqkv (samples T, 3 H d), overwritten, from qkv, the forward's probs and dout
   /// (samples T, H d). scratch: (samples T, T) floats, as the layer's workspace (T per row)
   /// provides; its contents are not kept.
-  static void backward(cuda::Kernels& k, std::size_t samples, std::size_t tokens, std::size_t heads,
-                       std::size_t d, const float* qkv, const float* probs, const float* dout,
-                       float* dqkv, float* scratch) {
+  static void backward(cuda::KernelContext<float>& k, std::size_t samples, std::size_t tokens,
+                       std::size_t heads, std::size_t d, const float* qkv, const float* probs,
+                       const float* dout, float* dqkv, float* scratch) {
     if (samples == 0) return;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
@@ -151,12 +151,12 @@ struct LayerKernels<CausalAttentionOp, cuda::Kernels> {
 /// context does), and the results rounded once: the probabilities are stored as bf16 for the
 /// backward; o is P v of the float P.
 template <>
-struct LayerKernels<CausalAttentionOp, cuda::Bf16Kernels> {
+struct LayerKernels<CausalAttentionOp, cuda::KernelContext<bf16>> {
   /// The float kernels the widened operands run through.
-  using Fp32 = LayerKernels<CausalAttentionOp, cuda::Kernels>;
+  using Fp32 = LayerKernels<CausalAttentionOp, cuda::KernelContext<float>>;
 
   /// As the float forward: probs (samples T, H T) and o (samples T, H d), both rounded to bf16.
-  static void forward(cuda::Bf16Kernels& k, std::size_t samples, std::size_t tokens,
+  static void forward(cuda::KernelContext<bf16>& k, std::size_t samples, std::size_t tokens,
                       std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
     if (samples == 0) return;
     const std::size_t rows = samples * tokens, D = heads * d;
@@ -172,7 +172,7 @@ struct LayerKernels<CausalAttentionOp, cuda::Bf16Kernels> {
 
   /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
   /// is not used: the float (samples T, T) scratch is part of wide().
-  static void backward(cuda::Bf16Kernels& k, std::size_t samples, std::size_t tokens,
+  static void backward(cuda::KernelContext<bf16>& k, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
                        const bf16* dout, bf16* dqkv, bf16*) {
     if (samples == 0) return;

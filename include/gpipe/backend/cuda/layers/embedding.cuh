@@ -90,11 +90,12 @@ namespace gpipe {
 /// dy, dwte, dwpe): dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at
 /// row r % tokens, for every row r of dy(rows, width), in order of r.
 template <>
-struct LayerKernels<EmbeddingOp, cuda::Kernels> : cuda::detail::EmbeddingKernels<cuda::Kernels> {};
+struct LayerKernels<EmbeddingOp, cuda::KernelContext<float>>
+    : cuda::detail::EmbeddingKernels<cuda::KernelContext<float>> {};
 /// Embedding on bf16 activations (gpipe::MixedBf16): ids in the 16 bits of each bf16 (the
 /// executor stores them so), wte + wpe summed in float and rounded once, dy widened to float.
 template <>
-struct LayerKernels<EmbeddingOp, cuda::Bf16Kernels>
-    : cuda::detail::EmbeddingKernels<cuda::Bf16Kernels> {};
+struct LayerKernels<EmbeddingOp, cuda::KernelContext<bf16>>
+    : cuda::detail::EmbeddingKernels<cuda::KernelContext<bf16>> {};
 
 }  // namespace gpipe

@@ -61,8 +61,8 @@ inline void gelu_tanh_backward(std::size_t n, const T* x, const T* dy, T* dx, cu
 }
 
 namespace detail {
-// GELUTanh's kernels on a CUDA context of either precision (Kernels: float; Bf16Kernels: bf16
-// activations, float math).
+// GELUTanh's kernels on a CUDA context of either precision (KernelContext<float>;
+// KernelContext<bf16>: bf16 activations, float math).
 template <class Ctx>
 struct GeluTanhKernels {
   using T = typename Ctx::value_type;
@@ -84,10 +84,11 @@ namespace gpipe {
 /// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread:
 /// forward(k, n, x, y) and backward(k, n, x, dy, dx).
 template <>
-struct LayerKernels<GeluTanhOp, cuda::Kernels> : cuda::detail::GeluTanhKernels<cuda::Kernels> {};
+struct LayerKernels<GeluTanhOp, cuda::KernelContext<float>>
+    : cuda::detail::GeluTanhKernels<cuda::KernelContext<float>> {};
 /// The same on bf16 activations (gpipe::MixedBf16): widened on load, rounded once on store.
 template <>
-struct LayerKernels<GeluTanhOp, cuda::Bf16Kernels>
-    : cuda::detail::GeluTanhKernels<cuda::Bf16Kernels> {};
+struct LayerKernels<GeluTanhOp, cuda::KernelContext<bf16>>
+    : cuda::detail::GeluTanhKernels<cuda::KernelContext<bf16>> {};
 
 }  // namespace gpipe

@@ -2,8 +2,8 @@
 // The causal attention core on the host: per sample and head, GEMMs on strided views of qkv
 // (row length 3D) and of the probabilities (row length H T), and a row-wise causal softmax.
 // Each (T, T) product is computed whole; the masked upper triangle of P is stored as 0.
-// With a team (host::Kernels' in_blocks) the (sample, head) pairs are cut into blocks, one per
-// thread, each pair computed as on one thread; in backward each block takes the (T, T) of the
+// With a team (host::KernelContext' in_blocks) the (sample, head) pairs are cut into blocks, one
+// per thread, each pair computed as on one thread; in backward each block takes the (T, T) of the
 // scratch that belongs to its number, so there are at most `samples` blocks.
 
 #include <algorithm>
@@ -22,12 +22,12 @@ namespace gpipe {
 /// The causal attention core on the host (see the top of this file), on rows = samples * T
 /// token rows, each sample's T rows consecutive, with H heads of width d and D = H d.
 template <class T>
-struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
+struct LayerKernels<CausalAttentionOp, host::KernelContext<T>> {
   /// From qkv (rows, 3D), each row q, k, v of D each, head h at columns [h d, (h + 1) d) of
   /// each: probs (rows, H T) = per head, the causal softmax of q k^T / sqrt(d) (row t of a
   /// sample, head h, at columns [h T, (h + 1) T), keys after t stored as 0), and o (rows, D) =
   /// per head, P v. Both overwritten; probs is what backward needs.
-  static void forward(host::Kernels<T>& ctx, std::size_t samples, std::size_t tokens,
+  static void forward(host::KernelContext<T>& ctx, std::size_t samples, std::size_t tokens,
                       std::size_t heads, std::size_t d, const T* qkv, T* probs, T* o) {
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
     const T scale = T(1) / std::sqrt(static_cast<T>(d));
@@ -52,7 +52,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
   /// dv = P^T dout, dS = P .* (dP - rowsum(dP .* P)) with dP = dout v^T, dq = dS k / sqrt(d),
   /// dk = dS^T q / sqrt(d). scratch is (samples T, T) workspace, a (T, T) per sample, its
   /// contents left undefined.
-  static void backward(host::Kernels<T>& ctx, std::size_t samples, std::size_t tokens,
+  static void backward(host::KernelContext<T>& ctx, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const T* qkv, const T* probs,
                        const T* dout, T* dqkv, T* scratch) {
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
@@ -88,7 +88,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
   /// How a team cuts `pairs` (sample, head) pairs, each two (T, T, d) products (forward; backward
   /// four), into at most max_blocks blocks: by the GEMMs' rule (host::gemm_split_min_work
   /// multiply-adds a block at least).
-  static host::BlockSplit pair_split(const host::Kernels<T>& ctx, std::size_t pairs,
+  static host::BlockSplit pair_split(const host::KernelContext<T>& ctx, std::size_t pairs,
                                      std::size_t tokens, std::size_t d,
                                      std::size_t max_blocks = std::size_t(-1)) {
     return host::block_split(pairs, 2 * tokens * tokens * d, std::min(ctx.threads(), max_blocks), 1,
@@ -118,12 +118,12 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<T>> {
 /// backward; o is P v of the float P. Samples are split over the team, each block with its own
 /// float buffers (a sample's qkv, probabilities, output and, in backward, (T, T) scratch).
 template <>
-struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
+struct LayerKernels<CausalAttentionOp, host::KernelContext<bf16>> {
   /// The float kernels each sample runs through.
-  using Fp32 = LayerKernels<CausalAttentionOp, host::Kernels<float>>;
+  using Fp32 = LayerKernels<CausalAttentionOp, host::KernelContext<float>>;
 
   /// As the float forward: probs (rows, H T) and o (rows, D), both rounded to bf16.
-  static void forward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
+  static void forward(host::KernelContext<bf16>& ctx, std::size_t samples, std::size_t tokens,
                       std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
     const std::size_t D = heads * d, per_sample = tokens * (3 * D + heads * tokens + D);
     const host::BlockSplit blocks = ctx.split(samples, 4 * tokens * tokens * D);
@@ -131,7 +131,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
       float* q = ctx.block_scratch(first / blocks.block, per_sample);
       float* p = q + tokens * 3 * D;
       float* out = p + tokens * heads * tokens;
-      host::Kernels<float> solo;
+      host::KernelContext<float> solo;
       for (std::size_t b = first; b < first + count; ++b) {
         host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
         Fp32::forward(solo, 1, tokens, heads, d, q, p, out);
@@ -143,7 +143,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
 
   /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
   /// is not used: each block widens into float buffers of its own.
-  static void backward(host::Kernels<bf16>& ctx, std::size_t samples, std::size_t tokens,
+  static void backward(host::KernelContext<bf16>& ctx, std::size_t samples, std::size_t tokens,
                        std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
                        const bf16* dout, bf16* dqkv, bf16*) {
     const std::size_t D = heads * d;
@@ -155,7 +155,7 @@ struct LayerKernels<CausalAttentionOp, host::Kernels<bf16>> {
       float* g = p + tokens * heads * tokens;
       float* dq = g + tokens * D;
       float* scratch = dq + tokens * 3 * D;
-      host::Kernels<float> solo;
+      host::KernelContext<float> solo;
       for (std::size_t b = first; b < first + count; ++b) {
         host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
         host::from_bf16(tokens * heads * tokens, probs + b * tokens * heads * tokens, p);

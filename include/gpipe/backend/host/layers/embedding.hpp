@@ -18,17 +18,17 @@ namespace gpipe {
 /// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
 /// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
 template <class T>
-struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
+struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
   /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), y (rows, width) overwritten
-  static void forward(host::Kernels<T>&, std::size_t rows, std::size_t tokens, std::size_t width,
-                      const T* ids, const T* wte, const T* wpe, T* y) {
+  static void forward(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
+                      std::size_t width, const T* ids, const T* wte, const T* wpe, T* y) {
     for (std::size_t r = 0; r < rows; ++r)
       host::simd::transform(
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
           wpe + (r % tokens) * width);
   }
   /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
-  static void backward_weight(host::Kernels<T>&, std::size_t rows, std::size_t tokens,
+  static void backward_weight(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
                               std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe) {
     for (std::size_t r = 0; r < rows; ++r) {
       const T* g = dy + r * width;
@@ -55,9 +55,9 @@ struct LayerKernels<EmbeddingOp, host::Kernels<T>> {
 /// unsigned integer (the executor stores them so: bf16 values hold integers exactly only up to
 /// 256); the sums wte + wpe are formed in float and rounded once; W adds dy widened to float.
 template <>
-struct LayerKernels<EmbeddingOp, host::Kernels<bf16>> {
+struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
   /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), rounded to bf16
-  static void forward(host::Kernels<bf16>& k, std::size_t rows, std::size_t tokens,
+  static void forward(host::KernelContext<bf16>& k, std::size_t rows, std::size_t tokens,
                       std::size_t width, const bf16* ids, const float* wte, const float* wpe,
                       bf16* y) {
     k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
@@ -69,7 +69,7 @@ struct LayerKernels<EmbeddingOp, host::Kernels<bf16>> {
     });
   }
   /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
-  static void backward_weight(host::Kernels<bf16>&, std::size_t rows, std::size_t tokens,
+  static void backward_weight(host::KernelContext<bf16>&, std::size_t rows, std::size_t tokens,
                               std::size_t width, const bf16* ids, const bf16* dy, float* dwte,
                               float* dwpe) {
     std::vector<float> g(width);

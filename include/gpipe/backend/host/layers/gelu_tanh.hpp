@@ -19,13 +19,13 @@ namespace gpipe {
 /// GELUTanh on the host, over n elements (the formulas at the top of this file): float on SIMD
 /// packs with simd::tanh, double with std::tanh.
 template <class T>
-struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
+struct LayerKernels<GeluTanhOp, host::KernelContext<T>> {
   /// The cubic term's coefficient in u = c (x + a x^3).
   static constexpr T a = T(0.044715);
   static constexpr T c = std::numbers::sqrt2_v<T> * std::numbers::inv_sqrtpi_v<T>;  ///< sqrt(2/pi)
 
   /// y(n) = 0.5 x (1 + tanh u), u = c (x + a x^3); y may be x.
-  static void forward(host::Kernels<T>& k, std::size_t n, const T* x, T* y) {
+  static void forward(host::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
     k.in_blocks(n, 1, [&](std::size_t i, std::size_t count) {
       host::simd::transform(
           count, [](auto v) { return T(0.5) * v * (T(1) + tanh_of(c * (v + a * v * v * v))); },
@@ -34,7 +34,7 @@ struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
   }
   /// dx(n) = dy (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 a x^2)); x is the forward's
   /// input.
-  static void backward(host::Kernels<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+  static void backward(host::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
     k.in_blocks(n, 1, [&](std::size_t i, std::size_t count) {
       host::simd::transform(
           count,
@@ -66,6 +66,7 @@ struct LayerKernels<GeluTanhOp, host::Kernels<T>> {
 
 /// GELU (tanh form) on bf16 activations: the float kernel on widened blocks, rounded once.
 template <>
-struct LayerKernels<GeluTanhOp, host::Kernels<bf16>> : detail::WidenedElementwise<GeluTanhOp> {};
+struct LayerKernels<GeluTanhOp, host::KernelContext<bf16>>
+    : detail::WidenedElementwise<GeluTanhOp> {};
 
 }  // namespace gpipe

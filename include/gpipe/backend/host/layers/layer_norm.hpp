@@ -17,28 +17,29 @@ namespace gpipe {
 /// LayerNorm on the host, over the last dimension of (rows, cols): the kernels of
 /// kernels/layer_norm.hpp, with statistics in double.
 template <class T>
-struct LayerKernels<LayerNormOp, host::Kernels<T>> {
+struct LayerKernels<LayerNormOp, host::KernelContext<T>> {
   /// Per row: y = (x - mean) rstd gamma(cols) + beta(cols), rstd = 1 / sqrt(var + eps) with
   /// the biased variance; stats(rows, 2) = (mean, rstd) for the backward. y and stats overwritten.
-  static void forward(host::Kernels<T>& k, std::size_t rows, std::size_t cols, double eps,
+  static void forward(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
                       const T* x, const T* gamma, const T* beta, T* y, T* stats);
   /// dx(rows, cols) = rstd (g - mean(g) - xhat mean(g xhat)) per row, g = dy gamma, xhat =
   /// (x - mean) rstd; overwritten.
-  static void backward_input(host::Kernels<T>& k, std::size_t rows, std::size_t cols, const T* x,
-                             const T* dy, const T* gamma, const T* stats, T* dx);
+  static void backward_input(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                             const T* x, const T* dy, const T* gamma, const T* stats, T* dx);
   /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy.
-  static void backward_weight(host::Kernels<T>& k, std::size_t rows, std::size_t cols, const T* x,
-                              const T* dy, const T* stats, T* dgamma, T* dbeta);
+  static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                              const T* x, const T* dy, const T* stats, T* dgamma, T* dbeta);
 };
 
 // Defined out of the classes, so that a program on gpipe::compiled compiles none of them
 // (backend/host/compiled.hpp declares the float ones extern).
 
 template <class T>
-void LayerKernels<LayerNormOp, host::Kernels<T>>::forward(host::Kernels<T>& k, std::size_t rows,
-                                                          std::size_t cols, double eps, const T* x,
-                                                          const T* gamma, const T* beta, T* y,
-                                                          T* stats) {
+void LayerKernels<LayerNormOp, host::KernelContext<T>>::forward(host::KernelContext<T>& k,
+                                                                std::size_t rows, std::size_t cols,
+                                                                double eps, const T* x,
+                                                                const T* gamma, const T* beta, T* y,
+                                                                T* stats) {
   k.in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
     host::layer_norm_forward(count, cols, eps, x + r * cols, gamma, beta, y + r * cols,
                              stats + 2 * r);
@@ -46,11 +47,11 @@ void LayerKernels<LayerNormOp, host::Kernels<T>>::forward(host::Kernels<T>& k, s
 }
 
 template <class T>
-void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_input(host::Kernels<T>& k,
-                                                                 std::size_t rows, std::size_t cols,
-                                                                 const T* x, const T* dy,
-                                                                 const T* gamma, const T* stats,
-                                                                 T* dx) {
+void LayerKernels<LayerNormOp, host::KernelContext<T>>::backward_input(host::KernelContext<T>& k,
+                                                                       std::size_t rows,
+                                                                       std::size_t cols, const T* x,
+                                                                       const T* dy, const T* gamma,
+                                                                       const T* stats, T* dx) {
   k.in_blocks(rows, cols, [&](std::size_t r, std::size_t count) {
     host::layer_norm_backward_input(count, cols, x + r * cols, dy + r * cols, gamma, stats + 2 * r,
                                     dx + r * cols);
@@ -58,11 +59,9 @@ void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_input(host::Kernels<T
 }
 
 template <class T>
-void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_weight(host::Kernels<T>& k,
-                                                                  std::size_t rows,
-                                                                  std::size_t cols, const T* x,
-                                                                  const T* dy, const T* stats,
-                                                                  T* dgamma, T* dbeta) {
+void LayerKernels<LayerNormOp, host::KernelContext<T>>::backward_weight(
+    host::KernelContext<T>& k, std::size_t rows, std::size_t cols, const T* x, const T* dy,
+    const T* stats, T* dgamma, T* dbeta) {
   k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
     host::layer_norm_backward_weight(rows, count, x + first, dy + first, stats, dgamma + first,
                                      dbeta + first, cols);
@@ -74,12 +73,12 @@ void LayerKernels<LayerNormOp, host::Kernels<T>>::backward_weight(host::Kernels<
 /// bits, and the backward ops recompute the mean from x as forward computed it (the same double
 /// sum of the same floats, so the same float).
 template <>
-struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
+struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
   /// The bf16 context.
-  using Kernels = host::Kernels<bf16>;
+  using Ctx = host::KernelContext<bf16>;
 
   /// y = (x - mean) rstd gamma + beta per row, rounded to bf16; stats(rows, 2) = rstd's bits.
-  static void forward(Kernels& k, std::size_t rows, std::size_t cols, double eps, const bf16* x,
+  static void forward(Ctx& k, std::size_t rows, std::size_t cols, double eps, const bf16* x,
                       const float* gamma, const float* beta, bf16* y, bf16* stats) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(2 * cols);
@@ -97,7 +96,7 @@ struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
   }
 
   /// dx as the float kernel computes it from (mean, rstd), rounded to bf16.
-  static void backward_input(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
+  static void backward_input(Ctx& k, std::size_t rows, std::size_t cols, const bf16* x,
                              const bf16* dy, const float* gamma, const bf16* stats, bf16* dx) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(3 * cols);
@@ -113,7 +112,7 @@ struct LayerKernels<LayerNormOp, host::Kernels<bf16>> {
   }
 
   /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy, in float.
-  static void backward_weight(Kernels& k, std::size_t rows, std::size_t cols, const bf16* x,
+  static void backward_weight(Ctx& k, std::size_t rows, std::size_t cols, const bf16* x,
                               const bf16* dy, const bf16* stats, float* dgamma, float* dbeta) {
     k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
       std::vector<float> row(2 * cols);
