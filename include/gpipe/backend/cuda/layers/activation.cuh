@@ -47,54 +47,35 @@ __global__ void layer_norm_stats_from_stash_kernel(std::size_t rows, std::size_t
 
 }  // namespace gpipe::cuda
 
-namespace gpipe::cuda::detail {
-
-// ReLU's and GELU's kernels on a CUDA context of either precision (KernelContext<float>;
-// KernelContext<bf16>: bf16 activations widened on load, float math, rounded once on store).
-template <class Ctx>
-struct ReluKernels {
-  using T = typename Ctx::value_type;
-  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
-    relu_forward(n, x, y, k.stream());
-  }
-  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    relu_backward(n, x, dy, dx, k.stream());
-  }
-};
-template <class Ctx>
-struct GeluKernels {
-  using T = typename Ctx::value_type;
-  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
-    gelu_forward(n, x, y, k.stream());
-  }
-  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    gelu_backward(n, x, dy, dx, k.stream());
-  }
-};
-
-}  // namespace gpipe::cuda::detail
-
 namespace gpipe {
 
-/// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream:
-/// forward(k, n, x, y): y = max(x, 0); backward(k, n, x, dy, dx): dx = dy where x > 0, else 0.
-template <>
-struct LayerKernels<ReluOp, cuda::KernelContext<float>>
-    : cuda::detail::ReluKernels<cuda::KernelContext<float>> {};
-/// ReLU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
-template <>
-struct LayerKernels<ReluOp, cuda::KernelContext<bf16>>
-    : cuda::detail::ReluKernels<cuda::KernelContext<bf16>> {};
+/// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream, for
+/// float or bf16 activations (bf16: widened on load, float math, rounded once on store).
+template <class T>
+struct LayerKernels<ReluOp, cuda::KernelContext<T>> {
+  /// y(n) = max(x, 0); y may be x.
+  static void forward(cuda::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
+    cuda::relu_forward(n, x, y, k.stream());
+  }
+  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
+  static void backward(cuda::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    cuda::relu_backward(n, x, dy, dx, k.stream());
+  }
+};
 
-/// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on its stream:
-/// forward: y = 0.5 x (1 + erf(x / sqrt 2)); backward: dx = dy (Phi(x) + x phi(x)).
-template <>
-struct LayerKernels<GeluOp, cuda::KernelContext<float>>
-    : cuda::detail::GeluKernels<cuda::KernelContext<float>> {};
-/// GELU on bf16 activations (gpipe::MixedBf16): the same kernels, widened and rounded once.
-template <>
-struct LayerKernels<GeluOp, cuda::KernelContext<bf16>>
-    : cuda::detail::GeluKernels<cuda::KernelContext<bf16>> {};
+/// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on the context's
+/// stream, for float or bf16 activations as ReLU's.
+template <class T>
+struct LayerKernels<GeluOp, cuda::KernelContext<T>> {
+  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)); y may be x.
+  static void forward(cuda::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
+    cuda::gelu_forward(n, x, y, k.stream());
+  }
+  /// dx(n) = dy (Phi(x) + x phi(x)); x is the forward's input.
+  static void backward(cuda::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    cuda::gelu_backward(n, x, dy, dx, k.stream());
+  }
+};
 
 /// LayerNorm's kernels on the CUDA backend (kernels/layer_norm.cuh) on (rows, cols), on the
 /// context's stream, the weight gradient's partial sums in its scratch; the forward's stats (rows,

@@ -55,47 +55,38 @@ __global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t t
   }
 }
 
-namespace detail {
-// Embedding's kernels on a CUDA context of either precision.
-template <class Ctx>
-struct EmbeddingKernels {
-  using T = typename Ctx::value_type;
-  static void forward(Ctx& k, std::size_t rows, std::size_t tokens, std::size_t width, const T* ids,
-                      const float* wte, const float* wpe, T* y) {
-    if (rows == 0) return;
-    GPIPE_CUDA_LAUNCH(embedding_forward_kernel<T>, grid_for(rows * width), block_size, k.stream())
-    (rows, tokens, width, ids, wte, wpe, y);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
-  }
-  static void backward_weight(Ctx& k, std::size_t rows, std::size_t tokens, std::size_t width,
-                              const T* ids, const T* dy, float* dwte, float* dwpe) {
-    if (rows == 0) return;
-    GPIPE_CUDA_LAUNCH(embedding_backward_weight_kernel<T>, grid_for(width, 128), 128, k.stream())
-    (rows, tokens, width, ids, dy, dwte, dwpe);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
-  }
-};
-}  // namespace detail
-
 }  // namespace gpipe::cuda
 
 namespace gpipe {
 
 /// Embedding's kernels on the CUDA backend: a gather for forward, and for the weight gradient one
 /// thread per column that adds the rows in order, deterministic and in the host's order. There is
-/// no input gradient: the ids are constant.
-/// forward(k, rows, tokens, width, ids, wte, wpe, y): y(rows, width) = wte(id_r, :) + wpe(r %
-/// tokens, :), overwritten; ids (rows) are token ids held as floats, which the Trainer has checked
-/// against the vocabulary (not checked again here). backward_weight(k, rows, tokens, width, ids,
-/// dy, dwte, dwpe): dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at
-/// row r % tokens, for every row r of dy(rows, width), in order of r.
-template <>
-struct LayerKernels<EmbeddingOp, cuda::KernelContext<float>>
-    : cuda::detail::EmbeddingKernels<cuda::KernelContext<float>> {};
-/// Embedding on bf16 activations (gpipe::MixedBf16): ids in the 16 bits of each bf16 (the
-/// executor stores them so), wte + wpe summed in float and rounded once, dy widened to float.
-template <>
-struct LayerKernels<EmbeddingOp, cuda::KernelContext<bf16>>
-    : cuda::detail::EmbeddingKernels<cuda::KernelContext<bf16>> {};
+/// no input gradient: the ids are constant. On bf16 activations (gpipe::MixedBf16) the ids are in
+/// the 16 bits of each bf16 (the executor stores them so), wte + wpe is summed in float and
+/// rounded once, and dy is widened to float.
+template <class T>
+struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
+  /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), overwritten; ids (rows) are token ids,
+  /// which the Trainer has checked against the vocabulary (not checked again here).
+  static void forward(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
+                      std::size_t width, const T* ids, const float* wte, const float* wpe, T* y) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel<T>, cuda::detail::grid_for(rows * width),
+                      cuda::detail::block_size, k.stream())
+    (rows, tokens, width, ids, wte, wpe, y);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
+  }
+  /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row r % tokens,
+  /// for every row r of dy(rows, width), in order of r.
+  static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
+                              std::size_t width, const T* ids, const T* dy, float* dwte,
+                              float* dwpe) {
+    if (rows == 0) return;
+    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_weight_kernel<T>, cuda::detail::grid_for(width, 128),
+                      128, k.stream())
+    (rows, tokens, width, ids, dy, dwte, dwpe);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
+  }
+};
 
 }  // namespace gpipe

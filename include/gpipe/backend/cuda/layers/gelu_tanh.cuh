@@ -60,35 +60,22 @@ inline void gelu_tanh_backward(std::size_t n, const T* x, const T* dy, T* dx, cu
       "gelu_tanh_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
-namespace detail {
-// GELUTanh's kernels on a CUDA context of either precision (KernelContext<float>;
-// KernelContext<bf16>: bf16 activations, float math).
-template <class Ctx>
-struct GeluTanhKernels {
-  using T = typename Ctx::value_type;
-  // y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may alias x.
-  static void forward(Ctx& k, std::size_t n, const T* x, T* y) {
-    gelu_tanh_forward(n, x, y, k.stream());
-  }
-  // dx(n) = dy GELUTanh'(x), x the forward's input.
-  static void backward(Ctx& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    gelu_tanh_backward(n, x, dy, dx, k.stream());
-  }
-};
-}  // namespace detail
-
 }  // namespace gpipe::cuda
 
 namespace gpipe {
 
-/// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread:
-/// forward(k, n, x, y) and backward(k, n, x, dy, dx).
-template <>
-struct LayerKernels<GeluTanhOp, cuda::KernelContext<float>>
-    : cuda::detail::GeluTanhKernels<cuda::KernelContext<float>> {};
-/// The same on bf16 activations (gpipe::MixedBf16): widened on load, rounded once on store.
-template <>
-struct LayerKernels<GeluTanhOp, cuda::KernelContext<bf16>>
-    : cuda::detail::GeluTanhKernels<cuda::KernelContext<bf16>> {};
+/// GELUTanh's kernels on the CUDA backend (GELU's tanh approximation), one element per thread,
+/// for float or bf16 activations (bf16: widened on load, float math, rounded once on store).
+template <class T>
+struct LayerKernels<GeluTanhOp, cuda::KernelContext<T>> {
+  /// y(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y may be x.
+  static void forward(cuda::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
+    cuda::gelu_tanh_forward(n, x, y, k.stream());
+  }
+  /// dx(n) = dy GELUTanh'(x); x is the forward's input.
+  static void backward(cuda::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
+    cuda::gelu_tanh_backward(n, x, dy, dx, k.stream());
+  }
+};
 
 }  // namespace gpipe
