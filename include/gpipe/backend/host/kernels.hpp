@@ -185,7 +185,8 @@ class KernelContext {
 };
 
 // The kernels are defined out of the class, so that a program that declares KernelContext<float> an
-// explicit instantiation (GPIPE_COMPILED_HOST: backend/host/compiled.hpp) compiles none of them.
+// explicit instantiation (GPIPE_COMPILED_HOST: at the end of kernels_bf16.hpp) compiles none of
+// them.
 
 template <class T>
 void KernelContext<T>::gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k,

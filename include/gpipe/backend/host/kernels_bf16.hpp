@@ -22,6 +22,7 @@
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/bf16.hpp"
 #include "gpipe/backend/host/kernels/gemm_bf16.hpp"
+#include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/precision.hpp"
 
@@ -351,6 +352,9 @@ KernelContext<bf16>& KernelContext<T>::bf16_context() {
   if (!bf16_) bf16_ = std::make_unique<KernelContext<bf16>>(device_, team_);
   return *bf16_;
 }
+
+// Here, after the last of its out-of-class members (backend/host/linkage.hpp).
+GPIPE_HOST_INSTANTIATION(class KernelContext<float>);
 
 }  // namespace gpipe::host
 

@@ -6,6 +6,7 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/elementwise.hpp"
+#include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/activation.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
@@ -31,8 +32,8 @@ struct LayerKernels<GeluOp, host::KernelContext<T>> {
   static void backward(host::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx);
 };
 
-// Defined out of the classes, so that a program on gpipe::compiled compiles none of them
-// (backend/host/compiled.hpp declares the float ones extern).
+// Defined out of the classes, so that a program on gpipe::compiled compiles none of them (the
+// float ones are instantiated in the library: GPIPE_HOST_INSTANTIATION below).
 
 template <class T>
 void LayerKernels<ReluOp, host::KernelContext<T>>::forward(host::KernelContext<T>& k, std::size_t n,
@@ -61,6 +62,9 @@ void LayerKernels<GeluOp, host::KernelContext<T>>::backward(host::KernelContext<
   k.in_blocks(n, 1,
               [&](std::size_t i, std::size_t c) { host::gelu_backward(c, x + i, dy + i, dx + i); });
 }
+
+GPIPE_HOST_INSTANTIATION(struct LayerKernels<ReluOp, host::KernelContext<float>>);
+GPIPE_HOST_INSTANTIATION(struct LayerKernels<GeluOp, host::KernelContext<float>>);
 
 /// ReLU on bf16 activations: the float kernel on widened blocks, rounded once.
 template <>

@@ -9,6 +9,7 @@
 
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/layer_norm.hpp"
+#include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer_norm.hpp"
 
@@ -31,8 +32,8 @@ struct LayerKernels<LayerNormOp, host::KernelContext<T>> {
                               const T* x, const T* dy, const T* stats, T* dgamma, T* dbeta);
 };
 
-// Defined out of the classes, so that a program on gpipe::compiled compiles none of them
-// (backend/host/compiled.hpp declares the float ones extern).
+// Defined out of the classes, so that a program on gpipe::compiled compiles none of them (the
+// float ones are instantiated in the library: GPIPE_HOST_INSTANTIATION below).
 
 template <class T>
 void LayerKernels<LayerNormOp, host::KernelContext<T>>::forward(host::KernelContext<T>& k,
@@ -67,6 +68,8 @@ void LayerKernels<LayerNormOp, host::KernelContext<T>>::backward_weight(
                                      dbeta + first, cols);
   });
 }
+
+GPIPE_HOST_INSTANTIATION(struct LayerKernels<LayerNormOp, host::KernelContext<float>>);
 
 /// LayerNorm on bf16 activations: each row widened to float and run through the float kernels,
 /// the results rounded once. The statistics stay float: a row's two stash slots hold rstd's 32
