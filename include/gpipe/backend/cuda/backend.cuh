@@ -119,8 +119,8 @@ class Event {
 /// one-GPU machine runs a K-stage pipeline.
 ///
 ///     gpipe::cuda::Backend backend(4, {.device_capacity = 8ull << 30});  // GPUs d % count
-///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::cuda::KernelContext<float>& k) { ...
-///     }); backend.synchronize();  // waits for the GPUs; rethrows the first failure, naming where
+///     backend.submit(d, {"forward", stage, mb}, [&](cuda::KernelContext<float>& k) { ... });
+///     backend.synchronize();  // waits for the GPUs; rethrows the first failure, naming where
 ///
 /// Work runs on the caller's thread, with its device's GPU current, and only enqueues kernels.
 /// Work, records and waits of one device run in submission order; a wait for an event no record

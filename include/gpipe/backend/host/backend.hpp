@@ -65,8 +65,8 @@ struct BackendOptions {
 /// unless Options::threads_per_device gives each device's kernels more threads.
 ///
 ///     gpipe::host::Backend backend(4, {.device_capacity = 256 << 20});
-///     backend.submit(d, {"forward", stage, mb}, [&](gpipe::host::KernelContext<float>& k) { ...
-///     }); backend.synchronize();  // rethrows the first failure, naming where it happened
+///     backend.submit(d, {"forward", stage, mb}, [&](host::KernelContext<float>& k) { ... });
+///     backend.synchronize();  // rethrows the first failure, naming where it happened
 ///
 /// The device arguments of every member are 0..num_devices()-1; another throws `gpipe::Error`.
 class Backend {

@@ -2,7 +2,7 @@
 // The causal attention core on the host: per sample and head, GEMMs on strided views of qkv
 // (row length 3D) and of the probabilities (row length H T), and a row-wise causal softmax.
 // Each (T, T) product is computed whole; the masked upper triangle of P is stored as 0.
-// With a team (host::KernelContext' in_blocks) the (sample, head) pairs are cut into blocks, one
+// With a team (host::KernelContext's in_blocks) the (sample, head) pairs are cut into blocks, one
 // per thread, each pair computed as on one thread; in backward each block takes the (T, T) of the
 // scratch that belongs to its number, so there are at most `samples` blocks.
 
