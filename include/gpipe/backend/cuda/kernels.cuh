@@ -281,9 +281,10 @@ class KernelContext<float> {
   std::shared_ptr<KernelContext<bf16>> bf16_;
 };
 
-/// The contexts' former names, kept for layers written outside the library, which specialize
-/// `LayerKernels<MyOp, cuda::Kernels>`: the same types.
+/// The float context's former name, kept for layers written outside the library, which
+/// specialize `LayerKernels<MyOp, cuda::Kernels>`: the same type.
 using Kernels = KernelContext<float>;
+/// The bf16 context's former name, kept as `Kernels` is.
 using Bf16Kernels = KernelContext<bf16>;
 
 }  // namespace gpipe::cuda
