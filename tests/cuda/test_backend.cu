@@ -166,7 +166,7 @@ TEST_SUITE("cuda backend") {
       backend.wait(1, ready[i]);
       backend.submit(1, {"receive"}, [&, i](Kernels& k) {
         auto mine = backend.allocate<float>(1, n, MemoryKind::workspace);
-        gpipe::transport::Cuda::receive(k, sent[i].data(), mine.data(), n);
+        gpipe::transport::CudaHandOver::receive(k, sent[i].data(), mine.data(), n);
         sent[i].reset();
         k.accumulate(n, mine.data(), sum.data());
       });
@@ -276,7 +276,7 @@ TEST_SUITE("cuda backend, multi-GPU" * doctest::skip(gpipe::test::fewer_than_two
     backend.record(0, e);
     backend.wait(1, e);
     backend.submit(1, {"receive"}, [&](Kernels& k) {
-      gpipe::transport::Cuda::receive(k, a.data(), b.data(), n);
+      gpipe::transport::CudaHandOver::receive(k, a.data(), b.data(), n);
       k.copy(n, a.data(), c.data());
     });
     backend.synchronize();
@@ -295,13 +295,15 @@ TEST_SUITE("cuda backend, multi-GPU" * doctest::skip(gpipe::test::fewer_than_two
     backend.submit(0, {"fill a"}, [&](Kernels& k) { k.fill(n, 1.0f, a.data()); });
     backend.record(0, e);
     backend.wait(1, e);
-    backend.submit(1, {"a to b"},
-                   [&](Kernels& k) { gpipe::transport::Cuda::receive(k, a.data(), b.data(), n); });
+    backend.submit(1, {"a to b"}, [&](Kernels& k) {
+      gpipe::transport::CudaHandOver::receive(k, a.data(), b.data(), n);
+    });
     backend.submit(1, {"double b"}, [&](Kernels& k) { k.add(n, b.data(), b.data(), b.data()); });
     backend.record(1, e);
     backend.wait(0, e);
-    backend.submit(0, {"b to a"},
-                   [&](Kernels& k) { gpipe::transport::Cuda::receive(k, b.data(), a.data(), n); });
+    backend.submit(0, {"b to a"}, [&](Kernels& k) {
+      gpipe::transport::CudaHandOver::receive(k, b.data(), a.data(), n);
+    });
     backend.synchronize();
     CHECK(download(backend, 0, a.data(), n) == std::vector<float>(n, 2.0f));
   }

@@ -28,13 +28,13 @@ using namespace gpipe::test;
 
 // The host backend, declaring what a transport between processes would: a send completes only
 // with its recv. The hand-over itself stays the in-process copy.
-struct RendezvousInProcess : transport::InProcess {
+struct RendezvousInProcess : transport::InProcessHandOver {
   static constexpr Sends sends = Sends::rendezvous;
 };
 class RendezvousHost : public host::Backend {
  public:
   using host::Backend::Backend;
-  using transport = RendezvousInProcess;
+  using hand_over = RendezvousInProcess;
 };
 
 }  // namespace

@@ -336,7 +336,7 @@ void check_against_one_process(Backend& backend) {
       Trainer<Model, Loss, Backend, Kind, Precision> trainer(
           backend, {.micro_batches = m, .remat = remat, .seed = seed});
       // the same ops; a transport whose sends wait for their receives (NCCL) places them for that
-      if constexpr (transport::transport_for<Backend>::sends == Sends::rendezvous)
+      if constexpr (transport::hand_over_for<Backend>::sends == Sends::rendezvous)
         CHECK(trainer.schedule() == order_for_rendezvous(reference.schedule()));
       else
         CHECK(trainer.schedule() == reference.schedule());

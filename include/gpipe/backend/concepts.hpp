@@ -2,11 +2,11 @@
 // The seams between the runtime and a backend, written down as concepts (each documented where
 // it is declared below): `device_buffer`, `backend` (devices as in-order streams of work with
 // counted memory: what the executor submits to), `multi_process_backend` (a device per process:
-// the mechanics transport/mpi.hpp's Transport calls), and `stage_transport` (a backend's copy
-// policy within one process). The kernel context a layer's code runs with is
-// gpipe::kernel_context (model/kernel_context.hpp). gpipe::host::Backend and gpipe::cuda::Backend
-// satisfy `backend` (their headers check it), the MPI backends `multi_process_backend`; a new
-// backend is written against them.
+// the mechanics transport/mpi.hpp's Transport calls), and `hand_over_policy` (how a backend copies
+// a message between two of its devices in one process). The kernel context a layer's code runs with
+// is gpipe::kernel_context (model/kernel_context.hpp). gpipe::host::Backend and
+// gpipe::cuda::Backend satisfy `backend` (their headers check it), the MPI backends
+// `multi_process_backend`; a new backend is written against them.
 
 #include <chrono>
 #include <concepts>
@@ -109,13 +109,13 @@ concept multi_process_backend = backend<B> &&
     } -> std::convertible_to<double>;
 };
 
-/// A backend's copy policy (`transport_for<Backend>`): `T::receive(k, src, dst, n)` copies n
+/// A backend's hand-over policy (`hand_over_for<Backend>`): `T::receive(k, src, dst, n)` copies n
 /// floats from the sender's memory to `dst` on the receiver's stream, after its wait for the
 /// sender's event; `T::sends` is Sends::buffered when a send never blocks and Sends::rendezvous
 /// when it completes only with its recv (the Trainer then orders the schedule with
 /// order_for_rendezvous).
 template <class T, class Kernels>
-concept stage_transport = requires(Kernels& k, const float* src, float* dst, std::size_t n) {
+concept hand_over_policy = requires(Kernels& k, const float* src, float* dst, std::size_t n) {
   T::receive(k, src, dst, n);
   { T::sends } -> std::convertible_to<Sends>;
 };

@@ -138,7 +138,7 @@ class Executor {
   }
 
  private:
-  using Slot = detail::Slot<Buffer<Activation>, typename Transport::Mailbox>;
+  using Slot = detail::Slot<Buffer<Activation>, typename Transport::template Mailbox<Activation>>;
 
   Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
 

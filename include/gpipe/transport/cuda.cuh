@@ -24,7 +24,7 @@ namespace gpipe::transport {
 /// buffer into memory it allocated, after its wait for the sender's event. On one GPU a
 /// device-to-device copy on the receiver's compute stream; across GPUs a peer copy on its copy
 /// stream, or an NCCL send/recv pair when the backend has a NCCL communicator.
-struct Cuda {
+struct CudaHandOver {
   /// One process issues both halves of every hand-over (peer copy, or an NCCL send/recv pair in
   /// one group), so no send waits for a recv still to be issued.
   static constexpr Sends sends = Sends::buffered;

@@ -1,8 +1,8 @@
 #pragma once
-// The in-process copy policy: how transport::Transport (transport/transport.hpp) hands a stage's
-// output (or input gradient) to the neighbouring stage on another device of the same process.
-// The receiving device's stream performs the copy into its own memory, after waiting for the
-// sender's event, so that the bytes are counted on the device that holds them; the sender's
+// The in-process hand-over policy: how transport::Transport (transport/transport.hpp) hands a
+// stage's output (or input gradient) to the neighbouring stage on another device of the same
+// process. The receiving device's stream performs the copy into its own memory, after waiting for
+// the sender's event, so that the bytes are counted on the device that holds them; the sender's
 // buffer is released as soon as the copy is done.
 //
 // On the host backend the copy is a memcpy; a GPU backend does a peer copy on its copy stream or
@@ -14,10 +14,11 @@
 
 namespace gpipe::transport {
 
-/// The default copy policy, of every backend that names none (see `transport_for`): the receiving
-/// device's stream copies the sender's buffer into its own memory after waiting for the sender's
-/// event, so the bytes are counted where they live. On the host backend the copy is a memcpy.
-struct InProcess {
+/// The default hand-over policy, of every backend that names none (see `hand_over_for`): the
+/// receiving device's stream copies the sender's buffer into its own memory after waiting for the
+/// sender's event, so the bytes are counted where they live. On the host backend the copy is a
+/// memcpy.
+struct InProcessHandOver {
   /// The receiver reads the sender's memory whenever it gets to it: a send never blocks.
   static constexpr Sends sends = Sends::buffered;
 

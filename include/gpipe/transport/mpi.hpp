@@ -45,14 +45,16 @@ class Transport<Backend> {
   using Kernels = typename Backend::Kernels;                ///< the backend's kernel context
   using Buffer = typename Backend::template Buffer<float>;  ///< a message's data on the device
 
-  /// How a send completes: buffered for MPI, rendezvous for NCCL (the backend's copy policy).
-  static constexpr Sends sends = transport_for<Backend>::sends;
+  /// How a send completes: buffered for MPI, rendezvous for NCCL (the backend's hand-over policy).
+  static constexpr Sends sends = hand_over_for<Backend>::sends;
 
   /// A message between processes carries its data: nothing is left with the sender's slot. A
   /// message between two stages of this rank's device (a V-shaped placement's turn) is a local
   /// copy, as in one process: the sender leaves its buffer here.
+  template <class T>
   struct Mailbox {
-    void* sent = nullptr;  ///< a local message's Buffer<T>, freed by the receiver's copy
+    /// a local message's buffer, freed by the receiver's copy
+    typename Backend::template Buffer<T>* sent = nullptr;
   };
 
   /// A handle to `backend`, which must outlive it.
@@ -88,7 +90,7 @@ class Transport<Backend> {
   /// sent.
   template <class T>
   void send(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& src,
-            Mailbox& box) const {
+            Mailbox<T>& box) const {
     if (message.from == message.to) {
       box.sent = &src;  // the receive below, later on the same stream, copies it
       return;
@@ -100,20 +102,20 @@ class Transport<Backend> {
   /// then freed).
   template <class T>
   void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
-               std::size_t count, MemoryKind kind, Mailbox& box) const {
+               std::size_t count, MemoryKind kind, Mailbox<T>& box) const {
     if (message.from != message.to) {
       backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
       return;
     }
     detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
-    auto& src = *static_cast<typename Backend::template Buffer<T>*>(box.sent);
+    auto& src = *box.sent;
     const std::size_t device = message.to;
     backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
       detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
                                                " elements where " + std::to_string(count) +
                                                " were expected");
       dst = backend_.template allocate<T>(device, count, kind);
-      InProcess::receive(k, src.data(), dst.data(), count);
+      InProcessHandOver::receive(k, src.data(), dst.data(), count);
       src.reset();
     });
   }

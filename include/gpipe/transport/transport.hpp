@@ -6,8 +6,9 @@
 //   transport.hpp   (this file) the interface, and its definition for every backend whose devices
 //                   live in one process: a stage's output is handed over by the receiving
 //                   device's stream, which waits for the sender's event and then copies with the
-//                   backend's copy policy (transport_for<Backend>: in_process.hpp, a kernel copy;
-//                   cuda.cuh, a peer copy or an NCCL pair); the collectives have nothing to do
+//                   backend's hand-over policy (hand_over_for<Backend>: in_process.hpp, a kernel
+//                   copy; cuda.cuh, a peer copy or an NCCL pair); the collectives have nothing to
+//                   do
 //   mpi.hpp         every backend of one device per rank (mpi::Backend over MPI, mpi::CudaBackend
 //                   over NCCL): tagged messages, collectives over the ranks, gradient sums over
 //                   the replicas and the failure agreement that ends each step
@@ -28,7 +29,7 @@
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/schedule/op.hpp"
-#include "gpipe/transport/select.hpp"
+#include "gpipe/transport/hand_over.hpp"
 
 namespace gpipe::transport {
 
@@ -59,15 +60,17 @@ concept process_layout = requires(const T& t, const Backend& b, std::size_t d) {
 };
 
 /// A step's messages: `sends` (Sends::buffered or Sends::rendezvous: the Trainer orders and
-/// validates its schedule for it); `Mailbox`, what a message leaves with its sender's slot for the
-/// receiver; `send(label, message, src, box)`, within a step on message.from's stream, hands src
-/// over; `receive(label, message, dst, count, kind, box)`, on message.to's stream, dst <- the
-/// message's count elements, allocated there as `kind`, and frees the sender's buffer where it
-/// can reach it. In one process a message may hold any element type (bf16 under MixedBf16).
+/// validates its schedule for it); `Mailbox<E>`, what a message of elements E leaves with its
+/// sender's slot for the receiver; `send(label, message, src, box)`, within a step on
+/// message.from's stream, hands src over; `receive(label, message, dst, count, kind, box)`, on
+/// message.to's stream, dst <- the message's count elements, allocated there as `kind`, and frees
+/// the sender's buffer where it can reach it. In one process a message may hold any element type
+/// (bf16 under MixedBf16).
 template <class T, class Backend>
 concept step_messages = requires(const T& t, WorkLabel label, const Message& message,
                                  typename Backend::template Buffer<float>& buffer,
-                                 typename T::Mailbox& box, std::size_t n, MemoryKind kind) {
+                                 typename T::template Mailbox<float>& box, std::size_t n,
+                                 MemoryKind kind) {
   { T::sends } -> std::convertible_to<Sends>;
   t.send(label, message, buffer, box);
   t.receive(label, message, buffer, n, kind, box);
@@ -138,7 +141,7 @@ concept transport_interface = process_layout<T, Backend> && step_messages<T, Bac
 /// How the runtime moves data for a Backend: a handle (it holds a reference to the backend, and
 /// copies and const members are cheap). This definition serves every backend whose devices
 /// live in one process: a message is handed over by the receiving device's stream after it waits
-/// for the sender's event, with the backend's copy policy (`transport_for<Backend>`); there is
+/// for the sender's event, with the backend's hand-over policy (`hand_over_for<Backend>`); there is
 /// one replica and nothing to agree on. Backends of one device per process get the
 /// specialization of gpipe/transport/mpi.hpp.
 template <class Backend>
@@ -146,18 +149,21 @@ class Transport {
  public:
   using Kernels = typename Backend::Kernels;                ///< the backend's kernel context
   using Buffer = typename Backend::template Buffer<float>;  ///< a message's data on a device
-  using Copy = transport_for<Backend>;  ///< the backend's copy policy (transport/select.hpp)
-  static_assert(stage_transport<Copy, Kernels>,
-                "gpipe: a backend's copy policy needs receive(kernels, src, dst, n) and sends "
+  using HandOver =
+      hand_over_for<Backend>;  ///< the backend's hand-over policy (transport/hand_over.hpp)
+  static_assert(hand_over_policy<HandOver, Kernels>,
+                "gpipe: a backend's hand-over policy needs receive(kernels, src, dst, n) and sends "
                 "(backend/concepts.hpp)");
 
-  /// How a send completes: the copy policy's rule.
-  static constexpr Sends sends = Copy::sends;
+  /// How a send completes: the hand-over policy's rule.
+  static constexpr Sends sends = HandOver::sends;
 
-  /// A message of one process: the sender records `ready` after its data and leaves its buffer.
+  /// A message of one process, of elements T: the sender records `ready` after its data and
+  /// leaves its buffer.
+  template <class T>
   struct Mailbox {
     typename Backend::Event ready;  ///< recorded on the sender's stream after its data
-    void* sent = nullptr;  ///< the sender's Buffer<T>, freed by the receiver's copy (same T)
+    typename Backend::template Buffer<T>* sent = nullptr;  ///< freed by the receiver's copy
   };
 
   /// A handle to `backend`, which must outlive it.
@@ -182,7 +188,7 @@ class Transport {
   /// On message.from's stream: `box` gets src and an event recorded after the work before it.
   template <class T>
   void send(WorkLabel, const Message& message, typename Backend::template Buffer<T>& src,
-            Mailbox& box) const {
+            Mailbox<T>& box) const {
     box.sent = &src;
     backend_.record(message.from, box.ready);
   }
@@ -191,17 +197,17 @@ class Transport {
   /// sender's buffer is freed once copied.
   template <class T>
   void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
-               std::size_t count, MemoryKind kind, Mailbox& box) const {
+               std::size_t count, MemoryKind kind, Mailbox<T>& box) const {
     detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
     const std::size_t device = message.to;
     backend_.wait(device, box.ready);
-    auto& src = *static_cast<typename Backend::template Buffer<T>*>(box.sent);
+    auto& src = *box.sent;
     backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
       detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
                                                " elements where " + std::to_string(count) +
                                                " were expected");
       dst = backend_.template allocate<T>(device, count, kind);
-      Copy::receive(k, src.data(), dst.data(), count);
+      HandOver::receive(k, src.data(), dst.data(), count);
       src.reset();
     });
   }
@@ -254,7 +260,7 @@ class Transport {
   /// One replica: values are their own sum.
   void allreduce_sum(std::span<float>) const {}
   /// Between steps: dst, on device `to`, <- src, on device `from` (both this process's), after
-  /// the work queued on both, by the copy policy (device to device: never through the host);
+  /// the work queued on both, by the hand-over policy (device to device: never through the host);
   /// returns once copied.
   void copy(WorkLabel label, std::size_t from, std::span<const float> src, std::size_t to,
             std::span<float> dst) const {
@@ -269,7 +275,7 @@ class Transport {
       if (from == to)
         k.copy(src.size(), src.data(), dst.data());
       else
-        Copy::receive(k, src.data(), dst.data(), src.size());
+        HandOver::receive(k, src.data(), dst.data(), src.size());
     });
     backend_.synchronize();
   }

@@ -143,8 +143,8 @@ class Backend {
   using Buffer = cuda::Buffer<T>;
   /// A piece of stream work: runs on the caller's thread and enqueues kernels through its Kernels.
   using Work = std::function<void(Kernels&)>;
-  /// How the runtime hands activations between stages (see gpipe/transport/select.hpp).
-  using transport = gpipe::transport::Cuda;
+  /// How the runtime hands activations between stages (see gpipe/transport/hand_over.hpp).
+  using hand_over = gpipe::transport::CudaHandOver;
 
   /// The backend's name as the runtime tests it (the Trainer treats "host" specially).
   static constexpr std::string_view name = "cuda";

@@ -183,9 +183,9 @@ class KernelContext<float> {
     cuda::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, s_->compute);
   }
 
-  /// The transport's half of a stage-to-stage hand-over (gpipe::transport::Cuda): dst (n) on this
-  /// device <- src (n) on the sender's, after everything enqueued on this device's compute stream
-  /// so far (which includes the wait for the sender's event), and before everything enqueued
+  /// The transport's half of a stage-to-stage hand-over (gpipe::transport::CudaHandOver): dst (n)
+  /// on this device <- src (n) on the sender's, after everything enqueued on this device's compute
+  /// stream so far (which includes the wait for the sender's event), and before everything enqueued
   /// after. On one GPU: a device-to-device copy on the compute stream. Across GPUs: a peer copy,
   /// or an NCCL send/recv pair when the backend uses NCCL, on the copy stream.
   template <class U>

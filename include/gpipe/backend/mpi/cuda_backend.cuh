@@ -42,7 +42,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/mpi.hpp"
-#include "gpipe/transport/nccl_ranks.cuh"
+#include "gpipe/transport/nccl_hand_over.cuh"
 
 namespace gpipe::mpi {
 
@@ -81,7 +81,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   /// Construction options: replicas, capacity, peer timeout, GPU, TF32.
   using Options = CudaBackendOptions;
   /// NCCL between ranks: rendezvous sends.
-  using transport = gpipe::transport::NcclRanks;
+  using hand_over = gpipe::transport::NcclHandOver;
 
   /// The backend's name as the runtime tests it.
   static constexpr std::string_view name = "mpi-cuda";
