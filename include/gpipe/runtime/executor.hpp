@@ -10,7 +10,7 @@
 // Each buffer is allocated and freed by work on the streams, so device memory follows the
 // schedule's order of execution. Every send, receive, gradient sum and the step's end go through
 // the backend's transport (transport/transport.hpp), the same calls for every backend; a process
-// issues only the ops of its own devices (all of them, with one process). Activation forward_only
+// issues only the ops of its own devices (all of them, with one process). A forward_only
 // schedule (schedule/inference.hpp) is predict's program: the same walk, no loss, the last stage's
 // outputs downloaded into the caller's array.
 //
@@ -78,8 +78,6 @@ class Executor {
         stages_(stages),
         loss_program_(loss),
         num_stages_(stages.size()),
-        params_(params),
-        grads_(grads),
         sums_(backend, transport_, schedule, grads),
         ops_(backend, stages, loss, params, grads, token_input) {}
 
@@ -199,7 +197,7 @@ class Executor {
             .to = schedule_.device_of_stage(gradient ? s - 1 : s + 1)};
   }
 
-  // Activation send or receive of stage s's slot, through the transport: a send hands over the
+  // A send or receive of stage s's slot, through the transport: a send hands over the
   // buffer the table frees, a receive fills the one it allocates.
   void issue_transfer(const Op& op, std::size_t s, WorkLabel label) {
     const std::size_t mb = op.micro_batch, M = step_->split.micro_batches;
@@ -269,7 +267,6 @@ class Executor {
   std::span<const StageProgram<OpContext>> stages_;
   const LossProgram<OpContext, Target>& loss_program_;
   const std::size_t num_stages_;
-  std::span<Buffer<float>> params_, grads_;
   const Step* step_ = nullptr;
   std::vector<Slot> slots_;
   Buffer<float> loss_;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpipe/backend/bf16_weights.hpp"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
@@ -68,9 +69,7 @@ class KernelContext<bf16> {
   /// operand inside master is then read from the copy. A null master clears it. The executor
   /// registers a stage's parameters before each of its ops.
   void use_weights(const float* master, const bf16* copy, std::size_t n) {
-    weights_ = master;
-    weights_bf16_ = copy;
-    weights_count_ = master == nullptr ? 0 : n;
+    weights_.use(master, copy, n);
   }
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major, dense; A and B bf16 or float (rounded to
@@ -217,25 +216,21 @@ class KernelContext<bf16> {
   template <class T>
   static constexpr bool is_storage = std::is_same_v<T, bf16> || std::is_same_v<T, float>;
 
-  bool registered(const float* p, std::size_t n) const {
-    return weights_ != nullptr && p >= weights_ && p + n <= weights_ + weights_count_;
-  }
+  bool registered(const float* p, std::size_t n) const { return weights_.find(p, n) != nullptr; }
   bool needs_cast(const bf16*, std::size_t) const { return false; }
   bool needs_cast(const float* p, std::size_t n) const { return !registered(p, n); }
 
   // A GEMM operand as bf16: itself, the registered copy of a weight, or rounded into `cast`.
   const bf16* operand(const bf16* p, std::size_t, bf16*) { return p; }
   const bf16* operand(const float* p, std::size_t n, bf16* cast) {
-    if (registered(p, n)) return weights_bf16_ + (p - weights_);
+    if (const bf16* copy = weights_.find(p, n)) return copy;
     convert(n, p, cast);
     return cast;
   }
 
   KernelContext<float> fp32_;
   detail::DeviceState* s_;
-  const float* weights_ = nullptr;
-  const bf16* weights_bf16_ = nullptr;
-  std::size_t weights_count_ = 0;
+  gpipe::detail::Bf16WeightCopy weights_;  ///< use_weights()' copy
 };
 
 inline KernelContext<bf16>& KernelContext<float>::bf16_context() {

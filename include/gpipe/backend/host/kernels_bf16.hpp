@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpipe/backend/bf16_weights.hpp"
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/bf16.hpp"
 #include "gpipe/backend/host/kernels/gemm_bf16.hpp"
@@ -77,9 +78,7 @@ class KernelContext<bf16> {
   /// master is then read from the copy. A null master clears it. The executor registers a
   /// stage's parameters before each of its ops.
   void use_weights(const float* master, const bf16* copy, std::size_t n) {
-    weights_ = master;
-    weights_bf16_ = copy;
-    weights_count_ = master == nullptr ? 0 : n;
+    weights_.use(master, copy, n);
   }
 
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major, dense; A and B bf16 or float (rounded to
@@ -330,8 +329,7 @@ class KernelContext<bf16> {
   // A GEMM operand as bf16: itself, the registered copy of a weight, or rounded into scratch.
   const bf16* operand(const bf16* p, std::size_t, std::vector<bf16>&) const { return p; }
   const bf16* operand(const float* p, std::size_t n, std::vector<bf16>& scratch) const {
-    if (weights_ != nullptr && p >= weights_ && p + n <= weights_ + weights_count_)
-      return weights_bf16_ + (p - weights_);
+    if (const bf16* copy = weights_.find(p, n)) return copy;
     scratch.resize(n);
     to_bf16(n, p, scratch.data());
     return scratch.data();
@@ -342,9 +340,7 @@ class KernelContext<bf16> {
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
   std::vector<std::vector<float>> scratch_;  ///< block_scratch(), one per thread
-  const float* weights_ = nullptr;
-  const bf16* weights_bf16_ = nullptr;
-  std::size_t weights_count_ = 0;
+  gpipe::detail::Bf16WeightCopy weights_;    ///< use_weights()' copy
 };
 
 template <class T>
