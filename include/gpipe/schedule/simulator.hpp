@@ -62,17 +62,9 @@ constexpr double duration(OpKind kind, const OpCosts& costs) {
   }
 }
 
-}  // namespace detail
-
-/// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
-/// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
-/// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is
-/// not one OpCosts per device, or a cost is negative or NaN.
-constexpr SimulationResult simulate(const Schedule& schedule, std::span<const OpCosts> per_device) {
-  detail::OpIndex index;
-  const ValidationResult check = detail::validate_into(schedule, index);
-  if (!check) detail::throw_invalid_schedule(check);
-  const std::size_t num_devices = schedule.num_devices;
+// Throws Error unless there is one OpCosts per device and every cost is a number >= 0 (NaN fails
+// every comparison, so it is caught too).
+constexpr void check_op_costs(std::span<const OpCosts> per_device, std::size_t num_devices) {
   if (per_device.size() != num_devices) {
     throw Error("gpipe: simulate got op costs for " + std::to_string(per_device.size()) +
                 " devices; the schedule has " + std::to_string(num_devices));
@@ -83,6 +75,34 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
       throw Error("gpipe: op costs must be non-negative numbers");
     }
   }
+}
+
+// The most stashes alive at once in one device's list: a stash lives from its forward to its
+// backward_weight, so this depends on the order alone, not on the costs.
+constexpr std::size_t peak_live_stashes(const std::vector<Op>& ops) {
+  std::size_t live = 0, peak = 0;
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::forward) {
+      peak = std::max(peak, ++live);
+    } else if (op.kind == OpKind::backward_weight) {
+      --live;
+    }
+  }
+  return peak;
+}
+
+}  // namespace detail
+
+/// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
+/// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
+/// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is
+/// not one OpCosts per device, or a cost is negative or NaN.
+constexpr SimulationResult simulate(const Schedule& schedule, std::span<const OpCosts> per_device) {
+  detail::OpIndex index;
+  const ValidationResult check = detail::validate_into(schedule, index);
+  if (!check) detail::throw_invalid_schedule(check);
+  detail::check_op_costs(per_device, schedule.num_devices);
+  const std::size_t num_devices = schedule.num_devices;
 
   SimulationResult result;
   result.busy.assign(num_devices, 0.0);
@@ -116,15 +136,7 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
   for (std::size_t d = 0; d < num_devices; ++d) {
     result.makespan = std::max(result.makespan, free_at[d]);
     total_busy += result.busy[d];
-
-    std::size_t live = 0;
-    for (const Op& op : schedule.ops[d]) {
-      if (op.kind == OpKind::forward) {
-        result.peak_live_activations[d] = std::max(result.peak_live_activations[d], ++live);
-      } else if (op.kind == OpKind::backward_weight) {
-        --live;
-      }
-    }
+    result.peak_live_activations[d] = detail::peak_live_stashes(schedule.ops[d]);
   }
   if (result.makespan > 0) {
     result.bubble_fraction =
