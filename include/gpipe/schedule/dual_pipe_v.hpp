@@ -33,6 +33,40 @@
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
+namespace detail {
+
+// One device's list for DualPipeV: each chunk's F's, B's and W's in micro-batch order, and the W's
+// of the B's run zero-bubble ("zb") kept back, to run oldest first when the table says W.
+class DualPipeVProgram {
+ public:
+  constexpr DualPipeVProgram(Schedule& schedule, std::size_t device) : program_(schedule, device) {}
+
+  constexpr void forward(std::size_t chunk) { program_.forward(forwards_[chunk]++, chunk); }
+  // B, then its W right away, or later (weight()) when `zb`.
+  constexpr void backward(std::size_t chunk, bool zb) {
+    program_.backward_input(backwards_[chunk]++, chunk);
+    if (zb)
+      postponed_.push_back(chunk);
+    else
+      program_.backward_weight(weights_[chunk]++, chunk);
+  }
+  // The oldest postponed W.
+  constexpr void weight() {
+    const std::size_t chunk = postponed_[oldest_++];
+    program_.backward_weight(weights_[chunk]++, chunk);
+  }
+  constexpr void remaining_weights() {
+    while (oldest_ < postponed_.size()) weight();
+  }
+
+ private:
+  Program program_;
+  std::size_t forwards_[2] = {0, 0}, backwards_[2] = {0, 0}, weights_[2] = {0, 0};
+  std::vector<std::size_t> postponed_;  // chunks whose B ran without its W, oldest first
+  std::size_t oldest_ = 0;              // postponed_[oldest_] is the next W's
+};
+
+}  // namespace detail
 
 /// (K, M) => DualPipeV on K devices of 2 chunks each in a V (see the top of this file). Throws
 /// Error when K is 0 or M < 2K.
@@ -47,56 +81,40 @@ constexpr Schedule make_dual_pipe_v_schedule(std::size_t num_devices,
                 ", got M = " + std::to_string(m));
   }
   for (std::size_t d = 0; d < k; ++d) {
-    detail::Program program(schedule, d);
-    std::size_t f[2] = {0, 0}, b[2] = {0, 0};
-    std::vector<std::size_t> postponed;  // chunks whose B ran without its W, oldest first
-    std::size_t oldest = 0;              // postponed[oldest] is the next W's
-    std::size_t w_done[2] = {0, 0};
-    auto forward = [&](std::size_t chunk) { program.forward(f[chunk]++, chunk); };
-    auto backward = [&](std::size_t chunk, bool zb) {
-      program.backward_input(b[chunk]++, chunk);
-      if (zb)
-        postponed.push_back(chunk);
-      else
-        program.backward_weight(w_done[chunk]++, chunk);
-    };
-    auto weight = [&] {
-      const std::size_t chunk = postponed[oldest++];
-      program.backward_weight(w_done[chunk]++, chunk);
-    };
-    for (std::size_t i = 0; i < (k - 1 - d) * 2; ++i) forward(0);  // 1
-    for (std::size_t i = 0; i < d + 1; ++i) {                      // 2
-      forward(0);
-      forward(1);
+    detail::DualPipeVProgram program(schedule, d);
+    for (std::size_t i = 0; i < (k - 1 - d) * 2; ++i) program.forward(0);  // 1
+    for (std::size_t i = 0; i < d + 1; ++i) {                              // 2
+      program.forward(0);
+      program.forward(1);
     }
     for (std::size_t i = 0; i < k - 1 - d; ++i) {  // 3
-      backward(1, true);
-      weight();
-      forward(1);
+      program.backward(1, true);
+      program.weight();
+      program.forward(1);
     }
     for (std::size_t i = 0; i < m - 2 * k + d + 1; ++i) {  // 4
-      forward(0);
-      backward(1, false);
-      forward(1);
-      backward(0, false);
+      program.forward(0);
+      program.backward(1, false);
+      program.forward(1);
+      program.backward(0, false);
     }
     for (std::size_t i = 0; i < k - 1 - d; ++i) {  // 5
-      backward(1, false);
-      forward(1);
-      backward(0, false);
+      program.backward(1, false);
+      program.forward(1);
+      program.backward(0, false);
     }
     bool zb = false;
     for (std::size_t i = 0; i < d + 1; ++i) {  // 6
       if (i == (d + 1) / 2 && d % 2 == 1) zb = true;
-      backward(1, zb);
+      program.backward(1, zb);
       if (i == (d + 1) / 2 && d % 2 == 0) zb = true;
-      backward(0, zb);
+      program.backward(0, zb);
     }
     for (std::size_t i = 0; i < k - 1 - d; ++i) {  // 7
-      weight();
-      backward(0, true);
+      program.weight();
+      program.backward(0, true);
     }
-    while (oldest < postponed.size()) weight();  // 8
+    program.remaining_weights();  // 8
   }
   return schedule;
 }
