@@ -148,6 +148,64 @@ constexpr bool rendezvous_waits(const Schedule& schedule) {
   return false;
 }
 
+// A transfer of place_transfers_by_time: its message's time tau and the gap it goes in.
+struct TimedTransfer {
+  double tau;
+  std::size_t gap;  // the gap between compute ops: before the gap-th compute op of the list
+  bool recv;
+  std::size_t stage;
+  Op op;
+};
+
+// Gap by gap, and within a gap in place_transfers_by_time's order of a group.
+constexpr bool timed_before(const TimedTransfer& a, const TimedTransfer& b) {
+  if (a.gap != b.gap) return a.gap < b.gap;
+  if (a.recv != b.recv) return !a.recv;
+  if (a.tau != b.tau) return a.tau < b.tau;
+  if (a.stage != b.stage) return a.stage < b.stage;
+  if (a.op.micro_batch != b.op.micro_batch) return a.op.micro_batch < b.op.micro_batch;
+  return a.op.kind < b.op.kind;
+}
+
+// Device d's list as place_transfers_by_time builds it from `timeline` (schedule's, unit costs):
+// its compute ops in order, each gap holding the transfers placed in it.
+constexpr std::vector<Op> list_by_time(const Schedule& schedule, const OpIndex& index,
+                                       const SimulationResult& timeline, std::size_t d) {
+  const std::vector<Op>& ops = schedule.ops[d];
+  std::vector<double> compute_starts;
+  for (std::size_t p = 0; p < ops.size(); ++p)
+    if (is_compute(ops[p].kind)) compute_starts.push_back(timeline.start[d][p]);
+  std::vector<Op> compute;
+  std::vector<TimedTransfer> transfers;
+  for (std::size_t p = 0; p < ops.size(); ++p) {
+    const Op& op = ops[p];
+    if (is_compute(op.kind)) {
+      compute.push_back(op);
+      continue;
+    }
+    const std::size_t own_gap = compute.size();
+    const std::size_t stage = schedule.stage_of(d, op.chunk);
+    if (is_send(op.kind)) {
+      transfers.push_back({timeline.start[d][p], own_gap, false, stage, op});
+      continue;
+    }
+    const OpPlace sender = partner_place(schedule, index, d, op);
+    const double tau = timeline.start[sender.device][sender.position];
+    std::size_t gap = 0;
+    while (gap < own_gap && compute_starts[gap] < tau) ++gap;
+    transfers.push_back({tau, gap, true, stage, op});
+  }
+  std::sort(transfers.begin(), transfers.end(), timed_before);
+  // the groups in order: gap g's transfers, then compute op g
+  std::vector<Op> list;
+  std::size_t t = 0;
+  for (std::size_t g = 0; g <= compute.size(); ++g) {
+    for (; t < transfers.size() && transfers[t].gap == g; ++t) list.push_back(transfers[t].op);
+    if (g < compute.size()) list.push_back(compute[g]);
+  }
+  return list;
+}
+
 // `schedule` (valid with buffered sends) with its transfers where its buffered timeline puts them,
 // for rendezvous sends by construction: simulated with unit op costs, every message has a time
 // tau, when its send runs (the end of the compute op before it); both the send and its recv are
@@ -165,62 +223,9 @@ constexpr Repaired place_transfers_by_time(const Schedule& schedule) {
   const SimulationResult timeline = simulate(schedule);
   OpIndex index;
   if (!validate_into(schedule, index).ok) return {};
-  const std::size_t k = schedule.num_devices;
-  struct Placed {
-    double tau;
-    std::size_t gap;  // the gap between compute ops: before the gap-th compute op of the list
-    bool recv;
-    std::size_t stage;
-    Op op;
-  };
-  // the compute ops' start and finish, per device, in list order
-  std::vector<std::vector<double>> starts(k), finishes(k);
-  for (std::size_t d = 0; d < k; ++d)
-    for (std::size_t p = 0; p < schedule.ops[d].size(); ++p)
-      if (is_compute(schedule.ops[d][p].kind)) {
-        starts[d].push_back(timeline.start[d][p]);
-        finishes[d].push_back(timeline.finish[d][p]);
-      }
   Schedule out = schedule;
-  for (std::size_t d = 0; d < k; ++d) {
-    const std::vector<Op>& ops = schedule.ops[d];
-    std::vector<Op> compute;
-    std::vector<Placed> transfers;
-    for (std::size_t p = 0; p < ops.size(); ++p) {
-      const Op& op = ops[p];
-      if (is_compute(op.kind)) {
-        compute.push_back(op);
-        continue;
-      }
-      const std::size_t own_gap = compute.size();
-      const std::size_t stage = schedule.stage_of(d, op.chunk);
-      if (is_send(op.kind)) {
-        transfers.push_back({timeline.start[d][p], own_gap, false, stage, op});
-        continue;
-      }
-      const OpPlace sender = partner_place(schedule, index, d, op);
-      const double tau = timeline.start[sender.device][sender.position];
-      std::size_t gap = 0;
-      while (gap < own_gap && starts[d][gap] < tau) ++gap;
-      transfers.push_back({tau, gap, true, stage, op});
-    }
-    // the groups in order: gap g's transfers, then compute op g
-    std::sort(transfers.begin(), transfers.end(), [](const Placed& a, const Placed& b) {
-      if (a.gap != b.gap) return a.gap < b.gap;
-      if (a.recv != b.recv) return !a.recv;
-      if (a.tau != b.tau) return a.tau < b.tau;
-      if (a.stage != b.stage) return a.stage < b.stage;
-      if (a.op.micro_batch != b.op.micro_batch) return a.op.micro_batch < b.op.micro_batch;
-      return a.op.kind < b.op.kind;
-    });
-    std::vector<Op>& list = out.ops[d];
-    list.clear();
-    std::size_t t = 0;
-    for (std::size_t g = 0; g <= compute.size(); ++g) {
-      for (; t < transfers.size() && transfers[t].gap == g; ++t) list.push_back(transfers[t].op);
-      if (g < compute.size()) list.push_back(compute[g]);
-    }
-  }
+  for (std::size_t d = 0; d < schedule.num_devices; ++d)
+    out.ops[d] = list_by_time(schedule, index, timeline, d);
   if (!validate(out).ok || !validate(out, Sends::rendezvous).ok || rendezvous_waits(out)) return {};
   return {true, out};
 }
