@@ -56,7 +56,6 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <string_view>
 #include <vector>
 
 #include "gpipe/schedule/detail/program.hpp"
@@ -129,25 +128,17 @@ constexpr Schedule make_interleaved_schedule(std::size_t num_devices, std::size_
   return schedule;
 }
 
+namespace detail {
+inline constexpr char interleaved_name_prefix[] = "interleaved-";
+}  // namespace detail
+
 /// Schedule tag for Trainer's schedule argument: interleaved 1F1B with V stages per device, so a
-/// model with V*K stages runs on K devices.
+/// model with V*K stages runs on K devices; name `"interleaved-V"` with V's digits, make(K, M) =
+/// make_interleaved_schedule(K, V, M).
 template <std::size_t V>
-struct Interleaved {
+struct Interleaved : detail::RoundRobinScheduleKind<V, detail::interleaved_name_prefix,
+                                                    make_interleaved_schedule> {
   static_assert(V >= 1, "gpipe: Interleaved<V> needs at least one chunk per device");
-
- private:
-  static constexpr auto name_text_ = detail::numbered_name<V>("interleaved-");
-
- public:
-  /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).
-  static constexpr std::size_t chunks_per_device = V;
-  /// `"interleaved-V"` with V's digits (`"interleaved-2"`), in benchmark labels and test output.
-  static constexpr std::string_view name{name_text_.data(), name_text_.size()};
-
-  /// The schedule for K devices and M micro-batches: make_interleaved_schedule(K, V, M).
-  static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
-    return make_interleaved_schedule(num_devices, V, num_micro_batches);
-  }
 };
 
 }  // namespace gpipe

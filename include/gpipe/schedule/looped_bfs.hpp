@@ -17,7 +17,6 @@
 // order_for_rendezvous repairs the transfers as for interleaved 1F1B.
 
 #include <cstddef>
-#include <string_view>
 
 #include "gpipe/schedule/detail/program.hpp"
 #include "gpipe/schedule/op.hpp"
@@ -40,25 +39,17 @@ constexpr Schedule make_looped_bfs_schedule(std::size_t num_devices, std::size_t
   return schedule;
 }
 
+namespace detail {
+inline constexpr char looped_bfs_name_prefix[] = "looped-bfs-";
+}  // namespace detail
+
 /// Schedule tag for Trainer's schedule argument: looped breadth-first, V stages per device round
-/// robin (as Interleaved<V>), so a model with V*K stages runs on K devices.
+/// robin (as Interleaved<V>), so a model with V*K stages runs on K devices; name `"looped-bfs-V"`
+/// with V's digits, make(K, M) = make_looped_bfs_schedule(K, V, M).
 template <std::size_t V>
-struct LoopedBFS {
+struct LoopedBFS
+    : detail::RoundRobinScheduleKind<V, detail::looped_bfs_name_prefix, make_looped_bfs_schedule> {
   static_assert(V >= 1, "gpipe: LoopedBFS<V> needs at least one chunk per device");
-
- private:
-  static constexpr auto name_text_ = detail::numbered_name<V>("looped-bfs-");
-
- public:
-  /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).
-  static constexpr std::size_t chunks_per_device = V;
-  /// `"looped-bfs-V"` with V's digits (`"looped-bfs-2"`), in benchmark labels and test output.
-  static constexpr std::string_view name{name_text_.data(), name_text_.size()};
-
-  /// The schedule for K devices and M micro-batches: make_looped_bfs_schedule(K, V, M).
-  static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
-    return make_looped_bfs_schedule(num_devices, V, num_micro_batches);
-  }
 };
 
 }  // namespace gpipe

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpipe/error.hpp"
@@ -55,6 +56,26 @@ constexpr auto numbered_name(const char (&prefix)[N]) {
   for (std::size_t i = text.size(); i-- > N - 1; v /= 10) text[i] = static_cast<char>('0' + v % 10);
   return text;
 }
+
+// The members shared by the schedule tags that put V stages on each device round robin
+// (Interleaved<V>, LoopedBFS<V>): `prefix` is a named char array ("interleaved-"), make_schedule
+// the generator (K, V, M) => Schedule.
+template <std::size_t V, const auto& prefix, auto make_schedule>
+struct RoundRobinScheduleKind {
+ private:
+  static constexpr auto name_text_ = numbered_name<V>(prefix);
+
+ public:
+  /// Stages per device: a model of S stages runs on S / V devices (S must be a multiple of V).
+  static constexpr std::size_t chunks_per_device = V;
+  /// The prefix, then V's digits (`"interleaved-2"`), in benchmark labels and test output.
+  static constexpr std::string_view name{name_text_.data(), name_text_.size()};
+
+  /// The schedule for K devices and M micro-batches: make_schedule(K, V, M).
+  static constexpr Schedule make(std::size_t num_devices, std::size_t num_micro_batches) {
+    return make_schedule(num_devices, V, num_micro_batches);
+  }
+};
 
 // Appends to one device's list. Each compute op comes with its transfers, placed as late
 // (recvs) and as early (sends) as its dependencies allow: a recv right before the op that needs
