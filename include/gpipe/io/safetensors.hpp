@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -172,6 +173,68 @@ inline std::optional<std::uint64_t> json_to_size(const JsonValue& value) {
   return integer.magnitude;
 }
 
+// Each parse_safetensors_* below checks one field of a header entry; `where` ("tensor \"name\": ")
+// starts its messages.
+
+inline SafetensorsDtypeInfo parse_safetensors_dtype(const std::filesystem::path& path,
+                                                    const std::string& where,
+                                                    const JsonValue& dtype) {
+  if (!dtype.is<std::string>()) {
+    safetensors_fail(path,
+                     where + "dtype must be a string, found " + std::string(json_type_name(dtype)));
+  }
+  const auto* known = std::find_if(std::begin(safetensors_dtypes), std::end(safetensors_dtypes),
+                                   [&](const SafetensorsDtypeInfo& candidate) {
+                                     return candidate.name == dtype.as<std::string>();
+                                   });
+  if (known == std::end(safetensors_dtypes)) {
+    safetensors_fail(path, where + "unsupported dtype " + quoted_excerpt(dtype.as<std::string>()) +
+                               " (gpipe reads F32, F64, F16 and BF16)");
+  }
+  return *known;
+}
+
+inline std::vector<std::size_t> parse_safetensors_shape(const std::filesystem::path& path,
+                                                        const std::string& where,
+                                                        const JsonValue& shape) {
+  if (!shape.is<JsonArray>()) {
+    safetensors_fail(path,
+                     where + "shape must be an array, found " + std::string(json_type_name(shape)));
+  }
+  std::vector<std::size_t> extents;
+  for (const JsonValue& extent : shape.as<JsonArray>()) {
+    const std::optional<std::uint64_t> value = json_to_size(extent);
+    if (!value) {
+      safetensors_fail(path, where + "shape[" + std::to_string(extents.size()) +
+                                 "] must be a non-negative integer that fits in size_t");
+    }
+    extents.push_back(static_cast<std::size_t>(*value));
+  }
+  return extents;
+}
+
+// [begin, end], within the data section of `data_bytes` bytes.
+inline std::pair<std::uint64_t, std::uint64_t> parse_safetensors_offsets(
+    const std::filesystem::path& path, const std::string& where, const JsonValue& offsets,
+    std::uint64_t data_bytes) {
+  const auto* pair = offsets.is<JsonArray>() ? &offsets.as<JsonArray>() : nullptr;
+  const std::optional<std::uint64_t> begin =
+      pair != nullptr && pair->size() == 2 ? json_to_size((*pair)[0]) : std::nullopt;
+  const std::optional<std::uint64_t> end =
+      pair != nullptr && pair->size() == 2 ? json_to_size((*pair)[1]) : std::nullopt;
+  if (!begin || !end) {
+    safetensors_fail(path, where + "data_offsets must be an array of two non-negative integers");
+  }
+  const std::string range =
+      "data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) + "]";
+  if (*begin > *end) safetensors_fail(path, where + range + " begin after end");
+  if (*end > data_bytes) {
+    safetensors_fail(path, where + range + " run past the end of the " +
+                               std::to_string(data_bytes) + "-byte data section");
+  }
+  return {*begin, *end};
+}
+
 inline SafetensorsEntry parse_safetensors_entry(const std::filesystem::path& path,
                                                 const JsonMember& member,
                                                 std::uint64_t data_bytes) {
@@ -189,35 +252,8 @@ inline SafetensorsEntry parse_safetensors_entry(const std::filesystem::path& pat
 
   SafetensorsEntry entry;
   entry.name = member.key;
-
-  const JsonValue& dtype = field("dtype");
-  if (!dtype.is<std::string>()) {
-    safetensors_fail(path,
-                     where + "dtype must be a string, found " + std::string(json_type_name(dtype)));
-  }
-  const auto* known = std::find_if(std::begin(safetensors_dtypes), std::end(safetensors_dtypes),
-                                   [&](const SafetensorsDtypeInfo& candidate) {
-                                     return candidate.name == dtype.as<std::string>();
-                                   });
-  if (known == std::end(safetensors_dtypes)) {
-    safetensors_fail(path, where + "unsupported dtype " + quoted_excerpt(dtype.as<std::string>()) +
-                               " (gpipe reads F32, F64, F16 and BF16)");
-  }
-  entry.dtype = *known;
-
-  const JsonValue& shape = field("shape");
-  if (!shape.is<JsonArray>()) {
-    safetensors_fail(path,
-                     where + "shape must be an array, found " + std::string(json_type_name(shape)));
-  }
-  for (const JsonValue& extent : shape.as<JsonArray>()) {
-    const std::optional<std::uint64_t> value = json_to_size(extent);
-    if (!value) {
-      safetensors_fail(path, where + "shape[" + std::to_string(entry.shape.size()) +
-                                 "] must be a non-negative integer that fits in size_t");
-    }
-    entry.shape.push_back(static_cast<std::size_t>(*value));
-  }
+  entry.dtype = parse_safetensors_dtype(path, where, field("dtype"));
+  entry.shape = parse_safetensors_shape(path, where, field("shape"));
   const std::optional<std::size_t> elements = shape_elements(entry.shape);
   const std::size_t bytes_per_element = entry.dtype.bytes;
   if (!elements || *elements > std::numeric_limits<std::size_t>::max() / bytes_per_element) {
@@ -225,30 +261,15 @@ inline SafetensorsEntry parse_safetensors_entry(const std::filesystem::path& pat
                                " has more elements than fit in memory (product overflows)");
   }
   entry.elements = *elements;
-
-  const JsonValue& offsets = field("data_offsets");
-  const auto* pair = offsets.is<JsonArray>() ? &offsets.as<JsonArray>() : nullptr;
-  const std::optional<std::uint64_t> begin =
-      pair != nullptr && pair->size() == 2 ? json_to_size((*pair)[0]) : std::nullopt;
-  const std::optional<std::uint64_t> end =
-      pair != nullptr && pair->size() == 2 ? json_to_size((*pair)[1]) : std::nullopt;
-  if (!begin || !end) {
-    safetensors_fail(path, where + "data_offsets must be an array of two non-negative integers");
-  }
-  entry.begin = *begin;
-  entry.end = *end;
-  const std::string range =
-      "data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + "]";
-  if (entry.begin > entry.end) safetensors_fail(path, where + range + " begin after end");
-  if (entry.end > data_bytes) {
-    safetensors_fail(path, where + range + " run past the end of the " +
-                               std::to_string(data_bytes) + "-byte data section");
-  }
+  std::tie(entry.begin, entry.end) =
+      parse_safetensors_offsets(path, where, field("data_offsets"), data_bytes);
   const std::uint64_t needed = std::uint64_t{entry.elements} * bytes_per_element;
   if (entry.end - entry.begin != needed) {
-    safetensors_fail(path, where + range + " span " + std::to_string(entry.end - entry.begin) +
-                               " bytes but shape " + shape_string(entry.shape) + " of " +
-                               std::string(entry.dtype.name) + " needs " + std::to_string(needed));
+    safetensors_fail(path, where + "data_offsets [" + std::to_string(entry.begin) + ", " +
+                               std::to_string(entry.end) + "] span " +
+                               std::to_string(entry.end - entry.begin) + " bytes but shape " +
+                               shape_string(entry.shape) + " of " + std::string(entry.dtype.name) +
+                               " needs " + std::to_string(needed));
   }
   return entry;
 }
