@@ -160,6 +160,71 @@ inline std::string quoted_excerpt(std::string_view s, std::size_t max_bytes = 20
   return json_quote(s.substr(0, cut)) + "...";
 }
 
+// Appends code point `code` (at most U+10FFFF, not a surrogate) as UTF-8.
+inline void append_utf8(std::string& out, std::uint32_t code) {
+  if (code < 0x80) {
+    out += static_cast<char>(code);
+  } else if (code < 0x800) {
+    out += static_cast<char>(0xC0 | (code >> 6));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  } else if (code < 0x10000) {
+    out += static_cast<char>(0xE0 | (code >> 12));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (code >> 18));
+    out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  }
+}
+
+// The character that the escape backslash-`c` stands for, or '\0' when `c` is not one of
+// " \ / b f n r t (\u escapes are parsed apart).
+constexpr char json_unescaped(char c) {
+  switch (c) {
+    case '"':
+    case '\\':
+    case '/':
+      return c;
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return '\0';
+  }
+}
+
+// The value of hex digit `c`, or -1.
+constexpr int hex_digit_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// A member whose key an earlier member of `object` has (of the smallest such key), or nullptr.
+// Sorting pointers keeps this O(n log n) for headers with many thousands of tensors.
+inline const JsonMember* first_duplicate_key(const JsonObject& object) {
+  std::vector<const JsonMember*> sorted;
+  sorted.reserve(object.size());
+  for (const JsonMember& member : object) sorted.push_back(&member);
+  std::sort(sorted.begin(), sorted.end(), [](const JsonMember* a, const JsonMember* b) {
+    return a->key != b->key ? a->key < b->key : a->key_offset < b->key_offset;
+  });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i]->key == sorted[i - 1]->key) return sorted[i];
+  }
+  return nullptr;
+}
+
 class JsonParser {
  public:
   // `source` names the text in messages ("gpipe: <source>: invalid JSON at byte N: ...");
@@ -245,17 +310,37 @@ class JsonParser {
     }
   }
 
-  JsonObject parse_object(std::size_t depth) {
-    check_depth(depth);
-    ++pos_;  // '{'
-    JsonObject object;
+  // open (element (, element)*)? close, with whitespace between tokens; pos_ at open. `what`
+  // ("object", "array") names the container in messages.
+  template <class Element>
+  void parse_items(char close, std::string_view what, Element element) {
+    ++pos_;  // open
     skip_whitespace();
-    if (!at_end() && text_[pos_] == '}') {
+    if (!at_end() && text_[pos_] == close) {
       ++pos_;
-      return object;
+      return;
     }
     while (true) {
       skip_whitespace();
+      element();
+      skip_whitespace();
+      if (!at_end() && text_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      if (!at_end() && text_[pos_] == close) {
+        ++pos_;
+        return;
+      }
+      fail(pos_, "expected ',' or '" + std::string(1, close) + "' in " + std::string(what) +
+                     ", found " + describe(pos_));
+    }
+  }
+
+  JsonObject parse_object(std::size_t depth) {
+    check_depth(depth);
+    JsonObject object;
+    parse_items('}', "object", [&] {
       if (at_end() || text_[pos_] != '"') {
         fail(pos_, "expected a string key in object, found " + describe(pos_));
       }
@@ -270,59 +355,17 @@ class JsonParser {
       skip_whitespace();
       member.value = parse_value(depth);
       object.push_back(std::move(member));
-      skip_whitespace();
-      if (!at_end() && text_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (!at_end() && text_[pos_] == '}') {
-        ++pos_;
-        break;
-      }
-      fail(pos_, "expected ',' or '}' in object, found " + describe(pos_));
-    }
-    check_unique_keys(object);
-    return object;
-  }
-
-  // Sorting pointers keeps this O(n log n) for headers with many thousands of tensors.
-  void check_unique_keys(const JsonObject& object) const {
-    std::vector<const JsonMember*> sorted;
-    sorted.reserve(object.size());
-    for (const JsonMember& member : object) sorted.push_back(&member);
-    std::sort(sorted.begin(), sorted.end(), [](const JsonMember* a, const JsonMember* b) {
-      return a->key != b->key ? a->key < b->key : a->key_offset < b->key_offset;
     });
-    for (std::size_t i = 1; i < sorted.size(); ++i) {
-      if (sorted[i]->key == sorted[i - 1]->key) {
-        fail(sorted[i]->key_offset, "duplicate key " + quoted_excerpt(sorted[i]->key));
-      }
+    if (const JsonMember* duplicate = first_duplicate_key(object)) {
+      fail(duplicate->key_offset, "duplicate key " + quoted_excerpt(duplicate->key));
     }
+    return object;
   }
 
   JsonArray parse_array(std::size_t depth) {
     check_depth(depth);
-    ++pos_;  // '['
     JsonArray array;
-    skip_whitespace();
-    if (!at_end() && text_[pos_] == ']') {
-      ++pos_;
-      return array;
-    }
-    while (true) {
-      skip_whitespace();
-      array.push_back(parse_value(depth));
-      skip_whitespace();
-      if (!at_end() && text_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      if (!at_end() && text_[pos_] == ']') {
-        ++pos_;
-        break;
-      }
-      fail(pos_, "expected ',' or ']' in array, found " + describe(pos_));
-    }
+    parse_items(']', "array", [&] { array.push_back(parse_value(depth)); });
     return array;
   }
 
@@ -367,39 +410,12 @@ class JsonParser {
     std::uint32_t code = 0;
     for (int i = 0; i < 4; ++i) {
       if (at_end()) fail(pos_, "expected 4 hex digits after \\u, found end of input");
-      const char c = text_[pos_];
-      std::uint32_t digit = 0;
-      if (c >= '0' && c <= '9') {
-        digit = static_cast<std::uint32_t>(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        digit = static_cast<std::uint32_t>(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        digit = static_cast<std::uint32_t>(c - 'A' + 10);
-      } else {
-        fail(pos_, "expected 4 hex digits after \\u, found " + describe(pos_));
-      }
-      code = code * 16 + digit;
+      const int digit = hex_digit_value(text_[pos_]);
+      if (digit < 0) fail(pos_, "expected 4 hex digits after \\u, found " + describe(pos_));
+      code = code * 16 + static_cast<std::uint32_t>(digit);
       ++pos_;
     }
     return code;
-  }
-
-  static void append_utf8(std::string& out, std::uint32_t code) {
-    if (code < 0x80) {
-      out += static_cast<char>(code);
-    } else if (code < 0x800) {
-      out += static_cast<char>(0xC0 | (code >> 6));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else if (code < 0x10000) {
-      out += static_cast<char>(0xE0 | (code >> 12));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (code >> 18));
-      out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    }
   }
 
   // A \uXXXX escape (pos_ at the 'u'), joining a surrogate pair into one code point.
@@ -437,37 +453,15 @@ class JsonParser {
         const std::size_t escape_start = pos_;
         ++pos_;
         if (at_end()) fail(start, "unterminated string");
-        switch (text_[pos_]) {
-          case '"':
-            out += '"';
-            break;
-          case '\\':
-            out += '\\';
-            break;
-          case '/':
-            out += '/';
-            break;
-          case 'b':
-            out += '\b';
-            break;
-          case 'f':
-            out += '\f';
-            break;
-          case 'n':
-            out += '\n';
-            break;
-          case 'r':
-            out += '\r';
-            break;
-          case 't':
-            out += '\t';
-            break;
-          case 'u':
-            append_utf8(out, parse_unicode_escape(escape_start));
-            continue;
-          default:
-            fail(escape_start, "invalid escape character " + describe(pos_) + " after '\\'");
+        if (text_[pos_] == 'u') {
+          append_utf8(out, parse_unicode_escape(escape_start));
+          continue;
         }
+        const char unescaped = json_unescaped(text_[pos_]);
+        if (unescaped == '\0') {
+          fail(escape_start, "invalid escape character " + describe(pos_) + " after '\\'");
+        }
+        out += unescaped;
         ++pos_;
         continue;
       }
