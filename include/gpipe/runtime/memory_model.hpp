@@ -67,6 +67,66 @@ std::vector<StageSizes> stage_sizes() {
   return out;
 }
 
+// Device d's activations at their peak, in bytes of `a` an element: its ops' allocations and
+// frees replayed in list order, as the executor makes them.
+inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
+                                    const std::vector<StageSizes>& st, const MicroBatchSplit& split,
+                                    Remat remat, std::size_t a) {
+  const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
+  std::size_t current = 0, peak = 0;
+  // the activations' bytes each slot buffer holds now, as the executor allocates them
+  std::vector<std::array<std::size_t, num_slot_buffers>> held(S * M);
+  for (const Op& op : schedule.ops[d]) {
+    const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
+    const OpBuffers ops = buffers_of(op.kind, {.first_stage = s == 0,
+                                               .last_stage = s + 1 == S,
+                                               .forward_only = schedule.forward_only,
+                                               .recomputed = recomputes(remat, mb, M),
+                                               .has_stash = st[s].stash_per_row > 0});
+    auto& slot = held[s * M + mb];
+    for (std::size_t i = 0; i < ops.num_allocates; ++i) {
+      const Allocation& alloc = ops.allocates[i];
+      if (alloc.kind != MemoryKind::activations) continue;
+      const std::size_t bytes = split.size(mb) * elements_per_row(st[s], alloc.buffer) * a;
+      slot[static_cast<std::size_t>(alloc.buffer)] = bytes;
+      peak = std::max(peak, current += bytes);
+    }
+    for (std::size_t i = 0; i < ops.num_frees; ++i)
+      current -= std::exchange(slot[static_cast<std::size_t>(ops.frees[i])], 0);
+  }
+  return peak;
+}
+
+// An upper bound on device d's workspace, in bytes, for micro-batches of at most `max_rows` of
+// the batch's `rows` rows and activations of `a` bytes an element (bf16 when a < 4).
+inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
+                                   const std::vector<StageSizes>& st, std::size_t rows,
+                                   std::size_t max_rows, std::size_t a,
+                                   std::size_t target_bytes_per_row) {
+  constexpr std::size_t f = sizeof(float);
+  // Within one op at most an output or recompute scratch, the input and output gradients, the
+  // grad stash, the stage's scratch and the targets.
+  std::size_t within_op = 0;
+  for (const Op& op : schedule.ops[d]) {
+    const StageSizes& z = st[schedule.stage_of(d, op.chunk)];
+    within_op = std::max(within_op, max_rows *
+                                            (z.out_features + z.in_features + z.out_features +
+                                             z.grad_stash_per_row + z.workspace_per_row) *
+                                            a +
+                                        max_rows * target_bytes_per_row);
+  }
+  // Across ops, outputs and input gradients waiting for a neighbour (at most every micro-batch of
+  // every stage on the device), the per-micro-batch losses, and in mixed precision the stages'
+  // parameters cast to bf16.
+  std::size_t waiting = 0, weights_bf16 = 0;
+  for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.device_of_stage(s) != d) continue;
+    waiting += rows * (st[s].out_features + st[s].in_features) * a;
+    if (a != f) weights_bf16 += st[s].num_params * a;
+  }
+  return within_op + waiting + schedule.num_micro_batches * f + weights_bf16;
+}
+
 }  // namespace detail
 
 /// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
@@ -81,11 +141,9 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
                                                    std::size_t target_bytes_per_row = 4) {
   constexpr std::size_t f = sizeof(float);                                // master arrays
   constexpr std::size_t a = sizeof(typename Precision::activation_type);  // activations
-  constexpr bool mixed = a != f;
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
   const MicroBatchSplit split{rows, M, Model::tokens_per_sample};
-  std::size_t max_rows = split.size(0);
 
   std::vector<DeviceMemoryPrediction> out(schedule.num_devices);
   for (std::size_t s = 0; s < S; ++s) {
@@ -96,49 +154,9 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   }
 
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
-    std::size_t current = 0, peak = 0;
-    // the activations' bytes each slot buffer holds now, as the executor allocates them
-    std::vector<std::array<std::size_t, detail::num_slot_buffers>> held(S * M);
-    std::size_t workspace = 0;
-    for (const Op& op : schedule.ops[d]) {
-      const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
-      const std::size_t n = split.size(mb);
-      const detail::StageSizes& z = st[s];
-      const detail::OpBuffers ops =
-          detail::buffers_of(op.kind, {.first_stage = s == 0,
-                                       .last_stage = s + 1 == S,
-                                       .forward_only = schedule.forward_only,
-                                       .recomputed = recomputes(remat, mb, M),
-                                       .has_stash = z.stash_per_row > 0});
-      auto& slot = held[s * M + mb];
-      for (std::size_t i = 0; i < ops.num_allocates; ++i) {
-        const detail::Allocation& alloc = ops.allocates[i];
-        if (alloc.kind != MemoryKind::activations) continue;
-        const std::size_t bytes = n * detail::elements_per_row(z, alloc.buffer) * a;
-        slot[static_cast<std::size_t>(alloc.buffer)] = bytes;
-        peak = std::max(peak, current += bytes);
-      }
-      for (std::size_t i = 0; i < ops.num_frees; ++i)
-        current -= std::exchange(slot[static_cast<std::size_t>(ops.frees[i])], 0);
-      // Workspace: within one op at most an output or recompute scratch, the input and output
-      // gradients, the grad stash, the stage's scratch and the targets; plus, across ops, every
-      // output and input gradient not yet received by the neighbouring stage.
-      workspace = std::max(workspace, max_rows *
-                                              (z.out_features + z.in_features + z.out_features +
-                                               z.grad_stash_per_row + z.workspace_per_row) *
-                                              a +
-                                          max_rows * target_bytes_per_row);
-    }
-    // Outputs and input gradients waiting for a neighbour, at most every micro-batch of every
-    // stage on the device, and the per-micro-batch losses.
-    std::size_t waiting = 0, weights_bf16 = 0;
-    for (std::size_t s = 0; s < S; ++s) {
-      if (schedule.device_of_stage(s) != d) continue;
-      waiting += rows * (st[s].out_features + st[s].in_features) * a;
-      if (mixed) weights_bf16 += st[s].num_params * a;
-    }
-    out[d].activations_peak = peak;
-    out[d].workspace_bound = workspace + waiting + M * f + weights_bf16;
+    out[d].activations_peak = detail::activations_peak(schedule, d, st, split, remat, a);
+    out[d].workspace_bound =
+        detail::workspace_bound(schedule, d, st, rows, split.size(0), a, target_bytes_per_row);
   }
   return out;
 }
