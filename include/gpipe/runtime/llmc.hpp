@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,50 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
   return out + "]";
 }
 
+// The rows of checkpoint tensor `t` that the model's parameter `info` takes: all of them, but the
+// model's V of wte (the file's Vp or its true V) and T <= maxT of wpe.
+inline std::size_t llmc_rows_read(const io::LlmcTensor& t, const ParameterInfo& info,
+                                  const io::LlmcGpt2Config& c, const std::string& where) {
+  if (t.name == "0.wte.weight") {
+    require(info.shape[0] == c.padded_vocab_size || info.shape[0] == c.vocab_size,
+            where + "the model's vocabulary is " + std::to_string(info.shape[0]) +
+                ", the checkpoint's " + std::to_string(c.vocab_size) + " (padded " +
+                std::to_string(c.padded_vocab_size) + ")");
+    return info.shape[0];
+  }
+  if (t.name == "0.wpe.weight") {
+    require(info.shape[0] <= c.max_seq_len,
+            where + "the model's samples are " + std::to_string(info.shape[0]) +
+                " tokens, longer than the checkpoint's maxT = " + std::to_string(c.max_seq_len));
+    return info.shape[0];
+  }
+  return t.shape.size() == 2 ? t.shape[0] : 1;
+}
+
+// Sets what the checkpoint's tensors did not (`covered`): the head, from wte (tied in llm.c; null
+// when the file had none) and a zero bias. Throws Error for any other parameter.
+template <class Trainer>
+void set_llmc_head(Trainer& trainer, const std::vector<const ParameterInfo*>& covered,
+                   const std::vector<float>* wte, std::size_t layers, std::size_t channels,
+                   const std::string& where) {
+  const std::vector<ParameterInfo>& infos = trainer.parameter_info();
+  const std::string head = std::to_string(layers + 2);
+  for (const ParameterInfo& info : infos) {
+    if (std::find(covered.begin(), covered.end(), &info) != covered.end()) continue;
+    if (info.name == head + ".weight" && wte != nullptr &&
+        info.shape == std::vector<std::size_t>{infos[0].shape[0], channels}) {
+      trainer.set_parameter(info.name, std::span<const float>(*wte).first(info.size));
+    } else if (info.name == head + ".bias") {
+      trainer.set_parameter(info.name, std::vector<float>(info.size, 0.0f));
+    } else {
+      throw Error("gpipe: " + where + "the model's parameter \"" + info.name +
+                  "\" has no counterpart in an llm.c GPT-2 (layout: Embedding, " +
+                  std::to_string(layers) + " TransformerBlocks, LayerNorm, head Linear<" +
+                  std::to_string(channels) + ", V>)");
+    }
+  }
+}
+
 }  // namespace detail
 
 /// Sets the parameters of `trainer`, whose model has gpipe's GPT layout (layer 0
@@ -101,21 +146,8 @@ void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
                                          std::to_string(L) +
                                          " TransformerBlocks, LayerNorm, head)");
     const std::size_t cols = t.shape.back();
-    std::size_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
-    if (t.name == "0.wte.weight") {
-      detail::require(info->shape[0] == c.padded_vocab_size || info->shape[0] == c.vocab_size,
-                      where + "the model's vocabulary is " + std::to_string(info->shape[0]) +
-                          ", the checkpoint's " + std::to_string(c.vocab_size) + " (padded " +
-                          std::to_string(c.padded_vocab_size) + ")");
-      rows = info->shape[0];
-      wte = &t.data;
-    } else if (t.name == "0.wpe.weight") {
-      detail::require(
-          info->shape[0] <= c.max_seq_len,
-          where + "the model's samples are " + std::to_string(info->shape[0]) +
-              " tokens, longer than the checkpoint's maxT = " + std::to_string(c.max_seq_len));
-      rows = info->shape[0];
-    }
+    const std::size_t rows = detail::llmc_rows_read(t, *info, c, where);
+    if (t.name == "0.wte.weight") wte = &t.data;
     const std::vector<std::size_t> shape =
         t.shape.size() == 2 ? std::vector<std::size_t>{rows, cols} : t.shape;
     detail::require(info->shape == shape, where + "\"" + t.name + "\" is " +
@@ -124,22 +156,7 @@ void load_llmc_gpt2(Trainer& trainer, const std::filesystem::path& path) {
     trainer.set_parameter(t.name, std::span<const float>(t.data).first(rows * cols));
     covered.push_back(info);
   }
-  // The head: wte (tied in llm.c), and a zero bias.
-  const std::string head = std::to_string(L + 2);
-  for (const ParameterInfo& info : infos) {
-    if (std::find(covered.begin(), covered.end(), &info) != covered.end()) continue;
-    if (info.name == head + ".weight" && wte != nullptr &&
-        info.shape == std::vector<std::size_t>{infos[0].shape[0], c.channels}) {
-      trainer.set_parameter(info.name, std::span<const float>(*wte).first(info.size));
-    } else if (info.name == head + ".bias") {
-      trainer.set_parameter(info.name, std::vector<float>(info.size, 0.0f));
-    } else {
-      throw Error("gpipe: " + where + "the model's parameter \"" + info.name +
-                  "\" has no counterpart in an llm.c GPT-2 (layout: Embedding, " +
-                  std::to_string(L) + " TransformerBlocks, LayerNorm, head Linear<" +
-                  std::to_string(c.channels) + ", V>)");
-    }
-  }
+  detail::set_llmc_head(trainer, covered, wte, L, c.channels, where);
 }
 
 /// Writes the parameters of `trainer` (gpipe's GPT layout, as for `load_llmc_gpt2`) as the llm.c
