@@ -55,12 +55,62 @@ constexpr std::string_view spelled_type_name() {
 #endif
 }
 
+// Layer L bound on device 0 of `backend` to buffers for `rows` rows, as a Pipeline binds it.
+template <class L, class Backend>
+class BoundLayer {
+  using Kernels = typename Backend::Kernels;
+  using T = typename Kernels::value_type;
+  using Array = typename Backend::template Buffer<T>;
+
+ public:
+  BoundLayer(Backend& backend, std::size_t rows) : backend_(backend), rows_(rows) {}
+
+  // Uploads the parameters, the input x and the output gradient dy, and zeroes the gradients.
+  void upload(const std::vector<T>& params, const std::vector<T>& x, const std::vector<T>& dy) {
+    backend_.submit(0, {"measure: upload"}, [&](Kernels& k) {
+      k.upload(params.size(), params.data(), params_.data());
+      k.upload(x.size(), x.data(), x_.data());
+      k.upload(dy.size(), dy.data(), dy_.data());
+      k.fill(L::num_params, T{0}, grads_.data());
+    });
+    backend_.synchronize();
+  }
+  void forward(Kernels& k) {
+    L::forward(k, ForwardArgs<T>{rows_, x_.data(), y_.data(), params_.data(), stash_.data(),
+                                 workspace_.data()});
+  }
+  // B, then W.
+  void backward(Kernels& k) {
+    L::backward_input(k,
+                      BackwardInputArgs<T>{rows_, x_.data(), dy_.data(), dx_.data(), params_.data(),
+                                           stash_.data(), grad_stash_.data(), workspace_.data()});
+    L::backward_weight(
+        k, BackwardWeightArgs<T>{rows_, x_.data(), dy_.data(), params_.data(), stash_.data(),
+                                 grad_stash_.data(), grads_.data(), workspace_.data()});
+  }
+
+ private:
+  Array allocate(std::size_t n, MemoryKind kind = MemoryKind::activations) {
+    return backend_.template allocate<T>(0, std::max<std::size_t>(n, 1), kind);
+  }
+
+  Backend& backend_;
+  std::size_t rows_;
+  Array params_ = allocate(L::num_params, MemoryKind::parameters);
+  Array grads_ = allocate(L::num_params, MemoryKind::gradients);
+  Array x_ = allocate(rows_ * L::in_features), dy_ = allocate(rows_ * L::out_features),
+        y_ = allocate(rows_ * L::out_features), dx_ = allocate(rows_ * L::in_features),
+        stash_ = allocate(rows_ * L::stash_per_row),
+        grad_stash_ = allocate(rows_ * L::grad_stash_per_row),
+        workspace_ = allocate(rows_ * workspace_per_row_v<L>, MemoryKind::workspace);
+};
+
 // Seconds of forward and of backward (B then W) of the bound layer L on `rows` rows, on device 0.
 template <class L, bool TokenIds, class Backend>
 LayerCost time_layer(Backend& backend, std::size_t rows, std::size_t vocab, std::size_t repeats) {
   using Kernels = typename Backend::Kernels;
-  using T = typename Kernels::value_type;
-  static_assert(std::is_same_v<T, float>, "gpipe: measure_layer_costs times float layers");
+  static_assert(std::is_same_v<typename Kernels::value_type, float>,
+                "gpipe: measure_layer_costs times float layers");
   Rng rng(1);
   auto random = [&](std::size_t n, bool ids) {
     std::vector<float> v(n);
@@ -72,40 +122,16 @@ LayerCost time_layer(Backend& backend, std::size_t rows, std::size_t vocab, std:
   L::init(params, rng);
   const std::vector<float> x = random(rows * L::in_features, TokenIds);
   const std::vector<float> dy = random(rows * L::out_features, false);
-  auto device = [&](std::size_t n, MemoryKind kind = MemoryKind::activations) {
-    return backend.template allocate<float>(0, std::max<std::size_t>(n, 1), kind);
-  };
-  auto d_params = device(L::num_params, MemoryKind::parameters);
-  auto d_grads = device(L::num_params, MemoryKind::gradients);
-  auto d_x = device(x.size()), d_dy = device(dy.size()), d_y = device(rows * L::out_features),
-       d_dx = device(x.size()), d_stash = device(rows * L::stash_per_row),
-       d_grad_stash = device(rows * L::grad_stash_per_row),
-       d_workspace = device(rows * workspace_per_row_v<L>, MemoryKind::workspace);
-  backend.submit(0, {"measure: upload"}, [&](Kernels& k) {
-    k.upload(params.size(), params.data(), d_params.data());
-    k.upload(x.size(), x.data(), d_x.data());
-    k.upload(dy.size(), dy.data(), d_dy.data());
-    k.fill(L::num_params, 0.0f, d_grads.data());
-  });
-  backend.synchronize();
+  BoundLayer<L, Backend> layer(backend, rows);
+  layer.upload(params, x, dy);
   auto seconds = [&](auto&& work) {
     const auto start = std::chrono::steady_clock::now();
     backend.submit(0, {"measure"}, work);
     backend.synchronize();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  auto forward = [&](Kernels& k) {
-    L::forward(k, ForwardArgs<T>{rows, d_x.data(), d_y.data(), d_params.data(), d_stash.data(),
-                                 d_workspace.data()});
-  };
-  auto backward = [&](Kernels& k) {
-    L::backward_input(
-        k, BackwardInputArgs<T>{rows, d_x.data(), d_dy.data(), d_dx.data(), d_params.data(),
-                                d_stash.data(), d_grad_stash.data(), d_workspace.data()});
-    L::backward_weight(
-        k, BackwardWeightArgs<T>{rows, d_x.data(), d_dy.data(), d_params.data(), d_stash.data(),
-                                 d_grad_stash.data(), d_grads.data(), d_workspace.data()});
-  };
+  const auto forward = [&](Kernels& k) { layer.forward(k); };
+  const auto backward = [&](Kernels& k) { layer.backward(k); };
   seconds(forward);  // warm-up: first touches, caches, kernels' setup
   seconds(backward);
   std::vector<double> f, b;
