@@ -12,8 +12,8 @@
 // parameter store (storage, initialization, names, ties, files; runtime/parameter_store.hpp),
 // the optimizer state (runtime/optimizer_state.hpp), checkpoints (runtime/checkpoint.hpp) and
 // the step runner (schedule, executor, timing; runtime/step_runner.hpp). What depends on the
-// model's types is here: the checks that the model runs on the backend, the schedule's generator,
-// and the typed entry points.
+// model's types is here: the schedule's generator and the typed entry points, and the checks that
+// the model runs on the backend (runtime/trainer_checks.hpp).
 
 #include <chrono>
 #include <cmath>
@@ -43,38 +43,12 @@
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/runtime/step_runner.hpp"
 #include "gpipe/runtime/step_stats.hpp"
+#include "gpipe/runtime/trainer_checks.hpp"
 #include "gpipe/schedule/gpipe.hpp"
 #include "gpipe/schedule/kind.hpp"
 #include "gpipe/transport/transport.hpp"
 
 namespace gpipe {
-
-namespace detail {
-// True when the backend runs Model in Precision; otherwise a static_assert that says why not.
-template <class Precision, class Backend, class Model>
-constexpr bool explain_precision_for() {
-  if constexpr (!precision<Precision> ||
-                std::is_same_v<typename Precision::activation_type, float>) {
-    return true;
-  } else if constexpr (!requires(typename Backend::Kernels & k) { k.bf16_context(); }) {
-    static_assert(lacks<Backend>,
-                  "gpipe: MixedBf16 needs a backend with bf16 kernels (host::Backend, "
-                  "mpi::Backend, cuda::Backend, mpi::CudaBackend); this one has none");
-    return false;
-  } else if constexpr (Model::is_token_model && Model::vocab_size > 65536) {
-    static_assert(lacks<Model>,
-                  "gpipe: MixedBf16 carries token ids in 16 bits: a vocabulary of at most 65536");
-    return false;
-  } else {
-    return true;
-  }
-}
-// Whether every layer of every stage runs with the kernel context Ctx (see explain_layer_for).
-template <class Model, class Ctx, std::size_t... S>
-constexpr bool model_runs_on(std::index_sequence<S...>) {
-  return (Model::template stage_t<S>::template explain_runs_on<Ctx>() && ...);
-}
-}  // namespace detail
 
 /// Trains the `Pipeline` `Model` with pipelined micro-batches: `forward_backward` adds the
 /// gradients of the mini-batch mean `Loss` (`SoftmaxCrossEntropy` or `MSELoss`), `step` applies
@@ -96,29 +70,11 @@ constexpr bool model_runs_on(std::index_sequence<S...>) {
 template <class Model, class Loss, backend Backend, class ScheduleKind = GPipe,
           class Precision = Fp32>
 class Trainer {
-  static_assert(precision<Precision>,
-                "gpipe: the Trainer's fifth argument is its precision: gpipe::Fp32 or "
-                "gpipe::MixedBf16");
-  static_assert(detail::explain_precision_for<Precision, Backend, Model>());
+  static_assert(detail::explain_trainer_for<Model, Loss, Backend, ScheduleKind, Precision>());
   // The context the model's ops run on: the backend's, or its bf16 one.
   using ActivationKernels =
       typename detail::ActivationContext<typename Backend::Kernels,
                                          typename Precision::activation_type>::type;
-  // Every layer of every stage runs on this backend (names the operation a layer lacks, here
-  // rather than deep inside the first forward_backward); so do the loss and the schedule kind
-  // (each names the piece it lacks: model/loss.hpp, schedule/kind.hpp).
-  static_assert(detail::model_runs_on<Model, ActivationKernels>(
-                    std::make_index_sequence<Model::num_stages>{}),
-                "gpipe: a layer of the model cannot run on this backend in this precision (named "
-                "above, with the kernel context: host::Kernels<gpipe::bf16> for MixedBf16)");
-  static_assert(detail::explain_loss_for<Loss, ActivationKernels>(),
-                "gpipe: the Trainer's Loss is not a loss for this backend (named above)");
-  static_assert(detail::explain_schedule_kind<ScheduleKind>(),
-                "gpipe: the Trainer's ScheduleKind is not a schedule kind (named above)");
-  static_assert(!schedule_kind<ScheduleKind> ||
-                    Model::num_stages % ScheduleKind::chunks_per_device == 0,
-                "gpipe: the schedule puts chunks_per_device stages on each device; the number of "
-                "stages must be a multiple of it");
 
  public:
   using model_type = Model;            ///< the `Pipeline` of stages being trained
