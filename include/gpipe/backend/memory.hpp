@@ -1,16 +1,19 @@
 #pragma once
 // Backend-neutral memory pieces: the byte accounting every backend's allocator keeps (current,
-// peak and an optional capacity, in all and per MemoryKind), and Buffer<T, Allocator>, an owning
-// handle to one allocation. An Allocator provides
+// peak and an optional capacity, in all and per MemoryKind), Buffer<T, Allocator>, an owning
+// handle to one allocation, and DeviceMemory<Allocator>, a backend's allocators with the memory
+// members of `gpipe::backend`. An Allocator provides
 //   void* allocate(std::size_t bytes, MemoryKind)       (nullptr for 0 bytes; may throw)
 //   void deallocate(void*, std::size_t bytes, MemoryKind) noexcept
 //   std::size_t device() const
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/error.hpp"
@@ -122,6 +125,62 @@ class Buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   MemoryKind kind_ = MemoryKind::other;
+};
+
+/// The counted memory of a backend's devices, one Allocator each, and the members of
+/// `gpipe::backend` over it: memory_stats, reset_peak, allocate. host::Backend and cuda::Backend
+/// derive from it publicly, so that these members and their contracts are stated once; a backend
+/// adds each device's allocator as it makes the device, and its devices are those that have one.
+/// Being the base, the allocators are made before and destroyed after everything the backend
+/// itself holds (streams, queued work), which may still free buffers as it goes.
+template <class Allocator>
+class DeviceMemory {
+ public:
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  /// Bytes `device`'s buffers hold now and at most since the last reset_peak(), in all and per
+  /// MemoryKind; what the allocator keeps for reuse (the host's freed blocks, the CUDA pool's
+  /// cached ones) and a backend's own scratch (CUDA kernel scratch, staging) are not counted.
+  MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
+  /// Sets every device's peaks to its current use, so that memory_stats() then reports the peak
+  /// of what follows.
+  void reset_peak() {
+    for (auto& a : allocators_) a->reset_peak();
+  }
+  /// `count` uninitialized elements of `T` on `device`, counted under `kind`; throws OutOfMemory
+  /// past the device's capacity, or when the device itself (the host, the GPU) has no memory
+  /// left. On CUDA, allocation and free are stream-ordered (cuda/memory.cuh).
+  template <class T>
+  Buffer<T, Allocator> allocate(std::size_t device, std::size_t count,
+                                MemoryKind kind = MemoryKind::other) {
+    return Buffer<T, Allocator>(allocator(device), count, kind);
+  }
+
+ protected:
+  DeviceMemory() = default;
+  ~DeviceMemory() = default;
+
+  /// Makes the allocator of the next device (device number `devices()`) from `args`.
+  template <class... Args>
+  void add_device(Args&&... args) {
+    allocators_.push_back(std::make_unique<Allocator>(std::forward<Args>(args)...));
+  }
+  /// The devices added so far.
+  std::size_t devices() const { return allocators_.size(); }
+  /// Throws gpipe::Error unless `device` is one of the devices added.
+  void check_device(std::size_t device) const {
+    require(device < allocators_.size(), "device " + std::to_string(device) +
+                                             " does not exist; the backend has " +
+                                             std::to_string(allocators_.size()) + " devices");
+  }
+  Allocator& allocator(std::size_t device) const {
+    check_device(device);
+    return *allocators_[device];
+  }
+
+ private:
+  std::vector<std::unique_ptr<Allocator>> allocators_;
 };
 
 }  // namespace gpipe::detail

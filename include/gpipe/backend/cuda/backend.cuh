@@ -127,9 +127,10 @@ class Event {
 /// has reached yet holds its device's later items back on the host until the record is issued.
 /// The first failure is kept and every later item skipped until synchronize() rethrows it; faults
 /// inside kernels surface when synchronize() waits for the streams. The device arguments of every
-/// member are 0..num_devices()-1; another throws `gpipe::Error`. Not thread-safe: one thread at a
+/// member are 0..num_devices()-1; another throws `gpipe::Error`. memory_stats, reset_peak and
+/// allocate come from detail::DeviceMemory (backend/memory.hpp). Not thread-safe: one thread at a
 /// time calls the backend.
-class Backend {
+class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
  public:
   /// Construction options: capacity, GPU mapping, TF32, NCCL.
   using Options = BackendOptions;
@@ -212,22 +213,6 @@ class Backend {
   std::chrono::steady_clock::time_point epoch() const { return epoch_; }
   /// The CUDA device ordinal of a virtual device.
   int gpu(std::size_t device) const { return state(device).gpu->id; }
-
-  /// Bytes `device`'s buffers hold now and at most since the last reset_peak(), in all and per
-  /// MemoryKind; the pool's cached blocks, kernel scratch and staging blocks are not counted.
-  MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
-  /// Sets every device's peaks to its current use, so that memory_stats() then reports the peak of
-  /// what follows.
-  void reset_peak() {
-    for (auto& a : allocators_) a->reset_peak();
-  }
-
-  /// Uninitialized memory on `device`, stream-ordered (see memory.cuh); throws OutOfMemory past the
-  /// device's capacity or the GPU's memory.
-  template <class T>
-  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
-    return Buffer<T>(allocator(device), count, kind);
-  }
 
   /// Stream operations of a virtual device, in submission order (see the top of this file).
   void submit(std::size_t device, WorkLabel label, Work work) {
@@ -401,8 +386,8 @@ class Backend {
       GPIPE_CUBLAS_CHECK(cublasSetMathMode(
           s.blas, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
       order_.add_device(s.compute);
-      allocators_.push_back(std::make_unique<DeviceAllocator>(
-          d, s.gpu->id, s.gpu->pool, options_.device_capacity, order_, options_.first_device + d));
+      add_device(d, s.gpu->id, s.gpu->pool, options_.device_capacity, order_,
+                 options_.first_device + d);
       kernels_.push_back(Kernels(s));
     }
     queues_.resize(devices_.size());
@@ -622,16 +607,6 @@ class Backend {
 
   // Helpers -------------------------------------------------------------------------------------
 
-  void check_device(std::size_t device) const {
-    gpipe::detail::require(device < devices_.size(), "device " + std::to_string(device) +
-                                                         " does not exist; the backend has " +
-                                                         std::to_string(devices_.size()) +
-                                                         " devices");
-  }
-  DeviceAllocator& allocator(std::size_t device) const {
-    check_device(device);
-    return *allocators_[device];
-  }
   const detail::DeviceState& state(std::size_t device) const {
     check_device(device);
     return *devices_[device];
@@ -641,9 +616,9 @@ class Backend {
   Options options_;
   std::vector<detail::GpuState> gpus_;
   std::vector<std::unique_ptr<detail::DeviceState>> devices_;
+  /// The allocators (the base) outlive it, but free nothing once destroy() has dropped the queued
+  /// work; buffers must not outlive the backend.
   detail::StreamOrder order_;
-  /// Declared after the device states and the stream order they use: destroyed before them.
-  std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   std::vector<Kernels> kernels_;
   std::vector<std::deque<Item>> queues_;
   Failure failure_;

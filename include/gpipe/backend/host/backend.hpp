@@ -68,8 +68,9 @@ struct BackendOptions {
 ///     backend.submit(d, {"forward", stage, mb}, [&](host::KernelContext<float>& k) { ... });
 ///     backend.synchronize();  // rethrows the first failure, naming where it happened
 ///
-/// The device arguments of every member are 0..num_devices()-1; another throws `gpipe::Error`.
-class Backend {
+/// memory_stats, reset_peak and allocate come from detail::DeviceMemory (backend/memory.hpp). The
+/// device arguments of every member are 0..num_devices()-1; another throws `gpipe::Error`.
+class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
  public:
   /// Construction options: capacity per device and the number the first device goes by.
   using Options = BackendOptions;
@@ -106,22 +107,6 @@ class Backend {
   /// What the microseconds of traces and timings count from: the backend's construction.
   Stream::Clock::time_point epoch() const { return epoch_; }
 
-  /// Bytes `device`'s buffers hold now and at most since the last reset_peak(), in all and per
-  /// MemoryKind; freed blocks the allocator keeps for reuse are not counted.
-  MemoryStats memory_stats(std::size_t device) const { return allocator(device).stats(); }
-  /// Sets every device's peaks to its current use, so that memory_stats() then reports the peak
-  /// of what follows.
-  void reset_peak() {
-    for (auto& a : allocators_) a->reset_peak();
-  }
-
-  /// `count` uninitialized elements on `device`, counted under `kind`; throws OutOfMemory past
-  /// the device's capacity (or when the host itself is out of memory).
-  template <class T>
-  Buffer<T> allocate(std::size_t device, std::size_t count, MemoryKind kind = MemoryKind::other) {
-    return Buffer<T>(allocator(device), count, kind);
-  }
-
   /// Enqueues `work` on `device`'s worker, to run after everything submitted there before;
   /// `label` names it in traces and in failure messages. If it throws, the work after it on every
   /// device is skipped and synchronize() rethrows the exception. Returns at once.
@@ -157,25 +142,15 @@ class Backend {
   void synchronize();
 
  private:
-  DeviceAllocator& allocator(std::size_t device) const {
-    check_device(device);
-    return *allocators_[device];
-  }
   Stream& stream(std::size_t device) {
     check_device(device);
     return *streams_[device];
   }
-  void check_device(std::size_t device) const {
-    detail::require(device < streams_.size(), "device " + std::to_string(device) +
-                                                  " does not exist; the backend has " +
-                                                  std::to_string(streams_.size()) + " devices");
-  }
 
   /// Declaration order matters: streams (which may free buffers as they drop work) are destroyed
-  /// before the allocators and the group they use.
+  /// before the group they use, and before the allocators (the base).
   Stream::Clock::time_point epoch_ = Stream::Clock::now();
   std::size_t threads_per_device_ = 1;
-  std::vector<std::unique_ptr<DeviceAllocator>> allocators_;
   StreamGroup group_;
   std::vector<std::unique_ptr<Stream>> streams_;
 };
@@ -194,11 +169,10 @@ GPIPE_HOST_INLINE Backend::Backend(std::size_t num_devices, Options options) {
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
 #endif
-  allocators_.reserve(num_devices);
   streams_.reserve(num_devices);
   for (std::size_t d = 0; d < num_devices; ++d) {
     const std::size_t named = options.first_device + d;
-    allocators_.push_back(std::make_unique<DeviceAllocator>(named, options.device_capacity));
+    add_device(named, options.device_capacity);
     streams_.push_back(std::make_unique<Stream>(named, group_, epoch_, options.threads_per_device));
   }
   threads_per_device_ = options.threads_per_device;
