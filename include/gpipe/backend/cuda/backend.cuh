@@ -17,8 +17,9 @@
 // in an order that respects every event, as the host backend's threads would.
 //
 // Failure. The first piece of work that throws (or whose event bookkeeping fails) is kept, with
-// describe(label, device); every later item is skipped until synchronize(), which rethrows it as
-// the host backend does. Faults inside kernels surface when synchronize() waits for the streams.
+// describe(label, device), in a FailureLatch (backend/failure.hpp) as the host backend's; every
+// later item is skipped until synchronize(), which rethrows it. Faults inside kernels surface when
+// synchronize() waits for the streams.
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
@@ -51,6 +52,7 @@
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/layers.cuh"
 #include "gpipe/backend/cuda/memory.cuh"
+#include "gpipe/backend/failure.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/transport/cuda.cuh"
 
@@ -262,12 +264,11 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Skips all work not yet issued and waits for the streams; the next synchronize() returns
   /// normally. For a caller that cannot finish issuing a step.
   void cancel() {
-    failed_ = true;
+    failure_.fail(nullptr, {});
     pump();
     for (auto& q : queues_) q.clear();
     wait_for_streams();
-    failed_ = false;
-    failure_ = {};
+    failure_.take();
   }
 
   /// Blocks until all submitted work has finished on the GPUs; then, if any of it failed, throws
@@ -278,18 +279,16 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     for (std::size_t d = 0; d < queues_.size(); ++d) {
       if (queues_[d].empty()) continue;
       // Only waits for events that no record will reach are left: on the host this would hang.
-      fail(std::make_exception_ptr(
-               Error("gpipe: it waits for an event that is never recorded; the device's work "
-                     "after the wait was dropped")),
-           describe(queues_[d].front().label, options_.first_device + d));
+      failure_.fail(std::make_exception_ptr(
+                        Error("gpipe: it waits for an event that is never recorded; the device's "
+                              "work after the wait was dropped")),
+                    describe(queues_[d].front().label, options_.first_device + d));
       queues_[d].clear();
     }
-    if (const std::string error = wait_for_streams(); !error.empty() && !failure_.error)
-      failure_ = {std::make_exception_ptr(Error(error)), "synchronize"};
-    failed_ = false;
-    Failure failure = std::exchange(failure_, {});
-    if (!failure.error) return;
-    gpipe::detail::rethrow_from(failure.error, failure.where);
+    // A CUDA error of the streams is kept unless the work failed first.
+    if (const std::string error = wait_for_streams(); !error.empty())
+      failure_.fail(std::make_exception_ptr(Error(error)), "synchronize");
+    failure_.take().rethrow();
   }
 
  private:
@@ -301,10 +300,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     WorkLabel label;
     Work work;
     std::shared_ptr<Event::State> event;
-  };
-  struct Failure {
-    std::exception_ptr error;
-    std::string where;
   };
   /// Work timed by a pair of events, for the trace, the compute timing or both.
   struct Timed {
@@ -397,7 +392,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   /// Releases whatever create() made (also after a partial create()). Never throws.
   void destroy() noexcept {
-    failed_ = true;
+    failure_.fail(nullptr, {});
     for (auto& q : queues_) q.clear();  // drops work not yet run, and the buffers it holds
     (void)wait_for_streams();
     for (const Timed& t : pending_) {
@@ -460,10 +455,11 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
       for (std::size_t d = 0; d < queues_.size(); ++d) {
         std::deque<Item>& q = queues_[d];
         while (!q.empty()) {
-          if (!failed_ && q.front().kind == Item::Kind::wait && !q.front().event->recorded) break;
+          const bool skip = failure_.failed();
+          if (!skip && q.front().kind == Item::Kind::wait && !q.front().event->recorded) break;
           Item item = std::move(q.front());
           q.pop_front();
-          if (!failed_) run(d, item);
+          if (!skip) run(d, item);
           progress = true;
         }
       }
@@ -499,7 +495,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
           break;
       }
     } catch (...) {
-      fail(std::current_exception(), describe(item.label, options_.first_device + d));
+      failure_.fail(std::current_exception(), describe(item.label, options_.first_device + d));
     }
   }
 
@@ -527,11 +523,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     item.work = nullptr;  // buffers the work captured are freed in this stream's order too
     order_.set_current(detail::StreamOrder::none);
     if (timed) GPIPE_CUDA_CHECK(cudaEventRecord(end, s.compute));
-  }
-
-  void fail(std::exception_ptr error, std::string where) {
-    if (!failure_.error) failure_ = {std::move(error), std::move(where)};
-    failed_ = true;
   }
 
   /// Waits for every stream; returns the first CUDA error as a message ("" when none).
@@ -621,8 +612,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   detail::StreamOrder order_;
   std::vector<Kernels> kernels_;
   std::vector<std::deque<Item>> queues_;
-  Failure failure_;
-  bool failed_ = false;
+  gpipe::detail::FailureLatch failure_;
   bool pumping_ = false;
   bool tracing_ = false;
   std::vector<Timed> pending_;

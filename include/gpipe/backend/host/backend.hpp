@@ -208,9 +208,7 @@ GPIPE_HOST_INLINE void Backend::cancel() {
 
 GPIPE_HOST_INLINE void Backend::synchronize() {
   for (auto& s : streams_) s->synchronize();
-  StreamGroup::Failure failure = group_.take_error();
-  if (!failure.error) return;
-  gpipe::detail::rethrow_from(failure.error, failure.where);
+  group_.take_error().rethrow();
 }
 #endif  // GPIPE_HOST_DEFINITIONS
 

@@ -3,9 +3,10 @@
 // that runs its queue of work in order; an Event, recorded by one stream and waited on by
 // others, orders work across streams.
 //
-// Failure: the first piece of work that throws marks the shared StreamGroup failed. From then on
-// every stream skips its remaining work and every event wait returns, so nothing hangs; the
-// owner collects the error with StreamGroup::take_error() after synchronizing.
+// Failure: the first piece of work that throws trips the shared StreamGroup's latch
+// (backend/failure.hpp). From then on every stream skips its remaining work and every event wait
+// returns, so nothing hangs; the owner collects the error with StreamGroup::take_error() after
+// synchronizing.
 
 #include <atomic>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/backend/failure.hpp"
 #include "gpipe/backend/host/kernels.hpp"
 
 namespace gpipe::host {
@@ -34,35 +36,28 @@ struct EventState {
   std::vector<std::condition_variable*> waiters;
 };
 
-/// State shared by the streams of one backend: event states, and the first failure. One mutex
-/// guards both, so that a failure can release every blocked wait; a record wakes only the
+/// State shared by the streams of one backend: event states, and the failure latch. A failure
+/// wakes every attached stream, so that it releases its blocked wait; a record wakes only the
 /// streams that wait for that event.
 class StreamGroup {
  public:
   /// The first failure of the group's work; both members empty when there was none.
-  struct Failure {
-    /// What the work threw; null when nothing failed, or when the group was only cancelled.
-    std::exception_ptr error;
-    std::string where;  ///< `describe(label, device)` of the work that threw
-  };
+  using Failure = gpipe::detail::FailureLatch::Failure;
 
   /// Marks the group failed, keeping `error` and `where` unless a failure is already kept, and
   /// wakes every attached stream. A null `error` (a cancel, a stream's destruction) only makes
   /// the streams skip their remaining work and release their waits.
   void fail(std::exception_ptr error, std::string where) {
+    latch_.fail(std::move(error), std::move(where));
+    // Notified under mu_ after the latch is tripped: a wait that checked failed() under mu_
+    // before is blocked by now, and wakes.
     std::lock_guard lock(mu_);
-    if (!failure_.error) failure_ = {std::move(error), std::move(where)};
-    failed_ = true;
     for (std::condition_variable* cv : streams_) cv->notify_all();
   }
   /// Lock-free: every stream asks before every piece of work.
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  bool failed() const { return latch_.failed(); }
   /// Returns the failure (empty if none) and clears it, so that the group can run again.
-  Failure take_error() {
-    std::lock_guard lock(mu_);
-    failed_ = false;
-    return std::exchange(failure_, {});
-  }
+  Failure take_error() { return latch_.take(); }
 
   /// A stream's condition variable for event waits, woken on failure.
   void attach(std::condition_variable* cv) {
@@ -91,9 +86,9 @@ class StreamGroup {
       std::this_thread::yield();
     } while (std::chrono::steady_clock::now() < give_up);
     std::unique_lock lock(mu_);
-    if (event.recorded || failed_) return;
+    if (event.recorded || failed()) return;
     event.waiters.push_back(&cv);
-    cv.wait(lock, [&] { return event.recorded || failed_; });
+    cv.wait(lock, [&] { return event.recorded || failed(); });
     std::erase(event.waiters, &cv);
   }
 
@@ -101,9 +96,8 @@ class StreamGroup {
   static constexpr std::chrono::microseconds spin_time{100};
 
  private:
-  mutable std::mutex mu_;
-  std::atomic<bool> failed_{false};  ///< written under mu_
-  Failure failure_;
+  gpipe::detail::FailureLatch latch_;
+  std::mutex mu_;  ///< guards the event states and streams_
   std::vector<std::condition_variable*> streams_;
 };
 
