@@ -40,7 +40,7 @@ class DeviceGuard {
 struct GpuState {
   int id = 0;                       // CUDA device ordinal
   cudaMemPool_t pool = nullptr;     // every virtual device on this GPU allocates from it
-  cudaEvent_t epoch = nullptr;      // trace times: timing event recorded at set_tracing(true)
+  cudaEvent_t epoch = nullptr;      // timing events count from it (WorkTimer::anchor_all)
   double epoch_us = 0;              // host time of `epoch`, microseconds since the backend's epoch
   std::vector<cudaEvent_t> timing;  // idle timing events for traces
   cudaStream_t send = nullptr;      // NCCL sends from this GPU

@@ -1,0 +1,155 @@
+#pragma once
+// Tracing and compute timing of the CUDA backend's work: a pair of CUDA events around each timed
+// piece of work on its compute stream, turned into TraceEvents and ComputeTimings when taken,
+// with each GPU's event clock tied to the backend's host epoch.
+
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
+#error "gpipe/backend/cuda/timing.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/backend/cuda/device.cuh"
+#include "gpipe/backend/cuda/device_set.cuh"
+#include "gpipe/backend/cuda/error.cuh"
+
+namespace gpipe::cuda::detail {
+
+// Times the work of a DeviceSet's virtual devices: traced work (while tracing is on, not
+// internal) and compute work (label.compute, always). Times are microseconds since `epoch`, as
+// the host backend's.
+class WorkTimer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  WorkTimer(DeviceSet& devices, Clock::time_point epoch) : devices_(devices), epoch_(epoch) {}
+  WorkTimer(const WorkTimer&) = delete;
+  WorkTimer& operator=(const WorkTimer&) = delete;
+  ~WorkTimer() { release(); }
+
+  Clock::time_point epoch() const { return epoch_; }
+  void set_tracing(bool on) { tracing_ = on; }
+
+  // Records the start of work `label` on device d's compute stream (its GPU current) when the
+  // work is timed; returns the event to record at its end, or null when it is not timed.
+  cudaEvent_t start(std::size_t d, const WorkLabel& label) {
+    const bool traced = tracing_ && !label.internal;
+    if (!traced && !label.compute) return nullptr;
+    DeviceState& s = devices_[d];
+    const cudaEvent_t start = timing_event(*s.gpu), end = timing_event(*s.gpu);
+    pending_.push_back({d, label, start, end, traced, label.compute});
+    GPIPE_CUDA_CHECK(cudaEventRecord(start, s.compute));
+    return end;
+  }
+
+  // What was traced since the last call, ordered by start time. Waits for the work.
+  std::vector<TraceEvent> take_trace() {
+    resolve();
+    std::vector<TraceEvent> all = std::exchange(traces_, {});
+    std::sort(all.begin(), all.end(),
+              [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+    return all;
+  }
+
+  // Compute time per device since the last call. Waits for the work, then re-ties each GPU's
+  // clock to the epoch (anchor_all), so that times keep microsecond precision however long the
+  // backend lives.
+  std::vector<ComputeTiming> take_timing() {
+    resolve();
+    std::vector<ComputeTiming> out = std::exchange(timing_, {});
+    out.resize(devices_.size());
+    anchor_all();
+    return out;
+  }
+
+  // Ties every GPU's event clock to the epoch: records its epoch event once its streams are
+  // idle and notes the host time at which it completed; times on the GPU are that plus the
+  // events' distance from it.
+  void anchor_all() {
+    for (GpuState& g : devices_.gpus()) anchor(g);
+  }
+
+  // Destroys the events of work not taken yet. Never throws.
+  void release() noexcept {
+    for (const Timed& t : pending_) {
+      (void)cudaEventDestroy(t.start);
+      (void)cudaEventDestroy(t.end);
+    }
+    pending_.clear();
+  }
+
+ private:
+  struct Timed {
+    std::size_t device;
+    WorkLabel label;
+    cudaEvent_t start, end;
+    bool traced, compute;
+  };
+
+  // An idle timing event of `g` (GpuState::timing), else a new one.
+  static cudaEvent_t timing_event(GpuState& g) {
+    if (!g.timing.empty()) {
+      cudaEvent_t e = g.timing.back();
+      g.timing.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    GPIPE_CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+
+  void anchor(GpuState& g) {
+    DeviceGuard guard(g.id);
+    cudaStream_t on_g = nullptr;
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d].gpu != &g) continue;
+      GPIPE_CUDA_CHECK(cudaStreamSynchronize(devices_[d].compute));
+      if (on_g == nullptr) on_g = devices_[d].compute;
+    }
+    if (on_g == nullptr) return;
+    GPIPE_CUDA_CHECK(cudaEventRecord(g.epoch, on_g));
+    GPIPE_CUDA_CHECK(cudaEventSynchronize(g.epoch));
+    g.epoch_us = std::chrono::duration<double, std::micro>(Clock::now() - epoch_).count();
+  }
+
+  // Turns the pending events into TraceEvents and ComputeTimings (waits for them), and gives the
+  // events back to their GPU.
+  void resolve() {
+    timing_.resize(devices_.size());
+    for (const Timed& t : pending_) {
+      GpuState& g = *devices_[t.device].gpu;
+      float start_ms = 0, end_ms = 0;
+      const bool ok = cudaEventSynchronize(t.end) == cudaSuccess &&
+                      cudaEventElapsedTime(&start_ms, g.epoch, t.start) == cudaSuccess &&
+                      cudaEventElapsedTime(&end_ms, g.epoch, t.end) == cudaSuccess;
+      const double start_us = g.epoch_us + 1e3 * start_ms, end_us = g.epoch_us + 1e3 * end_ms;
+      if (ok && t.traced) traces_.push_back({t.device, t.label, start_us, end_us});
+      if (ok && t.compute) {
+        ComputeTiming& c = timing_[t.device];
+        if (c.ops++ == 0) c.first_start_us = start_us;
+        c.busy_us += end_us - start_us;
+        c.last_end_us = end_us;
+      }
+      g.timing.push_back(t.start);
+      g.timing.push_back(t.end);
+    }
+    pending_.clear();
+    (void)cudaGetLastError();
+  }
+
+  DeviceSet& devices_;
+  Clock::time_point epoch_;
+  bool tracing_ = false;
+  std::vector<Timed> pending_;
+  std::vector<TraceEvent> traces_;
+  std::vector<ComputeTiming> timing_;
+};
+
+}  // namespace gpipe::cuda::detail
