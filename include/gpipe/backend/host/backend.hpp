@@ -83,7 +83,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   template <class T>
   using Buffer = host::Buffer<T>;
 
-  /// The backend's name, in benchmark labels and messages.
+  /// The backend's name, "host", as the `gpipe::backend` concept requires one; nothing in the
+  /// library branches on it.
   static constexpr std::string_view name = "host";
 
   /// Starts `num_devices` workers (1 to 1024; otherwise throws `gpipe::Error`), each device with
