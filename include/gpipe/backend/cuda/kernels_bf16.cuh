@@ -65,9 +65,8 @@ class KernelContext<bf16> {
   /// n rounded up to a whole number of 256-byte blocks of floats (offsets into wide()).
   static constexpr std::size_t padded(std::size_t n) { return (n + 63) / 64 * 64; }
 
-  /// Registers `copy`, the bf16 rounding of the float array master(n) on this device: a GEMM
-  /// operand inside master is then read from the copy. A null master clears it. The executor
-  /// registers a stage's parameters before each of its ops.
+  /// Names the bf16 copy of master(n) that GEMM operands inside it are read from
+  /// (detail::Bf16WeightCopy::use, backend/bf16_weights.hpp).
   void use_weights(const float* master, const bf16* copy, std::size_t n) {
     weights_.use(master, copy, n);
   }

@@ -74,9 +74,8 @@ class KernelContext<bf16> {
     return s.data();
   }
 
-  /// Registers `copy`, the bf16 rounding of the float array master(n): a GEMM operand inside
-  /// master is then read from the copy. A null master clears it. The executor registers a
-  /// stage's parameters before each of its ops.
+  /// Names the bf16 copy of master(n) that GEMM operands inside it are read from
+  /// (detail::Bf16WeightCopy::use, backend/bf16_weights.hpp).
   void use_weights(const float* master, const bf16* copy, std::size_t n) {
     weights_.use(master, copy, n);
   }
@@ -127,14 +126,14 @@ class KernelContext<bf16> {
   /// oneDNN's kernel name ("brg:avx512_core_bf16", ...), or the fp32 path.
   std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                                   std::size_t k, bool c_is_float, float beta = 0) {
-    return gemms_[0].implementation({.trans_a = trans_a,
-                                     .trans_b = trans_b,
-                                     .m = m,
-                                     .n = n,
-                                     .k = k,
-                                     .ld = dense_strides(trans_a, trans_b, m, n, k),
-                                     .c_is_float = c_is_float,
-                                     .beta = beta});
+    return gemms_.implementation({.trans_a = trans_a,
+                                  .trans_b = trans_b,
+                                  .m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .ld = dense_strides(trans_a, trans_b, m, n, k),
+                                  .c_is_float = c_is_float,
+                                  .beta = beta});
   }
 
   /// y(rows, cols) += bias(cols) on every row, in float, rounded once.
@@ -301,25 +300,10 @@ class KernelContext<bf16> {
   template <class T>
   static constexpr bool is_storage = std::is_same_v<T, bf16> || std::is_same_v<T, float>;
 
-  // A bf16 GEMM, split over the team as float GEMMs are (host::gemm_split: blocks of C's
-  // columns or rows), each block on its own Bf16Gemm (a primitive cache is one thread's).
+  // A bf16 GEMM on the context's team (SplitBf16Gemm).
   void run_gemm(const Bf16GemmShape& s, const bf16* a, const bf16* b, const float* bias, void* c) {
-    const GemmSplit split = gemm_split(s.m, s.n, s.k, threads());
-    if (gemms_.size() < split.parts) gemms_.resize(split.parts);
-    if (split.parts <= 1) return gemms_[0](s, a, b, bias, c);
-    const std::size_t c_size = s.c_is_float ? sizeof(float) : sizeof(bf16);
-    in_blocks(split.by_columns ? s.n : s.m, split, [&](std::size_t first, std::size_t count) {
-      Bf16GemmShape part = s;
-      auto* c_bytes = static_cast<char*>(c);
-      if (split.by_columns) {  // C(:, first..) = op(A) op(B)(:, first..) (+ bias(first..))
-        part.n = count;
-        gemms_[first / split.block](part, a, s.trans_b ? b + first * s.ld.ldb : b + first,
-                                    s.bias ? bias + first : nullptr, c_bytes + first * c_size);
-      } else {  // C(first.., :) = op(A)(first.., :) op(B)
-        part.m = count;
-        gemms_[first / split.block](part, s.trans_a ? a + first : a + first * s.ld.lda, b, bias,
-                                    c_bytes + first * s.ld.ldc * c_size);
-      }
+    gemms_(s, a, b, bias, c, threads(), [this](std::size_t units, BlockSplit split, const auto& f) {
+      in_blocks(units, split, f);
     });
   }
 
@@ -336,7 +320,7 @@ class KernelContext<bf16> {
   }
 
   KernelContext<float> fp32_;
-  std::vector<Bf16Gemm> gemms_ = std::vector<Bf16Gemm>(1);  ///< one per block of a split GEMM
+  SplitBf16Gemm gemms_;
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
   std::vector<std::vector<float>> scratch_;  ///< block_scratch(), one per thread

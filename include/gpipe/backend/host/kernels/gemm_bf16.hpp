@@ -212,4 +212,38 @@ class Bf16Gemm {
 #endif  // GPIPE_HOST_GEMM_REFERENCE
 };
 
+/// A bf16 GEMM split over a team as float GEMMs are (host::gemm_split: blocks of C's columns or
+/// rows), each block on its own Bf16Gemm (a primitive cache is one thread's).
+class SplitBf16Gemm {
+ public:
+  /// C = alpha op(A) op(B) + beta C (+ bias) of shape `s` over `threads` threads:
+  /// run_blocks(units, split, f) calls f(first, count) over the blocks of the split, at once.
+  template <class RunBlocks>
+  void operator()(const Bf16GemmShape& s, const bf16* a, const bf16* b, const float* bias, void* c,
+                  std::size_t threads, const RunBlocks& run_blocks) {
+    const GemmSplit split = gemm_split(s.m, s.n, s.k, threads);
+    if (gemms_.size() < split.parts) gemms_.resize(split.parts);
+    if (split.parts <= 1) return gemms_[0](s, a, b, bias, c);
+    const std::size_t c_size = s.c_is_float ? sizeof(float) : sizeof(bf16);
+    run_blocks(split.by_columns ? s.n : s.m, split, [&](std::size_t first, std::size_t count) {
+      Bf16GemmShape part = s;
+      auto* c_bytes = static_cast<char*>(c);
+      if (split.by_columns) {  // C(:, first..) = op(A) op(B)(:, first..) (+ bias(first..))
+        part.n = count;
+        gemms_[first / split.block](part, a, s.trans_b ? b + first * s.ld.ldb : b + first,
+                                    s.bias ? bias + first : nullptr, c_bytes + first * c_size);
+      } else {  // C(first.., :) = op(A)(first.., :) op(B)
+        part.m = count;
+        gemms_[first / split.block](part, s.trans_a ? a + first : a + first * s.ld.lda, b, bias,
+                                    c_bytes + first * s.ld.ldc * c_size);
+      }
+    });
+  }
+  /// What runs a GEMM of shape `s` unsplit (Bf16Gemm::implementation).
+  std::string implementation(const Bf16GemmShape& s) { return gemms_[0].implementation(s); }
+
+ private:
+  std::vector<Bf16Gemm> gemms_ = std::vector<Bf16Gemm>(1);  // one per block of a split GEMM
+};
+
 }  // namespace gpipe::host
