@@ -324,9 +324,10 @@ BENCHMARK(BM_adamw_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosec
 // Linear L's three ops on `rows` rows through context k (activations of type T).
 template <class L, class Ctx, class T>
 void linear_step(Ctx& k, std::size_t rows, const T* x, T* y, const T* dy, T* dx,
-                 const float* params, float* grads) {
-  L::forward(k, gpipe::ForwardArgs<T>{rows, x, y, params, nullptr});
-  L::backward_input(k, gpipe::BackwardInputArgs<T>{rows, x, dy, dx, params, nullptr, nullptr});
+                 const float* params, float* grads, const T* compute_params = nullptr) {
+  L::forward(k, gpipe::ForwardArgs<T>{rows, x, y, params, nullptr, nullptr, compute_params});
+  L::backward_input(k, gpipe::BackwardInputArgs<T>{rows, x, dy, dx, params, nullptr, nullptr,
+                                                   nullptr, compute_params});
   L::backward_weight(k, gpipe::BackwardWeightArgs<T>{rows, x, dy, params, nullptr, nullptr, grads});
 }
 
@@ -383,13 +384,12 @@ void BM_linear_forward_backward_bf16(benchmark::State& state) {
     k16.convert(rows * In, x, x16.data());
     k16.convert(rows * Out, dy, dy16.data());
     k16.convert(L::num_params, params, w16.data());
-    k16.use_weights(params, w16.data(), L::num_params);
     const double fp32 = gpipe::bench::median_seconds(
         k.stream(), 10, [&] { linear_step<L>(k, rows, x, y, dy, dx, params, grads); });
     const double s = time_launches(state, k.stream(), 3, [&] {
-      linear_step<L>(k16, rows, x16.data(), y16.data(), dy16.data(), dx16.data(), params, grads);
+      linear_step<L>(k16, rows, x16.data(), y16.data(), dy16.data(), dx16.data(), params, grads,
+                     w16.data());
     });
-    k16.use_weights(nullptr, nullptr, 0);
     report_flops(state, 3 * 2.0 * static_cast<double>(rows) * In * Out, s);
     state.counters["x_fp32"] = s / fp32;
   });

@@ -54,8 +54,8 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-// A: float, or gpipe::bf16 (activations on host::Kernels<bf16>; cast_per_use: the weights are
-// not registered as cast, so every call rounds its weight).
+// A: float, or gpipe::bf16 (activations on host::Kernels<bf16>: the weights passed as their bf16
+// copy, as ForwardArgs::compute_params; cast_per_use: as float, so every call rounds its weight).
 template <class A = float>
 void BM_Gemm(benchmark::State& state, GemmOp op, bool cast_per_use = false) {
   const auto rows = static_cast<std::size_t>(state.range(0));
@@ -77,22 +77,25 @@ void BM_Gemm(benchmark::State& state, GemmOp op, bool cast_per_use = false) {
   std::vector<A> out(rows * width);
   std::size_t call = 0;
   for (auto _ : state) {
-    const std::vector<float>& weight = weights[call % layers];
-    if constexpr (!std::is_same_v<A, float>) {
-      if (!cast_per_use) k.use_weights(weight.data(), cast[call % layers].data(), weight.size());
-    }
-    std::vector<float>& dweight = dweights[call++ % layers];
-    switch (op) {
-      case GemmOp::forward:
-        k.gemm(false, true, rows, width, width, 1, act.data(), weight.data(), 0, out.data());
-        break;
-      case GemmOp::backward_input:
-        k.gemm(false, false, rows, width, width, 1, grad.data(), weight.data(), 0, out.data());
-        break;
-      case GemmOp::backward_weight:
-        k.gemm(true, false, width, width, rows, 1, grad.data(), act.data(), 1, dweight.data());
-        break;
-    }
+    const std::size_t l = call++ % layers;
+    auto run = [&](const auto* weight) {
+      switch (op) {
+        case GemmOp::forward:
+          k.gemm(false, true, rows, width, width, 1, act.data(), weight, 0, out.data());
+          break;
+        case GemmOp::backward_input:
+          k.gemm(false, false, rows, width, width, 1, grad.data(), weight, 0, out.data());
+          break;
+        case GemmOp::backward_weight:
+          k.gemm(true, false, width, width, rows, 1, grad.data(), act.data(), 1,
+                 dweights[l].data());
+          break;
+      }
+    };
+    if (std::is_same_v<A, float> || cast_per_use)
+      run(weights[l].data());
+    else
+      run(cast[l].data());
     benchmark::ClobberMemory();
   }
   if constexpr (!std::is_same_v<A, float>) {  // what runs it: oneDNN's kernel, or the fp32 path

@@ -43,8 +43,8 @@ struct CheckpointOf {
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     auto* body_stash = a.workspace;
-    Body::forward(ctx,
-                  {a.rows, a.x, a.y, a.params, body_stash, a.workspace + workspace_offset(a.rows)});
+    Body::forward(ctx, {a.rows, a.x, a.y, a.params, body_stash,
+                        a.workspace + workspace_offset(a.rows), a.compute_params});
   }
 
   template <class Ctx>
@@ -52,9 +52,10 @@ struct CheckpointOf {
     auto* body_stash = a.grad_stash;
     auto* body_grad_stash = a.grad_stash + Body::stash_per_row * a.rows;
     auto* body_workspace = a.workspace + workspace_offset(a.rows);
-    Body::forward(ctx, {a.rows, a.x, a.workspace, a.params, body_stash, body_workspace});
-    Body::backward_input(
-        ctx, {a.rows, a.x, a.dy, a.dx, a.params, body_stash, body_grad_stash, body_workspace});
+    Body::forward(
+        ctx, {a.rows, a.x, a.workspace, a.params, body_stash, body_workspace, a.compute_params});
+    Body::backward_input(ctx, {a.rows, a.x, a.dy, a.dx, a.params, body_stash, body_grad_stash,
+                               body_workspace, a.compute_params});
   }
 
   template <class Ctx>

@@ -70,6 +70,10 @@ struct ForwardArgs {
   const master_t<T>* params;  ///< (num_params): float master weights when T is bf16
   T* stash;                   ///< (rows, stash_per_row), kept until backward
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
+  /// (num_params): params in T, the form GEMMs read them in (the step's bf16 rounding of the
+  /// master weights under MixedBf16, params itself in float); nullptr where the caller has none
+  /// (a bf16 context then rounds float operands at each use; see with_compute_params).
+  const T* compute_params = nullptr;
 };
 
 /// Arguments of a layer's `backward_input` (B): dx from dy, keeping in `grad_stash` what its
@@ -85,6 +89,8 @@ struct BackwardInputArgs {
   const T* stash;             ///< (rows, stash_per_row) as left by forward
   T* grad_stash;              ///< (rows, grad_stash_per_row), kept until backward_weight
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
+  /// (num_params): params in T, as in ForwardArgs::compute_params.
+  const T* compute_params = nullptr;
 };
 
 /// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are
@@ -101,6 +107,24 @@ struct BackwardWeightArgs {
   master_t<T>* grads;         ///< (num_params), accumulated: grads += d(loss)/d(params)
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
 };
+
+/// Calls f(w) with w a layer's parameters as GEMM operands: `a.compute_params + offset` where the
+/// caller passed the compute copy, else `a.params + offset` (float master weights, which a bf16
+/// context rounds at each use). Args is ForwardArgs or BackwardInputArgs.
+template <class Args, class F>
+constexpr void with_compute_params(const Args& a, std::size_t offset, F&& f) {
+  if (a.compute_params != nullptr)
+    f(a.compute_params + offset);
+  else
+    f(a.params + offset);
+}
+
+/// The compute copy of a sub-range starting at `offset` (nullptr stays nullptr), for composite
+/// layers handing a part of their parameters to a child.
+template <class T>
+constexpr const T* compute_params_at(const T* compute_params, std::size_t offset) {
+  return compute_params == nullptr ? nullptr : compute_params + offset;
+}
 
 /// Deterministic generator for parameter initialization (SplitMix64 stream); the same seed gives
 /// the same parameters on every platform, unlike std::uniform_real_distribution.

@@ -42,25 +42,18 @@ struct Linear {
   }
 
   /// y (rows, Out) = x (rows, In) W^T + b: the context's linear_forward where it has one (the
-  /// host backend fuses the bias into its GEMM), else a GEMM and a bias pass.
+  /// host backend fuses the bias into its GEMM), else a GEMM and a bias pass. W is read from the
+  /// compute copy (with_compute_params), b from the float master.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if constexpr (!Bias) {
-      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
-    } else if constexpr (requires {
-                           ctx.linear_forward(a.rows, In, Out, a.x, a.params, a.params, a.y);
-                         }) {
-      ctx.linear_forward(a.rows, In, Out, a.x, a.params, a.params + Out * In, a.y);
-    } else {
-      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, a.params, 0, a.y);
-      ctx.bias_add(a.rows, Out, a.params + Out * In, a.y);
-    }
+    with_compute_params(a, 0, [&](const auto* w) { forward_with(ctx, a, w); });
   }
 
   /// dx (rows, In) = dy (rows, Out) W
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    ctx.gemm(false, false, a.rows, In, Out, 1, a.dy, a.params, 0, a.dx);
+    with_compute_params(
+        a, 0, [&](const auto* w) { ctx.gemm(false, false, a.rows, In, Out, 1, a.dy, w, 0, a.dx); });
   }
 
   /// dW (Out, In) += dy^T x,  db (Out) += sum_rows dy
@@ -68,6 +61,20 @@ struct Linear {
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);
     if constexpr (Bias) ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
+  }
+
+ private:
+  // forward with the weights read from w: the compute copy or the float master.
+  template <class Ctx, class W>
+  static void forward_with(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a, const W* w) {
+    if constexpr (!Bias) {
+      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, w, 0, a.y);
+    } else if constexpr (requires { ctx.linear_forward(a.rows, In, Out, a.x, w, a.params, a.y); }) {
+      ctx.linear_forward(a.rows, In, Out, a.x, w, a.params + Out * In, a.y);
+    } else {
+      ctx.gemm(false, true, a.rows, Out, In, 1, a.x, w, 0, a.y);
+      ctx.bias_add(a.rows, Out, a.params + Out * In, a.y);
+    }
   }
 };
 

@@ -94,7 +94,7 @@ class StageOps {
   // slot's buffers `here`; the last stage's loss of micro-batch mb goes to loss[mb].
   void run(OpKind kind, Kernels& k, const OpPosition& at, const OpSituation& sit, Buffers& here,
            const Step& step, float* loss) {
-    OpContext& c = context(k, at.stage);
+    OpContext& c = ActivationContext<Kernels, Activation>::of(k);
     if (kind == OpKind::forward)
       forward(c, at, sit.forward_only, here, step, loss);
     else if (kind == OpKind::backward_input)
@@ -104,12 +104,13 @@ class StageOps {
   }
 
  private:
-  // The context stage s's ops run on, its bf16 weights registered (MixedBf16).
-  OpContext& context(Kernels& k, std::size_t s) {
-    OpContext& c = ActivationContext<Kernels, Activation>::of(k);
+  // Stage s's parameters as its GEMMs read them (ForwardArgs::compute_params): the step's bf16
+  // copy under MixedBf16, the float master otherwise.
+  const Activation* compute_params(std::size_t s) const {
     if constexpr (mixed)
-      c.use_weights(params_[s].data(), weights_bf16_[s].data(), params_[s].size());
-    return c;
+      return weights_bf16_[s].data();
+    else
+      return params_[s].data();
   }
 
   // Stage 0's rows (n values at x, host memory) into its input buffer on the device.
@@ -146,9 +147,10 @@ class StageOps {
                    here[SlotBuffer::input].data());
     {
       Buffer<Activation> ws = workspace(stage, device, rows);
-      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(),
-                                               here[SlotBuffer::output].data(), params_[s].data(),
-                                               here[SlotBuffer::stash].data(), ws.data()});
+      stage.forward(
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(),
+                                     here[SlotBuffer::output].data(), params_[s].data(),
+                                     here[SlotBuffer::stash].data(), ws.data(), compute_params(s)});
     }
     if (s + 1 < stages_.size()) return;
     if (inference)
@@ -180,15 +182,16 @@ class StageOps {
     if (at.recomputed && at.has_stash) {
       auto scratch = backend_.template allocate<Activation>(device, rows * stage.out_features,
                                                             MemoryKind::workspace);
-      stage.forward(
-          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
-                                     params_[s].data(), here[SlotBuffer::stash].data(), ws.data()});
+      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
+                                               params_[s].data(), here[SlotBuffer::stash].data(),
+                                               ws.data(), compute_params(s)});
     }
     stage.backward_input(
-        k, BackwardInputArgs<Activation>{
-               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
-               here[SlotBuffer::grad_input].data(), params_[s].data(),
-               here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(), ws.data()});
+        k,
+        BackwardInputArgs<Activation>{
+            rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+            here[SlotBuffer::grad_input].data(), params_[s].data(), here[SlotBuffer::stash].data(),
+            here[SlotBuffer::grad_stash].data(), ws.data(), compute_params(s)});
   }
 
   // W: the stage's parameter gradients accumulated into grads_[s].

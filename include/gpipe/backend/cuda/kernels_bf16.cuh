@@ -6,12 +6,12 @@
 //
 // Every kernel computes in float: bf16 inputs are widened exactly on load, results rounded once
 // to nearest even on store (kernels/common.cuh: the host's bits). GEMMs multiply bf16 operands
-// with float accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F: the tensor cores). A float operand of
-// a GEMM (a weight) is read from the bf16 copy the executor casts once per step and registers
-// with use_weights() when the pointer lies in it, else rounded into the context's cast scratch at
-// that use. Elementwise ops, bias and the embedding run as bf16 kernels; LayerNorm, the attention
-// core and the losses widen their operands into the context's float scratch (wide()), run the
-// float kernels and round their results, as the host's bf16 context does.
+// with float accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F: the tensor cores). Layers pass
+// weights as the bf16 copy the runtime rounds once per step (ForwardArgs::compute_params); a float
+// operand is rounded into the context's cast scratch at each use. Elementwise ops, bias and the
+// embedding run as bf16 kernels; LayerNorm, the attention core and the losses widen their operands
+// into the context's float scratch (wide()), run the float kernels and round their results, as the
+// host's bf16 context does.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels_bf16.cuh is CUDA code: compile it with nvcc"
@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "gpipe/backend/bf16_weights.hpp"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
@@ -65,12 +64,6 @@ class KernelContext<bf16> {
   /// n rounded up to a whole number of 256-byte blocks of floats (offsets into wide()).
   static constexpr std::size_t padded(std::size_t n) { return (n + 63) / 64 * 64; }
 
-  /// Names the bf16 copy of master(n) that GEMM operands inside it are read from
-  /// (detail::Bf16WeightCopy::use, backend/bf16_weights.hpp).
-  void use_weights(const float* master, const bf16* copy, std::size_t n) {
-    weights_.use(master, copy, n);
-  }
-
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major, dense; A and B bf16 or float (rounded to
   /// bf16 first), C bf16 or float; float accumulation (cublasGemmEx, see the top of this file).
   template <class A, class B, class C>
@@ -79,10 +72,10 @@ class KernelContext<bf16> {
     static_assert(is_storage<A> && is_storage<B> && is_storage<C>,
                   "gpipe: cuda::KernelContext<bf16>::gemm takes bf16 or float arrays");
     if (m == 0 || n == 0) return;
-    // float operands that are not registered weights are rounded into the cast scratch, A's
-    // first and B's after it (at a 256-byte boundary)
-    const std::size_t a_cast = needs_cast(a, m * k) ? padded((m * k + 1) / 2) : 0;
-    const std::size_t b_cast = needs_cast(b, k * n) ? padded((k * n + 1) / 2) : 0;
+    // float operands are rounded into the cast scratch, A's first and B's after it (at a
+    // 256-byte boundary)
+    const std::size_t a_cast = std::is_same_v<A, float> ? padded((m * k + 1) / 2) : 0;
+    const std::size_t b_cast = std::is_same_v<B, float> ? padded((k * n + 1) / 2) : 0;
     float* cast = detail::grow_scratch(*s_, s_->cast, s_->cast_floats, a_cast + b_cast);
     const bf16* a16 = operand(a, m * k, reinterpret_cast<bf16*>(cast));
     const bf16* b16 = operand(b, k * n, reinterpret_cast<bf16*>(cast + a_cast));
@@ -215,21 +208,15 @@ class KernelContext<bf16> {
   template <class T>
   static constexpr bool is_storage = std::is_same_v<T, bf16> || std::is_same_v<T, float>;
 
-  bool registered(const float* p, std::size_t n) const { return weights_.find(p, n) != nullptr; }
-  bool needs_cast(const bf16*, std::size_t) const { return false; }
-  bool needs_cast(const float* p, std::size_t n) const { return !registered(p, n); }
-
-  // A GEMM operand as bf16: itself, the registered copy of a weight, or rounded into `cast`.
+  // A GEMM operand as bf16: itself, or rounded into `cast`.
   const bf16* operand(const bf16* p, std::size_t, bf16*) { return p; }
   const bf16* operand(const float* p, std::size_t n, bf16* cast) {
-    if (const bf16* copy = weights_.find(p, n)) return copy;
     convert(n, p, cast);
     return cast;
   }
 
   KernelContext<float> fp32_;
   detail::DeviceState* s_;
-  gpipe::detail::Bf16WeightCopy weights_;  ///< use_weights()' copy
 };
 
 inline KernelContext<bf16>& KernelContext<float>::bf16_context() {

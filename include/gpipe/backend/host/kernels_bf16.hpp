@@ -6,11 +6,11 @@
 //
 // Every kernel computes in float: bf16 inputs are widened exactly, results rounded once to
 // nearest even when stored as bf16. GEMMs multiply bf16 operands with fp32 accumulation
-// (kernels/gemm_bf16.hpp: oneDNN's bf16 matmul, AVX512-BF16 or AMX where the CPU has them). A
-// float operand of a GEMM (a weight) is rounded to bf16 first: from the copy the executor casts
-// once per step and registers with use_weights() when the pointer lies in it, else into scratch
-// at each use. The elementwise kernels widen blocks of at most `chunk` elements into buffers on
-// the stack, run the float kernel and round its results.
+// (kernels/gemm_bf16.hpp: oneDNN's bf16 matmul, AVX512-BF16 or AMX where the CPU has them).
+// Layers pass weights as the bf16 copy the runtime rounds once per step
+// (ForwardArgs::compute_params); a float operand is rounded into scratch at each use. The
+// elementwise kernels widen blocks of at most `chunk` elements into buffers on the stack, run the
+// float kernel and round its results.
 
 #include <algorithm>
 #include <array>
@@ -19,7 +19,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "gpipe/backend/bf16_weights.hpp"
 #include "gpipe/backend/host/kernels.hpp"
 #include "gpipe/backend/host/kernels/bf16.hpp"
 #include "gpipe/backend/host/kernels/gemm_bf16.hpp"
@@ -74,12 +73,6 @@ class KernelContext<bf16> {
     return s.data();
   }
 
-  /// Names the bf16 copy of master(n) that GEMM operands inside it are read from
-  /// (detail::Bf16WeightCopy::use, backend/bf16_weights.hpp).
-  void use_weights(const float* master, const bf16* copy, std::size_t n) {
-    weights_.use(master, copy, n);
-  }
-
   /// C(m, n) = alpha op(A) op(B) + beta C, row-major, dense; A and B bf16 or float (rounded to
   /// bf16 first), C bf16 or float; fp32 accumulation (see the top of this file).
   template <class A, class B, class C>
@@ -104,9 +97,12 @@ class KernelContext<bf16> {
   }
 
   /// y (rows, out) = x (rows, in) W^T + b (out): one bf16 GEMM with the bias added in float
-  /// before y is rounded.
-  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const bf16* x,
-                      const float* w, const float* b, bf16* y) {
+  /// before y is rounded; W bf16 or float (rounded first).
+  template <class W>
+  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const bf16* x, const W* w,
+                      const float* b, bf16* y) {
+    static_assert(is_storage<W>,
+                  "gpipe: host::KernelContext<bf16>::linear_forward takes bf16 or float weights");
     if (rows == 0) return;
     const bf16* w16 = operand(w, out * in, b_scratch_);
     run_gemm({.trans_a = false,
@@ -310,10 +306,9 @@ class KernelContext<bf16> {
   static void widen_into(std::size_t n, const bf16* x, float* y) { from_bf16(n, x, y); }
   static void widen_into(std::size_t n, const float* x, float* y) { std::copy_n(x, n, y); }
 
-  // A GEMM operand as bf16: itself, the registered copy of a weight, or rounded into scratch.
+  // A GEMM operand as bf16: itself, or rounded into scratch.
   const bf16* operand(const bf16* p, std::size_t, std::vector<bf16>&) const { return p; }
   const bf16* operand(const float* p, std::size_t n, std::vector<bf16>& scratch) const {
-    if (const bf16* copy = weights_.find(p, n)) return copy;
     scratch.resize(n);
     to_bf16(n, p, scratch.data());
     return scratch.data();
@@ -324,7 +319,6 @@ class KernelContext<bf16> {
   std::vector<bf16> a_scratch_, b_scratch_;
   std::vector<double> row_losses_;
   std::vector<std::vector<float>> scratch_;  ///< block_scratch(), one per thread
-  gpipe::detail::Bf16WeightCopy weights_;    ///< use_weights()' copy
 };
 
 template <class T>

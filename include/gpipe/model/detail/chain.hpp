@@ -315,7 +315,8 @@ struct Chain {
     (Bs::forward(ctx,
                  ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
                                 act<I + 1>(x, a.y, a.stash, a.rows), a.params + param_offset[I],
-                                a.stash + stash_offset[I] * a.rows, a.workspace}),
+                                a.stash + stash_offset[I] * a.rows, a.workspace,
+                                compute_params_at(a.compute_params, param_offset[I])}),
      ...);
   }
 
@@ -347,7 +348,8 @@ struct Chain {
                                     grad(std::integral_constant<std::size_t, i + 1>{}),
                                     grad(std::integral_constant<std::size_t, i>{}),
                                     a.params + param_offset[i], stash + stash_offset[i] * a.rows,
-                                    a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace});
+                                    a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
+                                    compute_params_at(a.compute_params, param_offset[i])});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
