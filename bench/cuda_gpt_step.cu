@@ -1,14 +1,18 @@
-// One training step (forward_backward, then an AdamW step) of a GPT-2-shaped model on the CUDA
-// backend: V = 50304, T = 256, D = 768, H = 12, 4 blocks, LM head tied to the token embedding,
-// batch 8 samples (2048 tokens); K in {1, 2, 4} stages on K virtual devices of GPU 0, M in {1, 4}
-// micro-batches, 1F1B; in Fp32, and at K = 1, 2 in MixedBf16 (rows /bf16). Reported: time per step
-// (host clock around it; every step ends in the backend's synchronize), tokens/s and peak memory.
-// The attention kernels are the untuned per-row ones of gpipe/backend/cuda/layers/attention.cuh; on
-// one GPU K > 1 shows the cost of the pipeline machinery, not a speed-up.
+// One training step (forward_backward, then an AdamW step) of GPT-2-shaped models on the CUDA
+// backend, LM head tied to the token embedding, 1F1B, K stages on K virtual devices of GPU 0:
+//   gpt_step/...       V 50304, T 256, D 768, H 12, 4 blocks, 8 samples a step (2048 tokens);
+//                      K in {1, 2, 4}, M in {1, 4}; Fp32, and MixedBf16 at K = 1, 2 (/bf16)
+//   gpt2_124M/...      GPT-2 124M as llm.c's train_gpt2cu -e d12 -b 16 -t 1024 trains it: 12
+//                      blocks, T 1024, 16 samples a step (16384 tokens); K 1 (M 1) and K 4 (M 8);
+//                      MixedBf16 and Fp32
+// Reported: time per step (host clock around it; every step ends in the backend's synchronize),
+// tokens/s, MFU (llm.c's FLOPs per token against the GPU's dense bf16 peak: support/mfu.hpp; 0
+// where the GPU is not in its table) and peak memory (all K virtual devices together). On one GPU
+// K > 1 shows the cost of the pipeline machinery, not a speed-up.
 //
 //   build/<preset>/bench/bench_cuda_gpt_step --benchmark_min_time=0.05
 //
-// (On the CUDA emulator, where the tests run it once, the model is tiny: sized()'s second
+// (On the CUDA emulator, where the tests run it once, the models are tiny: sized()'s second
 // arguments.)
 
 #include <benchmark/benchmark.h>
@@ -16,29 +20,54 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gpipe/cuda.cuh"
 #include "support/cuda.cuh"
+#include "support/mfu.hpp"
 
 namespace {
 
 using gpipe::bench::sized;
-constexpr std::size_t V = sized<std::size_t>(50304, 64), T = sized<std::size_t>(256, 8);
-constexpr std::size_t D = sized<std::size_t>(768, 16), H = sized<std::size_t>(12, 2);
-constexpr std::size_t samples = sized<std::size_t>(8, 4);
+constexpr std::size_t V = sized<std::size_t>(50304, 64), D = sized<std::size_t>(768, 16);
+constexpr std::size_t H = sized<std::size_t>(12, 2);
 
-using Emb = gpipe::Embedding<V, T, D>;
 using Block = gpipe::TransformerBlock<D, H>;
 using Norm = gpipe::LayerNorm<D>;
 using Head = gpipe::Linear<D, V, false>;
+
+// 4 blocks, T 256, 8 samples.
+constexpr std::size_t T = sized<std::size_t>(256, 8), samples = sized<std::size_t>(8, 4);
+using Emb = gpipe::Embedding<V, T, D>;
 using Model1 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block, Norm, Head>>;
 using Model2 =
     gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>, gpipe::Stage<Block, Block, Norm, Head>>;
 using Model4 = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
                                gpipe::Stage<Block, Norm, Head>>;
 
-template <class Model, class Precision = gpipe::Fp32>
+// GPT-2 124M: 12 blocks, T 1024, 16 samples.
+constexpr std::size_t T124 = sized<std::size_t>(1024, 8), samples124 = sized<std::size_t>(16, 8);
+using Emb124 = gpipe::Embedding<V, T124, D>;
+using Model124_1 =
+    gpipe::Pipeline<gpipe::Stage<Emb124, Block, Block, Block, Block, Block, Block, Block, Block,
+                                 Block, Block, Block, Block, Norm, Head>>;
+using Model124_4 =
+    gpipe::Pipeline<gpipe::Stage<Emb124, Block, Block, Block>, gpipe::Stage<Block, Block, Block>,
+                    gpipe::Stage<Block, Block, Block>,
+                    gpipe::Stage<Block, Block, Block, Norm, Head>>;
+
+// A model's step: its token count per sample and per step, blocks (for the FLOP count), the
+// name of the head's weight in nn.Sequential (tied to the embedding's).
+template <std::size_t Tokens, std::size_t Samples, std::size_t Blocks>
+struct Shape {
+  static constexpr std::size_t tokens = Tokens, samples = Samples, blocks = Blocks;
+  static std::string head_weight() { return std::to_string(Blocks + 2) + ".weight"; }
+};
+using Small = Shape<T, samples, 4>;
+using Gpt2_124M = Shape<T124, samples124, 12>;
+
+template <class Model, class S = Small, class Precision = gpipe::Fp32>
 void BM_gpt_step(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0));
   constexpr std::size_t K = Model::num_stages;
@@ -47,9 +76,9 @@ void BM_gpt_step(benchmark::State& state) {
                  Precision>
       trainer(backend, {.micro_batches = M,
                         .seed = 1,
-                        .ties = {{.parameter = "6.weight", .to = "0.wte.weight"}}});
+                        .ties = {{.parameter = S::head_weight(), .to = "0.wte.weight"}}});
   gpipe::Rng rng(2);
-  std::vector<std::int32_t> x(samples * T), y(samples * T);
+  std::vector<std::int32_t> x(S::samples * S::tokens), y(S::samples * S::tokens);
   for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
   for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
   const gpipe::optim::AdamW adamw({.lr = 1e-4});
@@ -69,7 +98,15 @@ void BM_gpt_step(benchmark::State& state) {
     total_s += s;
   }
   const double per_step = total_s / static_cast<double>(state.iterations());
-  state.counters["tokens/s"] = static_cast<double>(samples * T) / per_step;
+  const double tokens_per_s = static_cast<double>(S::samples * S::tokens) / per_step;
+  state.counters["tokens/s"] = tokens_per_s;
+  cudaDeviceProp prop{};
+  GPIPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double peak_flops = gpipe::bench::bf16_dense_peak_tflops(prop.name) * 1e12;
+  // the parameters counted once: all but the tied head's
+  const double flops_per_token = gpipe::bench::gpt_flops_per_token(
+      Model::num_params - Head::num_params, S::blocks, D, S::tokens);
+  state.counters["MFU_%"] = peak_flops > 0 ? 100 * tokens_per_s * flops_per_token / peak_flops : 0;
   std::size_t peak = 0;
   for (std::size_t d = 0; d < K; ++d) peak += backend.memory_stats(d).peak;
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1 << 20);
@@ -85,8 +122,28 @@ BENCHMARK(BM_gpt_step<Model1>)->Name("gpt_step/K:1")->Apply(arguments);
 BENCHMARK(BM_gpt_step<Model2>)->Name("gpt_step/K:2")->Apply(arguments);
 BENCHMARK(BM_gpt_step<Model4>)->Name("gpt_step/K:4")->Apply(arguments);
 // gpipe::MixedBf16: bf16 activations and cuBLAS bf16 GEMMs (tensor cores), fp32 master weights
-BENCHMARK(BM_gpt_step<Model1, gpipe::MixedBf16>)->Name("gpt_step/K:1/bf16")->Apply(arguments);
-BENCHMARK(BM_gpt_step<Model2, gpipe::MixedBf16>)->Name("gpt_step/K:2/bf16")->Apply(arguments);
+BENCHMARK(BM_gpt_step<Model1, Small, gpipe::MixedBf16>)
+    ->Name("gpt_step/K:1/bf16")
+    ->Apply(arguments);
+BENCHMARK(BM_gpt_step<Model2, Small, gpipe::MixedBf16>)
+    ->Name("gpt_step/K:2/bf16")
+    ->Apply(arguments);
+
+// GPT-2 124M beside llm.c (scripts/gpu-check runs both in one call).
+void one_micro_batch(benchmark::internal::Benchmark* b) {
+  b->Args({1})->ArgNames({"M"})->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+void eight_micro_batches(benchmark::internal::Benchmark* b) {
+  b->Args({8})->ArgNames({"M"})->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M, gpipe::MixedBf16>)
+    ->Name("gpt2_124M/K:1/bf16")
+    ->Apply(one_micro_batch);
+BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M, gpipe::MixedBf16>)
+    ->Name("gpt2_124M/K:4/bf16")
+    ->Apply(eight_micro_batches);
+BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M>)->Name("gpt2_124M/K:1")->Apply(one_micro_batch);
+BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M>)->Name("gpt2_124M/K:4")->Apply(eight_micro_batches);
 
 }  // namespace
 
