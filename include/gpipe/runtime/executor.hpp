@@ -18,15 +18,10 @@
 // bf16 context (Kernels::bf16_context()), and each local stage's parameters are cast to bf16 once
 // per step before its ops (workspace until the step ends) for the GEMMs of all its micro-batches.
 
-#include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <span>
-#include <tuple>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -65,8 +60,7 @@ class Executor {
   // stages[s]: stage s's program; loss: the last stage's. params[s], grads[s]: stage s's flat
   // parameter and gradient arrays on its device. order: issue_order(schedule), computed once by
   // the owner. All of them outlive the executor.
-  // token_input: stage 0's rows are token ids (with bf16 activations they travel as the 16 bits
-  // of a bf16, which hold ids exactly; a bf16 value holds integers only up to 256).
+  // token_input: stage 0's rows are token ids (StageOps's constructor says how they travel).
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
            std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
@@ -142,12 +136,7 @@ class Executor {
 
   // What stage s's ops on micro-batch mb allocate and free depends on (slot_buffers.hpp).
   OpSituation situation(std::size_t s, std::size_t mb) const {
-    return {.first_stage = s == 0,
-            .last_stage = s + 1 == num_stages_,
-            .forward_only = schedule_.forward_only,
-            .recomputed = recomputes(step_->remat, mb, step_->split.micro_batches),
-            .has_stash = stages_[s].stash_per_row > 0,
-            .skips_input_gradient = stages_[s].skips_input_gradient};
+    return op_situation(schedule_, step_->remat, s, mb, stages_[s]);
   }
   // An op's allocations, and after its kernels its frees, on its slot (slot_buffers.hpp).
   void allocate(const OpBuffers& ops, std::size_t s, std::size_t device, std::size_t rows,

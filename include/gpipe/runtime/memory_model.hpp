@@ -24,6 +24,7 @@
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/slot_buffers.hpp"
+#include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe {
@@ -50,6 +51,7 @@ namespace detail {
 struct StageSizes {
   std::size_t in_features = 0, out_features = 0, stash_per_row = 0, grad_stash_per_row = 0,
               workspace_per_row = 0, num_params = 0;
+  bool skips_input_gradient = false;
 };
 
 template <class Model>
@@ -60,7 +62,8 @@ std::vector<StageSizes> stage_sizes() {
          {Model::template stage_t<S>::in_features, Model::template stage_t<S>::out_features,
           Model::template stage_t<S>::stash_per_row, Model::template stage_t<S>::grad_stash_per_row,
           workspace_per_row_v<typename Model::template stage_t<S>>,
-          Model::template stage_t<S>::num_params}),
+          Model::template stage_t<S>::num_params,
+          skips_input_gradient<typename Model::template stage_t<S>>}),
      ...);
   }
   (std::make_index_sequence<Model::num_stages>{});
@@ -78,11 +81,7 @@ inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
   std::vector<std::array<std::size_t, num_slot_buffers>> held(S * M);
   for (const Op& op : schedule.ops[d]) {
     const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
-    const OpBuffers ops = buffers_of(op.kind, {.first_stage = s == 0,
-                                               .last_stage = s + 1 == S,
-                                               .forward_only = schedule.forward_only,
-                                               .recomputed = recomputes(remat, mb, M),
-                                               .has_stash = st[s].stash_per_row > 0});
+    const OpBuffers ops = buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s]));
     auto& slot = held[s * M + mb];
     for (std::size_t i = 0; i < ops.num_allocates; ++i) {
       const Allocation& alloc = ops.allocates[i];

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "gpipe/backend/common.hpp"
+#include "gpipe/runtime/remat.hpp"
 #include "gpipe/schedule/op.hpp"
 
 namespace gpipe::detail {
@@ -109,6 +110,20 @@ struct OpSituation {
   bool has_stash = false;             ///< the stage stashes anything (stash_per_row > 0)
   bool skips_input_gradient = false;  ///< stage 0's backward_input may leave dx out
 };
+
+/// The situation of stage s's ops on micro-batch mb of `schedule` under `remat`, for a stage
+/// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: stash_per_row,
+/// skips_input_gradient): what the executor and the memory model both read buffers_of with.
+template <class Sizes>
+constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::size_t s,
+                                   std::size_t mb, const Sizes& stage) {
+  return {.first_stage = s == 0,
+          .last_stage = s + 1 == schedule.num_stages(),
+          .forward_only = schedule.forward_only,
+          .recomputed = recomputes(remat, mb, schedule.num_micro_batches),
+          .has_stash = stage.stash_per_row > 0,
+          .skips_input_gradient = stage.skips_input_gradient};
+}
 
 /// What one op does to its slot: allocations before its kernels, frees after them, each in
 /// order. A send's free is the transport's, when the receiver has the data.
