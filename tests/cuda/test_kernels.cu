@@ -82,6 +82,7 @@ TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_embedding, GpuDevice);
 
 TEST_SUITE("cuda kernels") {
   TEST_CASE("GEMM matches the host's in every transposition") {

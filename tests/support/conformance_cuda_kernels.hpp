@@ -373,3 +373,66 @@ TEST_CASE_TEMPLATE_DEFINE("SGD and AdamW updates match the host's", Device, kern
     }
   }
 }
+
+TEST_CASE_TEMPLATE_DEFINE("Embedding's weight gradient is the host's, bit for bit", Device,
+                          kernels_embedding) {
+  // The device sorts the rows by id and adds each id's rows in row order: the host's order, so
+  // the float sums are equal, not close. Ids: random, all one id (one long run), ids past 2^16
+  // (the sort's third digit); rows over several sort chunks and not a whole number of them.
+  using namespace gpipe;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  struct Shape {
+    std::size_t rows, tokens, width, vocab;
+    bool one_id;
+  };
+  for (const Shape& s : {Shape{4, 4, 3, 7, false}, Shape{600, 300, 33, 50, false},
+                         Shape{600, 200, 16, 50, true}, Shape{515, 515, 8, 70000, false}}) {
+    CAPTURE(s.rows);
+    CAPTURE(s.vocab);
+    CAPTURE(s.one_id);
+    Rng rng(s.rows + s.vocab);
+    std::vector<float> ids(s.rows);
+    for (float& id : ids) id = s.one_id ? 3.0f : static_cast<float>(rng.next_u64() % s.vocab);
+    const auto dy = random_floats(s.rows * s.width, 5);
+    const auto wte0 = random_floats(s.vocab * s.width, 6),
+               wpe0 = random_floats(s.tokens * s.width, 7);
+    // float activations
+    float* did = dev.put(ids);
+    float* ddy = dev.put(dy);
+    float* dwte = dev.put(wte0);
+    float* dwpe = dev.put(wpe0);
+    dev.run([&](auto& k) {
+      gpipe::test::layer_kernels<EmbeddingOp>(k).backward_weight(k, s.rows, s.tokens, s.width, did,
+                                                                 ddy, dwte, dwpe);
+    });
+    std::vector<float> wte = wte0, wpe = wpe0;
+    host::Kernels<float> host_k;
+    gpipe::test::layer_kernels<EmbeddingOp>(host_k).backward_weight(
+        host_k, s.rows, s.tokens, s.width, ids.data(), dy.data(), wte.data(), wpe.data());
+    CHECK(dev.get(dwte, wte.size()) == wte);
+    CHECK(dev.get(dwpe, wpe.size()) == wpe);
+    if (s.vocab > 65536) continue;  // bf16 activations carry ids in 16 bits
+    // bf16 activations: ids in the 16 bits, dy rounded to bf16 and widened on load
+    std::vector<bf16> ids16(s.rows), dy16(dy.size());
+    for (std::size_t r = 0; r < s.rows; ++r)
+      ids16[r] = bf16::from_bits(static_cast<std::uint16_t>(ids[r]));
+    for (std::size_t i = 0; i < dy.size(); ++i) dy16[i] = bf16(dy[i]);
+    bf16* did16 = dev.put(ids16);
+    bf16* ddy16 = dev.put(dy16);
+    dwte = dev.put(wte0);
+    dwpe = dev.put(wpe0);
+    dev.run([&](auto& k) {
+      auto& k16 = k.bf16_context();
+      gpipe::test::layer_kernels<EmbeddingOp>(k16).backward_weight(k16, s.rows, s.tokens, s.width,
+                                                                   did16, ddy16, dwte, dwpe);
+    });
+    wte = wte0;
+    wpe = wpe0;
+    host::Kernels<bf16> host16;
+    gpipe::test::layer_kernels<EmbeddingOp>(host16).backward_weight(
+        host16, s.rows, s.tokens, s.width, ids16.data(), dy16.data(), wte.data(), wpe.data());
+    CHECK(dev.get(dwte, wte.size()) == wte);
+    CHECK(dev.get(dwpe, wpe.size()) == wpe);
+  }
+}

@@ -1,8 +1,13 @@
 #pragma once
-// Embedding on the CUDA backend. Forward: one thread per output element. W: one thread per
-// column c, which walks the rows in order and adds dy(r, c) into dwte(id_r, c) and
-// dwpe(r % T, c): no atomics, so the sums are the same, in the same order, every run (and the
-// host reference's order, gpipe/backend/host/layers/embedding.hpp).
+// Embedding on the CUDA backend. Forward: one thread per output element. W, over every SM and
+// without atomics, in the host reference's order (gpipe/backend/host/layers/embedding.hpp: rows
+// in order), so the sums are the same bits every run and on the host:
+//   1. the rows sorted by token id, stably (an LSD radix sort of 8-bit digits, three passes for
+//      ids < 2^24, which float and bf16 ids are; chunks of 256 rows, one block each: count the
+//      chunk's digits, one scan over (digit, chunk), scatter each digit's rows in chunk order);
+//   2. dwte: one block per run of equal ids in the sorted order, a thread per column adding the
+//      run's rows of dy in row order;
+//   3. dwpe: a thread per (position, column) adding its rows r = s T + p in order of s.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/layers/embedding.cuh is CUDA code: compile it with nvcc"
@@ -11,10 +16,14 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/error.hpp"
 #include "gpipe/model/embedding.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
@@ -40,18 +49,117 @@ __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, s
   }
 }
 
-/// dwte(id_r, c) += dy(r, c), dwpe(r % tokens, c) += dy(r, c) in float: thread c, rows in order
+namespace detail {
+// The radix sort of step 1 (see the top of this file): digits of radix_bits, chunks of
+// sort_chunk rows (a block of radix threads each), enough passes for ids below 2^24.
+inline constexpr unsigned radix_bits = 8, radix = 1u << radix_bits, radix_passes = 3;
+inline constexpr std::size_t sort_chunk = radix;
+static_assert(radix_bits * radix_passes >= 24, "gpipe: the id sort covers ids below 2^24");
+
+inline std::size_t sort_chunks(std::size_t rows) { return (rows + sort_chunk - 1) / sort_chunk; }
+
+// Row i of the order `order` (identity where null).
+__device__ __forceinline__ std::uint32_t row_at(const std::uint32_t* order, std::size_t i) {
+  return order == nullptr ? static_cast<std::uint32_t>(i) : order[i];
+}
+
+// Chunk blockIdx.x's digits at `shift` into digits[]: row i of the chunk's, 0xffff past the end.
 template <class T>
-__global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t tokens,
-                                                 std::size_t width, const T* ids, const T* dy,
-                                                 float* dwte, float* dwpe) {
-  for (std::size_t c = detail::global_thread(); c < width; c += detail::grid_threads()) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      const std::size_t id = detail::token_id(ids[r]);
-      const float g = detail::widen(dy[r * width + c]);
-      dwte[id * width + c] += g;
-      dwpe[(r % tokens) * width + c] += g;
+__device__ void load_chunk_digits(std::size_t rows, const T* ids, const std::uint32_t* order,
+                                  unsigned shift, std::uint16_t* digits) {
+  const std::size_t i = blockIdx.x * sort_chunk + threadIdx.x;
+  digits[threadIdx.x] =
+      i < rows
+          ? static_cast<std::uint16_t>((token_id(ids[row_at(order, i)]) >> shift) & (radix - 1))
+          : std::uint16_t{0xffff};
+  __syncthreads();
+}
+}  // namespace detail
+
+/// count(radix, chunks): count[d chunks + j] = rows of chunk j (rows j sort_chunk ..) of `order`
+/// whose id has digit d at `shift`; a block of radix threads per chunk, thread d counting d.
+template <class T>
+__global__ void __launch_bounds__(detail::radix)
+    embedding_digit_count_kernel(std::size_t rows, const T* ids, const std::uint32_t* order,
+                                 unsigned shift, std::uint32_t* count) {
+  __shared__ std::uint16_t digits[detail::sort_chunk];
+  detail::load_chunk_digits(rows, ids, order, shift, digits);
+  std::uint32_t n = 0;
+  for (std::size_t i = 0; i < detail::sort_chunk; ++i) n += digits[i] == threadIdx.x;
+  count[threadIdx.x * gridDim.x + blockIdx.x] = n;
+}
+
+/// x(n) = its exclusive prefix sums, in place: one block of 1024 threads, each a contiguous
+/// segment.
+__global__ void __launch_bounds__(1024) exclusive_scan_kernel(std::size_t n, std::uint32_t* x) {
+  __shared__ std::uint32_t sums[1024];
+  const std::size_t per = (n + blockDim.x - 1) / blockDim.x;
+  const std::size_t begin = threadIdx.x * per, end = begin + per < n ? begin + per : n;
+  std::uint32_t s = 0;
+  for (std::size_t i = begin; i < end; ++i) s += x[i];
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint32_t run = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) {
+      const std::uint32_t v = sums[t];
+      sums[t] = run;
+      run += v;
     }
+  }
+  __syncthreads();
+  std::uint32_t run = sums[threadIdx.x];
+  for (std::size_t i = begin; i < end; ++i) {
+    const std::uint32_t v = x[i];
+    x[i] = run;
+    run += v;
+  }
+}
+
+/// sorted(rows) = `order` (identity where null) stably sorted by the digit at `shift`: thread d
+/// of chunk j's block writes the chunk's rows with digit d, in order, from offset[d chunks + j].
+template <class T>
+__global__ void __launch_bounds__(detail::radix)
+    embedding_digit_scatter_kernel(std::size_t rows, const T* ids, const std::uint32_t* order,
+                                   unsigned shift, const std::uint32_t* offset,
+                                   std::uint32_t* sorted) {
+  __shared__ std::uint16_t digits[detail::sort_chunk];
+  detail::load_chunk_digits(rows, ids, order, shift, digits);
+  std::uint32_t at = offset[threadIdx.x * gridDim.x + blockIdx.x];
+  for (std::size_t i = 0; i < detail::sort_chunk; ++i)
+    if (digits[i] == threadIdx.x)
+      sorted[at++] = detail::row_at(order, blockIdx.x * detail::sort_chunk + i);
+}
+
+/// dwte(id, c) += dy(r, c) for the rows r of each run of one id in `sorted` (rows sorted by id,
+/// stably), in float: a block per run start, a thread per column, the run's rows in order.
+template <class T>
+__global__ void embedding_backward_wte_kernel(std::size_t rows, std::size_t width, const T* ids,
+                                              const std::uint32_t* sorted, const T* dy,
+                                              float* dwte) {
+  for (std::size_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const std::size_t id = detail::token_id(ids[sorted[i]]);
+    if (i > 0 && detail::token_id(ids[sorted[i - 1]]) == id) continue;  // not a run's start
+    std::size_t end = i + 1;
+    while (end < rows && detail::token_id(ids[sorted[end]]) == id) ++end;
+    for (std::size_t c = threadIdx.x; c < width; c += blockDim.x) {
+      float acc = dwte[id * width + c];
+      for (std::size_t k = i; k < end; ++k) acc += detail::widen(dy[sorted[k] * width + c]);
+      dwte[id * width + c] = acc;
+    }
+  }
+}
+
+/// dwpe(p, c) += dy(s tokens + p, c) over the samples s in order, in float: a thread per (p, c);
+/// rows a multiple of tokens.
+template <class T>
+__global__ void embedding_backward_wpe_kernel(std::size_t rows, std::size_t tokens,
+                                              std::size_t width, const T* dy, float* dwpe) {
+  for (std::size_t i = detail::global_thread(); i < tokens * width; i += detail::grid_threads()) {
+    float acc = dwpe[i];
+    for (std::size_t r = i / width; r < rows; r += tokens)
+      acc += detail::widen(dy[r * width + i % width]);
+    dwpe[i] = acc;
   }
 }
 
@@ -59,8 +167,9 @@ __global__ void embedding_backward_weight_kernel(std::size_t rows, std::size_t t
 
 namespace gpipe {
 
-/// Embedding's kernels on the CUDA backend: a gather for forward, and for the weight gradient one
-/// thread per column that adds the rows in order, deterministic and in the host's order. There is
+/// Embedding's kernels on the CUDA backend: a gather for forward, and for the weight gradient the
+/// rows sorted by id on the device and each id's rows added in order (the top of this file):
+/// deterministic, in the host's order, over every SM. There is
 /// no input gradient: the ids are constant. On bf16 activations (gpipe::MixedBf16) the ids are in
 /// the 16 bits of each bf16 (the executor stores them so), wte + wpe is summed in float and
 /// rounded once, and dy is widened to float.
@@ -82,10 +191,38 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
                               std::size_t width, const T* ids, const T* dy, float* dwte,
                               float* dwpe) {
     if (rows == 0) return;
-    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_weight_kernel<T>, cuda::detail::grid_for(width, 128),
-                      128, k.stream())
-    (rows, tokens, width, ids, dy, dwte, dwpe);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_weight_kernel");
+    if (rows > std::numeric_limits<std::uint32_t>::max())
+      throw Error("gpipe: Embedding's backward sorts at most 2^32 - 1 rows, got " +
+                  std::to_string(rows));
+    namespace d = cuda::detail;
+    const std::size_t chunks = d::sort_chunks(rows), counts = d::radix * chunks;
+    // scratch: two orders (rows each) and the (digit, chunk) counts, as 32-bit words
+    auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(2 * rows + counts));
+    std::uint32_t* order[2] = {words, words + rows};
+    std::uint32_t* count = words + 2 * rows;
+    const std::uint32_t* in = nullptr;  // the identity
+    for (unsigned pass = 0; pass < d::radix_passes; ++pass) {
+      const unsigned shift = pass * d::radix_bits;
+      std::uint32_t* out = order[pass % 2];
+      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_count_kernel<T>, static_cast<unsigned>(chunks),
+                        d::radix, k.stream())
+      (rows, ids, in, shift, count);
+      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_count_kernel");
+      GPIPE_CUDA_LAUNCH(cuda::exclusive_scan_kernel, 1, 1024, k.stream())(counts, count);
+      GPIPE_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
+      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_scatter_kernel<T>, static_cast<unsigned>(chunks),
+                        d::radix, k.stream())
+      (rows, ids, in, shift, count, out);
+      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_scatter_kernel");
+      in = out;
+    }
+    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wte_kernel<T>, d::grid_for(rows, 1), 128, k.stream())
+    (rows, width, ids, in, dy, dwte);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wpe_kernel<T>, d::grid_for(tokens * width),
+                      d::block_size, k.stream())
+    (rows, tokens, width, dy, dwpe);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wpe_kernel");
   }
 };
 
