@@ -101,21 +101,21 @@ class EmulatedKernels {
 template <>
 struct gpipe::LayerKernels<gpipe::ReluOp, EmulatedKernels> {
   static void forward(EmulatedKernels& k, std::size_t n, const float* x, float* y) {
-    cu::relu_forward(n, x, y, k.stream());
+    cu::activation_forward<cu::ReluMath>(n, x, y, k.stream());
   }
   static void backward(EmulatedKernels& k, std::size_t n, const float* x, const float* dy,
                        float* dx) {
-    cu::relu_backward(n, x, dy, dx, k.stream());
+    cu::activation_backward<cu::ReluMath>(n, x, dy, dx, k.stream());
   }
 };
 template <>
 struct gpipe::LayerKernels<gpipe::GeluOp, EmulatedKernels> {
   static void forward(EmulatedKernels& k, std::size_t n, const float* x, float* y) {
-    cu::gelu_forward(n, x, y, k.stream());
+    cu::activation_forward<cu::GeluMath>(n, x, y, k.stream());
   }
   static void backward(EmulatedKernels& k, std::size_t n, const float* x, const float* dy,
                        float* dx) {
-    cu::gelu_backward(n, x, dy, dx, k.stream());
+    cu::activation_backward<cu::GeluMath>(n, x, dy, dx, k.stream());
   }
 };
 template <>

@@ -4,8 +4,8 @@
 // call, and the file and line of the call.
 //
 //   GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-//   GPIPE_CUDA_LAUNCH(relu_forward_kernel<4>, grid, block, stream)(n, x, y);
-//   GPIPE_CUDA_CHECK_LAUNCH("relu_forward_kernel");
+//   GPIPE_CUDA_LAUNCH(add_kernel<4, float>, grid, block, stream)(n, a, b, y);
+//   GPIPE_CUDA_CHECK_LAUNCH("add_kernel");
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/error.cuh is CUDA code: compile it with nvcc (see gpipe/cuda.cuh)"

@@ -1,8 +1,9 @@
 #pragma once
 // Elementwise kernels: activations, sums, fill, scale. Kernels are <op>_<dir>_kernel (plain
-// <op>_kernel where an op has no direction), launchers <op>_<dir>(..., stream). Each reads and
-// writes every element once (16-byte packs where the pointers are aligned), so each is bound by
-// memory bandwidth. The host reference of each op is in gpipe/backend/host/kernels/elementwise.hpp.
+// <op>_kernel where an op has no direction; an activation's math is the Math argument of
+// activation_<dir>_kernel), launchers <op>_<dir>(..., stream). Each reads and writes every
+// element once (16-byte packs where the pointers are aligned), so each is bound by memory
+// bandwidth. The host reference of each op is in gpipe/backend/host/kernels/elementwise.hpp.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/elementwise.cuh is CUDA code: compile it with nvcc"
@@ -18,9 +19,6 @@
 namespace gpipe::cuda {
 
 namespace detail {
-
-inline constexpr float inv_sqrt2 = 0.70710678118654752440f;
-inline constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
 
 // Launches kernel<4> when every pointer allows 16-byte packs, else kernel<1>; one thread per pack.
 template <auto Kernel4, auto Kernel1, class... Args>
@@ -38,62 +36,63 @@ void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t s
 
 }  // namespace detail
 
-/// y(n) = max(x, 0)
-template <int V, class T>
-__global__ void relu_forward_kernel(std::size_t n, const T* x, T* y) {
+// An activation's math is a struct of two static device functions on one element, in float:
+//   forward(x) = f(x),  backward(x, dy) = dy f'(x).
+// activation_forward / activation_backward map them over arrays; ReluMath and GeluMath are here,
+// GeluTanhMath beside its layer (layers/gelu_tanh.cuh).
+
+/// ReLU; host reference: host::relu_forward, host::relu_backward.
+struct ReluMath {
+  /// max(x, 0)
+  __device__ __forceinline__ static float forward(float x) { return x > 0.0f ? x : 0.0f; }
+  /// dy where x > 0, else 0 (the subgradient at 0 is 0)
+  __device__ __forceinline__ static float backward(float x, float dy) {
+    return x > 0.0f ? dy : 0.0f;
+  }
+};
+
+/// Exact GELU, x Phi(x); host reference: host::gelu_forward, host::gelu_backward.
+struct GeluMath {
+  static constexpr float inv_sqrt2 = 0.70710678118654752440f;
+  static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+  /// 0.5 x (1 + erf(x / sqrt 2))
+  __device__ __forceinline__ static float forward(float x) {
+    return 0.5f * x * (1.0f + erff(x * inv_sqrt2));
+  }
+  /// dy (Phi(x) + x phi(x))
+  __device__ __forceinline__ static float backward(float x, float dy) {
+    const float cdf = 0.5f * (1.0f + erff(x * inv_sqrt2));
+    const float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+/// y(n) = Math::forward(x)
+template <class Math, int V, class T>
+__global__ void activation_forward_kernel(std::size_t n, const T* x, T* y) {
   detail::map<V>(
-      n, [](float v) { return v > 0.0f ? v : 0.0f; }, y, x);
+      n, [](float v) { return Math::forward(v); }, y, x);
 }
-/// y(n) = max(x, 0), on `stream`; y may alias x.
-template <class T>
-inline void relu_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
-  detail::launch_map<relu_forward_kernel<4, T>, relu_forward_kernel<1, T>>(
-      "relu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+/// y(n) = Math::forward(x(n)), float or bf16 (computed in float), on `stream`; y may alias x.
+template <class Math, class T>
+inline void activation_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+  detail::launch_map<activation_forward_kernel<Math, 4, T>, activation_forward_kernel<Math, 1, T>>(
+      "activation_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
 }
 
-/// dx(n) = dy * [x > 0]
-template <int V, class T>
-__global__ void relu_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
+/// dx(n) = Math::backward(x, dy)
+template <class Math, int V, class T>
+__global__ void activation_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
   detail::map<V>(
-      n, [](float xv, float g) { return xv > 0.0f ? g : 0.0f; }, dx, x, dy);
+      n, [](float v, float g) { return Math::backward(v, g); }, dx, x, dy);
 }
-/// dx(n) = dy where x > 0, else 0, on `stream`.
-template <class T>
-inline void relu_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
-  detail::launch_map<relu_backward_kernel<4, T>, relu_backward_kernel<1, T>>(
-      "relu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
-}
-
-/// y(n) = 0.5 x (1 + erf(x / sqrt 2))   (exact GELU)
-template <int V, class T>
-__global__ void gelu_forward_kernel(std::size_t n, const T* x, T* y) {
-  detail::map<V>(
-      n, [](float v) { return 0.5f * v * (1.0f + erff(v * detail::inv_sqrt2)); }, y, x);
-}
-/// y(n) = the exact GELU of x(n), on `stream`; y may alias x.
-template <class T>
-inline void gelu_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
-  detail::launch_map<gelu_forward_kernel<4, T>, gelu_forward_kernel<1, T>>(
-      "gelu_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
-}
-
-/// dx(n) = dy (Phi(x) + x phi(x))
-template <int V, class T>
-__global__ void gelu_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
-  detail::map<V>(
-      n,
-      [](float v, float g) {
-        const float cdf = 0.5f * (1.0f + erff(v * detail::inv_sqrt2));
-        const float pdf = detail::inv_sqrt_2pi * expf(-0.5f * v * v);
-        return g * (cdf + v * pdf);
-      },
-      dx, x, dy);
-}
-/// dx(n) = dy GELU'(x), on `stream`.
-template <class T>
-inline void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
-  detail::launch_map<gelu_backward_kernel<4, T>, gelu_backward_kernel<1, T>>(
-      "gelu_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
+/// dx(n) = Math::backward(x(n), dy(n)), on `stream`.
+template <class Math, class T>
+inline void activation_backward(std::size_t n, const T* x, const T* dy, T* dx,
+                                cudaStream_t stream) {
+  detail::launch_map<activation_backward_kernel<Math, 4, T>,
+                     activation_backward_kernel<Math, 1, T>>(
+      "activation_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
 }
 
 /// y(n) = a + b   (y may alias a or b)

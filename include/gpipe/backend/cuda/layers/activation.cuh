@@ -1,7 +1,7 @@
 #pragma once
 // ReLU, GELU and LayerNorm on the CUDA backend: the kernels of kernels/elementwise.cuh and
 // kernels/layer_norm.cuh (which the kernel conformance tests check against the host's), launched
-// on the context's stream.
+// on the context's stream; detail::CudaElementwise serves every elementwise layer (GELUTanh too).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/layers/activation.cuh is CUDA code: compile it with nvcc"
@@ -49,33 +49,31 @@ __global__ void layer_norm_stats_from_stash_kernel(std::size_t rows, std::size_t
 
 namespace gpipe {
 
-/// ReLU's kernels on the CUDA backend (kernels/elementwise.cuh), on the context's stream, for
-/// float or bf16 activations (bf16: widened on load, float math, rounded once on store).
-template <class T>
-struct LayerKernels<ReluOp, cuda::KernelContext<T>> {
-  /// y(n) = max(x, 0); y may be x.
+namespace detail {
+
+// The kernels of an elementwise layer op on the CUDA backend: Math's (kernels/elementwise.cuh) on
+// the context's stream, for float or bf16 activations (bf16: widened on load, float math, rounded
+// once on store).
+template <class Math, class T>
+struct CudaElementwise {
+  // y(n) = Math::forward(x); y may be x.
   static void forward(cuda::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
-    cuda::relu_forward(n, x, y, k.stream());
+    cuda::activation_forward<Math>(n, x, y, k.stream());
   }
-  /// dx(n) = dy where x > 0, else 0; x is the forward's input.
+  // dx(n) = Math::backward(x, dy); x is the forward's input.
   static void backward(cuda::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    cuda::relu_backward(n, x, dy, dx, k.stream());
+    cuda::activation_backward<Math>(n, x, dy, dx, k.stream());
   }
 };
 
-/// GELU's (exact, erf) kernels on the CUDA backend (kernels/elementwise.cuh), on the context's
-/// stream, for float or bf16 activations as ReLU's.
+}  // namespace detail
+
+/// ReLU's kernels on the CUDA backend: cuda::ReluMath's.
 template <class T>
-struct LayerKernels<GeluOp, cuda::KernelContext<T>> {
-  /// y(n) = 0.5 x (1 + erf(x / sqrt 2)); y may be x.
-  static void forward(cuda::KernelContext<T>& k, std::size_t n, const T* x, T* y) {
-    cuda::gelu_forward(n, x, y, k.stream());
-  }
-  /// dx(n) = dy (Phi(x) + x phi(x)); x is the forward's input.
-  static void backward(cuda::KernelContext<T>& k, std::size_t n, const T* x, const T* dy, T* dx) {
-    cuda::gelu_backward(n, x, dy, dx, k.stream());
-  }
-};
+struct LayerKernels<ReluOp, cuda::KernelContext<T>> : detail::CudaElementwise<cuda::ReluMath, T> {};
+/// GELU's (exact, erf) kernels on the CUDA backend: cuda::GeluMath's.
+template <class T>
+struct LayerKernels<GeluOp, cuda::KernelContext<T>> : detail::CudaElementwise<cuda::GeluMath, T> {};
 
 /// LayerNorm's kernels on the CUDA backend (kernels/layer_norm.cuh) on (rows, cols), on the
 /// context's stream, the weight gradient's partial sums in its scratch; the forward's stats (rows,
