@@ -111,11 +111,13 @@ __host__ __device__ __forceinline__ T narrow(float f) {
 
 // y[i] = f(in_0[i], in_1[i], ...) for i < n, V elements per load, f on the inputs widened to
 // float and its result stored as Y (float or bf16). y may alias an input: each pack is read whole
-// before it is written.
+// before it is written. The calling thread takes packs first, first + stride, ... and then the
+// tail's elements likewise: a lane's share of a row that a warp holds (first = lane, stride 32).
 template <int V, class F, class Y, class... In>
-__device__ __forceinline__ void map(std::size_t n, F f, Y* y, const In*... in) {
+__device__ __forceinline__ void map_strided(std::size_t n, std::size_t first, std::size_t stride,
+                                            F f, Y* y, const In*... in) {
   const std::size_t packs = n / V;
-  for (std::size_t p = global_thread(); p < packs; p += grid_threads()) {
+  for (std::size_t p = first; p < packs; p += stride) {
     Pack<Y, V> out;
     [&](const auto&... args) {
 #pragma unroll
@@ -123,8 +125,12 @@ __device__ __forceinline__ void map(std::size_t n, F f, Y* y, const In*... in) {
     }(load_pack<V>(in + p * V)...);
     store_pack<V>(y + p * V, out);
   }
-  for (std::size_t i = packs * V + global_thread(); i < n; i += grid_threads())
-    y[i] = narrow<Y>(f(widen(in[i])...));
+  for (std::size_t i = packs * V + first; i < n; i += stride) y[i] = narrow<Y>(f(widen(in[i])...));
+}
+// map_strided over the whole grid (a grid-stride loop).
+template <int V, class F, class Y, class... In>
+__device__ __forceinline__ void map(std::size_t n, F f, Y* y, const In*... in) {
+  map_strided<V>(n, global_thread(), grid_threads(), f, y, in...);
 }
 
 // Sum over a warp; every lane gets it.

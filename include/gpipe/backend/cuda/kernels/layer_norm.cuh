@@ -100,12 +100,19 @@ struct RowGroup {
   __device__ static std::size_t row_stride() {
     return WholeBlock ? gridDim.x : static_cast<std::size_t>(gridDim.x) * rows_per_block;
   }
-  // Sum over the group; every thread gets it. `buf`: 32 shared floats (whole blocks only).
-  __device__ static float sum(float v, float* buf) {
+  // v[p] = this thread's p-th pack of `row`, zeros past its row_packs packs (they add 0 to sums).
+  template <int Packs>
+  __device__ static void load(Pack<float, 4> (&v)[Packs], const float* row, std::size_t row_packs) {
+#pragma unroll
+    for (int p = 0; p < Packs; ++p)
+      v[p] = pack(p) < row_packs ? load_pack<4>(row + 4 * pack(p)) : Pack<float, 4>{};
+  }
+  // Sum over the group; every thread gets it.
+  __device__ static float sum(float v) {
     if constexpr (WholeBlock) {
+      __shared__ float buf[32];
       return block_sum(v, buf);
     } else {
-      (void)buf;
       return warp_sum(v);
     }
   }
@@ -122,21 +129,18 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
                                        float* y, float* stats) {
   using Group = detail::RowGroup<WholeBlock>;
   using P4 = detail::Pack<float, 4>;
-  __shared__ float buf[32];
   const std::size_t row_packs = cols / 4;
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
-    const float* xr = x + row * cols;
     P4 v[Packs];
+    Group::load(v, x + row * cols, row_packs);
     float sum = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = Group::pack(p);
-      v[p] = q < row_packs ? detail::load_pack<4>(xr + 4 * q) : P4{};  // padding adds 0
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum += v[p].v[j];
     }
-    const float mean = Group::sum(sum, buf) / n;
+    const float mean = Group::sum(sum) / n;
     float sum_sq = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum_sq += (v[p].v[j] - mean) * (v[p].v[j] - mean);
     }
-    const float rstd = 1.0f / sqrtf(Group::sum(sum_sq, buf) / n + eps);
+    const float rstd = 1.0f / sqrtf(Group::sum(sum_sq) / n + eps);
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
       const std::size_t q = Group::pack(p);
@@ -174,7 +178,6 @@ __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_
   const unsigned lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp leaves together
   const float* xr = x + row * cols;
-  float* yr = y + row * cols;
 
   const float shift = xr[0];
   float sum = 0, sum_sq = 0;
@@ -195,15 +198,9 @@ __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_
   const float mean = shift + shifted_mean;
   const float rstd = 1.0f / sqrtf(var + eps);
 
-  for (std::size_t c = lane * V; c < cols; c += 32 * V) {
-    const detail::Pack<float, V> v = detail::load_pack<V>(xr + c);
-    const detail::Pack<float, V> g = detail::load_pack<V>(gamma + c);
-    const detail::Pack<float, V> b = detail::load_pack<V>(beta + c);
-    detail::Pack<float, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = (v.v[j] - mean) * rstd * g.v[j] + b.v[j];
-    detail::store_pack<V>(yr + c, out);
-  }
+  detail::map_strided<V>(
+      cols, lane, 32, [=](float v, float g, float b) { return (v - mean) * rstd * g + b; },
+      y + row * cols, xr, gamma, beta);
   if (lane == 0) {
     stats[2 * row] = mean;
     stats[2 * row + 1] = rstd;
@@ -256,23 +253,13 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
                                               const float* stats, float* dx) {
   using Group = detail::RowGroup<WholeBlock>;
   using P4 = detail::Pack<float, 4>;
-  __shared__ float buf[32];
   const std::size_t row_packs = cols / 4;
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     const float mean = stats[2 * row], rstd = stats[2 * row + 1];
     P4 xv[Packs], gv[Packs];
-#pragma unroll
-    for (int p = 0; p < Packs; ++p) {
-      const std::size_t q = Group::pack(p);
-      if (q < row_packs) {
-        xv[p] = detail::load_pack<4>(x + row * cols + 4 * q);
-        gv[p] = detail::load_pack<4>(dy + row * cols + 4 * q);
-      } else {
-        xv[p] = P4{};
-        gv[p] = P4{};
-      }
-    }
+    Group::load(xv, x + row * cols, row_packs);
+    Group::load(gv, dy + row * cols, row_packs);
     float sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
@@ -286,8 +273,8 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
         sum_gx += gv[p].v[j] * ((xv[p].v[j] - mean) * rstd);
       }
     }
-    const float mean_g = Group::sum(sum_g, buf) / n;
-    const float mean_gx = Group::sum(sum_gx, buf) / n;
+    const float mean_g = Group::sum(sum_g) / n;
+    const float mean_gx = Group::sum(sum_gx) / n;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
       const std::size_t q = Group::pack(p);
@@ -336,18 +323,13 @@ __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std
   const float mean_g = detail::warp_sum(sum_g) / n;
   const float mean_gx = detail::warp_sum(sum_gx) / n;
 
-  for (std::size_t c = lane * V; c < cols; c += 32 * V) {
-    const detail::Pack<float, V> xv = detail::load_pack<V>(xr + c);
-    const detail::Pack<float, V> dv = detail::load_pack<V>(dyr + c);
-    const detail::Pack<float, V> gv = detail::load_pack<V>(gamma + c);
-    detail::Pack<float, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float xhat = (xv.v[j] - mean) * rstd;
-      out.v[j] = rstd * (__fmul_rn(dv.v[j], gv.v[j]) - mean_g - xhat * mean_gx);
-    }
-    detail::store_pack<V>(dx + row * cols + c, out);
-  }
+  detail::map_strided<V>(
+      cols, lane, 32,
+      [=](float xv, float dv, float gv) {
+        const float xhat = (xv - mean) * rstd;
+        return rstd * (__fmul_rn(dv, gv) - mean_g - xhat * mean_gx);
+      },
+      dx + row * cols, xr, dyr, gamma);
 }
 /// The streaming backward_input kernels alone (layer_norm_backward_input uses them where rows do
 /// not fit registers); public so that the benchmark can show what the resident kernels save.

@@ -130,36 +130,41 @@ struct LayerKernels<LayerNormOp, cuda::KernelContext<bf16>> {
                              const bf16* x, const bf16* dy, const float* gamma, const bf16* stats,
                              bf16* dx) {
     if (rows == 0 || cols == 0) return;
-    const std::size_t n = k.padded(rows * cols);
-    float* w = k.wide(3 * n + k.padded(2 * rows));
-    widen_with_stats(k, rows, cols, x, stats, w, w + 3 * n);
-    k.convert(rows * cols, dy, w + n);
-    cuda::layer_norm_backward_input(rows, cols, w, w + n, gamma, w + 3 * n, w + 2 * n, k.stream());
-    k.convert(rows * cols, w + 2 * n, dx);
+    const Widened w = widen(k, rows, cols, x, dy, stats, rows * cols);
+    cuda::layer_norm_backward_input(rows, cols, w.x, w.dy, gamma, w.stats, w.out, k.stream());
+    k.convert(rows * cols, w.out, dx);
   }
   /// dgamma(cols) += column sums of dy xhat, dbeta(cols) += column sums of dy, in float.
   static void backward_weight(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
                               const bf16* x, const bf16* dy, const bf16* stats, float* dgamma,
                               float* dbeta) {
     if (rows == 0 || cols == 0) return;
-    const std::size_t n = k.padded(rows * cols);
-    float* w = k.wide(2 * n + k.padded(2 * rows));
-    widen_with_stats(k, rows, cols, x, stats, w, w + 2 * n);
-    k.convert(rows * cols, dy, w + n);
+    const Widened w = widen(k, rows, cols, x, dy, stats, 0);
     cuda::layer_norm_backward_weight(
-        rows, cols, w, w + n, w + 2 * n, dgamma, dbeta,
+        rows, cols, w.x, w.dy, w.stats, dgamma, dbeta,
         k.scratch(cuda::layer_norm_backward_weight_scratch(rows, cols)), k.stream());
   }
 
  private:
-  // x widened into `wide`, and stats(rows, 2) = (mean recomputed, rstd from the stash).
-  static void widen_with_stats(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
-                               const bf16* x, const bf16* stash, float* wide, float* stats) {
-    k.convert(rows * cols, x, wide);
+  // A backward op's float operands in the context's wide() scratch (widen() writes all but out).
+  struct Widened {
+    float* x;      // (rows, cols)
+    float* dy;     // (rows, cols)
+    float* stats;  // (rows, 2) = (mean recomputed from x, rstd from the stash)
+    float* out;    // `out` floats for the op's result
+  };
+  static Widened widen(cuda::KernelContext<bf16>& k, std::size_t rows, std::size_t cols,
+                       const bf16* x, const bf16* dy, const bf16* stash, std::size_t out) {
+    const std::size_t n = k.padded(rows * cols), s = k.padded(2 * rows);
+    float* w = k.wide(2 * n + s + out);
+    const Widened widened{w, w + n, w + 2 * n, w + 2 * n + s};
+    k.convert(rows * cols, x, widened.x);
+    k.convert(rows * cols, dy, widened.dy);
     GPIPE_CUDA_LAUNCH(cuda::layer_norm_stats_from_stash_kernel, cuda::detail::grid_for(32 * rows),
                       cuda::detail::block_size, k.stream())
-    (rows, cols, wide, stash, stats);
+    (rows, cols, widened.x, stash, widened.stats);
     GPIPE_CUDA_CHECK_LAUNCH("layer_norm_stats_from_stash_kernel");
+    return widened;
   }
 };
 
