@@ -13,12 +13,11 @@
 // and chosen at run time, so the library still runs on any x86-64. AVX512-BF16's vcvtneps2bf16 is
 // not used: it treats denormal inputs as 0, which this does not.
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
-#include "gpipe/backend/host/kernels/simd.hpp"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe::host {
@@ -29,16 +28,50 @@ using gpipe::to_bf16_bits;
 // Helpers live in gpipe::detail: a gpipe::host::detail would hide it from the other host headers.
 namespace gpipe::detail {
 
-using Bf16Bits4 = host::simd::BitsOf<host::simd::Pack<float>>::type;
-typedef std::uint16_t Bf16Half4 __attribute__((vector_size(8)));
+// Bf16Lanes<L>: vectors of L floats' bits (Bits) and of L bf16s' bits (Half).
+template <int Lanes>
+struct Bf16Lanes;
+template <>
+struct Bf16Lanes<1> {
+  typedef std::uint32_t Bits __attribute__((vector_size(4)));
+  typedef std::uint16_t Half __attribute__((vector_size(2)));
+};
+template <>
+struct Bf16Lanes<4> {  // 16-byte packs of floats
+  typedef std::uint32_t Bits __attribute__((vector_size(16)));
+  typedef std::uint16_t Half __attribute__((vector_size(8)));
+};
+template <>
+struct Bf16Lanes<16> {  // AVX-512's 64 bytes (vpmovdw narrows without saturation)
+  typedef std::uint32_t Bits __attribute__((vector_size(64)));
+  typedef std::uint16_t Half __attribute__((vector_size(32)));
+};
 
-// to_bf16_bits on the four lanes of u (a float pack's bits).
-inline Bf16Half4 to_bf16_bits(Bf16Bits4 u) {
-  const Bf16Bits4 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const Bf16Bits4 nan =
-      reinterpret_cast<Bf16Bits4>((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
-  const Bf16Bits4 quiet = (u >> 16) | 0x0040u;
-  return __builtin_convertvector((rounded & ~nan) | (quiet & nan), Bf16Half4);
+// y = x converted, Lanes at a time, as many as n allows; returns how many it converted. X float:
+// rounded as to_bf16_bits; X std::uint16_t: widened exactly. Always inlined, so that an AVX-512
+// caller gets AVX-512 code.
+template <int Lanes, class X, class Y>
+[[gnu::always_inline]] inline std::size_t bf16_lanes(std::size_t n, const X* x, Y* y) {
+  using Bits = typename Bf16Lanes<Lanes>::Bits;
+  using Half = typename Bf16Lanes<Lanes>::Half;
+  const std::size_t packed = n - n % Lanes;
+  for (std::size_t i = 0; i < packed; i += Lanes) {
+    if constexpr (std::is_same_v<X, float>) {
+      Bits u;
+      std::memcpy(&u, x + i, sizeof u);
+      const Bits rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const Bits nan = reinterpret_cast<Bits>((u & 0x7fffffffu) > 0x7f800000u);  // all ones: NaN
+      const Bits quiet = (u >> 16) | 0x0040u;
+      const Half b = __builtin_convertvector((rounded & ~nan) | (quiet & nan), Half);
+      std::memcpy(y + i, &b, sizeof b);
+    } else {
+      Half b;
+      std::memcpy(&b, x + i, sizeof b);
+      const Bits u = __builtin_convertvector(b, Bits) << 16;
+      std::memcpy(y + i, &u, sizeof u);
+    }
+  }
+  return packed;
 }
 
 }  // namespace gpipe::detail
@@ -54,79 +87,41 @@ inline bool bf16_avx512() {
   return supported;
 }
 
-// to_bf16 on 16 lanes at a time (vpmovdw narrows without saturation); returns how many it did.
-__attribute__((target("avx512f,avx512bw"))) inline std::size_t to_bf16_avx512(std::size_t n,
-                                                                              const float* x,
-                                                                              std::uint16_t* y) {
-  typedef std::uint32_t Bits16 __attribute__((vector_size(64)));
-  typedef std::uint16_t Half16 __attribute__((vector_size(32)));
-  const std::size_t packed = n - n % 16;
-  for (std::size_t i = 0; i < packed; i += 16) {
-    Bits16 u;
-    std::memcpy(&u, x + i, sizeof u);
-    const Bits16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const Bits16 nan = (Bits16)((u & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
-    const Bits16 quiet = (u >> 16) | 0x0040u;
-    const Half16 b = __builtin_convertvector((rounded & ~nan) | (quiet & nan), Half16);
-    std::memcpy(y + i, &b, sizeof b);
-  }
-  return packed;
-}
-
-// from_bf16 on 16 lanes at a time; returns how many it did.
-__attribute__((target("avx512f,avx512bw"))) inline std::size_t from_bf16_avx512(
-    std::size_t n, const std::uint16_t* x, float* y) {
-  typedef std::uint32_t Bits16 __attribute__((vector_size(64)));
-  typedef std::uint16_t Half16 __attribute__((vector_size(32)));
-  const std::size_t packed = n - n % 16;
-  for (std::size_t i = 0; i < packed; i += 16) {
-    Half16 b;
-    std::memcpy(&b, x + i, sizeof b);
-    const Bits16 u = __builtin_convertvector(b, Bits16) << 16;
-    std::memcpy(y + i, &u, sizeof u);
-  }
-  return packed;
+// bf16_lanes<16>, compiled for AVX-512 alone.
+template <class X, class Y>
+__attribute__((target("avx512f,avx512bw"))) inline std::size_t bf16_lanes_avx512(std::size_t n,
+                                                                                 const X* x, Y* y) {
+  return bf16_lanes<16>(n, x, y);
 }
 
 }  // namespace gpipe::detail
 #endif
 
+namespace gpipe::detail {
+
+// y(n) = x(n) converted as bf16_lanes: 16 at a time where the CPU has AVX-512, then 4, then 1.
+template <class X, class Y>
+void convert_bf16(std::size_t n, const X* x, Y* y) {
+  std::size_t done = 0;
+#ifdef GPIPE_BF16_AVX512
+  if (bf16_avx512()) done = bf16_lanes_avx512(n, x, y);
+#endif
+  done += bf16_lanes<4>(n - done, x + done, y + done);
+  bf16_lanes<1>(n - done, x + done, y + done);
+}
+
+}  // namespace gpipe::detail
+
 namespace gpipe::host {
 
 /// y(n) = x(n) as bf16 bits, each as to_bf16_bits rounds it.
 inline void to_bf16(std::size_t n, const float* x, std::uint16_t* y) {
-#ifdef GPIPE_BF16_AVX512
-  if (gpipe::detail::bf16_avx512()) {
-    const std::size_t done = gpipe::detail::to_bf16_avx512(n, x, y);
-    n -= done, x += done, y += done;
-  }
-#endif
-  const std::size_t packed = n - n % 4;
-  for (std::size_t i = 0; i < packed; i += 4) {
-    gpipe::detail::Bf16Bits4 u;
-    std::memcpy(&u, x + i, sizeof u);
-    const gpipe::detail::Bf16Half4 b = gpipe::detail::to_bf16_bits(u);
-    std::memcpy(y + i, &b, sizeof b);
-  }
-  for (std::size_t j = 0; j < n % 4; ++j) y[packed + j] = to_bf16_bits(x[packed + j]);
+  gpipe::detail::convert_bf16(n, x, y);
 }
 
 /// y(n) = the floats that x(n)'s bf16 bits hold (exact).
 inline void from_bf16(std::size_t n, const std::uint16_t* x, float* y) {
-#ifdef GPIPE_BF16_AVX512
-  if (gpipe::detail::bf16_avx512()) {
-    const std::size_t done = gpipe::detail::from_bf16_avx512(n, x, y);
-    n -= done, x += done, y += done;
-  }
-#endif
-  const std::size_t packed = n - n % 4;
-  for (std::size_t i = 0; i < packed; i += 4) {
-    gpipe::detail::Bf16Half4 b;
-    std::memcpy(&b, x + i, sizeof b);
-    const auto u = __builtin_convertvector(b, gpipe::detail::Bf16Bits4) << 16;
-    std::memcpy(y + i, &u, sizeof u);
-  }
-  for (std::size_t j = 0; j < n % 4; ++j) y[packed + j] = from_bf16_bits(x[packed + j]);
+  gpipe::detail::convert_bf16(n, x, y);
 }
 
 /// to_bf16 into gpipe::bf16 storage.
