@@ -81,18 +81,9 @@ class KernelContext<bf16> {
     static_assert(is_storage<A> && is_storage<B> && is_storage<C>,
                   "gpipe: host::KernelContext<bf16>::gemm takes bf16 or float arrays");
     if (m == 0 || n == 0) return;
-    const GemmStrides ld = dense_strides(trans_a, trans_b, m, n, k);
     const bf16* a16 = operand(a, m * k, a_scratch_);
     const bf16* b16 = operand(b, k * n, b_scratch_);
-    run_gemm({.trans_a = trans_a,
-              .trans_b = trans_b,
-              .m = m,
-              .n = n,
-              .k = k,
-              .ld = ld,
-              .c_is_float = std::is_same_v<C, float>,
-              .alpha = alpha,
-              .beta = beta},
+    run_gemm(Bf16GemmShape::dense(trans_a, trans_b, m, n, k, alpha, beta, std::is_same_v<C, float>),
              a16, b16, nullptr, c);
   }
 
@@ -105,31 +96,17 @@ class KernelContext<bf16> {
                   "gpipe: host::KernelContext<bf16>::linear_forward takes bf16 or float weights");
     if (rows == 0) return;
     const bf16* w16 = operand(w, out * in, b_scratch_);
-    run_gemm({.trans_a = false,
-              .trans_b = true,
-              .m = rows,
-              .n = out,
-              .k = in,
-              .ld = dense_strides(false, true, rows, out, in),
-              .c_is_float = false,
-              .alpha = 1,
-              .beta = 0,
-              .bias = true},
-             x, w16, b, y);
+    Bf16GemmShape shape = Bf16GemmShape::dense(false, true, rows, out, in, 1, 0, false);
+    shape.bias = true;
+    run_gemm(shape, x, w16, b, y);
   }
 
   /// What runs gemm(trans_a, trans_b, m, n, k, 1, a, b, beta, c) unsplit, C float or bf16:
   /// oneDNN's kernel name ("brg:avx512_core_bf16", ...), or the fp32 path.
   std::string gemm_implementation(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
                                   std::size_t k, bool c_is_float, float beta = 0) {
-    return gemms_.implementation({.trans_a = trans_a,
-                                  .trans_b = trans_b,
-                                  .m = m,
-                                  .n = n,
-                                  .k = k,
-                                  .ld = dense_strides(trans_a, trans_b, m, n, k),
-                                  .c_is_float = c_is_float,
-                                  .beta = beta});
+    return gemms_.implementation(
+        Bf16GemmShape::dense(trans_a, trans_b, m, n, k, 1, beta, c_is_float));
   }
 
   /// y(rows, cols) += bias(cols) on every row, in float, rounded once.

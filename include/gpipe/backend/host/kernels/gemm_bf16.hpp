@@ -41,6 +41,19 @@ struct Bf16GemmShape {
   float alpha = 1;         ///< the product's factor
   float beta = 0;          ///< C's factor: 0 overwrites C
   bool bias = false;       ///< + bias (n), float
+  /// C (m, n) = alpha op(A) op(B) + beta C on dense operands (dense_strides()), no bias.
+  static constexpr Bf16GemmShape dense(bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                       std::size_t k, float alpha, float beta, bool c_is_float) {
+    return {.trans_a = trans_a,
+            .trans_b = trans_b,
+            .m = m,
+            .n = n,
+            .k = k,
+            .ld = dense_strides(trans_a, trans_b, m, n, k),
+            .c_is_float = c_is_float,
+            .alpha = alpha,
+            .beta = beta};
+  }
   /// The fields as a tuple: a primitive is kept per distinct key.
   auto key() const {
     return std::make_tuple(trans_a, trans_b, m, n, k, ld.lda, ld.ldb, ld.ldc, c_is_float, alpha,
