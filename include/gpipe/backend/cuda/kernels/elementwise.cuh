@@ -53,8 +53,8 @@ struct ReluMath {
 
 /// Exact GELU, x Phi(x); host reference: host::gelu_forward, host::gelu_backward.
 struct GeluMath {
-  static constexpr float inv_sqrt2 = 0.70710678118654752440f;
-  static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+  static constexpr float inv_sqrt2 = 0.70710678118654752440f;     ///< 1 / sqrt(2)
+  static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;  ///< phi(0) = 1 / sqrt(2 pi)
   /// 0.5 x (1 + erf(x / sqrt 2))
   __device__ __forceinline__ static float forward(float x) {
     return 0.5f * x * (1.0f + erff(x * inv_sqrt2));

@@ -18,7 +18,7 @@ namespace gpipe::cuda {
 /// GELU's tanh approximation, with u = c (x + a x^3); host reference:
 /// LayerKernels<GeluTanhOp, host::KernelContext<T>>.
 struct GeluTanhMath {
-  static constexpr float a = 0.044715f;
+  static constexpr float a = 0.044715f;                ///< the cubic term's coefficient in u
   static constexpr float c = 0.79788456080286535588f;  ///< sqrt(2/pi)
   /// 0.5 x (1 + tanh u)
   __device__ __forceinline__ static float forward(float x) {
