@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -211,4 +212,45 @@ TEST_CASE("Checkpoint under remat never keeps only its segment's input") {
   const std::size_t d = width * sizeof(float);
   CHECK(peak[0] == rows * 6 * d);
   CHECK(peak[1] == rows * 3 * d);
+}
+
+namespace {
+// SoftmaxCrossEntropy that does not say it takes dy == y: the last stage keeps its output and its
+// gradient apart, as for a user's loss.
+struct CopyingCrossEntropy : SoftmaxCrossEntropy {
+  static constexpr bool in_place = false;
+};
+static_assert(loss_in_place<SoftmaxCrossEntropy> && loss_in_place<MSELoss>);
+static_assert(!loss_in_place<CopyingCrossEntropy>);
+}  // namespace
+
+TEST_CASE("an in-place loss holds one (rows, classes) buffer where another holds two") {
+  // A wide classifier, so that the loss's moment is the last device's peak: its logits of a
+  // micro-batch (rows / M) x classes floats are saved whole, and predict_memory knows which loss
+  // ran.
+  constexpr std::size_t classes = 1024, rows = 32, m = 2;
+  using Wide = Pipeline<Stage<Linear<width, width>>, Stage<ReLU, Linear<width, classes>>>;
+  const std::vector<float> x = random_inputs(rows, width, 1);
+  const std::vector<std::int32_t> y = random_classes(rows, classes, 2);
+  auto measure = [&]<class Loss>(Loss) {
+    host::Backend backend(2);
+    Trainer<Wide, Loss, host::Backend> trainer(backend, {.micro_batches = m});
+    const auto predicted =
+        predict_memory<Wide>(trainer.schedule(), rows, Remat::never, 0, 4, loss_in_place<Loss>);
+    backend.reset_peak();
+    const float loss = trainer.forward_backward(x, y);
+    const MemoryStats stats = backend.memory_stats(1);
+    CHECK(stats.peak_of(MemoryKind::activations) == predicted[1].activations_peak);
+    CHECK(stats.peak <= predicted[1].total_bound());
+    return std::pair{stats.peak, loss};
+  };
+  const auto [in_place_peak, in_place_loss] = measure(SoftmaxCrossEntropy{});
+  const auto [copying_peak, copying_loss] = measure(CopyingCrossEntropy{});
+  CHECK(in_place_loss == copying_loss);
+  // The copying run peaks at its loss (logits and their gradient); the in-place run's peak moves
+  // to its last backward_input (the logits' gradient beside dx and the grad stash, a few KiB
+  // above its loss's moment): the saving is the logits less those KiB.
+  const std::size_t logits = rows / m * classes * sizeof(float);
+  CHECK(copying_peak - in_place_peak <= logits);
+  CHECK(copying_peak - in_place_peak > logits * 9 / 10);
 }

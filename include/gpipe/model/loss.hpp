@@ -7,7 +7,10 @@
 // targets_per_row(out_features); normalizer(rows, out_features), the divisor of the summed loss;
 // check(targets, out_features) (throws gpipe::Error for a bad target); and apply(ctx, rows,
 // out_features, y, targets, grad_scale, dy, loss_sum), which writes the micro-batch's summed loss
-// and dy = grad_scale * d(sum)/dy.
+// and dy = grad_scale * d(sum)/dy. A loss that declares `static constexpr bool in_place = true`
+// (both built-in ones) accepts dy == y: the last stage then keeps one (rows, out_features) buffer
+// for its output and its gradient instead of two (loss_in_place below; predict_memory's
+// in_place_loss).
 
 #include <concepts>
 #include <cstddef>
@@ -53,6 +56,12 @@ concept loss_for = loss<L> &&
   L::apply(ctx, n, n, y, targets, 1.0f, dy, out);
 };
 
+/// loss_in_place<L>: L::apply accepts dy == y (it reads each value of y before writing dy there).
+template <class L>
+inline constexpr bool loss_in_place = requires {
+  requires L::in_place;
+};
+
 namespace detail {
 
 // explain_loss_for<L, Ctx>(): true for a loss_for<L, Ctx>; otherwise a static_assert that names
@@ -94,6 +103,8 @@ struct SoftmaxCrossEntropy {
   using target_type = std::int32_t;
   /// One class id per row.
   static constexpr std::size_t targets_per_row(std::size_t) { return 1; }
+  /// apply may write dlogits over the logits (loss_in_place).
+  static constexpr bool in_place = true;
   /// The mini-batch loss is the summed loss divided by this: its rows.
   static constexpr double normalizer(std::size_t rows, std::size_t) {
     return static_cast<double>(rows);
@@ -109,7 +120,8 @@ struct SoftmaxCrossEntropy {
   }
   /// For one micro-batch, in device memory: loss_sum[0] = sum_r -log softmax(logits_r)[t_r]
   /// (overwritten) and dlogits (rows, classes) = grad_scale * (softmax(logits) - onehot(t)), from
-  /// logits (rows, classes) and targets (rows). grad_scale is 1 / normalizer of the mini-batch.
+  /// logits (rows, classes) and targets (rows); dlogits may be logits. grad_scale is 1 /
+  /// normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t classes, const T* logits,
                     const std::int32_t* targets, master_t<T> grad_scale, T* dlogits,
@@ -125,6 +137,8 @@ struct MSELoss {
   using target_type = float;
   /// A full row of targets: (rows, out_features) in all.
   static constexpr std::size_t targets_per_row(std::size_t out_features) { return out_features; }
+  /// apply may write dy over y (loss_in_place).
+  static constexpr bool in_place = true;
   /// The mini-batch loss is the summed loss divided by this: rows * out_features.
   static constexpr double normalizer(std::size_t rows, std::size_t out_features) {
     return static_cast<double>(rows) * static_cast<double>(out_features);
@@ -132,8 +146,8 @@ struct MSELoss {
   /// Every real target is valid: never throws.
   static void check(std::span<const float>, std::size_t) {}
   /// For one micro-batch, in device memory: loss_sum[0] = sum (y - t)^2 over all rows *
-  /// out_features elements (overwritten) and dy (rows, out_features) = grad_scale * 2 (y - t).
-  /// grad_scale is 1 / normalizer of the mini-batch.
+  /// out_features elements (overwritten) and dy (rows, out_features) = grad_scale * 2 (y - t); dy
+  /// may be y. grad_scale is 1 / normalizer of the mini-batch.
   template <class Ctx, class T>
   static void apply(Ctx& ctx, std::size_t rows, std::size_t out_features, const T* y,
                     const float* targets, master_t<T> grad_scale, T* dy, master_t<T>* loss_sum) {

@@ -136,7 +136,7 @@ class Executor {
 
   // What stage s's ops on micro-batch mb allocate and free depends on (slot_buffers.hpp).
   OpSituation situation(std::size_t s, std::size_t mb) const {
-    return op_situation(schedule_, step_->remat, s, mb, stages_[s]);
+    return op_situation(schedule_, step_->remat, s, mb, stages_[s], loss_program_.in_place);
   }
   // An op's allocations, and after its kernels its frees, on its slot (slot_buffers.hpp).
   void allocate(const OpBuffers& ops, std::size_t s, std::size_t device, std::size_t rows,

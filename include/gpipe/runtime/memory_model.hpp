@@ -74,14 +74,15 @@ std::vector<StageSizes> stage_sizes() {
 // frees replayed in list order, as the executor makes them.
 inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
                                     const std::vector<StageSizes>& st, const MicroBatchSplit& split,
-                                    Remat remat, std::size_t a) {
+                                    Remat remat, std::size_t a, bool in_place_loss) {
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
   std::size_t current = 0, peak = 0;
   // the activations' bytes each slot buffer holds now, as the executor allocates them
   std::vector<std::array<std::size_t, num_slot_buffers>> held(S * M);
   for (const Op& op : schedule.ops[d]) {
     const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
-    const OpBuffers ops = buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s]));
+    const OpBuffers ops =
+        buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s], in_place_loss));
     auto& slot = held[s * M + mb];
     for (std::size_t i = 0; i < ops.num_allocates; ++i) {
       const Allocation& alloc = ops.allocates[i];
@@ -133,11 +134,14 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
 /// activations, stashes, hand-overs and scratch of 2 bytes an element, and each stage's
 /// parameters cast to bf16 once per step, counted as workspace).
 /// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
+/// in_place_loss: the loss writes its gradient over the last stage's output (loss_in_place: both
+/// built-in losses), which then holds one (rows, out_features) buffer where another loss needs two.
 template <class Model, class Precision = Fp32>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
                                                    Remat remat,
                                                    std::size_t optimizer_state_per_param = 0,
-                                                   std::size_t target_bytes_per_row = 4) {
+                                                   std::size_t target_bytes_per_row = 4,
+                                                   bool in_place_loss = true) {
   constexpr std::size_t f = sizeof(float);                                // master arrays
   constexpr std::size_t a = sizeof(typename Precision::activation_type);  // activations
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
@@ -153,7 +157,8 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   }
 
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
-    out[d].activations_peak = detail::activations_peak(schedule, d, st, split, remat, a);
+    out[d].activations_peak =
+        detail::activations_peak(schedule, d, st, split, remat, a, in_place_loss);
     out[d].workspace_bound =
         detail::workspace_bound(schedule, d, st, rows, split.size(0), a, target_bytes_per_row);
   }

@@ -9,12 +9,14 @@
 //   stash        stash_per_row      forward; again by backward_input      forward when remat drops
 //                                   when remat dropped it (activations;   it, else backward_weight
 //                                   inference: workspace)                 (inference: forward)
-//   output       out_features       forward (workspace)                   the last stage's forward
-//                                                                         (after the loss, or the
-//                                                                         download), else the
+//   output       out_features       forward (workspace), but the last     the last stage's forward
+//                                   stage's in training with an in-place  (after the loss, or the
+//                                   loss                                  download), else the
 //                                                                         send once delivered
 //   grad_output  out_features       forward of the last stage (the loss   backward_weight
-//                                   gradient: activations), else
+//                                   gradient: activations; with an
+//                                   in-place loss also the forward's y,
+//                                   the loss writing dy over it), else
 //                                   recv_gradient (workspace)
 //   grad_input   in_features        backward_input (workspace), unless    the send once delivered;
 //                                   stage 0 skips it                      stage 0: backward_input
@@ -109,20 +111,23 @@ struct OpSituation {
   bool recomputed = false;            ///< remat drops this micro-batch's stash after forward
   bool has_stash = false;             ///< the stage stashes anything (stash_per_row > 0)
   bool skips_input_gradient = false;  ///< stage 0's backward_input may leave dx out
+  bool in_place_loss = false;         ///< the loss writes dy over y (loss_in_place)
 };
 
 /// The situation of stage s's ops on micro-batch mb of `schedule` under `remat`, for a stage
 /// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: stash_per_row,
-/// skips_input_gradient): what the executor and the memory model both read buffers_of with.
+/// skips_input_gradient), with a loss that writes dy over y where in_place_loss: what the
+/// executor and the memory model both read buffers_of with.
 template <class Sizes>
 constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::size_t s,
-                                   std::size_t mb, const Sizes& stage) {
+                                   std::size_t mb, const Sizes& stage, bool in_place_loss) {
   return {.first_stage = s == 0,
           .last_stage = s + 1 == schedule.num_stages(),
           .forward_only = schedule.forward_only,
           .recomputed = recomputes(remat, mb, schedule.num_micro_batches),
           .has_stash = stage.stash_per_row > 0,
-          .skips_input_gradient = stage.skips_input_gradient};
+          .skips_input_gradient = stage.skips_input_gradient,
+          .in_place_loss = in_place_loss};
 }
 
 /// What one op does to its slot: allocations before its kernels, frees after them, each in
@@ -153,6 +158,11 @@ constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
         return b;
       }
       b.allocate(SlotBuffer::stash, activations);
+      if (at.last_stage && at.in_place_loss) {  // y, then dy over it
+        b.allocate(SlotBuffer::grad_output, activations);
+        if (at.recomputed) b.free(SlotBuffer::stash);
+        return b;
+      }
       b.allocate(SlotBuffer::output, workspace);
       if (at.last_stage) {
         b.allocate(SlotBuffer::grad_output, activations);

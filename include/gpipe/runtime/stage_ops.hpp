@@ -96,7 +96,7 @@ class StageOps {
            const Step& step, float* loss) {
     OpContext& c = ActivationContext<Kernels, Activation>::of(k);
     if (kind == OpKind::forward)
-      forward(c, at, sit.forward_only, here, step, loss);
+      forward(c, at, sit, here, step, loss);
     else if (kind == OpKind::backward_input)
       backward_input(c, at.stage, at.device, at.rows, sit, here);
     else
@@ -136,11 +136,14 @@ class StageOps {
   }
 
   // F: stage 0 first uploads its rows; the last stage then applies the loss (training) or
-  // downloads its output (inference).
-  void forward(OpContext& k, const OpPosition& at, bool inference, Buffers& here, const Step& step,
-               float* loss) {
+  // downloads its output (inference). With an in-place loss the last stage's y goes straight
+  // into grad_output, where the loss writes dy over it (slot_buffers.hpp).
+  void forward(OpContext& k, const OpPosition& at, const OpSituation& sit, Buffers& here,
+               const Step& step, float* loss) {
     const std::size_t s = at.stage, device = at.device, mb = at.micro_batch, rows = at.rows;
     const StageProgram<OpContext>& stage = stages_[s];
+    const bool in_place = sit.last_stage && sit.in_place_loss && !sit.forward_only;
+    Activation* y = here[in_place ? SlotBuffer::grad_output : SlotBuffer::output].data();
     if (s == 0)
       upload_input(k, rows * stage.in_features,
                    step.x.data() + step.split.begin(mb) * stage.in_features,
@@ -148,30 +151,29 @@ class StageOps {
     {
       Buffer<Activation> ws = workspace(stage, device, rows);
       stage.forward(
-          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(),
-                                     here[SlotBuffer::output].data(), params_[s].data(),
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y, params_[s].data(),
                                      here[SlotBuffer::stash].data(), ws.data(), compute_params(s)});
     }
     if (s + 1 < stages_.size()) return;
-    if (inference)
-      k.download(rows * stage.out_features, here[SlotBuffer::output].data(),
+    if (sit.forward_only)
+      k.download(rows * stage.out_features, y,
                  step.out.data() + step.split.begin(mb) * stage.out_features);
     else
-      apply_loss(device, k, mb, rows, here, step, loss);
+      apply_loss(device, k, mb, rows, y, here, step, loss);
   }
 
-  // Last stage: loss of the micro-batch into loss[mb]; gradient of the mean loss into
-  // grad_output.
-  void apply_loss(std::size_t device, OpContext& k, std::size_t mb, std::size_t rows, Buffers& here,
-                  const Step& step, float* loss) {
+  // Last stage: loss of the micro-batch into loss[mb] from its output y; gradient of the mean
+  // loss into grad_output (which may be y).
+  void apply_loss(std::size_t device, OpContext& k, std::size_t mb, std::size_t rows,
+                  const Activation* y, Buffers& here, const Step& step, float* loss) {
     const std::size_t out = stages_.back().out_features;
 
     const std::size_t per_row = loss_program_.targets_per_row(out);
     auto targets =
         backend_.template allocate<Target>(device, rows * per_row, MemoryKind::workspace);
     k.upload(rows * per_row, step.y.data() + step.split.begin(mb) * per_row, targets.data());
-    loss_program_.apply(k, rows, out, here[SlotBuffer::output].data(), targets.data(),
-                        step.loss_scale, here[SlotBuffer::grad_output].data(), loss + mb);
+    loss_program_.apply(k, rows, out, y, targets.data(), step.loss_scale,
+                        here[SlotBuffer::grad_output].data(), loss + mb);
   }
 
   // B: first, where remat dropped the stash, the stage's forward again from its kept input.

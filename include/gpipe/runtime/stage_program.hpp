@@ -91,6 +91,7 @@ struct LossProgram {
   // loss_sum[0] and dy (rows, out) of one micro-batch, in device memory
   void (*apply)(Kernels&, std::size_t rows, std::size_t out, const T* y, const Target* targets,
                 float grad_scale, T* dy, float* loss_sum) = nullptr;
+  bool in_place = false;  // apply takes dy == y (loss_in_place)
 };
 
 template <class Loss, class Kernels>
@@ -103,6 +104,7 @@ inline constexpr LossProgram<Kernels, typename Loss::target_type> loss_program{
         [](Kernels& k, std::size_t rows, std::size_t out, const typename Kernels::value_type* y,
            const typename Loss::target_type* targets, float grad_scale,
            typename Kernels::value_type* dy,
-           float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); }};
+           float* loss_sum) { Loss::apply(k, rows, out, y, targets, grad_scale, dy, loss_sum); },
+    .in_place = loss_in_place<Loss>};
 
 }  // namespace gpipe::detail

@@ -37,7 +37,7 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 
 /// One block per row r of logits (rows, classes), target t = targets[r]:
 ///   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))
-///   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))
+///   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))     (dlogits may be logits)
 /// The row's max and sum of exponentials come from one online pass; the second pass reads the
 /// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs
 /// (classes % V == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those
@@ -51,6 +51,10 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
   const std::size_t row = blockIdx.x;
   if (row >= rows) return;  // the whole block leaves together
   const float* z = logits + row * classes;
+  const std::int32_t t = targets[row];
+  const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
+  // read before the barriers of block_max: dlogits may be logits, written after them
+  const float z_target = threadIdx.x == 0 && valid ? z[t] : 0.0f;
   const std::size_t packs = classes / V;
   float m = -INFINITY, s = 0;  // running max and sum of exp(z - m) of this thread's entries
   for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
@@ -69,8 +73,6 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
   const float row_sum = detail::block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_max), buf);
   const float log_sum = row_max + logf(row_sum);
 
-  const std::int32_t t = targets[row];
-  const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
   const std::size_t target = valid ? static_cast<std::size_t>(t) : classes;
   for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
     const detail::Pack<float, V> v = detail::load_pack<V>(z + p * V);
@@ -82,7 +84,7 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
     }
     detail::store_pack<V>(dlogits + row * classes + p * V, out);
   }
-  if (threadIdx.x == 0) partial[row] = valid ? log_sum - z[t] : NAN;
+  if (threadIdx.x == 0) partial[row] = valid ? log_sum - z_target : NAN;
 }
 /// Floats of scratch that softmax_cross_entropy_forward needs.
 inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }

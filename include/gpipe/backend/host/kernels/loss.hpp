@@ -13,14 +13,15 @@
 namespace gpipe::host {
 
 /// One row of softmax_cross_entropy: z (classes) its logits, target its class; writes the row's
-/// dlogits to g (classes) and returns its loss, -log softmax(z)[target], in double.
+/// dlogits to g (classes; g may be z) and returns its loss, -log softmax(z)[target], in double.
 template <class T>
 double softmax_cross_entropy_row(std::size_t classes, const T* z, std::int32_t target, T grad_scale,
                                  T* g) {
+  const auto t = static_cast<std::size_t>(target);
+  const T z_target = z[t];  // before g, which may be z, is written
   const T max = detail::row_max(z, classes);
   const double sum = detail::exp_shifted(z, max, classes, g);
-  const auto t = static_cast<std::size_t>(target);
-  const double loss = std::log(sum) + max - z[t];
+  const double loss = std::log(sum) + max - z_target;
   const T scale = static_cast<T>(grad_scale / sum);
   simd::transform(
       classes, [scale](auto e) { return e * scale; }, g, g);
