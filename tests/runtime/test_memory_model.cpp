@@ -1,7 +1,7 @@
 // The memory model against the host backend's byte counts: measured peak activation bytes equal
 // the prediction exactly on every device; the total peak stays within the predicted bound;
 // `always` cuts a deep stage's activations by the factor GPipe's formula gives; Checkpoint
-// recomputes only its segment and changes no gradient.
+// recomputes only its segment and changes no gradient; attention's stash does not grow with T.
 
 #include <doctest/doctest.h>
 
@@ -253,4 +253,34 @@ TEST_CASE("an in-place loss holds one (rows, classes) buffer where another holds
   const std::size_t logits = rows / m * classes * sizeof(float);
   CHECK(copying_peak - in_place_peak <= logits);
   CHECK(copying_peak - in_place_peak > logits * 9 / 10);
+}
+
+TEST_CASE(
+    "attention keeps 4D + 2H per row whatever T: a GPT's peak at T 1024 is its peak at T 64") {
+  // Per row, CausalSelfAttention keeps qkv (3D) and o (D), and each head's log-sum-exp (H floats
+  // in 2H elements), never the (T, T) probabilities: 2048 tokens cost as much in samples of 1024
+  // as in samples of 64, measured and predicted.
+  constexpr std::size_t V = 16, D = 16, H = 2, tokens = 2048;
+  static_assert(detail::bound_layer_t<CausalSelfAttention<D, H>, D, 64>::stash_per_row ==
+                4 * D + 2 * H);
+  static_assert(detail::bound_layer_t<CausalSelfAttention<D, H>, D, 1024>::stash_per_row ==
+                4 * D + 2 * H);
+  auto peak = [&]<std::size_t T>() {
+    CAPTURE(T);
+    using Gpt = Pipeline<Stage<Embedding<V, T, D>, TransformerBlock<D, H>>,
+                         Stage<LayerNorm<D>, Linear<D, V>>>;
+    Rng rng(3);
+    std::vector<std::int32_t> x(tokens), y(tokens);
+    for (std::int32_t& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
+    for (std::int32_t& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
+    host::Backend backend(2);
+    Trainer<Gpt, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 2});
+    const auto predicted = predict_memory<Gpt>(trainer.schedule(), tokens, Remat::never);
+    backend.reset_peak();
+    trainer.forward_backward(x, y);
+    const std::size_t measured = backend.memory_stats(0).peak_of(MemoryKind::activations);
+    CHECK(measured == predicted[0].activations_peak);
+    return measured;
+  };
+  CHECK(peak.template operator()<64>() == peak.template operator()<1024>());
 }

@@ -130,16 +130,15 @@ TEST_SUITE("token models") {
 
   TEST_CASE("a GPT whose devices have a team of threads gives the one-thread step") {
     // Large enough that a team of two splits the attention core (a micro-batch's 8 (sample, head)
-    // pairs of 2 T T d = 2^20 multiply-adds: two a block), the loss (256 rows of 512 classes) and
-    // the GEMMs; the kernel tests check each split bit for bit, this that the pipeline hands the
-    // team to them, remat's recomputation included.
+    // pairs of 2 causal products of T T d / 2 = 2^18 multiply-adds: four a block), the loss (256
+    // rows of 512 classes) and the GEMMs; the kernel tests check each split bit for bit, this that
+    // the pipeline hands the team to them, remat's recomputation included.
     constexpr std::size_t Vt = 512, Tt = 128, Dt = 128, Ht = 4, n = 4;
     using Gpt = Pipeline<Stage<Embedding<Vt, Tt, Dt>, TransformerBlock<Dt, Ht>>,
                          Stage<TransformerBlock<Dt, Ht>, LayerNorm<Dt>, Linear<Dt, Vt>>>;
     host::Team pair(2);
-    REQUIRE(
-        host::block_split(2 * Ht, 2 * Tt * Tt * (Dt / Ht), 2, 1, host::gemm_split_min_work).parts ==
-        2);
+    REQUIRE(detail::attention_split(2, AttentionGeometry::packed(2, Tt, Ht, Dt / Ht), 2 * Ht, 2)
+                .parts == 2);
     REQUIRE(host::Kernels<float>(0, &pair).split(2 * Tt, Vt).parts == 2);
     Rng rng(4);
     std::vector<std::int32_t> x(n * Tt), y(n * Tt);

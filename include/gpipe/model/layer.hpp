@@ -8,7 +8,9 @@
 //   backward_weight (W): dy -> d(params), accumulated   (needs x, the stash and the B stash)
 // Everything a backward needs beyond the layer input x is kept by forward in `stash`
 // (stash_per_row floats per row) and by backward_input in `grad_stash` (grad_stash_per_row).
-// The layer output y is not kept: a layer that needs it in backward stashes it. A layer that
+// The layer output y is not kept for it: a layer that needs it in backward stashes it, unless it
+// only ever runs inside a Chain, which passes it every layer's output but its last's
+// (BackwardInputArgs::y: the next layer's input, which the Chain keeps anyway). A layer that
 // needs scratch memory only while one of its ops runs declares workspace_per_row (optional,
 // default 0); its contents do not survive from one op to the next.
 //
@@ -91,6 +93,9 @@ struct BackwardInputArgs {
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
   /// (num_params): params in T, as in ForwardArgs::compute_params.
   const T* compute_params = nullptr;
+  /// (rows, out_features): the forward's output where the caller keeps it (inside a Chain, every
+  /// layer but the last), else nullptr. A layer that needs y and may not get it stashes it.
+  const T* y = nullptr;
 };
 
 /// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are

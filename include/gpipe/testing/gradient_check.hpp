@@ -71,21 +71,24 @@ struct LayerRun {
     L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data(),
                                    workspace.data()});
   }
-  /// dx, grad_stash <- L::backward_input(x, dy, params, stash); dx, grad_stash and workspace are
-  /// NaN before it, so a layer that accumulates into dx yields NaN.
+  /// dx, grad_stash <- L::backward_input(x, dy, params, stash), with the forward's y kept
+  /// (BackwardInputArgs::y); dx, grad_stash and workspace are NaN before it, so a layer that
+  /// accumulates into dx yields NaN.
   void backward_input() {
     std::ranges::fill(dx, nan_v<T>);
     std::ranges::fill(grad_stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
-                                                stash.data(), grad_stash.data(), workspace.data()});
+    L::backward_input(
+        ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(), stash.data(),
+                                  grad_stash.data(), workspace.data(), params.data(), y.data()});
   }
   /// backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
   void backward_input_without_dx() {
     std::ranges::fill(grad_stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(),
-                                                stash.data(), grad_stash.data(), workspace.data()});
+    L::backward_input(
+        ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(), stash.data(),
+                                  grad_stash.data(), workspace.data(), params.data(), y.data()});
   }
   /// grads += L::backward_weight(x, dy, params, stash, grad_stash); workspace is NaN before it.
   void backward_weight() {

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -192,35 +193,47 @@ TEST_CASE("bf16 elementwise layers, LayerNorm and Embedding: rounded once from f
     CHECK(std::abs(float(ey[i]) - ey_ref[i]) <= (u + e) * std::abs(ey_ref[i]));
 }
 
-TEST_CASE("bf16 attention core: probabilities and output rounded once from float") {
-  constexpr std::size_t D = 32, H = 2, T = 16, samples = 3, rows = samples * T;
+TEST_CASE("bf16 attention core: o rounded once from float, log-sum-exp and backward in float") {
+  constexpr std::size_t D = 32, H = 2, T = 80, samples = 3, rows = samples * T, d = D / H;
   using Core = detail::CausalAttentionCore<D, H, T>;
+  static_assert(Core::stash_per_row == 2 * H && Core::workspace_per_row == 2 * H);
   const Values qkv = values(rows * 3 * D, 7, 2.0f), dout = values(rows * D, 8);
   host::Kernels<bf16> k;
   host::Kernels<double> r;
-  std::vector<bf16> probs(rows * H * T), o(rows * D);
-  std::vector<double> probs_ref(rows * H * T), o_ref(rows * D);
-  Core::forward(k, {rows, qkv.b.data(), o.data(), nullptr, probs.data(), nullptr});
-  Core::forward(r, {rows, qkv.d.data(), o_ref.data(), nullptr, probs_ref.data(), nullptr});
-  // float scores (d-term dot products, |q||k| <= 4 each) through the float softmax's exp (2e-7
-  // relative): about (d + 16) e relative to exp of the score magnitudes, here < 64 e
-  for (std::size_t i = 0; i < probs.size(); ++i)
-    CHECK(std::abs(float(probs[i]) - probs_ref[i]) <= u * probs_ref[i] + 64 * e);
-  // o = P v in float from the float P: T terms of |P| |v| <= 2, rounded once
+  std::vector<bf16> stash(rows * Core::stash_per_row), o(rows * D);
+  std::vector<double> stash_ref(rows * Core::stash_per_row), o_ref(rows * D);
+  Core::forward(k, {rows, qkv.b.data(), o.data(), nullptr, stash.data(), nullptr});
+  Core::forward(r, {rows, qkv.d.data(), o_ref.data(), nullptr, stash_ref.data(), nullptr});
+  // Scores are d-term float dot products of |q|, |k| < 2, scaled by 1 / sqrt d: magnitudes up to
+  // S = 4 sqrt d, each off by at most (d + 1) e S; the float softmax's exp adds 2e-7 relative.
+  // The log-sum-exp (float, first H floats of the stash row) is off by about as much as a score.
+  const double s = 4 * std::sqrt(double(d)), score = (d + 16) * e * s;
+  std::vector<float> lse(rows * H);
+  std::memcpy(lse.data(), stash.data(), lse.size() * sizeof(float));
+  for (std::size_t i = 0; i < lse.size(); ++i)
+    CHECK(std::abs(lse[i] - stash_ref[i]) <= score + e * std::abs(stash_ref[i]));
+  // o = P v over tiles in float (P off by score relative, |v| < 2, T terms), rounded once
   for (std::size_t i = 0; i < o.size(); ++i)
-    CHECK(std::abs(float(o[i]) - o_ref[i]) <= u * std::abs(o_ref[i]) + (T + 64) * e * 2);
+    CHECK(std::abs(float(o[i]) - o_ref[i]) <= u * std::abs(o_ref[i]) + (score + T * e) * 2);
 
-  // backward from the bf16 probabilities: P's rounding (u P) enters dv = P^T dout and dS; the
-  // result is rounded once. First order: u times the magnitudes of the terms.
-  std::vector<bf16> dqkv(rows * 3 * D);
-  std::vector<double> dqkv_ref(rows * 3 * D), scratch(rows * T);
-  std::vector<bf16> scratch16(rows * T);
-  Core::backward_input(k, {rows, qkv.b.data(), dout.b.data(), dqkv.data(), nullptr, probs.data(),
-                           nullptr, scratch16.data()});
+  // backward: from the bf16 o (rounded: u |o| in rowsum(do .* o)); dqkv rounded once. First
+  // order: u times the magnitudes of the terms.
+  std::vector<bf16> dqkv(rows * 3 * D), workspace(rows * Core::workspace_per_row);
+  std::vector<double> dqkv_ref(rows * 3 * D), workspace_ref(rows * Core::workspace_per_row);
+  Core::backward_input(k, {rows, qkv.b.data(), dout.b.data(), dqkv.data(), nullptr, stash.data(),
+                           nullptr, workspace.data(), o.data()});
   Core::backward_input(r, {rows, qkv.d.data(), dout.d.data(), dqkv_ref.data(), nullptr,
-                           probs_ref.data(), nullptr, scratch.data()});
+                           stash_ref.data(), nullptr, workspace_ref.data(), o_ref.data()});
   double scale = 0;
   for (double v : dqkv_ref) scale = std::max(scale, std::abs(v));
   for (std::size_t i = 0; i < dqkv.size(); ++i)
     CHECK(std::abs(float(dqkv[i]) - dqkv_ref[i]) <= u * std::abs(dqkv_ref[i]) + 4 * u * scale);
+
+  // The stash holds floats: at an odd bf16 offset it cannot, and the core says so; its backward
+  // needs o, which a Chain passes and nobody else may forget.
+  CHECK_THROWS_AS(
+      Core::forward(k, {rows, qkv.b.data(), o.data(), nullptr, stash.data() + 1, nullptr}), Error);
+  CHECK_THROWS_AS(Core::backward_input(k, {rows, qkv.b.data(), dout.b.data(), dqkv.data(), nullptr,
+                                           stash.data(), nullptr, workspace.data()}),
+                  Error);
 }

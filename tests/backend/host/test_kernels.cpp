@@ -416,38 +416,35 @@ TEST_SUITE("backend host kernels") {
 
     SUBCASE("the attention core, in blocks of (sample, head) pairs") {
       using Attention = gpipe::LayerKernels<gpipe::CausalAttentionOp, gpipe::host::Kernels<float>>;
-      const std::size_t tokens = 64, d = 16;
-      // (samples, heads): 48 pairs of 2 T T d = 2^17 multiply-adds, at least 16 a block (2^21):
-      // three blocks forward; backward three, and two where there are two samples' scratch.
-      for (const auto [samples, heads, backward_blocks] :
-           {std::array<std::size_t, 3>{4, 12, 3}, std::array<std::size_t, 3>{2, 24, 2}}) {
+      const std::size_t tokens = 128, d = 16;
+      // (samples, heads, kv_heads): forward, 48 (sample, head) pairs of 2 causal products of
+      // T T d / 2 = 2^17 multiply-adds, 8 at least a block (2^21): three blocks; backward, the
+      // (sample, kv head) pairs of 5 such products per query head: three blocks of the 48, and
+      // two where 2 pairs (24 query heads each) are all there is.
+      for (const auto [samples, heads, kv_heads, backward_blocks] :
+           {std::array<std::size_t, 4>{4, 12, 12, 3}, std::array<std::size_t, 4>{2, 24, 1, 2}}) {
         CAPTURE(samples);
-        const std::size_t pairs = samples * heads;
-        REQUIRE(gpipe::host::block_split(pairs, 2 * tokens * tokens * d, 3, 1,
-                                         gpipe::host::gemm_split_min_work)
-                    .parts == 3);
-        REQUIRE(gpipe::host::block_split(pairs, 2 * tokens * tokens * d,
-                                         std::min<std::size_t>(3, samples), 1,
-                                         gpipe::host::gemm_split_min_work)
-                    .parts == backward_blocks);
+        const gpipe::AttentionGeometry g{samples,  tokens,    heads,
+                                         kv_heads, d,         (heads + 2 * kv_heads) * d,
+                                         0,        heads * d, (heads + kv_heads) * d};
+        REQUIRE(gpipe::detail::attention_split(3, g, samples * heads, 2).parts == 3);
+        REQUIRE(gpipe::detail::attention_split(3, g, samples * kv_heads, 5 * g.group()).parts ==
+                backward_blocks);
         const std::size_t rows = samples * tokens, D = heads * d;
-        const auto qkv = random_floats(rows * 3 * D, 38), dout = random_floats(rows * D, 39);
+        const auto qkv = random_floats(rows * g.ld, 38), dout = random_floats(rows * D, 39);
         const float nan = std::numeric_limits<float>::quiet_NaN();
-        std::vector<float> p_split(rows * heads * tokens, nan), o_split(rows * D, nan);
-        std::vector<float> p_alone = p_split, o_alone = o_split;
-        Attention::forward(split, samples, tokens, heads, d, qkv.data(), p_split.data(),
-                           o_split.data());
-        Attention::forward(alone, samples, tokens, heads, d, qkv.data(), p_alone.data(),
-                           o_alone.data());
-        CHECK(p_split == p_alone);
+        std::vector<float> o_split(rows * D, nan), lse_split(rows * heads, nan);
+        std::vector<float> o_alone = o_split, lse_alone = lse_split;
+        Attention::forward(split, g, qkv.data(), o_split.data(), lse_split.data());
+        Attention::forward(alone, g, qkv.data(), o_alone.data(), lse_alone.data());
         CHECK(o_split == o_alone);
-        // The scratch is exactly the layer's workspace, (rows, T): a (T, T) per sample.
-        std::vector<float> dqkv_split(rows * 3 * D, nan), dqkv_alone = dqkv_split;
-        std::vector<float> scratch_split(rows * tokens, nan), scratch_alone = scratch_split;
-        Attention::backward(split, samples, tokens, heads, d, qkv.data(), p_alone.data(),
-                            dout.data(), dqkv_split.data(), scratch_split.data());
-        Attention::backward(alone, samples, tokens, heads, d, qkv.data(), p_alone.data(),
-                            dout.data(), dqkv_alone.data(), scratch_alone.data());
+        CHECK(lse_split == lse_alone);
+        std::vector<float> dqkv_split(rows * g.ld, nan), dqkv_alone = dqkv_split;
+        std::vector<float> delta_split(rows * heads, nan), delta_alone = delta_split;
+        Attention::backward(split, g, qkv.data(), o_alone.data(), lse_alone.data(), dout.data(),
+                            dqkv_split.data(), delta_split.data());
+        Attention::backward(alone, g, qkv.data(), o_alone.data(), lse_alone.data(), dout.data(),
+                            dqkv_alone.data(), delta_alone.data());
         CHECK(dqkv_split == dqkv_alone);
       }
     }

@@ -10,8 +10,10 @@
 //   forward:  a_0 = x, a_{i+1} = L_i(a_i), y = a_n; a_1..a_{n-1} and every L_i's stash are kept
 //             in the chain's stash, each tensor contiguous (rows, width);
 //   B:        g_n = dy, g_i = B_i(g_{i+1}); g_1..g_{n-1} and every L_i's grad stash are kept in
-//             the chain's grad stash, dx = g_0. When nobody wants dx (the first stage) and
-//             skips_input_gradient holds (L_0 keeps no grad stash for its W), the caller passes
+//             the chain's grad stash, dx = g_0. B_i gets its output a_{i+1} as
+//             BackwardInputArgs::y for i < n - 1 (nullptr for the last: a_n is the chain's y,
+//             which a Residual, say, does not keep as such). When nobody wants dx (the first stage)
+//             and skips_input_gradient holds (L_0 keeps no grad stash for its W), the caller passes
 //             dx = nullptr and B_0 does not run (for a first Linear that saves the GEMM dy W,
 //             whose result nobody reads);
 //   W:        W_i(a_i, g_{i+1}) for every i.
@@ -349,7 +351,8 @@ struct Chain {
                                     grad(std::integral_constant<std::size_t, i>{}),
                                     a.params + param_offset[i], stash + stash_offset[i] * a.rows,
                                     a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
-                                    compute_params_at(a.compute_params, param_offset[i])});
+                                    compute_params_at(a.compute_params, param_offset[i]),
+                                    act<i + 1>(x, static_cast<T*>(nullptr), stash, a.rows)});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }

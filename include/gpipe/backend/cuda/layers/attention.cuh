@@ -1,11 +1,13 @@
 #pragma once
-// The causal attention core on the CUDA backend, the algorithm of the host's
-// (gpipe/backend/host/layers/attention.hpp) on cuBLAS strided-batched GEMMs:
-//   forward, per sample, batched over heads: S = scale q k^T into the probabilities' rows (row
-//     length H T), then a causal softmax, one warp per row, then o = P v;
-//   backward, per head, batched over samples: dP = do v^T into the (samples, T, T) scratch and
-//     dv = P^T do, then dS = P .* (dP - rowsum(dP .* P)) one warp per row, then dq = scale dS k
-//     and dk = scale dS^T q.
+// The causal attention core on the CUDA backend on cuBLAS strided-batched GEMMs, the
+// probabilities in the context's scratch (kept only while a call runs; the stash holds the
+// log-sum-exp):
+//   forward, per sample, batched over heads: S = scale q k^T into the scratch (row length H T),
+//     then a causal softmax that also writes each row's log-sum-exp, one warp per row, then
+//     o = P v;
+//   backward: S again, P = e^(S - lse); per head, batched over samples: dP = do v^T into the
+//     (samples, T, T) scratch and dv = P^T do, then dS = P .* (dP - rowsum(dP .* P)) one warp per
+//     row, then dq = scale dS k and dk = scale dS^T q.
 // The (T, T) products are computed whole and the masked part set to 0, as on the host.
 // Deterministic: cuBLAS gives the same bits on the same GPU, and each row's sums run in a fixed
 // order (per lane, then a fixed shuffle tree).
@@ -18,6 +20,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
@@ -35,7 +38,7 @@ inline constexpr int attention_warps_per_block = 8;
 /// tokens (P is (samples, T, H, T)). Entries u <= t become the softmax of the row's entries
 /// u <= t, entries above become 0.
 __global__ void attention_causal_softmax_kernel(std::size_t rows, std::size_t tokens,
-                                                std::size_t heads, float* probs) {
+                                                std::size_t heads, float* probs, float* lse) {
   const unsigned lane = threadIdx.x % 32;
   for (std::size_t r = detail::global_thread() / 32; r < rows; r += detail::grid_threads() / 32) {
     const std::size_t t = r / heads % tokens;
@@ -45,8 +48,22 @@ __global__ void attention_causal_softmax_kernel(std::size_t rows, std::size_t to
     max = detail::warp_max(max);
     float sum = 0.0f;
     for (std::size_t u = lane; u <= t; u += 32) sum += p[u] = expf(p[u] - max);
-    const float inv = 1.0f / detail::warp_sum(sum);
+    sum = detail::warp_sum(sum);
+    const float inv = 1.0f / sum;
     for (std::size_t u = lane; u < tokens; u += 32) p[u] = u <= t ? p[u] * inv : 0.0f;
+    if (lane == 0) lse[r] = max + logf(sum);
+  }
+}
+
+/// One warp per row r < rows of P as attention_causal_softmax_kernel's, holding the scaled
+/// scores: entries u <= t become e^(S - lse[r]) (the forward's probabilities), entries above 0.
+__global__ void attention_probabilities_kernel(std::size_t rows, std::size_t tokens,
+                                               std::size_t heads, const float* lse, float* probs) {
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t r = detail::global_thread() / 32; r < rows; r += detail::grid_threads() / 32) {
+    const std::size_t t = r / heads % tokens;
+    float* p = probs + r * tokens;
+    for (std::size_t u = lane; u < tokens; u += 32) p[u] = u <= t ? expf(p[u] - lse[r]) : 0.0f;
   }
 }
 
@@ -72,32 +89,26 @@ __global__ void attention_softmax_backward_kernel(std::size_t rows, std::size_t 
 namespace gpipe {
 
 /// The causal attention core on the CUDA backend: cuBLAS strided-batched GEMMs and a warp-per-row
-/// causal softmax, in float, with the host's layout (see the top of this file). Rows are
-/// samples x T; qkv holds q, k, v side by side, 3 H d per row, head h at column h d of each.
+/// causal softmax, in float, with the host's layout (see the top of this file). GPT-2's packing
+/// only (kv_heads = heads, q, k, v the thirds of a row), no documents; the probabilities live in
+/// the context's scratch (samples T, H T), recomputed in backward from the log-sum-exp.
 template <>
 struct LayerKernels<CausalAttentionOp, cuda::KernelContext<float>> {
-  /// qkv (samples T, 3 H d) -> probs (samples T, H T): per head the causal softmax of
-  /// q k^T / sqrt(d), masked entries 0, kept for backward; and o (samples T, H d) = P v per head.
-  /// Both overwritten.
-  static void forward(cuda::KernelContext<float>& k, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const float* qkv, float* probs, float* o) {
-    if (samples == 0) return;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
-    for (std::size_t b = 0; b < samples; ++b) {
-      const float* q = qkv + b * tokens * ld_qkv;
-      float* p = probs + b * tokens * ld_p;
-      // S_h (T, T) = scale q_h k_h^T, head h at column h d of q and k, h T of P
-      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, scale, {q, ld_qkv, d},
-                                 {q + D, ld_qkv, d}, 0.0f, p, ld_p, tokens, heads);
-    }
-    const std::size_t rows = samples * tokens * heads;
+  /// qkv (samples T, 3 H d) -> o (samples T, H d) and lse (samples T, H), both overwritten.
+  static void forward(cuda::KernelContext<float>& k, const AttentionGeometry& g, const float* qkv,
+                      float* o, float* lse, const std::int32_t* document = nullptr) {
+    check(g, document);
+    if (g.samples == 0) return;
+    float* probs = k.scratch(g.rows() * g.heads * g.tokens);
+    scores(k, g, qkv, probs);
+    const std::size_t tokens = g.tokens, heads = g.heads, d = g.head_size, D = heads * d;
+    const std::size_t ld_qkv = 3 * D, ld_p = heads * tokens, rows = g.rows() * heads;
     GPIPE_CUDA_LAUNCH(cuda::attention_causal_softmax_kernel,
                       cuda::detail::grid_for(rows, cuda::attention_warps_per_block),
                       32 * cuda::attention_warps_per_block, k.stream())
-    (rows, tokens, heads, probs);
+    (rows, tokens, heads, probs, lse);
     GPIPE_CUDA_CHECK_LAUNCH("attention_causal_softmax_kernel");
-    for (std::size_t b = 0; b < samples; ++b) {
+    for (std::size_t b = 0; b < g.samples; ++b) {
       // o_h (T, d) = P_h v_h
       cuda::gemm_strided_batched(k.blas(), false, false, tokens, d, tokens, 1.0f,
                                  {probs + b * tokens * ld_p, ld_p, tokens},
@@ -106,16 +117,25 @@ struct LayerKernels<CausalAttentionOp, cuda::KernelContext<float>> {
     }
   }
 
-  /// dqkv (samples T, 3 H d), overwritten, from qkv, the forward's probs and dout
-  /// (samples T, H d). scratch: (samples T, T) floats, as the layer's workspace (T per row)
-  /// provides; its contents are not kept.
-  static void backward(cuda::KernelContext<float>& k, std::size_t samples, std::size_t tokens,
-                       std::size_t heads, std::size_t d, const float* qkv, const float* probs,
-                       const float* dout, float* dqkv, float* scratch) {
-    if (samples == 0) return;
+  /// dqkv (samples T, 3 H d), overwritten, from qkv, the forward's lse and dout (samples T, H d);
+  /// o and delta are not used.
+  static void backward(cuda::KernelContext<float>& k, const AttentionGeometry& g, const float* qkv,
+                       const float*, const float* lse, const float* dout, float* dqkv, float*,
+                       const std::int32_t* document = nullptr) {
+    check(g, document);
+    if (g.samples == 0) return;
+    const std::size_t tokens = g.tokens, heads = g.heads, d = g.head_size, samples = g.samples;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens;
     const std::size_t qkv_stride = tokens * ld_qkv, tt = tokens * tokens, rows = samples * tokens;
+    float* probs = k.scratch(rows * ld_p + rows * tokens);
+    float* scratch = probs + rows * ld_p;
+    scores(k, g, qkv, probs);
+    GPIPE_CUDA_LAUNCH(cuda::attention_probabilities_kernel,
+                      cuda::detail::grid_for(rows * heads, cuda::attention_warps_per_block),
+                      32 * cuda::attention_warps_per_block, k.stream())
+    (rows * heads, tokens, heads, lse, probs);
+    GPIPE_CUDA_CHECK_LAUNCH("attention_probabilities_kernel");
     for (std::size_t h = 0; h < heads; ++h) {
       const float* q = qkv + h * d;
       const float* kh = q + D;
@@ -124,11 +144,11 @@ struct LayerKernels<CausalAttentionOp, cuda::KernelContext<float>> {
       float* dk = dq + D;
       float* dv = dq + 2 * D;
       const cuda::BatchedOperand p{probs + h * tokens, ld_p, tokens * ld_p};
-      const cuda::BatchedOperand g{dout + h * d, D, tokens * D};
+      const cuda::BatchedOperand go{dout + h * d, D, tokens * D};
       // dP (T, T) = do_h v_h^T;  dv_h = P^T do_h
-      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, 1.0f, g,
+      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, 1.0f, go,
                                  {v, ld_qkv, qkv_stride}, 0.0f, scratch, tokens, tt, samples);
-      cuda::gemm_strided_batched(k.blas(), true, false, tokens, d, tokens, 1.0f, p, g, 0.0f, dv,
+      cuda::gemm_strided_batched(k.blas(), true, false, tokens, d, tokens, 1.0f, p, go, 0.0f, dv,
                                  ld_qkv, qkv_stride, samples);
       GPIPE_CUDA_LAUNCH(cuda::attention_softmax_backward_kernel,
                         cuda::detail::grid_for(rows, cuda::attention_warps_per_block),
@@ -143,52 +163,66 @@ struct LayerKernels<CausalAttentionOp, cuda::KernelContext<float>> {
                                  {q, ld_qkv, qkv_stride}, 0.0f, dk, ld_qkv, qkv_stride, samples);
     }
   }
+
+ private:
+  static void check(const AttentionGeometry& g, const std::int32_t* document) {
+    g.check();
+    const AttentionGeometry packed =
+        AttentionGeometry::packed(g.samples, g.tokens, g.heads, g.head_size);
+    gpipe::detail::require(g.kv_heads == g.heads && g.ld == packed.ld && g.q == packed.q &&
+                               g.k == packed.k && g.v == packed.v && document == nullptr,
+                           "CUDA attention runs GPT-2's packing of q, k and v, no documents");
+  }
+  // probs (samples T, H T) = per head, scale q k^T
+  static void scores(cuda::KernelContext<float>& k, const AttentionGeometry& g, const float* qkv,
+                     float* probs) {
+    const std::size_t tokens = g.tokens, heads = g.heads, d = g.head_size, D = heads * d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const std::size_t ld_qkv = 3 * D, ld_p = heads * tokens;
+    for (std::size_t b = 0; b < g.samples; ++b) {
+      const float* q = qkv + b * tokens * ld_qkv;
+      float* p = probs + b * tokens * ld_p;
+      cuda::gemm_strided_batched(k.blas(), false, true, tokens, tokens, d, scale, {q, ld_qkv, d},
+                                 {q + D, ld_qkv, d}, 0.0f, p, ld_p, tokens, heads);
+    }
+  }
 };
 
 /// The causal attention core on bf16 activations (gpipe::MixedBf16): qkv (and in backward the
-/// probabilities and the output gradient) widened to float into the context's wide() scratch, the
-/// float kernels above run there (scores, softmax and both products in float, as the host's bf16
-/// context does), and the results rounded once: the probabilities are stored as bf16 for the
-/// backward; o is P v of the float P.
+/// output gradient) widened to float into the context's wide() scratch, the float kernels above
+/// run there, and the results rounded once; lse is float.
 template <>
 struct LayerKernels<CausalAttentionOp, cuda::KernelContext<bf16>> {
   /// The float kernels the widened operands run through.
   using Fp32 = LayerKernels<CausalAttentionOp, cuda::KernelContext<float>>;
 
-  /// As the float forward: probs (samples T, H T) and o (samples T, H d), both rounded to bf16.
-  static void forward(cuda::KernelContext<bf16>& k, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
-    if (samples == 0) return;
-    const std::size_t rows = samples * tokens, D = heads * d;
-    const std::size_t nq = k.padded(rows * 3 * D), np = k.padded(rows * heads * tokens);
-    float* q = k.wide(nq + np + k.padded(rows * D));
-    float* p = q + nq;
-    float* out = p + np;
-    k.convert(rows * 3 * D, qkv, q);
-    Fp32::forward(k.fp32(), samples, tokens, heads, d, q, p, out);
-    k.convert(rows * heads * tokens, p, probs);
+  /// As the float forward: o rounded to bf16.
+  static void forward(cuda::KernelContext<bf16>& k, const AttentionGeometry& g, const bf16* qkv,
+                      bf16* o, float* lse, const std::int32_t* document = nullptr) {
+    if (g.samples == 0) return;
+    const std::size_t rows = g.rows(), D = g.heads * g.head_size;
+    const std::size_t nq = k.padded(rows * g.ld);
+    float* q = k.wide(nq + k.padded(rows * D));
+    float* out = q + nq;
+    k.convert(rows * g.ld, qkv, q);
+    Fp32::forward(k.fp32(), g, q, out, lse, document);
     k.convert(rows * D, out, o);
   }
 
-  /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
-  /// is not used: the float (samples T, T) scratch is part of wide().
-  static void backward(cuda::KernelContext<bf16>& k, std::size_t samples, std::size_t tokens,
-                       std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
-                       const bf16* dout, bf16* dqkv, bf16*) {
-    if (samples == 0) return;
-    const std::size_t rows = samples * tokens, D = heads * d;
-    const std::size_t nq = k.padded(rows * 3 * D), np = k.padded(rows * heads * tokens),
-                      nd = k.padded(rows * D);
-    float* q = k.wide(2 * nq + np + nd + k.padded(rows * tokens));
-    float* p = q + nq;
-    float* g = p + np;
-    float* dq = g + nd;
-    float* scratch = dq + nq;
-    k.convert(rows * 3 * D, qkv, q);
-    k.convert(rows * heads * tokens, probs, p);
-    k.convert(rows * D, dout, g);
-    Fp32::backward(k.fp32(), samples, tokens, heads, d, q, p, g, dq, scratch);
-    k.convert(rows * 3 * D, dq, dqkv);
+  /// As the float backward; dqkv rounded to bf16.
+  static void backward(cuda::KernelContext<bf16>& k, const AttentionGeometry& g, const bf16* qkv,
+                       const bf16*, const float* lse, const bf16* dout, bf16* dqkv, float* delta,
+                       const std::int32_t* document = nullptr) {
+    if (g.samples == 0) return;
+    const std::size_t rows = g.rows(), D = g.heads * g.head_size;
+    const std::size_t nq = k.padded(rows * g.ld), nd = k.padded(rows * D);
+    float* q = k.wide(2 * nq + nd);
+    float* go = q + nq;
+    float* dq = go + nd;
+    k.convert(rows * g.ld, qkv, q);
+    k.convert(rows * D, dout, go);
+    Fp32::backward(k.fp32(), g, q, nullptr, lse, go, dq, delta, document);
+    k.convert(rows * g.ld, dq, dqkv);
   }
 };
 

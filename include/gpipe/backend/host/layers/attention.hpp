@@ -1,169 +1,225 @@
 #pragma once
-// The causal attention core on the host: per sample and head, GEMMs on strided views of qkv
-// (row length 3D) and of the probabilities (row length H T), and a row-wise causal softmax.
-// Each (T, T) product is computed whole; the masked upper triangle of P is stored as 0.
-// With a team (host::KernelContext's in_blocks) the (sample, head) pairs are cut into blocks, one
-// per thread, each pair computed as on one thread; in backward each block takes the (T, T) of the
-// scratch that belongs to its number, so there are at most `samples` blocks.
+// The causal attention core on the host: flash attention per (sample, head), the blocked
+// algorithm of kernels/attention.hpp on strided views of qkv, so that memory beyond the
+// operands is a few tiles per thread whatever T. With a team (host::KernelContext's in_blocks)
+// the forward cuts its (sample, query head) pairs into blocks, the backward its (sample,
+// key/value head) pairs (each owns its dk and dv, summed over its query heads in order), one block
+// per thread, each pair computed as on one thread: the same bits for every team.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/attention.hpp"
+#include "gpipe/backend/host/kernels/bf16.hpp"
 #include "gpipe/backend/host/kernels/gemm.hpp"
-#include "gpipe/backend/host/kernels/simd.hpp"
-#include "gpipe/backend/host/kernels/softmax.hpp"
 #include "gpipe/model/attention.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
 namespace gpipe {
+namespace detail {
 
-/// The causal attention core on the host (see the top of this file), on rows = samples * T
-/// token rows, each sample's T rows consecutive, with H heads of width d and D = H d.
+// How a team cuts `units` heads' work (forward: (sample, head) pairs; backward: (sample,
+// key/value head) pairs, `per_unit` query heads each) into blocks: by the GEMMs' rule
+// (host::gemm_split_min_work multiply-adds a block at least), a head costing T^2 d per product
+// it runs (half of T T d products: causal) over 2 products forward and 5 backward.
+inline host::BlockSplit attention_split(std::size_t threads, const AttentionGeometry& g,
+                                        std::size_t units, std::size_t products) {
+  return host::block_split(units, products * g.tokens * g.tokens * g.head_size / 2, threads, 1,
+                           host::gemm_split_min_work);
+}
+
+// Sample b's key starts (host::document_starts) into `start` when there are documents; the
+// mask's start array for host::AttentionHead (null without documents).
+inline const std::size_t* sample_starts(const std::int32_t* document, std::size_t b,
+                                        std::size_t tokens, std::vector<std::size_t>& start) {
+  if (document == nullptr) return nullptr;
+  host::document_starts(document + b * tokens, tokens, start);
+  return start.data();
+}
+
+}  // namespace detail
+
+/// The causal attention core on float or double activations (see the top of this file and
+/// CausalAttentionOp's contract).
 template <class T>
 struct LayerKernels<CausalAttentionOp, host::KernelContext<T>> {
-  /// From qkv (rows, 3D), each row q, k, v of D each, head h at columns [h d, (h + 1) d) of
-  /// each: probs (rows, H T) = per head, the causal softmax of q k^T / sqrt(d) (row t of a
-  /// sample, head h, at columns [h T, (h + 1) T), keys after t stored as 0), and o (rows, D) =
-  /// per head, P v. Both overwritten; probs is what backward needs.
-  static void forward(host::KernelContext<T>& ctx, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const T* qkv, T* probs, T* o) {
-    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
-    const T scale = T(1) / std::sqrt(static_cast<T>(d));
-    ctx.in_blocks(pairs, pair_split(ctx, pairs, tokens, d), [&](std::size_t first, std::size_t n) {
-      for (std::size_t pair = first; pair < first + n; ++pair) {
-        const std::size_t b = pair / heads, h = pair % heads;
-        const T* q = qkv + b * tokens * ld_qkv + h * d;
-        const T* k = q + D;
-        const T* v = q + 2 * D;
-        T* p = probs + b * tokens * ld_p + h * tokens;
-        // S (T, T) = scale q k^T, then P = causal softmax of each row
-        host::gemm(false, true, tokens, tokens, d, scale, q, k, T(0), p, {ld_qkv, ld_qkv, ld_p});
-        for (std::size_t t = 0; t < tokens; ++t) causal_softmax(p + t * ld_p, t + 1, tokens);
-        // o_h (T, d) = P v_h
-        host::gemm(false, false, tokens, d, tokens, T(1), p, v, T(0), o + b * tokens * D + h * d,
-                   {ld_p, ld_qkv, D});
+  /// qkv (rows, g.ld) -> o (rows, H d) and lse (rows, H), both overwritten.
+  static void forward(host::KernelContext<T>& ctx, const AttentionGeometry& g, const T* qkv, T* o,
+                      T* lse, const std::int32_t* document = nullptr) {
+    g.check();
+    const std::size_t H = g.heads, d = g.head_size, tokens = g.tokens, pairs = g.samples * H;
+    const host::BlockSplit split = detail::attention_split(ctx.threads(), g, pairs, 2);
+    ctx.in_blocks(pairs, split, [&](std::size_t first, std::size_t count) {
+      std::vector<T> scratch(host::attention_forward_scratch);
+      std::vector<std::size_t> start;
+      for (std::size_t pair = first; pair < first + count; ++pair) {
+        const std::size_t b = pair / H, h = pair % H, kv = g.kv_head(h);
+        const T* row = qkv + b * tokens * g.ld;
+        const host::AttentionHead<T> head{row + g.q + h * d,
+                                          row + g.k + kv * d,
+                                          row + g.v + kv * d,
+                                          g.ld,
+                                          g.ld,
+                                          g.ld,
+                                          tokens,
+                                          d,
+                                          detail::sample_starts(document, b, tokens, start)};
+        host::attention_forward_head(head, o + b * tokens * H * d + h * d, H * d,
+                                     lse + b * tokens * H + h, H, scratch.data());
       }
     });
   }
 
-  /// dqkv (rows, 3D), overwritten, from the forward's qkv and probs and dout (rows, D):
-  /// dv = P^T dout, dS = P .* (dP - rowsum(dP .* P)) with dP = dout v^T, dq = dS k / sqrt(d),
-  /// dk = dS^T q / sqrt(d). scratch is (samples T, T) workspace, a (T, T) per sample, its
-  /// contents left undefined.
-  static void backward(host::KernelContext<T>& ctx, std::size_t samples, std::size_t tokens,
-                       std::size_t heads, std::size_t d, const T* qkv, const T* probs,
-                       const T* dout, T* dqkv, T* scratch) {
-    const std::size_t D = heads * d, ld_qkv = 3 * D, ld_p = heads * tokens, pairs = samples * heads;
-    const T scale = T(1) / std::sqrt(static_cast<T>(d));
-    // a block per (T, T) of the scratch at most: one per sample
-    const host::BlockSplit split = pair_split(ctx, pairs, tokens, d, samples);
+  /// dqkv's q, k and v heads (rows, g.ld), overwritten, from the forward's qkv, o and lse and
+  /// dout (rows, H d); delta (rows, H) is scratch.
+  static void backward(host::KernelContext<T>& ctx, const AttentionGeometry& g, const T* qkv,
+                       const T* o, const T* lse, const T* dout, T* dqkv, T* delta,
+                       const std::int32_t* document = nullptr) {
+    g.check();
+    const std::size_t H = g.heads, d = g.head_size, tokens = g.tokens, hd = H * d;
+    // delta = rowsum(do .* o) per head
+    ctx.in_blocks(g.rows(), hd, [&](std::size_t first, std::size_t count) {
+      for (std::size_t r = first; r < first + count; ++r)
+        for (std::size_t h = 0; h < H; ++h) {
+          const T* a = dout + r * hd + h * d;
+          const T* b = o + r * hd + h * d;
+          T sum = 0;
+          for (std::size_t i = 0; i < d; ++i) sum += a[i] * b[i];
+          delta[r * H + h] = sum;
+        }
+    });
+    const std::size_t units = g.samples * g.kv_heads;
+    const host::BlockSplit split = detail::attention_split(ctx.threads(), g, units, 5 * g.group());
+    ctx.in_blocks(units, split, [&](std::size_t first, std::size_t count) {
+      std::vector<T> scratch(host::attention_backward_scratch);
+      std::vector<std::size_t> start;
+      for (std::size_t unit = first; unit < first + count; ++unit) {
+        const std::size_t b = unit / g.kv_heads, kv = unit % g.kv_heads;
+        const T* row = qkv + b * tokens * g.ld;
+        T* drow = dqkv + b * tokens * g.ld;
+        T* dk = drow + g.k + kv * d;
+        T* dv = drow + g.v + kv * d;
+        for (std::size_t t = 0; t < tokens; ++t) {
+          std::fill_n(dk + t * g.ld, d, T(0));
+          std::fill_n(dv + t * g.ld, d, T(0));
+        }
+        const std::size_t* starts = detail::sample_starts(document, b, tokens, start);
+        for (std::size_t h = kv * g.group(); h < (kv + 1) * g.group(); ++h) {
+          const host::AttentionHead<T> head{row + g.q + h * d,
+                                            row + g.k + kv * d,
+                                            row + g.v + kv * d,
+                                            g.ld,
+                                            g.ld,
+                                            g.ld,
+                                            tokens,
+                                            d,
+                                            starts};
+          const std::size_t first_row = b * tokens;
+          host::attention_backward_head(head, lse + first_row * H + h, H, delta + first_row * H + h,
+                                        H, dout + first_row * hd + h * d, hd, drow + g.q + h * d,
+                                        g.ld, dk, dv, g.ld, scratch.data());
+        }
+      }
+    });
+  }
+};
+
+/// The causal attention core on bf16 activations: each head's q, k, v (and in backward o's
+/// delta, do) widened to float, the float algorithm run on them, results rounded once; lse and
+/// delta are float. The widened operands are (T, d) per head, in each block's float scratch
+/// (KernelContext<bf16>::block_scratch), never a (T, T).
+template <>
+struct LayerKernels<CausalAttentionOp, host::KernelContext<bf16>> {
+  /// As the float forward; o rounded to bf16, lse float.
+  static void forward(host::KernelContext<bf16>& ctx, const AttentionGeometry& g, const bf16* qkv,
+                      bf16* o, float* lse, const std::int32_t* document = nullptr) {
+    g.check();
+    const std::size_t H = g.heads, d = g.head_size, tokens = g.tokens, pairs = g.samples * H;
+    const std::size_t td = tokens * d;
+    const host::BlockSplit split = detail::attention_split(ctx.threads(), g, pairs, 2);
     ctx.in_blocks(pairs, split, [&](std::size_t first, std::size_t count) {
-      T* ds = scratch + first / split.block * tokens * tokens;  // (T, T): dP, then dS in place
+      // q, k, v, o (T, d) dense, then the tile scratch
+      float* q = ctx.block_scratch(first / split.block, 4 * td + host::attention_forward_scratch);
+      float *k = q + td, *v = k + td, *out = v + td, *tile = out + td;
+      std::vector<std::size_t> start;
+      std::size_t widened = static_cast<std::size_t>(-1);  // the (sample, kv head) in k and v
       for (std::size_t pair = first; pair < first + count; ++pair) {
-        const std::size_t b = pair / heads, h = pair % heads;
-        const std::size_t head = b * tokens * ld_qkv + h * d;
-        const T* q = qkv + head;
-        const T* k = q + D;
-        const T* v = q + 2 * D;
-        T* dq = dqkv + head;
-        T* dk = dq + D;
-        T* dv = dq + 2 * D;
-        const T* p = probs + b * tokens * ld_p + h * tokens;
-        const T* dout_h = dout + b * tokens * D + h * d;
-        host::gemm(false, true, tokens, tokens, d, T(1), dout_h, v, T(0), ds, {D, ld_qkv, tokens});
-        host::gemm(true, false, tokens, d, tokens, T(1), p, dout_h, T(0), dv, {ld_p, D, ld_qkv});
+        const std::size_t b = pair / H, h = pair % H, kv = g.kv_head(h);
+        const bf16* row = qkv + b * tokens * g.ld;
+        widen(tokens, d, row + g.q + h * d, g.ld, q);
+        if (widened != b * g.kv_heads + kv) {
+          widen(tokens, d, row + g.k + kv * d, g.ld, k);
+          widen(tokens, d, row + g.v + kv * d, g.ld, v);
+          widened = b * g.kv_heads + kv;
+        }
+        const host::AttentionHead<float> head{
+            q, k, v, d, d, d, tokens, d, detail::sample_starts(document, b, tokens, start)};
+        host::attention_forward_head(head, out, d, lse + b * tokens * H + h, H, tile);
         for (std::size_t t = 0; t < tokens; ++t)
-          softmax_backward(p + t * ld_p, ds + t * tokens, t + 1, tokens);
-        host::gemm(false, false, tokens, d, tokens, scale, ds, k, T(0), dq,
-                   {tokens, ld_qkv, ld_qkv});
-        host::gemm(true, false, tokens, d, tokens, scale, ds, q, T(0), dk,
-                   {tokens, ld_qkv, ld_qkv});
+          host::to_bf16(d, out + t * d, o + (b * tokens + t) * H * d + h * d);
+      }
+    });
+  }
+
+  /// As the float backward; dqkv's heads rounded to bf16, delta float.
+  static void backward(host::KernelContext<bf16>& ctx, const AttentionGeometry& g, const bf16* qkv,
+                       const bf16* o, const float* lse, const bf16* dout, bf16* dqkv, float* delta,
+                       const std::int32_t* document = nullptr) {
+    g.check();
+    const std::size_t H = g.heads, d = g.head_size, tokens = g.tokens, hd = H * d, td = tokens * d;
+    ctx.in_blocks(g.rows(), hd, [&](std::size_t first, std::size_t count) {
+      for (std::size_t r = first; r < first + count; ++r)
+        for (std::size_t h = 0; h < H; ++h) {
+          const bf16* a = dout + r * hd + h * d;
+          const bf16* b = o + r * hd + h * d;
+          float sum = 0;
+          for (std::size_t i = 0; i < d; ++i) sum += float(a[i]) * float(b[i]);
+          delta[r * H + h] = sum;
+        }
+    });
+    const std::size_t units = g.samples * g.kv_heads;
+    const host::BlockSplit split = detail::attention_split(ctx.threads(), g, units, 5 * g.group());
+    ctx.in_blocks(units, split, [&](std::size_t first, std::size_t count) {
+      // q, k, v, do, dq, dk, dv (T, d) dense, then the tile scratch
+      float* q = ctx.block_scratch(first / split.block, 7 * td + host::attention_backward_scratch);
+      float *k = q + td, *v = k + td, *go = v + td, *dq = go + td, *dk = dq + td, *dv = dk + td,
+            *tile = dv + td;
+      std::vector<std::size_t> start;
+      for (std::size_t unit = first; unit < first + count; ++unit) {
+        const std::size_t b = unit / g.kv_heads, kv = unit % g.kv_heads;
+        const bf16* row = qkv + b * tokens * g.ld;
+        bf16* drow = dqkv + b * tokens * g.ld;
+        widen(tokens, d, row + g.k + kv * d, g.ld, k);
+        widen(tokens, d, row + g.v + kv * d, g.ld, v);
+        std::fill_n(dk, td, 0.0f);
+        std::fill_n(dv, td, 0.0f);
+        const std::size_t* starts = detail::sample_starts(document, b, tokens, start);
+        const std::size_t first_row = b * tokens;
+        for (std::size_t h = kv * g.group(); h < (kv + 1) * g.group(); ++h) {
+          widen(tokens, d, row + g.q + h * d, g.ld, q);
+          widen(tokens, d, dout + first_row * hd + h * d, hd, go);
+          const host::AttentionHead<float> head{q, k, v, d, d, d, tokens, d, starts};
+          host::attention_backward_head(head, lse + first_row * H + h, H, delta + first_row * H + h,
+                                        H, go, d, dq, d, dk, dv, d, tile);
+          narrow(tokens, d, dq, drow + g.q + h * d, g.ld);
+        }
+        narrow(tokens, d, dk, drow + g.k + kv * d, g.ld);
+        narrow(tokens, d, dv, drow + g.v + kv * d, g.ld);
       }
     });
   }
 
  private:
-  /// How a team cuts `pairs` (sample, head) pairs, each two (T, T, d) products (forward; backward
-  /// four), into at most max_blocks blocks: by the GEMMs' rule (host::gemm_split_min_work
-  /// multiply-adds a block at least).
-  static host::BlockSplit pair_split(const host::KernelContext<T>& ctx, std::size_t pairs,
-                                     std::size_t tokens, std::size_t d,
-                                     std::size_t max_blocks = std::size_t(-1)) {
-    return host::block_split(pairs, 2 * tokens * tokens * d, std::min(ctx.threads(), max_blocks), 1,
-                             host::gemm_split_min_work);
+  /// dst (rows, d) dense = src (rows, d), rows ld apart, widened.
+  static void widen(std::size_t rows, std::size_t d, const bf16* src, std::size_t ld, float* dst) {
+    for (std::size_t r = 0; r < rows; ++r) host::from_bf16(d, src + r * ld, dst + r * d);
   }
-
-  /// row[0, n) <- softmax(row[0, n)), row[n, len) <- 0
-  static void causal_softmax(T* row, std::size_t n, std::size_t len) {
-    const T max = detail::row_max(row, n);
-    const T inv = static_cast<T>(1 / detail::exp_shifted(row, max, n, row));
-    host::simd::transform(
-        n, [inv](auto e) { return e * inv; }, row, row);
-    std::fill(row + n, row + len, T(0));
-  }
-  /// g[0, n) <- p .* (g - sum(g .* p)) over the unmasked keys, g[n, len) <- 0
-  static void softmax_backward(const T* p, T* g, std::size_t n, std::size_t len) {
-    T dot = 0;
-    for (std::size_t j = 0; j < n; ++j) dot += g[j] * p[j];
-    for (std::size_t j = 0; j < n; ++j) g[j] = p[j] * (g[j] - dot);
-    std::fill(g + n, g + len, T(0));
-  }
-};
-
-/// The causal attention core on bf16 activations: each sample's qkv (and in backward its
-/// probabilities and output gradient) widened to float, the float kernels above run on it, and
-/// the results rounded once: the probabilities are computed in float and stored as bf16 for the
-/// backward; o is P v of the float P. Samples are split over the team, each block with its own
-/// float buffers (a sample's qkv, probabilities, output and, in backward, (T, T) scratch).
-template <>
-struct LayerKernels<CausalAttentionOp, host::KernelContext<bf16>> {
-  /// The float kernels each sample runs through.
-  using Fp32 = LayerKernels<CausalAttentionOp, host::KernelContext<float>>;
-
-  /// As the float forward: probs (rows, H T) and o (rows, D), both rounded to bf16.
-  static void forward(host::KernelContext<bf16>& ctx, std::size_t samples, std::size_t tokens,
-                      std::size_t heads, std::size_t d, const bf16* qkv, bf16* probs, bf16* o) {
-    const std::size_t D = heads * d, per_sample = tokens * (3 * D + heads * tokens + D);
-    const host::BlockSplit blocks = ctx.split(samples, 4 * tokens * tokens * D);
-    ctx.in_blocks(samples, blocks, [&](std::size_t first, std::size_t count) {
-      float* q = ctx.block_scratch(first / blocks.block, per_sample);
-      float* p = q + tokens * 3 * D;
-      float* out = p + tokens * heads * tokens;
-      host::KernelContext<float> solo;
-      for (std::size_t b = first; b < first + count; ++b) {
-        host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
-        Fp32::forward(solo, 1, tokens, heads, d, q, p, out);
-        host::to_bf16(tokens * heads * tokens, p, probs + b * tokens * heads * tokens);
-        host::to_bf16(tokens * D, out, o + b * tokens * D);
-      }
-    });
-  }
-
-  /// As the float backward, from the bf16 probabilities; dqkv rounded to bf16. The bf16 scratch
-  /// is not used: each block widens into float buffers of its own.
-  static void backward(host::KernelContext<bf16>& ctx, std::size_t samples, std::size_t tokens,
-                       std::size_t heads, std::size_t d, const bf16* qkv, const bf16* probs,
-                       const bf16* dout, bf16* dqkv, bf16*) {
-    const std::size_t D = heads * d;
-    const std::size_t per_sample = tokens * (3 * D + heads * tokens + D + 3 * D + tokens);
-    const host::BlockSplit blocks = ctx.split(samples, 8 * tokens * tokens * D);
-    ctx.in_blocks(samples, blocks, [&](std::size_t first, std::size_t count) {
-      float* q = ctx.block_scratch(first / blocks.block, per_sample);
-      float* p = q + tokens * 3 * D;
-      float* g = p + tokens * heads * tokens;
-      float* dq = g + tokens * D;
-      float* scratch = dq + tokens * 3 * D;
-      host::KernelContext<float> solo;
-      for (std::size_t b = first; b < first + count; ++b) {
-        host::from_bf16(tokens * 3 * D, qkv + b * tokens * 3 * D, q);
-        host::from_bf16(tokens * heads * tokens, probs + b * tokens * heads * tokens, p);
-        host::from_bf16(tokens * D, dout + b * tokens * D, g);
-        Fp32::backward(solo, 1, tokens, heads, d, q, p, g, dq, scratch);
-        host::to_bf16(tokens * 3 * D, dq, dqkv + b * tokens * 3 * D);
-      }
-    });
+  /// dst (rows, d), rows ld apart, = src (rows, d) dense, rounded.
+  static void narrow(std::size_t rows, std::size_t d, const float* src, bf16* dst, std::size_t ld) {
+    for (std::size_t r = 0; r < rows; ++r) host::to_bf16(d, src + r * d, dst + r * ld);
   }
 };
 
