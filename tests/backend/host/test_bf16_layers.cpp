@@ -221,9 +221,9 @@ TEST_CASE("bf16 attention core: o rounded once from float, log-sum-exp and backw
   std::vector<bf16> dqkv(rows * 3 * D), workspace(rows * Core::workspace_per_row);
   std::vector<double> dqkv_ref(rows * 3 * D), workspace_ref(rows * Core::workspace_per_row);
   Core::backward_input(k, {rows, qkv.b.data(), dout.b.data(), dqkv.data(), nullptr, stash.data(),
-                           nullptr, workspace.data(), o.data()});
+                           nullptr, workspace.data(), nullptr, o.data()});
   Core::backward_input(r, {rows, qkv.d.data(), dout.d.data(), dqkv_ref.data(), nullptr,
-                           stash_ref.data(), nullptr, workspace_ref.data(), o_ref.data()});
+                           stash_ref.data(), nullptr, workspace_ref.data(), nullptr, o_ref.data()});
   double scale = 0;
   for (double v : dqkv_ref) scale = std::max(scale, std::abs(v));
   for (std::size_t i = 0; i < dqkv.size(); ++i)
