@@ -7,8 +7,10 @@
 //                      MixedBf16 and Fp32
 // Reported: time per step (host clock around it; every step ends in the backend's synchronize),
 // tokens/s, MFU (llm.c's FLOPs per token against the GPU's dense bf16 peak: support/mfu.hpp; 0
-// where the GPU is not in its table) and peak memory (all K virtual devices together). On one GPU
-// K > 1 shows the cost of the pipeline machinery, not a speed-up.
+// where the GPU is not in its table) and peak memory (all K virtual devices together). The
+// attention kernels are the first, SIMT flash attention ones of
+// gpipe/backend/cuda/kernels/attention.cuh (no tensor cores yet); on one GPU K > 1 shows the cost
+// of the pipeline machinery, not a speed-up.
 //
 //   build/<preset>/bench/bench_cuda_gpt_step --benchmark_min_time=0.05
 //

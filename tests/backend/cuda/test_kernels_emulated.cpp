@@ -12,8 +12,6 @@
 #include "support/cuda_emulation.hpp"
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include <doctest/doctest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +30,7 @@
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
 #include "support/conformance_cuda_kernels.hpp"
 #include "support/errors.hpp"
+#include "support/guarded_buffer.hpp"
 #include "support/layer_kernels.hpp"
 
 namespace {
@@ -140,50 +139,12 @@ struct gpipe::LayerKernels<gpipe::LayerNormOp, EmulatedKernels> {
 
 namespace {
 
-// Host memory that ends at a PROT_NONE page.
-class GuardedBuffer {
- public:
-  // `bytes` of data whose first byte is `offset` bytes past a 16-byte boundary.
-  GuardedBuffer(std::size_t bytes, std::size_t offset) {
-    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-    const std::size_t pages = (bytes + offset + 16 + page - 1) / page + 1;
-    size_ = pages * page;
-    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw gpipe::Error("test: mmap failed");
-    base_ = static_cast<unsigned char*>(p);
-    unsigned char* guard = base_ + size_ - page;
-    if (mprotect(guard, page, PROT_NONE) != 0) throw gpipe::Error("test: mprotect failed");
-    // As close to the guard page as the alignment allows.
-    const auto end = reinterpret_cast<std::uintptr_t>(guard);
-    data_ = reinterpret_cast<unsigned char*>((end - bytes - offset) / 16 * 16 + offset);
-    tail_ = data_ + bytes;
-    tail_bytes_ = static_cast<std::size_t>(guard - tail_);
-    const float nan = std::nanf("");
-    for (std::size_t i = 0; i < tail_bytes_; ++i)
-      tail_[i] = reinterpret_cast<const unsigned char*>(&nan)[i % sizeof(float)];
-    std::memcpy(tail_copy_, tail_, tail_bytes_);
-  }
-  GuardedBuffer(const GuardedBuffer&) = delete;
-  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
-  ~GuardedBuffer() { munmap(base_, size_); }
-
-  void* data() const { return data_; }
-  bool tail_intact() const { return std::memcmp(tail_, tail_copy_, tail_bytes_) == 0; }
-
- private:
-  unsigned char* base_ = nullptr;
-  std::size_t size_ = 0;
-  unsigned char* data_ = nullptr;
-  unsigned char* tail_ = nullptr;
-  std::size_t tail_bytes_ = 0;  // < 16 + alignment slack
-  unsigned char tail_copy_[64] = {};
-};
-
 class EmulatedDevice {
  public:
   template <class T>
   T* put(const std::vector<T>& v, std::size_t offset = 0) {
-    buffers_.push_back(std::make_unique<GuardedBuffer>(v.size() * sizeof(T), offset * 4));
+    buffers_.push_back(
+        std::make_unique<gpipe::test::GuardedBuffer>(v.size() * sizeof(T), offset * 4));
     T* p = static_cast<T*>(buffers_.back()->data());
     if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
     return p;
@@ -204,7 +165,7 @@ class EmulatedDevice {
 
  private:
   EmulatedKernels kernels_;
-  std::vector<std::unique_ptr<GuardedBuffer>> buffers_;
+  std::vector<std::unique_ptr<gpipe::test::GuardedBuffer>> buffers_;
 };
 
 }  // namespace

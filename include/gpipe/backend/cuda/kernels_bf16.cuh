@@ -8,10 +8,10 @@
 // to nearest even on store (kernels/common.cuh: the host's bits). GEMMs multiply bf16 operands
 // with float accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F: the tensor cores). Layers pass
 // weights as the bf16 copy the runtime rounds once per step (ForwardArgs::compute_params); a float
-// operand is rounded into the context's cast scratch at each use. Elementwise ops, bias and the
-// embedding run as bf16 kernels; LayerNorm, the attention core and the losses widen their operands
-// into the context's float scratch (wide()), run the float kernels and round their results, as the
-// host's bf16 context does.
+// operand is rounded into the context's cast scratch at each use. Elementwise ops, bias, the
+// embedding and the attention core run as bf16 kernels; LayerNorm and the losses widen their
+// operands into the context's float scratch (wide()), run the float kernels and round their
+// results, as the host's bf16 context does.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels_bf16.cuh is CUDA code: compile it with nvcc"
