@@ -28,6 +28,12 @@
 //                                  T empty parts; time per run and runs/s): the cost that sets how
 //                                  much work a kernel block needs before host::gemm_split and
 //                                  Kernels::in_blocks split (threads_per_device > 1)
+//   BM_AttentionCore/<fp32|bf16>/T:T  the attention core of GPT-2's shapes (D = 768, H = 12) on
+//                                  2048 token rows (2048 / T samples), forward and backward on
+//                                  one thread; GFLOP/s counted as the causal products' useful
+//                                  work, 6 T^2 d a head and sample (2 products forward, 4
+//                                  backward, half of each (T, T) masked), whatever the kernel
+//                                  computes; stash_bytes_per_row what the core keeps per token
 // What it shows: how the GEMM rate falls with the micro-batch's rows and when both cores work,
 // which bounds what a K = 2 pipeline can gain over K = 1 (bench_mlp_step).
 
@@ -187,6 +193,42 @@ void BM_Elementwise(benchmark::State& state, Elementwise kernel) {
       benchmark::Counter::kIsRate);
 }
 
+// The attention core's forward and backward_input on 2048 rows of T tokens a sample.
+template <class A, std::size_t T>
+void BM_AttentionCore(benchmark::State& state) {
+  constexpr std::size_t D = 768, H = 12, rows = 2048;
+  using Core = gpipe::detail::CausalAttentionCore<D, H, T>;
+  gpipe::host::Kernels<float> fp32;
+  auto& k = [&]() -> auto& {
+    if constexpr (std::is_same_v<A, float>)
+      return fp32;
+    else
+      return fp32.bf16_context();
+  }
+  ();
+  std::vector<A> qkv, dout, o(rows * D), dqkv(rows * 3 * D), stash(rows * Core::stash_per_row),
+      workspace(rows * gpipe::workspace_per_row_v<Core>);
+  for (float x : random_floats(rows * 3 * D, 1)) qkv.push_back(A(x));
+  for (float x : random_floats(rows * D, 2)) dout.push_back(A(x));
+  for (auto _ : state) {
+    Core::forward(k, {rows, qkv.data(), o.data(), nullptr, stash.data(), workspace.data()});
+    Core::backward_input(k, {.rows = rows,
+                             .x = qkv.data(),
+                             .dy = dout.data(),
+                             .dx = dqkv.data(),
+                             .params = nullptr,
+                             .stash = stash.data(),
+                             .grad_stash = nullptr,
+                             .workspace = workspace.data(),
+                             .y = o.data()});
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+  const double flops = 6.0 * T * T * (D / H) * H * (rows / T);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["stash_bytes_per_row"] = static_cast<double>(Core::stash_per_row * sizeof(A));
+}
+
 // One Team::run of `threads` empty parts, round trip: wake the helpers, wait for all.
 void BM_TeamRun(benchmark::State& state) {
   gpipe::host::Team team(static_cast<std::size_t>(state.range(0)));
@@ -246,6 +288,18 @@ void register_all() {
         ->ArgName("n")
         ->Arg(256 * width)
         ->Arg(32 * width);
+  benchmark::RegisterBenchmark("BM_AttentionCore/fp32/T:256", BM_AttentionCore<float, 256>)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_AttentionCore/fp32/T:1024", BM_AttentionCore<float, 1024>)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_AttentionCore/bf16/T:256", BM_AttentionCore<gpipe::bf16, 256>)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_AttentionCore/bf16/T:1024", BM_AttentionCore<gpipe::bf16, 1024>)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("BM_TeamRun", BM_TeamRun)
       ->ArgName("threads")
       ->Arg(2)
