@@ -40,6 +40,23 @@ inline const std::size_t* sample_starts(const std::int32_t* document, std::size_
   return start.data();
 }
 
+// Query head h of one sample's packed rows `row` (q, k, v at the geometry's columns, its key/value
+// head g.kv_head(h)), keys masked from `starts` (null: causal only).
+template <class T>
+host::AttentionHead<T> packed_head(const AttentionGeometry& g, const T* row, std::size_t h,
+                                   const std::size_t* starts) {
+  const std::size_t d = g.head_size, kv = g.kv_head(h);
+  return {row + g.q + h * d,
+          row + g.k + kv * d,
+          row + g.v + kv * d,
+          g.ld,
+          g.ld,
+          g.ld,
+          g.tokens,
+          d,
+          starts};
+}
+
 }  // namespace detail
 
 /// The causal attention core on float or double activations (see the top of this file and
@@ -56,17 +73,10 @@ struct LayerKernels<CausalAttentionOp, host::KernelContext<T>> {
       std::vector<T> scratch(host::attention_forward_scratch);
       std::vector<std::size_t> start;
       for (std::size_t pair = first; pair < first + count; ++pair) {
-        const std::size_t b = pair / H, h = pair % H, kv = g.kv_head(h);
+        const std::size_t b = pair / H, h = pair % H;
         const T* row = qkv + b * tokens * g.ld;
-        const host::AttentionHead<T> head{row + g.q + h * d,
-                                          row + g.k + kv * d,
-                                          row + g.v + kv * d,
-                                          g.ld,
-                                          g.ld,
-                                          g.ld,
-                                          tokens,
-                                          d,
-                                          detail::sample_starts(document, b, tokens, start)};
+        const host::AttentionHead<T> head =
+            detail::packed_head(g, row, h, detail::sample_starts(document, b, tokens, start));
         host::attention_forward_head(head, o + b * tokens * H * d + h * d, H * d,
                                      lse + b * tokens * H + h, H, scratch.data());
       }
@@ -108,15 +118,7 @@ struct LayerKernels<CausalAttentionOp, host::KernelContext<T>> {
         }
         const std::size_t* starts = detail::sample_starts(document, b, tokens, start);
         for (std::size_t h = kv * g.group(); h < (kv + 1) * g.group(); ++h) {
-          const host::AttentionHead<T> head{row + g.q + h * d,
-                                            row + g.k + kv * d,
-                                            row + g.v + kv * d,
-                                            g.ld,
-                                            g.ld,
-                                            g.ld,
-                                            tokens,
-                                            d,
-                                            starts};
+          const host::AttentionHead<T> head = detail::packed_head(g, row, h, starts);
           const std::size_t first_row = b * tokens;
           host::attention_backward_head(head, lse + first_row * H + h, H, delta + first_row * H + h,
                                         H, dout + first_row * hd + h * d, hd, drow + g.q + h * d,
