@@ -5,9 +5,14 @@
 //   gpt2_124M/...      GPT-2 124M as llm.c's train_gpt2cu -e d12 -b 16 -t 1024 trains it: 12
 //                      blocks, T 1024, 16 samples a step (16384 tokens); K 1 (M 1) and K 4 (M 8);
 //                      MixedBf16 and Fp32
+//   gpt2_124M/block/... one Transformer block's launches and bytes: the launch records of a
+//                      1-block and a 2-block GPT-2 124M step (M 1) subtracted
 // Reported: time per step (host clock around it; every step ends in the backend's synchronize),
 // tokens/s, MFU (llm.c's FLOPs per token against the GPU's dense bf16 peak: support/mfu.hpp; 0
-// where the GPU is not in its table) and peak memory (all K virtual devices together). The
+// where the GPU is not in its table) and peak memory (all K virtual devices together). From the
+// launch records of one step (gpipe::cuda::LaunchRecorder; support/roofline.hpp): launches, the
+// bytes outside GEMMs per token beside the ideal (ideal_B/token), and the step an H200's
+// roofline predicts (pred_ms, pred_MFU_%); each row also prints its kernels once. The
 // attention kernels are the first, SIMT flash attention ones of
 // gpipe/backend/cuda/kernels/attention.cuh (no tensor cores yet); on one GPU K > 1 shows the cost
 // of the pipeline machinery, not a speed-up.
@@ -15,19 +20,25 @@
 //   build/<preset>/bench/bench_cuda_gpt_step --benchmark_min_time=0.05
 //
 // (On the CUDA emulator, where the tests run it once, the models are tiny: sized()'s second
-// arguments.)
+// arguments; bench_cuda_gpt_step_dry_run is this program at full size on the emulator's dry run,
+// which records every launch and runs none: the predictions without a GPU.)
 
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/cuda.cuh"
 #include "support/cuda.cuh"
 #include "support/mfu.hpp"
+#include "support/roofline.hpp"
 
 namespace {
 
@@ -59,6 +70,10 @@ using Model124_4 =
                     gpipe::Stage<Block, Block, Block>,
                     gpipe::Stage<Block, Block, Block, Norm, Head>>;
 
+// GPT-2 124M's width with 1 and 2 blocks (one block's launches by difference).
+using Model124_b1 = gpipe::Pipeline<gpipe::Stage<Emb124, Block, Norm, Head>>;
+using Model124_b2 = gpipe::Pipeline<gpipe::Stage<Emb124, Block, Block, Norm, Head>>;
+
 // A model's step: its token count per sample and per step, blocks (for the FLOP count), the
 // name of the head's weight in nn.Sequential (tied to the embedding's).
 template <std::size_t Tokens, std::size_t Samples, std::size_t Blocks>
@@ -68,50 +83,121 @@ struct Shape {
 };
 using Small = Shape<T, samples, 4>;
 using Gpt2_124M = Shape<T124, samples124, 12>;
+using Gpt2_124M_b1 = Shape<T124, samples124, 1>;
+using Gpt2_124M_b2 = Shape<T124, samples124, 2>;
+
+// A trainer of Model on K = its stages virtual devices of GPU 0, its head tied to the embedding,
+// and a step on random tokens (zero_grad, forward_backward, AdamW).
+template <class Model, class S, class Precision>
+struct StepRun {
+  static constexpr std::size_t K = Model::num_stages;
+  gpipe::cuda::Backend backend{K, {.gpus = std::vector<int>(K, 0)}};
+  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB,
+                 Precision>
+      trainer;
+  std::vector<std::int32_t> x = tokens(2), y = tokens(3);
+  gpipe::optim::AdamW adamw{{.lr = 1e-4}};
+
+  explicit StepRun(std::size_t M)
+      : trainer(backend, {.micro_batches = M,
+                          .seed = 1,
+                          .ties = {{.parameter = S::head_weight(), .to = "0.wte.weight"}}}) {}
+  static std::vector<std::int32_t> tokens(std::uint64_t seed) {
+    gpipe::Rng rng(seed);
+    std::vector<std::int32_t> t(S::samples * S::tokens);
+    for (auto& id : t) id = static_cast<std::int32_t>(rng.next_u64() % V);
+    return t;
+  }
+  void step() {
+    trainer.zero_grad();
+    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
+    trainer.step(adamw);
+  }
+  // The launch records of one step, summed and priced.
+  gpipe::bench::StepRecords recorded_step() {
+    gpipe::cuda::LaunchRecorder recorder;
+    step();
+    return gpipe::bench::summarize(recorder.records());
+  }
+};
+
+// Whether `title` has not printed its kernels yet (Google Benchmark may run a row more than once).
+bool first_print(const std::string& title) {
+  static std::mutex mutex;
+  static std::set<std::string> printed;
+  std::lock_guard lock(mutex);
+  return printed.insert(title).second;
+}
 
 template <class Model, class S = Small, class Precision = gpipe::Fp32>
 void BM_gpt_step(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0));
   constexpr std::size_t K = Model::num_stages;
-  gpipe::cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0)});
-  gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB,
-                 Precision>
-      trainer(backend, {.micro_batches = M,
-                        .seed = 1,
-                        .ties = {{.parameter = S::head_weight(), .to = "0.wte.weight"}}});
-  gpipe::Rng rng(2);
-  std::vector<std::int32_t> x(S::samples * S::tokens), y(S::samples * S::tokens);
-  for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  const gpipe::optim::AdamW adamw({.lr = 1e-4});
-  auto step = [&] {
-    trainer.zero_grad();
-    benchmark::DoNotOptimize(trainer.forward_backward(x, y));
-    trainer.step(adamw);
-  };
-  step();  // warm-up
+  StepRun<Model, S, Precision> run(M);
+  run.step();  // warm-up
+  const gpipe::bench::StepRecords records = run.recorded_step();
   double total_s = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    step();
+    run.step();
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.SetIterationTime(s);
     total_s += s;
   }
   const double per_step = total_s / static_cast<double>(state.iterations());
-  const double tokens_per_s = static_cast<double>(S::samples * S::tokens) / per_step;
-  state.counters["tokens/s"] = tokens_per_s;
+  const auto tokens = static_cast<double>(S::samples * S::tokens);
+  const double tokens_per_s = tokens / per_step;
   cudaDeviceProp prop{};
   GPIPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double peak_flops = gpipe::bench::bf16_dense_peak_tflops(prop.name) * 1e12;
   // the parameters counted once: all but the tied head's
-  const double flops_per_token = gpipe::bench::gpt_flops_per_token(
-      Model::num_params - Head::num_params, S::blocks, D, S::tokens);
-  state.counters["MFU_%"] = peak_flops > 0 ? 100 * tokens_per_s * flops_per_token / peak_flops : 0;
+  constexpr std::size_t N = Model::num_params - Head::num_params;
+  const double flops_per_token = gpipe::bench::gpt_flops_per_token(N, S::blocks, D, S::tokens);
+  if (!gpipe::bench::dry_run()) {  // (a dry run's time is the host's alone)
+    state.counters["tokens/s"] = tokens_per_s;
+    state.counters["MFU_%"] =
+        peak_flops > 0 ? 100 * tokens_per_s * flops_per_token / peak_flops : 0;
+  }
   std::size_t peak = 0;
-  for (std::size_t d = 0; d < K; ++d) peak += backend.memory_stats(d).peak;
+  for (std::size_t d = 0; d < K; ++d) peak += run.backend.memory_stats(d).peak;
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1 << 20);
+  // the launch records' step, beside the ideal and priced on an H200
+  state.counters["launches"] = static_cast<double>(records.launches);
+  state.counters["other_B/token"] = records.other_bytes / tokens;
+  state.counters["ideal_B/token"] =
+      gpipe::bench::gpt_ideal_other_bytes_per_token(S::blocks, D, V, N, S::samples * S::tokens);
+  state.counters["pred_ms"] = 1e3 * records.predicted_s();
+  state.counters["pred_MFU_%"] = 100 * tokens * flops_per_token / records.predicted_s() /
+                                 gpipe::bench::Roofline{}.tensor_flops;
+  const std::string title = std::to_string(S::blocks) + " blocks, T " + std::to_string(S::tokens) +
+                            ", K " + std::to_string(K) + ", M " + std::to_string(M) +
+                            (std::is_same_v<Precision, gpipe::MixedBf16> ? ", bf16" : ", fp32");
+  if (first_print(title)) gpipe::bench::print_step_records(title, records);
+}
+
+// One Transformer block's launches and bytes outside GEMMs per micro-batch of GPT-2 124M: the
+// records of a 2-block and a 1-block step (M 1) subtracted; ideal_B/token: the block's share of
+// support/roofline.hpp's ideal.
+template <class Precision>
+void BM_block_records(benchmark::State& state) {
+  StepRun<Model124_b1, Gpt2_124M_b1, Precision> one(1);
+  StepRun<Model124_b2, Gpt2_124M_b2, Precision> two(1);
+  one.step();
+  two.step();
+  gpipe::bench::StepRecords r1, r2;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    r1 = one.recorded_step();
+    r2 = two.recorded_step();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const auto tokens = static_cast<double>(Gpt2_124M::samples * Gpt2_124M::tokens);
+  state.counters["launches/block"] = static_cast<double>(r2.launches - r1.launches);
+  state.counters["other_B/token/block"] = (r2.other_bytes - r1.other_bytes) / tokens;
+  state.counters["ideal_B/token/block"] = 54.0 * D * 2;
+  state.counters["pred_ms/block"] = 1e3 * (r2.predicted_s() - r1.predicted_s());
 }
 
 void arguments(benchmark::internal::Benchmark* b) {
@@ -144,6 +230,11 @@ BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M, gpipe::MixedBf16>)
 BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M, gpipe::MixedBf16>)
     ->Name("gpt2_124M/K:4/bf16")
     ->Apply(eight_micro_batches);
+BENCHMARK(BM_block_records<gpipe::MixedBf16>)
+    ->Name("gpt2_124M/block/bf16")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M>)->Name("gpt2_124M/K:1")->Apply(one_micro_batch);
 BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M>)->Name("gpt2_124M/K:4")->Apply(eight_micro_batches);
 

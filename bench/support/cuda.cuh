@@ -33,10 +33,11 @@
 namespace gpipe::bench {
 
 // A benchmark's size: `full` on a GPU, `emulated` on the CPU emulator (small enough that every
-// benchmark runs in about a second there).
+// benchmark runs in about a second there), `full` again in a program built for the emulator's
+// dry run (GPIPE_BENCH_FULL_SIZE: launches recorded, none run).
 template <class T>
 constexpr T sized([[maybe_unused]] T full, [[maybe_unused]] T emulated) {
-#ifdef GPIPE_CUDA_EMULATION
+#if defined(GPIPE_CUDA_EMULATION) && !defined(GPIPE_BENCH_FULL_SIZE)
   return emulated;
 #else
   return full;
@@ -190,6 +191,14 @@ inline Ceilings measure_ceilings() {
   return c;
 }
 
+// Whether GPU 0 is the CUDA emulator's dry run (tests/support/cuda_emulation/device.hpp): every
+// launch recorded, none run, so times mean nothing there; launch records and memory do.
+inline bool dry_run() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess &&
+         std::string(prop.name).find("dry run") != std::string::npos;
+}
+
 struct MainOptions {
   // Measure the copy and SGEMM ceilings first (a second or two) and add them to the context; a
   // program whose numbers do not compare against them (bench_cuda_bubble) skips this.
@@ -216,7 +225,7 @@ inline int cuda_benchmark_main(int argc, char** argv, MainOptions options = {}) 
                                          std::to_string(prop.totalGlobalMem >> 20) + " MiB");
   benchmark::AddCustomContext(
       "cuda", "driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime));
-  if (options.ceilings) {
+  if (options.ceilings && !dry_run()) {
     ceilings() = measure_ceilings();
     benchmark::AddCustomContext("ceiling_copy_GBps", std::to_string(ceilings().copy_gbps));
     benchmark::AddCustomContext("ceiling_sgemm_TFLOPs", std::to_string(ceilings().sgemm_tflops));

@@ -2,14 +2,17 @@
 // GELUTanh, LayerNorm, head) on K = 1, 2 and 4 virtual devices, M = 1 and 3, remat never and
 // always, against the double-precision unpipelined reference: loss and every gradient, so every
 // LayerKernels specialization of gpipe/backend/cuda/layers/ is checked against the host's maths;
-// a tied head; predict against the host backend's logits. tests/backend/cuda/
-// test_token_models_emulated.cpp runs this file on the CPU emulator.
+// a tied head; predict against the host backend's logits; the launch records of a step
+// (gpipe/backend/cuda/launch_log.cuh). tests/backend/cuda/test_token_models_emulated.cpp runs this
+// file on the CPU emulator.
 
 #include <doctest/doctest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpipe/cuda.cuh"
@@ -71,7 +74,83 @@ void check_against_reference(std::size_t m, Remat remat, std::vector<Tie> ties =
   }
 }
 
+// The launch records of one GPT step (K virtual devices, M micro-batches, AdamW), by Precision;
+// `around(step)` runs the recorded step (and may look at what happens around it).
+template <class Model, class Precision = Fp32>
+std::vector<cuda::LaunchRecord> recorded_step(
+    std::size_t m, const std::function<void(const std::function<void()>&)>& around =
+                       [](const std::function<void()>& step) { step(); }) {
+  const std::vector<std::int32_t> tokens = random_tokens(1), targets = random_tokens(2);
+  cuda::Backend backend(Model::num_stages);
+  Trainer<Model, SoftmaxCrossEntropy, cuda::Backend, OneFOneB, Precision> trainer(
+      backend, {.micro_batches = m, .seed = 5});
+  const optim::AdamW adamw;
+  cuda::LaunchRecorder recorder;
+  around([&] {
+    trainer.zero_grad();
+    trainer.forward_backward(tokens, targets);
+    trainer.step(adamw);
+  });
+  return recorder.records();
+}
+
+std::size_t count(const std::vector<cuda::LaunchRecord>& records, std::string_view kernel) {
+  std::size_t n = 0;
+  for (const cuda::LaunchRecord& r : records) n += r.kernel == kernel ? 1 : 0;
+  return n;
+}
+
 }  // namespace
+
+TEST_SUITE("launch records") {
+  TEST_CASE("a GPT step records its GEMMs' FLOPs and every launch's traffic") {
+    const std::vector<cuda::LaunchRecord> records = recorded_step<Gpt1>(1);
+    REQUIRE(!records.empty());
+    double gemm_flops = 0;
+    for (const cuda::LaunchRecord& r : records) {
+      CAPTURE(r.kernel);
+      CHECK(!r.kernel.empty());
+      CHECK(r.bytes_read + r.bytes_written > 0);
+      CHECK(r.stream != nullptr);
+      if (r.kind == cuda::LaunchKind::gemm) {
+        CHECK(r.flops == 2.0 * static_cast<double>(r.shape[0] * r.shape[1] * r.shape[2]));
+        gemm_flops += r.flops;
+      }
+    }
+    // Every weight of the blocks and the head in one product forward and two backward (dx, dW):
+    // 6 FLOPs per weight and token; attention's products are in its own kernels.
+    constexpr std::size_t weights =
+        2 * (3 * D * D + D * D + 4 * D * D + 4 * D * D) + D * V;  // blocks' Linears, the head
+    CHECK(gemm_flops == 6.0 * weights * samples * T);
+    CHECK(count(records, "flash_attention_forward_kernel") == 2);
+    CHECK(count(records, "adamw_update_kernel") >= 1);
+  }
+
+  TEST_CASE("an elementwise launch records its elements' bytes; recorders do not nest") {
+    cuda::Backend backend(1);
+    auto a = backend.allocate<float>(0, 1000), b = backend.allocate<float>(0, 1000);
+    std::vector<cuda::LaunchRecord> records;
+    {
+      cuda::LaunchRecorder recorder;
+      CHECK_THROWS_AS(cuda::LaunchRecorder{}, Error);
+      backend.submit(0, {"add"},
+                     [&](cuda::Kernels& k) { k.add(1000, a.data(), b.data(), b.data()); });
+      backend.synchronize();
+      records = recorder.records();
+    }
+    REQUIRE(records.size() == 1);
+    CHECK(records[0].kernel == "add_kernel");
+    CHECK(records[0].shape[0] == 1000);
+    CHECK(records[0].flops == 1000);
+    CHECK(records[0].bytes_read == 8000);
+    CHECK(records[0].bytes_written == 4000);
+    CHECK(records[0].kind == cuda::LaunchKind::kernel);
+    {
+      cuda::LaunchRecorder recorder;  // a new one starts empty
+      CHECK(recorder.records().empty());
+    }
+  }
+}
 
 TEST_SUITE("token models on the CUDA backend") {
   TEST_CASE("a GPT step on the CUDA backend equals the unpipelined double reference") {

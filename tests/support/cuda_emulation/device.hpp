@@ -38,9 +38,11 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -410,6 +412,30 @@ inline int gpu_of_memory(const void* p);
 inline bool may_access(int gpu, int owner);
 inline int gpu_of_stream(cudaStream_t stream);
 
+// What the emulator has been asked to do so far: kernel launches and cuBLAS GEMM calls accepted
+// (valid configurations; a test compares them with the backend's launch records).
+struct Counts {
+  std::atomic<std::size_t> kernels{0};
+  std::atomic<std::size_t> gemms{0};
+};
+inline Counts& counts() {
+  static Counts c;
+  return c;
+}
+
+// A dry run (GPIPE_CUDA_EMULATION_DRY_RUN=1 in the environment when the program starts): kernels,
+// GEMMs, memsets and device-to-device copies are checked and counted but not run, device memory
+// is neither filled nor checked for overruns, and the GPUs are H200-sized. For the launch records
+// of full-size models (gpipe/backend/cuda/launch_log.cuh), whose kernels would take hours here;
+// every result is garbage.
+inline bool dry_run() {
+  static const bool dry = [] {
+    const char* v = std::getenv("GPIPE_CUDA_EMULATION_DRY_RUN");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return dry;
+}
+
 // The error the next cudaGetLastError() returns.
 inline cudaError_t& last_error() {
   static thread_local cudaError_t error = cudaSuccess;
@@ -439,6 +465,8 @@ class Launch {
       last_error() = cudaErrorInvalidConfiguration;
       return;
     }
+    ++counts().kernels;
+    if (dry_run()) return;
     enqueue_launch(stream_,
                    [kernel = kernel_, grid = grid_, block = block_, on_stream = stream_ != nullptr,
                     gpu = gpu_of_stream(stream_),

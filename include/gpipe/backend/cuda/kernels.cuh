@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string_view>
 
 #include "gpipe/backend/cuda/device.cuh"
 #include "gpipe/backend/cuda/error.cuh"
@@ -27,6 +28,7 @@
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/model/precision.hpp"
 
 #if GPIPE_CUDA_NCCL
@@ -126,6 +128,7 @@ class KernelContext<float> {
   void upload(std::size_t n, const U* host_src, U* dst) {
     const auto* src = reinterpret_cast<const unsigned char*>(host_src);
     auto* out = reinterpret_cast<unsigned char*>(dst);
+    record_copy("upload", n * sizeof(U), LaunchKind::host_copy);
     through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
       std::memcpy(block, src + at, chunk);
       GPIPE_CUDA_CHECK(
@@ -139,6 +142,7 @@ class KernelContext<float> {
   void download(std::size_t n, const U* src, U* host_dst) {
     const auto* in = reinterpret_cast<const unsigned char*>(src);
     auto* out = reinterpret_cast<unsigned char*>(host_dst);
+    record_copy("download", n * sizeof(U), LaunchKind::host_copy);
     through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
       GPIPE_CUDA_CHECK(cudaMemcpyAsync(block, in + at, chunk, cudaMemcpyDeviceToHost, s_->compute));
       // The stream copies the block on to host_dst when it gets there.
@@ -192,6 +196,7 @@ class KernelContext<float> {
   void receive(std::size_t n, const U* src, U* dst) {
     const std::size_t bytes = n * sizeof(U);
     if (bytes == 0) return;
+    record_copy("receive", bytes, LaunchKind::device_copy);
     const int src_gpu = s_->multi_gpu ? detail::gpu_of(src) : gpu();
     if (src_gpu == gpu()) {
       GPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_->compute));
@@ -225,6 +230,17 @@ class KernelContext<float> {
   friend class Backend;
   explicit KernelContext(detail::DeviceState& state) : s_(&state) {}
 
+  // The launch record of a copy of `bytes` (read once, written once) on the compute stream.
+  void record_copy(std::string_view name, std::size_t bytes, LaunchKind kind) const {
+    const auto b = static_cast<double>(bytes);
+    detail::record_launch({.kernel = name,
+                           .shape = {bytes, 0, 0},
+                           .bytes_read = b,
+                           .bytes_written = b,
+                           .kind = kind,
+                           .stream = s_->compute});
+  }
+
   struct HostCopy {
     const void* src;
     void* dst;
@@ -238,6 +254,7 @@ class KernelContext<float> {
 
   void copy_bytes(std::size_t bytes, const void* src, void* dst) {
     if (bytes == 0) return;
+    record_copy("copy", bytes, LaunchKind::device_copy);
     if (s_->multi_gpu) {
       const int src_gpu = detail::gpu_of(src), dst_gpu = detail::gpu_of(dst);
       if (src_gpu != dst_gpu) {

@@ -30,10 +30,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/error.hpp"
 #include "gpipe/model/attention.hpp"
 
@@ -374,6 +376,31 @@ __global__ void __launch_bounds__(flash_attention_threads)
   }
 }
 
+namespace detail {
+// The launch record of a flash-attention kernel on g: `products` (T, T) x d products per query
+// head over the causal pairs (t, u <= t; a document mask skips more, not counted); the arrays
+// read and written counted as q heads (rows, H d: q, o, do, dq), k or v heads (rows, KVH d) and
+// (rows, H) floats (lse, delta). Tiles read again count once.
+struct AttentionTraffic {
+  int q, kv, floats;
+};
+template <class T>
+void record_attention(std::string_view kernel, const AttentionGeometry& g, double products,
+                      AttentionTraffic read, AttentionTraffic written, cudaStream_t stream) {
+  const std::size_t rows = g.rows();
+  const double pairs = static_cast<double>(g.samples) * static_cast<double>(g.tokens) *
+                       static_cast<double>(g.tokens + 1) / 2;
+  auto bytes = [&](AttentionTraffic a) {
+    return a.q * bytes_of<T>(rows * g.heads * g.head_size) +
+           a.kv * bytes_of<T>(rows * g.kv_heads * g.head_size) +
+           a.floats * bytes_of<float>(rows * g.heads);
+  };
+  record_kernel(kernel, {rows, g.heads, g.head_size},
+                2 * products * pairs * static_cast<double>(g.heads * g.head_size), bytes(read),
+                bytes(written), stream);
+}
+}  // namespace detail
+
 /// o (rows, H d) and lse (rows, H) of the attention over g's qkv (rows, g.ld), both overwritten,
 /// on `stream`; document (rows) or null (CausalAttentionOp's contract). T is float or bf16. A
 /// head size above flash_attention_max_head_size is a gpipe::Error.
@@ -382,6 +409,8 @@ inline void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T*
                                     const std::int32_t* document, cudaStream_t stream) {
   g.check();
   if (g.rows() == 0) return;
+  // S = Q K^T and O = P V: two products; reads q, k, v; writes o and lse
+  detail::record_attention<T>("flash_attention_forward_kernel", g, 2, {1, 2, 0}, {1, 0, 1}, stream);
   detail::with_head_size(g.head_size, [&](auto dmax) {
     constexpr int D = decltype(dmax)::value;
     constexpr auto kernel = &flash_attention_forward_kernel<D, T>;
@@ -402,6 +431,14 @@ inline void flash_attention_backward(const AttentionGeometry& g, const T* qkv, c
   g.check();
   if (g.rows() == 0) return;
   const std::size_t warps = g.rows() * g.heads;
+  // delta = rowsum(do o); the K/V kernel recomputes S and dP and forms dV and dK (4 products),
+  // the Q kernel recomputes S and dP and forms dQ (3)
+  detail::record_attention<T>("flash_attention_backward_delta_kernel", g, 0, {2, 0, 0}, {0, 0, 1},
+                              stream);
+  detail::record_attention<T>("flash_attention_backward_kv_kernel", g, 4, {2, 2, 2}, {0, 2, 0},
+                              stream);
+  detail::record_attention<T>("flash_attention_backward_q_kernel", g, 3, {2, 2, 2}, {1, 0, 0},
+                              stream);
   GPIPE_CUDA_LAUNCH(flash_attention_backward_delta_kernel<T>,
                     detail::grid_for(warps, detail::block_size / 32), detail::block_size, stream)
   (g.rows(), g.heads, g.head_size, o, dout, delta);

@@ -17,6 +17,7 @@
 #include <cstddef>
 
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
 
@@ -86,6 +87,10 @@ __global__ void column_sum_kernel(std::size_t chunks, std::size_t cols, const T*
 /// dst(cols) += the sum of partial(chunks, cols)'s rows, added in chunk order, on `stream`.
 inline void column_sum(std::size_t chunks, std::size_t cols, const float* partial, float* dst,
                        cudaStream_t stream) {
+  detail::record_kernel("column_sum_kernel", {chunks, cols, 0},
+                        static_cast<double>(chunks) * static_cast<double>(cols),
+                        detail::bytes_of<float>(chunks * cols + cols),
+                        detail::bytes_of<float>(cols), stream);
   GPIPE_CUDA_LAUNCH(column_sum_kernel<float>, detail::grid_for(cols), detail::block_size, stream)
   (chunks, cols, partial, dst);
   GPIPE_CUDA_CHECK_LAUNCH("column_sum_kernel");
@@ -122,6 +127,10 @@ inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bi
   const std::size_t row_blocks = (rows + block.y - 1) / block.y;
   const dim3 grid(static_cast<unsigned>((packs + bx - 1) / bx),
                   static_cast<unsigned>(std::min<std::size_t>(row_blocks, 65535)));
+  detail::record_kernel("bias_add_forward_kernel", {rows, cols, 0},
+                        static_cast<double>(rows) * static_cast<double>(cols),
+                        detail::bytes_of<T>(rows * cols) + detail::bytes_of<float>(cols),
+                        detail::bytes_of<T>(rows * cols), stream);
   constexpr auto packed = &bias_add_forward_kernel<4, T>;
   constexpr auto scalar = &bias_add_forward_kernel<1, T>;
   if (vectorized) {
@@ -170,6 +179,11 @@ inline void bias_grad_backward(std::size_t rows, std::size_t cols, const T* dy, 
                                float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
+  detail::record_kernel("bias_grad_backward_kernel", {rows, cols, 0},
+                        static_cast<double>(rows) * static_cast<double>(cols),
+                        detail::bytes_of<T>(rows * cols) + detail::bytes_of<float>(cols),
+                        detail::bytes_of<float>(split.chunks > 1 ? split.chunks * cols : cols),
+                        stream);
   constexpr auto kernel = &bias_grad_backward_kernel<4, T>;
   GPIPE_CUDA_LAUNCH(kernel, split.grid(cols), split.block(), stream)
   (rows, cols, split.rows_per_chunk, dy, db, scratch);

@@ -15,16 +15,24 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
 
 namespace detail {
 
+// Per element of an elementwise pass: floating-point operations, bytes read, bytes written (its
+// launch record).
+struct PerElement {
+  double flops, read, written;
+};
+
 // Launches kernel<4> when every pointer allows 16-byte packs, else kernel<1>; one thread per pack.
 template <auto Kernel4, auto Kernel1, class... Args>
 void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t stream,
-                Args... args) {
+                PerElement cost, Args... args) {
   if (n == 0) return;
+  record_map(name, n, cost.flops, cost.read, cost.written, stream);
   if (vectorized) {
     GPIPE_CUDA_LAUNCH(Kernel4, grid_for(n / 4 + 1), block_size, stream)(n, args...);
   } else {
@@ -37,12 +45,16 @@ void launch_map(const char* name, std::size_t n, bool vectorized, cudaStream_t s
 }  // namespace detail
 
 // An activation's math is a struct of two static device functions on one element, in float:
-//   forward(x) = f(x),  backward(x, dy) = dy f'(x).
+//   forward(x) = f(x),  backward(x, dy) = dy f'(x),
+// and their floating-point operations per element, `flops` and `backward_flops` (a
+// transcendental function counts as one), for the launch records (launch_log.cuh).
 // activation_forward / activation_backward map them over arrays; ReluMath and GeluMath are here,
 // GeluTanhMath beside its layer (layers/gelu_tanh.cuh).
 
 /// ReLU; host reference: host::relu_forward, host::relu_backward.
 struct ReluMath {
+  static constexpr double flops = 1;           ///< per element forward
+  static constexpr double backward_flops = 1;  ///< per element backward
   /// max(x, 0)
   __device__ __forceinline__ static float forward(float x) { return x > 0.0f ? x : 0.0f; }
   /// dy where x > 0, else 0 (the subgradient at 0 is 0)
@@ -55,6 +67,8 @@ struct ReluMath {
 struct GeluMath {
   static constexpr float inv_sqrt2 = 0.70710678118654752440f;     ///< 1 / sqrt(2)
   static constexpr float inv_sqrt_2pi = 0.39894228040143267794f;  ///< phi(0) = 1 / sqrt(2 pi)
+  static constexpr double flops = 5;                              ///< per element forward
+  static constexpr double backward_flops = 12;                    ///< per element backward
   /// 0.5 x (1 + erf(x / sqrt 2))
   __device__ __forceinline__ static float forward(float x) {
     return 0.5f * x * (1.0f + erff(x * inv_sqrt2));
@@ -77,7 +91,8 @@ __global__ void activation_forward_kernel(std::size_t n, const T* x, T* y) {
 template <class Math, class T>
 inline void activation_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
   detail::launch_map<activation_forward_kernel<Math, 4, T>, activation_forward_kernel<Math, 1, T>>(
-      "activation_forward_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+      "activation_forward_kernel", n, detail::aligned<4>(x, y), stream,
+      {Math::flops, sizeof(T), sizeof(T)}, x, y);
 }
 
 /// dx(n) = Math::backward(x, dy)
@@ -92,7 +107,8 @@ inline void activation_backward(std::size_t n, const T* x, const T* dy, T* dx,
                                 cudaStream_t stream) {
   detail::launch_map<activation_backward_kernel<Math, 4, T>,
                      activation_backward_kernel<Math, 1, T>>(
-      "activation_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream, x, dy, dx);
+      "activation_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream,
+      {Math::backward_flops, 2.0 * sizeof(T), sizeof(T)}, x, dy, dx);
 }
 
 /// y(n) = a + b   (y may alias a or b)
@@ -104,8 +120,9 @@ __global__ void add_kernel(std::size_t n, const T* a, const T* b, T* y) {
 /// y(n) = a + b, on `stream`; y may alias a or b.
 template <class T>
 inline void add(std::size_t n, const T* a, const T* b, T* y, cudaStream_t stream) {
-  detail::launch_map<add_kernel<4, T>, add_kernel<1, T>>(
-      "add_kernel", n, detail::aligned<4>(a, b, y), stream, a, b, y);
+  detail::launch_map<add_kernel<4, T>, add_kernel<1, T>>("add_kernel", n,
+                                                         detail::aligned<4>(a, b, y), stream,
+                                                         {1, 2.0 * sizeof(T), sizeof(T)}, a, b, y);
 }
 
 /// y(n) += x
@@ -118,7 +135,8 @@ __global__ void accumulate_kernel(std::size_t n, const T* x, T* y) {
 template <class T>
 inline void accumulate(std::size_t n, const T* x, T* y, cudaStream_t stream) {
   detail::launch_map<accumulate_kernel<4, T>, accumulate_kernel<1, T>>(
-      "accumulate_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+      "accumulate_kernel", n, detail::aligned<4>(x, y), stream, {1, 2.0 * sizeof(T), sizeof(T)}, x,
+      y);
 }
 
 /// y(n) = value
@@ -131,7 +149,7 @@ __global__ void fill_kernel(std::size_t n, float value, T* y) {
 template <class T>
 inline void fill(std::size_t n, float value, T* y, cudaStream_t stream) {
   detail::launch_map<fill_kernel<4, T>, fill_kernel<1, T>>("fill_kernel", n, detail::aligned<4>(y),
-                                                           stream, value, y);
+                                                           stream, {0, 0, sizeof(T)}, value, y);
 }
 
 /// y(n) *= alpha
@@ -144,7 +162,7 @@ __global__ void scale_kernel(std::size_t n, float alpha, T* y) {
 template <class T>
 inline void scale(std::size_t n, float alpha, T* y, cudaStream_t stream) {
   detail::launch_map<scale_kernel<4, T>, scale_kernel<1, T>>(
-      "scale_kernel", n, detail::aligned<4>(y), stream, alpha, y);
+      "scale_kernel", n, detail::aligned<4>(y), stream, {1, sizeof(T), sizeof(T)}, alpha, y);
 }
 
 /// y(n) = x(n) stored as Y: floats rounded to bf16 (nearest, ties to even), bf16 widened to
@@ -158,7 +176,7 @@ __global__ void convert_kernel(std::size_t n, const X* x, Y* y) {
 template <class X, class Y>
 inline void convert(std::size_t n, const X* x, Y* y, cudaStream_t stream) {
   detail::launch_map<convert_kernel<4, X, Y>, convert_kernel<1, X, Y>>(
-      "convert_kernel", n, detail::aligned<4>(x, y), stream, x, y);
+      "convert_kernel", n, detail::aligned<4>(x, y), stream, {0, sizeof(X), sizeof(Y)}, x, y);
 }
 
 /// chunk_sums[c] = the sum of squares of x's chunk c in double, in the fixed order of
@@ -195,6 +213,18 @@ __global__ void sum_in_order_kernel(std::size_t count, const double* values, dou
 inline void sum_of_squares(std::size_t n, const float* x, double* out, double* chunk_sums,
                            cudaStream_t stream) {
   const std::size_t chunks = (n + gpipe::detail::squares_chunk - 1) / gpipe::detail::squares_chunk;
+  detail::record_launch({.kernel = "chunk_squares_kernel",
+                         .shape = {n, chunks, 0},
+                         .flops = 2.0 * static_cast<double>(n),
+                         .bytes_read = sizeof(float) * static_cast<double>(n),
+                         .bytes_written = sizeof(double) * static_cast<double>(chunks),
+                         .stream = stream});
+  detail::record_launch({.kernel = "sum_in_order_kernel",
+                         .shape = {chunks, 0, 0},
+                         .flops = static_cast<double>(chunks),
+                         .bytes_read = sizeof(double) * static_cast<double>(chunks),
+                         .bytes_written = sizeof(double),
+                         .stream = stream});
   if (chunks > 0) {
     GPIPE_CUDA_LAUNCH(chunk_squares_kernel, static_cast<unsigned>(chunks),
                       static_cast<unsigned>(gpipe::detail::squares_lanes), stream)

@@ -16,12 +16,12 @@
 
 #include <climits>
 #include <cstddef>
-#include <initializer_list>
 #include <string>
 #include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe::cuda {
@@ -47,6 +47,26 @@ bool gemm_without_products(std::size_t m, std::size_t n, std::size_t k, float be
                 std::to_string(k) + ") exceeds cuBLAS's 32-bit dimensions");
   return false;
 }
+
+// The launch record of `batch` products C(m, n) = alpha op(A) op(B) + beta C: A and B read
+// once, C read when beta != 0 and written.
+template <class A, class B, class C>
+void record_gemm(std::string_view call, std::size_t m, std::size_t n, std::size_t k, float beta,
+                 cudaStream_t stream, std::size_t batch = 1) {
+  const double products = static_cast<double>(batch) * static_cast<double>(m) *
+                          static_cast<double>(n) * static_cast<double>(k);
+  const double c_bytes = static_cast<double>(batch) * bytes_of<C>(m * n);
+  record_launch(
+      {.kernel = call,
+       .shape = {m, n, k},
+       .flops = 2 * products,
+       .bytes_read = static_cast<double>(batch) * (bytes_of<A>(m * k) + bytes_of<B>(k * n)) +
+                     (beta != 0.0f ? c_bytes : 0.0),
+       .bytes_written = c_bytes,
+       .kind = LaunchKind::gemm,
+       .tensor_cores = std::is_same_v<A, bf16>,
+       .stream = stream});
+}
 }  // namespace detail
 
 /// op(A) is (m, k): A is (m, k), or (k, m) when trans_a. op(B) is (k, n): B is (k, n), or (n, k)
@@ -55,6 +75,7 @@ inline void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t 
                  std::size_t k, float alpha, const float* a, const float* b, float beta, float* c,
                  cudaStream_t stream) {
   if (detail::gemm_without_products(m, n, k, beta, c, stream)) return;
+  detail::record_gemm<float, float, float>("cublasSgemm", m, n, k, beta, stream);
   const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   const int lda = trans_a ? mi : ki;
   const int ldb = trans_b ? ki : ni;
@@ -73,6 +94,7 @@ inline void gemm_bf16(cublasHandle_t handle, bool trans_a, bool trans_b, std::si
   static_assert(std::is_same_v<C, float> || std::is_same_v<C, bf16>,
                 "gpipe: gemm_bf16 writes float or bf16");
   if (detail::gemm_without_products(m, n, k, beta, c, stream)) return;
+  detail::record_gemm<bf16, bf16, C>("cublasGemmEx", m, n, k, beta, stream);
   const auto mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   const int lda = trans_a ? mi : ki;
   const int ldb = trans_b ? ki : ni;
@@ -81,35 +103,6 @@ inline void gemm_bf16(cublasHandle_t handle, bool trans_a, bool trans_b, std::si
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, ni, mi, ki, &alpha, b,
                                   CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c, c_type, ni,
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-/// A row-major operand of a batched GEMM: problem i reads (or writes) data + i stride, whose rows
-/// are ld apart.
-struct BatchedOperand {
-  const float* data;  ///< problem 0's first element (device memory)
-  std::size_t ld,     ///< elements between consecutive rows of one problem's matrix
-      stride;         ///< elements between the first elements of consecutive problems
-};
-
-/// For i < batch: C_i(m, n) = alpha op(A_i) op(B_i) + beta C_i, shapes as for gemm, rows of each
-/// operand ld apart (views into wider matrices: one head of q, k, v). One
-/// cublasSgemmStridedBatched call; k > 0.
-inline void gemm_strided_batched(cublasHandle_t handle, bool trans_a, bool trans_b, std::size_t m,
-                                 std::size_t n, std::size_t k, float alpha, BatchedOperand a,
-                                 BatchedOperand b, float beta, float* c, std::size_t ldc,
-                                 std::size_t stride_c, std::size_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  for (std::size_t v : {m, n, k, a.ld, b.ld, ldc, batch})
-    if (v > INT_MAX)
-      throw Error("gpipe: batched gemm of (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                  std::to_string(k) + ") x " + std::to_string(batch) +
-                  " exceeds cuBLAS's 32-bit dimensions");
-  GPIPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
-      handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.data,
-      static_cast<int>(b.ld), static_cast<long long>(b.stride), a.data, static_cast<int>(a.ld),
-      static_cast<long long>(a.stride), &beta, c, static_cast<int>(ldc),
-      static_cast<long long>(stride_c), static_cast<int>(batch)));
 }
 
 }  // namespace gpipe::cuda

@@ -19,12 +19,28 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string_view>
 #include <type_traits>
 
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
+
+namespace detail {
+// Launch records of LayerNorm's row kernels over (rows, cols) of float: `arrays` (rows, cols)
+// arrays read, one written, gamma (and beta) read, stats (rows, 2) read or written.
+inline void record_layer_norm(std::string_view kernel, std::size_t rows, std::size_t cols,
+                              double flops_per, int arrays_read, int params_read, bool stats_read,
+                              cudaStream_t stream) {
+  const std::size_t n = rows * cols;
+  record_kernel(kernel, {rows, cols, 0}, flops_per * static_cast<double>(n),
+                arrays_read * bytes_of<float>(n) + params_read * bytes_of<float>(cols) +
+                    (stats_read ? bytes_of<float>(2 * rows) : 0.0),
+                bytes_of<float>(n) + (stats_read ? 0.0 : bytes_of<float>(2 * rows)), stream);
+}
+}  // namespace detail
 
 namespace detail {
 
@@ -212,6 +228,8 @@ inline void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, dou
                                          const float* x, const float* gamma, const float* beta,
                                          float* y, float* stats, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
+  detail::record_layer_norm("layer_norm_forward_streaming_kernel", rows, cols, 8, 1, 2, false,
+                            stream);
   const auto e = static_cast<float>(eps);
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
@@ -234,6 +252,8 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
   if (layout.threads == 0 || !detail::aligned<4>(x, gamma, beta, y)) {
     return layer_norm_forward_streaming(rows, cols, eps, x, gamma, beta, y, stats, stream);
   }
+  detail::record_layer_norm("layer_norm_forward_resident_kernel", rows, cols, 8, 1, 2, false,
+                            stream);
   layout.dispatch([&](auto packs, auto whole_block) {
     constexpr auto kernel =
         &layer_norm_forward_resident_kernel<decltype(packs)::value, decltype(whole_block)::value>;
@@ -338,6 +358,8 @@ inline void layer_norm_backward_input_streaming(std::size_t rows, std::size_t co
                                                 const float* stats, float* dx,
                                                 cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
+  detail::record_layer_norm("layer_norm_backward_input_streaming_kernel", rows, cols, 12, 2, 1,
+                            true, stream);
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
   if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
     GPIPE_CUDA_LAUNCH(layer_norm_backward_input_streaming_kernel<4>, grid, block, stream)
@@ -358,6 +380,8 @@ inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const 
   if (layout.threads == 0 || !detail::aligned<4>(x, dy, gamma, dx)) {
     return layer_norm_backward_input_streaming(rows, cols, x, dy, gamma, stats, dx, stream);
   }
+  detail::record_layer_norm("layer_norm_backward_input_resident_kernel", rows, cols, 12, 2, 1, true,
+                            stream);
   layout.dispatch([&](auto packs, auto whole_block) {
     constexpr auto kernel =
         &layer_norm_backward_input_resident_kernel<decltype(packs)::value,
@@ -424,6 +448,11 @@ inline void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const
                                        float* dbeta, float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
+  detail::record_kernel(
+      "layer_norm_backward_weight_kernel", {rows, cols, 0}, 5.0 * static_cast<double>(rows * cols),
+      detail::bytes_of<float>(2 * rows * cols + 2 * rows) +
+          (split.chunks > 1 ? 0.0 : detail::bytes_of<float>(2 * cols)),
+      detail::bytes_of<float>(split.chunks > 1 ? 2 * split.chunks * cols : 2 * cols), stream);
   GPIPE_CUDA_LAUNCH(layer_norm_backward_weight_kernel<4>, split.grid(cols), split.block(), stream)
   (rows, cols, split.rows_per_chunk, x, dy, stats, dgamma, dbeta, scratch);
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_kernel");

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
 
@@ -31,6 +32,8 @@ __global__ void __launch_bounds__(1024) sum_kernel(std::size_t n, const T* parti
 }
 /// out[0] = sum of partial(n), overwritten, on `stream`; one block, in a fixed order.
 inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
+  detail::record_kernel("sum_kernel", {n, 0, 0}, static_cast<double>(n), detail::bytes_of<float>(n),
+                        sizeof(float), stream);
   GPIPE_CUDA_LAUNCH(sum_kernel<float>, 1, 1024, stream)(n, partial, out);
   GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
 }
@@ -96,6 +99,10 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
                                           float grad_scale, float* dlogits, float* loss_sum,
                                           float* scratch, cudaStream_t stream) {
   if (rows == 0 || classes == 0) {
+    detail::record_launch({.kernel = "cudaMemsetAsync",
+                           .bytes_written = sizeof(float),
+                           .kind = LaunchKind::memset,
+                           .stream = stream});
     GPIPE_CUDA_CHECK(cudaMemsetAsync(loss_sum, 0, sizeof(float), stream));
     return;
   }
@@ -105,6 +112,12 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
     const std::size_t count = std::min(rows - first, max_rows);
     const float* z = logits + first * classes;
     float* dz = dlogits + first * classes;
+    // read the logits (max, sum of exponentials, then once more for the gradient: counted once)
+    detail::record_kernel(
+        "softmax_cross_entropy_forward_kernel", {count, classes, 0},
+        5.0 * static_cast<double>(count * classes),
+        detail::bytes_of<float>(count * classes) + detail::bytes_of<std::int32_t>(count),
+        detail::bytes_of<float>(count * classes + count), stream);
     if (classes % 4 == 0 && detail::aligned<4>(z, dz)) {
       GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<4>, static_cast<unsigned>(count),
                         detail::threads_for_row(classes / 4), stream)
@@ -157,11 +170,18 @@ inline std::size_t mse_scratch() { return mse_max_blocks; }
 inline void mse_forward(std::size_t n, const float* y, const float* target, float grad_scale,
                         float* dy, float* loss_sum, float* scratch, cudaStream_t stream) {
   if (n == 0) {
+    detail::record_launch({.kernel = "cudaMemsetAsync",
+                           .bytes_written = sizeof(float),
+                           .kind = LaunchKind::memset,
+                           .stream = stream});
     GPIPE_CUDA_CHECK(cudaMemsetAsync(loss_sum, 0, sizeof(float), stream));
     return;
   }
   const bool vectorized = detail::aligned<4>(y, target, dy);
   const unsigned blocks = std::min(detail::grid_for(vectorized ? n / 4 + 1 : n), mse_max_blocks);
+  detail::record_kernel("mse_forward_kernel", {n, 0, 0}, 4.0 * static_cast<double>(n),
+                        detail::bytes_of<float>(2 * n), detail::bytes_of<float>(n + blocks),
+                        stream);
   if (vectorized) {
     GPIPE_CUDA_LAUNCH(mse_forward_kernel<4>, blocks, detail::block_size, stream)
     (n, y, target, grad_scale, dy, scratch);

@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
 
@@ -74,6 +75,11 @@ inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_
                    weight_decay != 0,
                    nesterov,
                    first_step};
+  // p and g read, p written; the momentum buffer read (after the first step) and written
+  const int buffers_read = 2 + (h.use_momentum && !first_step ? 1 : 0);
+  const int buffers_written = 1 + (h.use_momentum ? 1 : 0);
+  detail::record_map("sgd_update_kernel", n, 4, buffers_read * sizeof(float),
+                     buffers_written * sizeof(float), stream);
   if (detail::aligned<4>(p, g, momentum_buf)) {
     GPIPE_CUDA_LAUNCH(sgd_update_kernel<4>, detail::grid_for(n / 4 + 1), detail::block_size, stream)
     (n, p, g, momentum_buf, h);
@@ -136,6 +142,7 @@ inline void adamw_update(std::size_t n, float* p, const float* g, float* m, floa
                      static_cast<float>(lr / (1 - std::pow(beta1, t))),
                      static_cast<float>(std::sqrt(1 - std::pow(beta2, t))),
                      static_cast<float>(eps)};
+  detail::record_map("adamw_update_kernel", n, 14, 4 * sizeof(float), 3 * sizeof(float), stream);
   if (detail::aligned<4>(p, g, m, v)) {
     GPIPE_CUDA_LAUNCH(adamw_update_kernel<4>, detail::grid_for(n / 4 + 1), detail::block_size,
                       stream)

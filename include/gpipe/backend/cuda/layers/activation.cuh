@@ -13,6 +13,7 @@
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/model/activation.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer_norm.hpp"
@@ -119,6 +120,9 @@ struct LayerKernels<LayerNormOp, cuda::KernelContext<bf16>> {
     k.convert(rows * cols, x, w);
     cuda::layer_norm_forward(rows, cols, eps, w, gamma, beta, w + n, w + 2 * n, k.stream());
     k.convert(rows * cols, w + n, y);
+    namespace d = cuda::detail;
+    d::record_kernel("layer_norm_stash_rstd_kernel", {rows, 0, 0}, 0, d::bytes_of<float>(2 * rows),
+                     d::bytes_of<bf16>(2 * rows), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::layer_norm_stash_rstd_kernel, cuda::detail::grid_for(rows),
                       cuda::detail::block_size, k.stream())
     (rows, w + 2 * n, stats);
@@ -160,6 +164,11 @@ struct LayerKernels<LayerNormOp, cuda::KernelContext<bf16>> {
     const Widened widened{w, w + n, w + 2 * n, w + 2 * n + s};
     k.convert(rows * cols, x, widened.x);
     k.convert(rows * cols, dy, widened.dy);
+    namespace d = cuda::detail;
+    d::record_kernel("layer_norm_stats_from_stash_kernel", {rows, cols, 0},
+                     static_cast<double>(rows * cols),
+                     d::bytes_of<float>(rows * cols) + d::bytes_of<bf16>(2 * rows),
+                     d::bytes_of<float>(2 * rows), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::layer_norm_stats_from_stash_kernel, cuda::detail::grid_for(32 * rows),
                       cuda::detail::block_size, k.stream())
     (rows, cols, widened.x, stash, widened.stats);

@@ -23,6 +23,7 @@
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/error.hpp"
 #include "gpipe/model/embedding.hpp"
 #include "gpipe/model/kernel_context.hpp"
@@ -180,6 +181,11 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   static void forward(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
                       std::size_t width, const T* ids, const float* wte, const float* wpe, T* y) {
     if (rows == 0) return;
+    namespace d = cuda::detail;
+    d::record_kernel("embedding_forward_kernel", {rows, width, 0},
+                     static_cast<double>(rows * width),
+                     d::bytes_of<T>(rows) + d::bytes_of<float>(rows * width + tokens * width),
+                     d::bytes_of<T>(rows * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel<T>, cuda::detail::grid_for(rows * width),
                       cuda::detail::block_size, k.stream())
     (rows, tokens, width, ids, wte, wpe, y);
@@ -204,6 +210,7 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     for (unsigned pass = 0; pass < d::radix_passes; ++pass) {
       const unsigned shift = pass * d::radix_bits;
       std::uint32_t* out = order[pass % 2];
+      record_sort_pass(k, rows, counts, in != nullptr);
       GPIPE_CUDA_LAUNCH(cuda::embedding_digit_count_kernel<T>, static_cast<unsigned>(chunks),
                         d::radix, k.stream())
       (rows, ids, in, shift, count);
@@ -216,6 +223,16 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
       GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_scatter_kernel");
       in = out;
     }
+    // each row's dy added to its id's row of dwte (read and written), dwpe likewise per position
+    d::record_kernel("embedding_backward_wte_kernel", {rows, width, 0},
+                     static_cast<double>(rows * width),
+                     d::bytes_of<T>(rows * width + rows) + d::bytes_of<std::uint32_t>(rows) +
+                         d::bytes_of<float>(rows * width),
+                     d::bytes_of<float>(rows * width), k.stream());
+    d::record_kernel("embedding_backward_wpe_kernel", {rows, tokens, width},
+                     static_cast<double>(rows * width),
+                     d::bytes_of<T>(rows * width) + d::bytes_of<float>(tokens * width),
+                     d::bytes_of<float>(tokens * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wte_kernel<T>, d::grid_for(rows, 1), 128, k.stream())
     (rows, width, ids, in, dy, dwte);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
@@ -223,6 +240,22 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
                       d::block_size, k.stream())
     (rows, tokens, width, dy, dwpe);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wpe_kernel");
+  }
+
+ private:
+  // The launch records of one radix pass: digit counts, their scan, the scatter (`ordered`: the
+  // pass reads the previous pass's order).
+  static void record_sort_pass(cuda::KernelContext<T>& k, std::size_t rows, std::size_t counts,
+                               bool ordered) {
+    namespace d = cuda::detail;
+    const double ids = d::bytes_of<T>(rows) + (ordered ? d::bytes_of<std::uint32_t>(rows) : 0.0);
+    const double count_bytes = d::bytes_of<std::uint32_t>(counts);
+    d::record_kernel("embedding_digit_count_kernel", {rows, counts, 0}, 0, ids, count_bytes,
+                     k.stream());
+    d::record_kernel("exclusive_scan_kernel", {counts, 0, 0}, static_cast<double>(counts),
+                     count_bytes, count_bytes, k.stream());
+    d::record_kernel("embedding_digit_scatter_kernel", {rows, counts, 0}, 0, ids + count_bytes,
+                     d::bytes_of<std::uint32_t>(rows), k.stream());
   }
 };
 

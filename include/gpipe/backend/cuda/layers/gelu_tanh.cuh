@@ -20,6 +20,8 @@ namespace gpipe::cuda {
 struct GeluTanhMath {
   static constexpr float a = 0.044715f;                ///< the cubic term's coefficient in u
   static constexpr float c = 0.79788456080286535588f;  ///< sqrt(2/pi)
+  static constexpr double flops = 9;                   ///< per element forward
+  static constexpr double backward_flops = 18;         ///< per element backward
   /// 0.5 x (1 + tanh u)
   __device__ __forceinline__ static float forward(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + a * x * x * x)));
