@@ -79,7 +79,9 @@ bool all_finite(const std::vector<float>& v) {
 TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_bias, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm_bf16, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_loss_bf16, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_embedding, GpuDevice);

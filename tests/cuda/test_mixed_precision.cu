@@ -194,39 +194,6 @@ TEST_CASE("Bf16Kernels: GEMMs of bf16 operands accumulate in float, within the d
       }
 }
 
-TEST_CASE("Bf16Kernels: the cross-entropy widens in blocks of rows, each row as one block does") {
-  constexpr std::size_t rows = 37, classes = 29;
-  Rng rng(3);
-  std::vector<bf16> logits;
-  for (std::size_t i = 0; i < rows * classes; ++i) logits.push_back(bf16(rng.uniform(-4.0f, 4.0f)));
-  std::vector<std::int32_t> targets;
-  for (std::size_t r = 0; r < rows; ++r)
-    targets.push_back(static_cast<std::int32_t>(r * 7 % classes));
-  cuda::Backend backend(1);
-  auto dz = put(backend, logits);
-  auto dt = put(backend, targets);
-  auto whole = backend.allocate<bf16>(0, rows * classes);
-  auto blocked = backend.allocate<bf16>(0, rows * classes);
-  auto losses = backend.allocate<float>(0, 2);
-  backend.submit(0, {"cross-entropy"}, [&](cuda::Kernels& k) {
-    cuda::Bf16Kernels& k16 = k.bf16_context();
-    k16.softmax_cross_entropy(rows, classes, dz.data(), dt.data(), 0.5f, whole.data(),
-                              losses.data());
-    k16.ce_block_elements = 5 * classes + 3;  // blocks of 5 rows, the last of 2
-    k16.softmax_cross_entropy(rows, classes, dz.data(), dt.data(), 0.5f, blocked.data(),
-                              losses.data() + 1);
-    k16.ce_block_elements = std::size_t{16} << 20;
-  });
-  backend.synchronize();
-  const std::vector<bf16> a = get(backend, whole), b = get(backend, blocked);
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i].bits == b[i].bits);
-  const std::vector<float> l = get(backend, losses);
-  // the same row losses summed in another order: rows e relative to the sum of the row losses
-  // (all positive)
-  CHECK(std::abs(l[0] - l[1]) <= rows * e * l[0]);
-  CHECK(l[0] > 0);
-}
-
 TEST_CASE("MixedBf16 on CUDA: a GPT step's loss and gradients are Fp32's within bf16's bound") {
   const Batch b = batch(3, 11);
   const StepResult fp32 = run_step<Gpt2, cuda::Backend, Fp32>(b, 3);

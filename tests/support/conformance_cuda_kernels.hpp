@@ -4,7 +4,9 @@
 // double is the reference, and each op states its bound on
 //   max |device - reference| / max |reference|     (relative_error, support/reference_model.hpp)
 // Shapes cover the 16-byte packed paths and the scalar ones (odd sizes, pointers one float off
-// alignment), one- and two-pass column sums, and sizes past one block of staging memory.
+// alignment), one- and two-pass column sums, and sizes past one block of staging memory. The
+// bf16 kernels (gpipe::MixedBf16: LayerNorm, the losses) read and write bf16 arrays: each result
+// is a float result within the float kernel's bound, rounded once (bf16_error).
 //
 // Instantiated with a device type (tests/cuda/test_kernels.cu: gpipe::cuda::Kernels on a GPU;
 // tests/backend/cuda/test_kernels_emulated.cpp: the same kernels under tests/support/
@@ -15,11 +17,15 @@
 //   std::vector<T> dev.get(p, n)      a host copy
 //   dev.run(f)                        f(kernels), then waits for the device; kernels.stream()
 //                                     is the stream its launchers use (for kernels called
-//                                     directly, such as the streaming LayerNorm)
+//                                     directly, such as the streaming LayerNorm), and
+//                                     kernels.bf16_context() the bf16 context (its stream(),
+//                                     softmax_cross_entropy, mse and LayerNorm's kernels)
 // and invoked as TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, Device) etc. (the ids below).
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +49,39 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float
   return v;
 }
 inline std::vector<double> wide(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// bf16 arrays (gpipe::MixedBf16's activations): floats rounded to bf16, the floats they hold, a
+// NaN-poisoned output.
+inline constexpr double bf16_u = 1.0 / 256;  // bf16's unit roundoff: |bf16(x) - x| <= u |x|
+inline std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out;
+  for (const float x : v) out.push_back(bf16(x));
+  return out;
+}
+inline std::vector<float> widened(const std::vector<bf16>& v) { return {v.begin(), v.end()}; }
+inline std::vector<double> wide(const std::vector<bf16>& v) { return {v.begin(), v.end()}; }
+inline std::vector<bf16> bf16_nan(std::size_t n) {
+  return std::vector<bf16>(n, bf16::from_bits(0x7fc0));
+}
+inline std::vector<std::uint16_t> bits(const std::vector<bf16>& v) {
+  std::vector<std::uint16_t> out;
+  for (const bf16 x : v) out.push_back(x.bits);
+  return out;
+}
+// max_i |got_i - ref_i| / (u |ref_i| + (1 + u) bound max|ref|): at most 1 where each element is
+// a float within bound max|ref| of the reference, rounded once to bf16 (NaN where any is NaN).
+inline double bf16_error(const std::vector<bf16>& got, const std::vector<double>& ref,
+                         double bound) {
+  double scale = 0, worst = 0;
+  for (const double r : ref) scale = std::max(scale, std::abs(r));
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(static_cast<double>(float(got[i])) - ref[i]);
+    const double allowed = bf16_u * std::abs(ref[i]) + (1 + bf16_u) * bound * scale;
+    if (std::isnan(err)) return err;
+    worst = std::max(worst, allowed > 0 ? err / allowed : err > 0 ? INFINITY : 0.0);
+  }
+  return worst;
+}
 
 // The double-precision reference of every kernel.
 inline host::Kernels<double> kernel_reference;
@@ -267,6 +306,131 @@ TEST_CASE_TEMPLATE_DEFINE("LayerNorm forward and backward match the host's", Dev
   }
 }
 
+TEST_CASE_TEMPLATE_DEFINE(
+    "bf16 LayerNorm is the float kernels' bits rounded once, within bf16 of "
+    "the host's",
+    Device, kernels_layer_norm_bf16) {
+  // bf16 x and dy (the floats they hold: xw, dyw), read and written as bf16 by the kernels; the
+  // same kernels on float copies give the float results that the bf16 ones must round to, bit for
+  // bit (the same sums in the same order: the bf16 backward recomputes the forward's mean), and
+  // the double reference bounds both. Shapes as for float, and 12 (packs of 4, not of 8); offset
+  // 1 puts bf16 rows 4 bytes off their packs (streaming kernels, and the weight gradient's
+  // column tiles after a statistics pass).
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  host::Kernels<bf16> host16;
+  const std::size_t shapes[][2] = {{1, 1},     {3, 5},      {16, 16},    {9, 256},
+                                   {6, 12},    {7, 512},    {300, 1024}, {5, 2048},
+                                   {64, 4096}, {17, 12288}, {3, 40000},  {1000, 33}};
+  for (const auto& [rows, cols] : shapes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(offset);
+      const std::size_t n = rows * cols;
+      const auto x = to_bf16(random_floats(n, rows * 31 + cols, 2, 4));
+      const auto dy = to_bf16(random_floats(n, rows * 37 + cols));
+      const auto gamma = random_floats(cols, cols + 5, 0.5, 1.5),
+                 beta = random_floats(cols, cols + 6);
+      bf16* x16 = dev.put(x, offset);
+      bf16* dy16 = dev.put(dy, offset);
+      float* xw = dev.put(widened(x), offset);
+      float* dyw = dev.put(widened(dy), offset);
+      float* dgamma_in = dev.put(gamma, offset);
+      float* dbeta_in = dev.put(beta, offset);
+
+      std::vector<double> ref_y(n), ref_stats(2 * rows), ref_dx(n);
+      const auto ln_ref = gpipe::test::layer_kernels<gpipe::LayerNormOp>(kernel_reference);
+      ln_ref.forward(kernel_reference, rows, cols, 1e-5, wide(x).data(), wide(gamma).data(),
+                     wide(beta).data(), ref_y.data(), ref_stats.data());
+      ln_ref.backward_input(kernel_reference, rows, cols, wide(x).data(), wide(dy).data(),
+                            wide(gamma).data(), ref_stats.data(), ref_dx.data());
+      std::vector<bf16> host_y(n), host_stash(2 * rows), host_dx(n);
+      const auto ln_host = gpipe::test::layer_kernels<gpipe::LayerNormOp>(host16);
+      ln_host.forward(host16, rows, cols, 1e-5, x.data(), gamma.data(), beta.data(), host_y.data(),
+                      host_stash.data());
+      ln_host.backward_input(host16, rows, cols, x.data(), dy.data(), gamma.data(),
+                             host_stash.data(), host_dx.data());
+
+      bf16* stash = nullptr;  // the launchers' forward stash, for the weight gradient
+      for (const bool streaming : {false, true}) {
+        CAPTURE(streaming);
+        bf16* y16 = dev.put(bf16_nan(n), offset);
+        bf16* stash16 = dev.put(bf16_nan(2 * rows));
+        bf16* dx16 = dev.put(bf16_nan(n), offset);
+        float* y = dev.make(n, offset);
+        float* stats = dev.make(2 * rows);
+        float* dx = dev.make(n, offset);
+        dev.run([&](auto& k) {
+          auto& k16 = k.bf16_context();
+          if (streaming) {
+            cuda::layer_norm_forward_streaming(rows, cols, 1e-5, x16, dgamma_in, dbeta_in, y16,
+                                               stash16, k16.stream());
+            cuda::layer_norm_backward_input_streaming(rows, cols, x16, dy16, dgamma_in, stash16,
+                                                      dx16, k16.stream());
+            cuda::layer_norm_forward_streaming(rows, cols, 1e-5, xw, dgamma_in, dbeta_in, y, stats,
+                                               k.stream());
+            cuda::layer_norm_backward_input_streaming(rows, cols, xw, dyw, dgamma_in, stats, dx,
+                                                      k.stream());
+          } else {
+            const auto ln16 = gpipe::test::layer_kernels<gpipe::LayerNormOp>(k16);
+            ln16.forward(k16, rows, cols, 1e-5, x16, dgamma_in, dbeta_in, y16, stash16);
+            ln16.backward_input(k16, rows, cols, x16, dy16, dgamma_in, stash16, dx16);
+            const auto ln = gpipe::test::layer_kernels<gpipe::LayerNormOp>(k);
+            ln.forward(k, rows, cols, 1e-5, xw, dgamma_in, dbeta_in, y, stats);
+            ln.backward_input(k, rows, cols, xw, dyw, dgamma_in, stats, dx);
+          }
+        });
+        if (!streaming) stash = stash16;
+        const std::vector<bf16> got_y = dev.get(y16, n), got_dx = dev.get(dx16, n);
+        const std::vector<bf16> got_stash = dev.get(stash16, 2 * rows);
+        const std::vector<float> float_stats = dev.get(stats, 2 * rows);
+        // the float kernels' y and dx rounded once; the stash: their rstd's bits
+        CHECK(bits(got_y) == bits(to_bf16(dev.get(y, n))));
+        CHECK(bits(got_dx) == bits(to_bf16(dev.get(dx, n))));
+        std::vector<double> rstds, ref_rstds, host_rstds;
+        for (std::size_t r = 0; r < rows; ++r) {
+          const float rstd = std::bit_cast<float>(
+              static_cast<std::uint32_t>(got_stash[2 * r].bits) << 16 | got_stash[2 * r + 1].bits);
+          CHECK(std::bit_cast<std::uint32_t>(rstd) ==
+                std::bit_cast<std::uint32_t>(float_stats[2 * r + 1]));
+          rstds.push_back(rstd);
+          ref_rstds.push_back(ref_stats[2 * r + 1]);
+          host_rstds.push_back(
+              std::bit_cast<float>(static_cast<std::uint32_t>(host_stash[2 * r].bits) << 16 |
+                                   host_stash[2 * r + 1].bits));
+        }
+        // against the double reference: the float kernels' bounds (1e-5), then one rounding; the
+        // host's bf16 results are roundings of floats as close, so within two roundings
+        CHECK(bf16_error(got_y, ref_y, 1e-5) <= 1);
+        CHECK(bf16_error(got_dx, ref_dx, 1e-5) <= 1);
+        CHECK(relative_error(rstds, ref_rstds) < 1e-5);
+        CHECK(relative_error(rstds, host_rstds) < 1e-5);
+        CHECK(relative_error(wide(got_y), wide(host_y)) < 2 * bf16_u + 2e-5);
+        CHECK(relative_error(wide(got_dx), wide(host_dx)) < 2 * bf16_u + 2e-5);
+      }
+
+      // backward weight from the stash, accumulated in float: column sums of up to 1000 terms,
+      // < 1e-5 of the double reference's (which takes the exact statistics)
+      const auto g0 = random_floats(cols, 5), b0 = random_floats(cols, 6);
+      float* dgamma = dev.put(g0, offset);
+      float* dbeta = dev.put(b0, offset);
+      dev.run([&](auto& k) {
+        auto& k16 = k.bf16_context();
+        gpipe::test::layer_kernels<gpipe::LayerNormOp>(k16).backward_weight(
+            k16, rows, cols, x16, dy16, stash, dgamma, dbeta);
+      });
+      std::vector<double> ref_dgamma = wide(g0), ref_dbeta = wide(b0);
+      ln_ref.backward_weight(kernel_reference, rows, cols, wide(x).data(), wide(dy).data(),
+                             ref_stats.data(), ref_dgamma.data(), ref_dbeta.data());
+      CHECK(relative_error(wide(dev.get(dgamma, cols)), ref_dgamma) < 1e-5);
+      CHECK(relative_error(wide(dev.get(dbeta, cols)), ref_dbeta) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Device, kernels_loss) {
   using namespace gpipe;
   using namespace gpipe::test;
@@ -315,6 +479,89 @@ TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Devi
       CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_mse).epsilon(1e-5));
     }
   }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("bf16 softmax cross-entropy and MSE read and write bf16, in place or not",
+                          Device, kernels_loss_bf16) {
+  // bf16 logits (classes a multiple of 8: 16-byte packs; of 4 only, or odd, or offset 1: scalar
+  // loads); the gradient written beside the logits and over them (loss_in_place) must be the same
+  // bits, each element the float bound of the float kernels' test from the double reference,
+  // rounded once; the losses (float, never rounded to bf16) within 1e-5.
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using namespace gpipe::test::conformance;
+  Device dev;
+  host::Kernels<bf16> host16;
+  const std::size_t shapes[][2] = {{1, 1},     {10, 5},    {2, 4},     {7, 12},    {3, 1000},
+                                   {4096, 10}, {9, 32768}, {5, 50304}, {16, 50257}};
+  for (const auto& [rows, classes] : shapes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(classes);
+      CAPTURE(offset);
+      const std::size_t n = rows * classes;
+      const auto logits = to_bf16(random_floats(n, rows + classes, -8, 8));
+      std::vector<std::int32_t> targets(rows);
+      Rng rng(rows);
+      for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
+      const float scale = 1.0f / static_cast<float>(rows);
+      bf16* z = dev.put(logits, offset);
+      bf16* in_place = dev.put(logits, offset);
+      bf16* dz = dev.put(bf16_nan(n), offset);
+      std::int32_t* dtargets = dev.put(targets);
+      float* loss = dev.make(2);
+      dev.run([&](auto& k) {
+        auto& k16 = k.bf16_context();
+        k16.softmax_cross_entropy(rows, classes, z, dtargets, scale, dz, loss);
+        k16.softmax_cross_entropy(rows, classes, in_place, dtargets, scale, in_place, loss + 1);
+      });
+      std::vector<double> ref_d(n);
+      double ref_loss = 0;
+      kernel_reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(),
+                                             scale, ref_d.data(), &ref_loss);
+      std::vector<bf16> host_d(n);
+      float host_loss = 0;
+      host16.softmax_cross_entropy(rows, classes, logits.data(), targets.data(), scale,
+                                   host_d.data(), &host_loss);
+      const std::vector<bf16> got = dev.get(dz, n);
+      CHECK(bf16_error(got, ref_d, 5e-6) <= 1);
+      CHECK(bits(dev.get(in_place, n)) == bits(got));
+      CHECK(relative_error(wide(got), wide(host_d)) < 2 * bf16_u + 1e-5);
+      const std::vector<float> losses = dev.get(loss, 2);
+      CHECK(losses[0] == doctest::Approx(ref_loss).epsilon(1e-5));
+      CHECK(losses[1] == losses[0]);
+      CHECK(losses[0] == doctest::Approx(host_loss).epsilon(1e-5));
+
+      // MSE of the same bf16 values against float targets: dy within 1e-6, then rounded once
+      const auto target = random_floats(n, n + 3);
+      float* dtarget = dev.put(target, offset);
+      bf16* dy = dev.put(bf16_nan(n), offset);
+      bf16* y_in_place = dev.put(logits, offset);
+      dev.run([&](auto& k) {
+        auto& k16 = k.bf16_context();
+        k16.mse(n, z, dtarget, scale, dy, loss);
+        k16.mse(n, y_in_place, dtarget, scale, y_in_place, loss + 1);
+      });
+      double ref_mse = 0;
+      kernel_reference.mse(n, wide(logits).data(), wide(target).data(), scale, ref_d.data(),
+                           &ref_mse);
+      const std::vector<bf16> got_dy = dev.get(dy, n);
+      CHECK(bf16_error(got_dy, ref_d, 1e-6) <= 1);
+      CHECK(bits(dev.get(y_in_place, n)) == bits(got_dy));
+      const std::vector<float> mse_losses = dev.get(loss, 2);
+      CHECK(mse_losses[0] == doctest::Approx(ref_mse).epsilon(1e-5));
+      CHECK(mse_losses[1] == mse_losses[0]);
+    }
+  }
+  // no rows: a zero loss
+  float* loss = dev.put(std::vector<float>{7.0f, 7.0f});
+  dev.run([&](auto& k) {
+    auto& k16 = k.bf16_context();
+    k16.softmax_cross_entropy(0, 5, static_cast<const bf16*>(nullptr), nullptr, 1.0f, nullptr,
+                              loss);
+    k16.mse(0, static_cast<const bf16*>(nullptr), nullptr, 1.0f, nullptr, loss + 1);
+  });
+  CHECK(dev.get(loss, 2) == std::vector<float>{0.0f, 0.0f});
 }
 
 TEST_CASE_TEMPLATE_DEFINE("an empty loss is zero", Device, kernels_empty_loss) {

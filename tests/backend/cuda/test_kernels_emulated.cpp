@@ -37,17 +37,42 @@ namespace {
 
 namespace cu = gpipe::cuda;
 
-// The members of gpipe::cuda::Kernels that the conformance suite calls, forwarding to the same
-// launchers with the same scratch sizes; scratch is host memory here. The layers' kernels
-// (LayerKernels of ReLU, GELU and LayerNorm) follow, as the backend's layers/activation.cuh.
-class EmulatedKernels {
+// Fresh NaN-filled host scratch per call: a kernel that reads scratch it did not write sees NaN.
+class EmulatedScratch {
  public:
-  cudaStream_t stream() const { return nullptr; }  // the launchers' stream, as Kernels::stream()
-  // Fresh NaN-filled scratch per call: a kernel that reads scratch it did not write sees NaN.
   float* scratch(std::size_t floats) {
     scratch_.assign(floats, std::nanf(""));
     return floats == 0 ? nullptr : scratch_.data();
   }
+
+ private:
+  std::vector<float> scratch_;
+};
+
+// The members of gpipe::cuda::Bf16Kernels that the conformance suite calls, as that class
+// forwards them to the launchers.
+class EmulatedBf16Kernels : public EmulatedScratch {
+ public:
+  cudaStream_t stream() const { return nullptr; }
+  void softmax_cross_entropy(std::size_t rows, std::size_t classes, const gpipe::bf16* logits,
+                             const std::int32_t* targets, float grad_scale, gpipe::bf16* dlogits,
+                             float* loss_sum) {
+    cu::softmax_cross_entropy_forward(rows, classes, logits, targets, grad_scale, dlogits, loss_sum,
+                                      scratch(cu::softmax_cross_entropy_scratch(rows)), nullptr);
+  }
+  void mse(std::size_t n, const gpipe::bf16* y, const float* target, float grad_scale,
+           gpipe::bf16* dy, float* loss_sum) {
+    cu::mse_forward(n, y, target, grad_scale, dy, loss_sum, scratch(cu::mse_scratch()), nullptr);
+  }
+};
+
+// The members of gpipe::cuda::Kernels that the conformance suite calls, forwarding to the same
+// launchers with the same scratch sizes; scratch is host memory here. The layers' kernels
+// (LayerKernels of ReLU, GELU and LayerNorm) follow, as the backend's layers/activation.cuh.
+class EmulatedKernels : public EmulatedScratch {
+ public:
+  EmulatedBf16Kernels& bf16_context() { return bf16_; }
+  cudaStream_t stream() const { return nullptr; }  // the launchers' stream, as Kernels::stream()
   void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {
     cu::bias_add_forward(rows, cols, bias, y, nullptr);
   }
@@ -92,7 +117,7 @@ class EmulatedKernels {
   }
 
  private:
-  std::vector<float> scratch_;
+  EmulatedBf16Kernels bf16_;
 };
 
 }  // namespace
@@ -137,6 +162,28 @@ struct gpipe::LayerKernels<gpipe::LayerNormOp, EmulatedKernels> {
   }
 };
 
+// LayerNorm's kernels on bf16, as the backend's (one template for both types there).
+template <>
+struct gpipe::LayerKernels<gpipe::LayerNormOp, EmulatedBf16Kernels> {
+  using bf16 = gpipe::bf16;
+  static void forward(EmulatedBf16Kernels& k, std::size_t rows, std::size_t cols, double eps,
+                      const bf16* x, const float* gamma, const float* beta, bf16* y, bf16* stats) {
+    cu::layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, k.stream());
+  }
+  static void backward_input(EmulatedBf16Kernels& k, std::size_t rows, std::size_t cols,
+                             const bf16* x, const bf16* dy, const float* gamma, const bf16* stats,
+                             bf16* dx) {
+    cu::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, k.stream());
+  }
+  static void backward_weight(EmulatedBf16Kernels& k, std::size_t rows, std::size_t cols,
+                              const bf16* x, const bf16* dy, const bf16* stats, float* dgamma,
+                              float* dbeta) {
+    cu::layer_norm_backward_weight(
+        rows, cols, x, dy, stats, dgamma, dbeta,
+        k.scratch(cu::layer_norm_backward_weight_scratch<bf16>(rows, cols)), k.stream());
+  }
+};
+
 namespace {
 
 class EmulatedDevice {
@@ -173,7 +220,9 @@ class EmulatedDevice {
 TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_bias, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm_bf16, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_loss_bf16, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_optimizers, EmulatedDevice);
 
@@ -202,8 +251,8 @@ TEST_CASE("a resident LayerNorm kernel given fewer blocks than rows covers every
     layout.dispatch([&](auto packs, auto whole_block) {
       constexpr int p = decltype(packs)::value;
       constexpr bool b = decltype(whole_block)::value;
-      constexpr auto forward = &cu::layer_norm_forward_resident_kernel<p, b>;
-      constexpr auto backward = &cu::layer_norm_backward_input_resident_kernel<p, b>;
+      constexpr auto forward = &cu::layer_norm_forward_resident_kernel<p, b, float>;
+      constexpr auto backward = &cu::layer_norm_backward_input_resident_kernel<p, b, float>;
       GPIPE_CUDA_LAUNCH(forward, 3, layout.block(), nullptr)
       (rows, cols, 1e-5f, x, gamma, beta, y3, stats3);
       GPIPE_CUDA_LAUNCH(backward, 3, layout.block(), nullptr)

@@ -126,7 +126,7 @@ struct DeviceState {
   cudaEvent_t done = nullptr;   // copy stream -> compute
   float* scratch = nullptr;     // kernel scratch (column-sum partials, per-row losses), uncounted
   std::size_t scratch_floats = 0;
-  float* wide = nullptr;  // the bf16 context's widened operands (gpipe::MixedBf16), uncounted
+  float* wide = nullptr;  // the bf16 context's floats to and from the host, uncounted
   std::size_t wide_floats = 0;
   float* cast = nullptr;  // the bf16 context's GEMM operands rounded to bf16, uncounted
   std::size_t cast_floats = 0;

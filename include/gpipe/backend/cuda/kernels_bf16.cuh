@@ -8,16 +8,15 @@
 // to nearest even on store (kernels/common.cuh: the host's bits). GEMMs multiply bf16 operands
 // with float accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F: the tensor cores). Layers pass
 // weights as the bf16 copy the runtime rounds once per step (ForwardArgs::compute_params); a float
-// operand is rounded into the context's cast scratch at each use. Elementwise ops, bias, the
-// embedding and the attention core run as bf16 kernels; LayerNorm and the losses widen their
-// operands into the context's float scratch (wide()), run the float kernels and round their
-// results, as the host's bf16 context does.
+// operand is rounded into the context's cast scratch at each use. Every other op (elementwise
+// ops, bias, LayerNorm, the embedding, the attention core, the losses) is one kernel templated on
+// the storage type that reads and writes bf16 directly: no float copy of an activation is made
+// (only host uploads and downloads of floats pass through the float scratch wide()).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels_bf16.cuh is CUDA code: compile it with nvcc"
 #endif
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -51,13 +50,13 @@ class KernelContext<bf16> {
   cudaStream_t stream() const { return s_->compute; }
   /// The device's cuBLAS handle.
   cublasHandle_t blas() const { return s_->blas; }
-  /// The device's float context (for float kernels on widened operands).
+  /// The device's float context (its float kernels, on float arrays).
   KernelContext<float>& fp32() { return fp32_; }
   /// The float context's scratch (KernelContext<float>::scratch).
   float* scratch(std::size_t floats) { return fp32_.scratch(floats); }
-  /// `floats` of this context's own float scratch, for widened operands: valid for work enqueued
-  /// on the compute stream until the next call; apart from scratch(), so that a float kernel run
-  /// on widened operands may use that. Not counted in memory_stats.
+  /// `floats` of this context's own float scratch, for floats on their way between the host and
+  /// bf16 device arrays (upload, download): valid for work enqueued on the compute stream until
+  /// the next call; apart from scratch(). Not counted in memory_stats.
   float* wide(std::size_t floats) {
     return detail::grow_scratch(*s_, s_->wide, s_->wide_floats, floats);
   }
@@ -151,38 +150,20 @@ class KernelContext<bf16> {
     fp32_.download(n, w, host_dst);
   }
 
-  /// The float context's softmax_cross_entropy on the logits widened to float, in blocks of
-  /// rows of at most ce_block_elements logits (a GPT-2 head's 2048 x 50304 logits would need
-  /// 800 MB of float scratch at once): loss_sum[0] (float, device memory) = the sum of the
-  /// blocks' summed losses, dlogits rounded to bf16.
+  /// loss_sum[0] (float, device memory) = the summed loss, dlogits = grad_scale (softmax -
+  /// onehot) rounded to bf16, dlogits may be logits: one kernel pass per row of bf16 logits, float
+  /// math (cuda::softmax_cross_entropy_forward), the rows' losses summed in a fixed order.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const bf16* logits,
                              const std::int32_t* targets, float grad_scale, bf16* dlogits,
                              float* loss_sum) {
-    if (rows == 0 || classes == 0) return fill(1, 0.0f, loss_sum);
-    const std::size_t block_rows = std::max<std::size_t>(1, ce_block_elements / classes);
-    const std::size_t blocks = (rows + block_rows - 1) / block_rows;
-    const std::size_t n = padded(std::min(rows, block_rows) * classes);
-    float* w = wide(2 * n + blocks);
-    float* block_losses = w + 2 * n;
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const std::size_t first = b * block_rows, count = std::min(block_rows, rows - first);
-      convert(count * classes, logits + first * classes, w);
-      fp32_.softmax_cross_entropy(count, classes, w, targets + first, grad_scale, w + n,
-                                  block_losses + b);
-      convert(count * classes, w + n, dlogits + first * classes);
-    }
-    cuda::sum(blocks, block_losses, loss_sum, s_->compute);
+    softmax_cross_entropy_forward(rows, classes, logits, targets, grad_scale, dlogits, loss_sum,
+                                  scratch(softmax_cross_entropy_scratch(rows)), s_->compute);
   }
-  /// Logits per block of softmax_cross_entropy's widening: 64 MB of floats per operand by
-  /// default (a block holds at least one row).
-  std::size_t ce_block_elements = std::size_t{16} << 20;
-  /// loss_sum[0] = sum (y - target)^2 (float), dy = grad_scale 2 (y - target) rounded to bf16.
+  /// loss_sum[0] = sum (y - target)^2 (float), dy = grad_scale 2 (y - target) rounded to bf16
+  /// (dy may be y), in one pass over the bf16 y.
   void mse(std::size_t n, const bf16* y, const float* target, float grad_scale, bf16* dy,
            float* loss_sum) {
-    float* w = wide(2 * padded(n));
-    convert(n, y, w);
-    fp32_.mse(n, w, target, grad_scale, w + padded(n), loss_sum);
-    convert(n, w + padded(n), dy);
+    mse_forward(n, y, target, grad_scale, dy, loss_sum, scratch(mse_scratch()), s_->compute);
   }
   /// torch.optim.SGD's step on the float master arrays (KernelContext<float>::sgd_update).
   void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,

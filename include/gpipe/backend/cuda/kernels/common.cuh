@@ -108,6 +108,31 @@ __host__ __device__ __forceinline__ T narrow(float f) {
     return r;
   }
 }
+// A V-wide pack of T at p (aligned for Pack<T, V>), widened to float.
+template <int V, class T>
+__device__ __forceinline__ Pack<float, V> load_widened(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return load_pack<V>(p);
+  } else {
+    const Pack<T, V> v = load_pack<V>(p);
+    Pack<float, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = widen(v.v[j]);
+    return out;
+  }
+}
+// p[0, V) = v stored as T (each element rounded once for bf16); p aligned for Pack<T, V>.
+template <int V, class T>
+__device__ __forceinline__ void store_narrowed(T* p, const Pack<float, V>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    store_pack<V>(p, v);
+  } else {
+    Pack<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = narrow<T>(v.v[j]);
+    store_pack<V>(p, out);
+  }
+}
 
 // y[i] = f(in_0[i], in_1[i], ...) for i < n, V elements per load, f on the inputs widened to
 // float and its result stored as Y (float or bf16). y may alias an input: each pack is read whole

@@ -1,15 +1,23 @@
 #pragma once
 // LayerNorm over the last dimension, affine, as torch.nn.LayerNorm (biased variance, eps inside
-// the square root): y = (x - mean) * rstd * gamma + beta. Row statistics are kept as
-// stats(rows, 2) = (mean, rstd) for the backward kernels. Host reference:
-// gpipe/backend/host/kernels/layer_norm.hpp (which computes in double; these kernels in float).
+// the square root): y = (x - mean) * rstd * gamma + beta. x, y, dy and dx are stored as T (float,
+// or gpipe::bf16 under gpipe::MixedBf16: widened on load, float math, rounded once on store);
+// gamma, beta and their gradients are float. Host reference: gpipe/backend/host/kernels/
+// layer_norm.hpp (which computes in double; these kernels in float).
+//
+// Row statistics are kept for the backward kernels as stats(rows, 2) of T: float rows hold
+// (mean, rstd); a bf16 row's two slots hold rstd's 32 bits, high half first, and the backward
+// kernels recompute the mean from x in the forward's order (so the same float, where they hold
+// the row as the forward did: both resident or both streaming).
 //
 // Forward and backward_input need a row twice: for its sums, then for the output. Rows of up to
-// 16384 floats (in 16-byte packs) stay in registers in between ("resident" kernels: a warp per
-// row up to 1024 floats, a block per row beyond), so each input is read from memory once. Wider
-// or unaligned rows take the "streaming" kernels, which give each row to a warp and read it a
-// second time, from L1/L2 where it is still there. The weight gradients are column sums (see
-// bias.cuh).
+// 16384 elements (in packs of 4) stay in registers in between ("resident" kernels: a warp per
+// row up to 1024, a block per row beyond), so each input is read from memory once. Wider or
+// unaligned rows take the "streaming" kernels, which give each row to a warp and read it a
+// second time, from L1/L2 where it is still there. The weight gradients are column sums: of
+// float rows in column tiles (see bias.cuh); of bf16 rows by the resident layout, each row group
+// summing its rows' columns in registers (the mean recomputed from the row it holds), then the
+// groups' sums in order.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/layer_norm.cuh is CUDA code: compile it with nvcc"
@@ -19,6 +27,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 
@@ -29,16 +38,18 @@
 namespace gpipe::cuda {
 
 namespace detail {
-// Launch records of LayerNorm's row kernels over (rows, cols) of float: `arrays` (rows, cols)
-// arrays read, one written, gamma (and beta) read, stats (rows, 2) read or written.
-inline void record_layer_norm(std::string_view kernel, std::size_t rows, std::size_t cols,
-                              double flops_per, int arrays_read, int params_read, bool stats_read,
-                              cudaStream_t stream) {
+// The launch record of a LayerNorm row kernel over (rows, cols) of T: `arrays` (rows, cols)
+// arrays read and one written, `params` of gamma and beta read, the stats (rows, 2) of T read or
+// (forward) written.
+template <class T>
+void record_layer_norm(std::string_view kernel, std::size_t rows, std::size_t cols,
+                       double flops_per, int arrays, int params, bool forward,
+                       cudaStream_t stream) {
   const std::size_t n = rows * cols;
+  const double stats = bytes_of<T>(2 * rows);
   record_kernel(kernel, {rows, cols, 0}, flops_per * static_cast<double>(n),
-                arrays_read * bytes_of<float>(n) + params_read * bytes_of<float>(cols) +
-                    (stats_read ? bytes_of<float>(2 * rows) : 0.0),
-                bytes_of<float>(n) + (stats_read ? 0.0 : bytes_of<float>(2 * rows)), stream);
+                arrays * bytes_of<T>(n) + params * bytes_of<float>(cols) + (forward ? 0 : stats),
+                bytes_of<T>(n) + (forward ? stats : 0), stream);
 }
 }  // namespace detail
 
@@ -50,14 +61,14 @@ inline dim3 row_grid(std::size_t rows) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
 }
 
-// The most threads that hold one row in a resident kernel, and the most 4-float packs each
-// holds: 512 x 8 x 4 = 16384 floats. (A 1024-thread block could hold no more than 64 registers
+// The most threads that hold one row in a resident kernel, and the most 4-element packs each
+// holds: 512 x 8 x 4 = 16384 elements. (A 1024-thread block could hold no more than 64 registers
 // per thread, too few for backward's 2 x 8 packs.)
 inline constexpr unsigned max_row_threads = 512;
 inline constexpr int max_row_packs = 8;
 
-// How a resident kernel holds a row of `cols` floats (cols a multiple of 4): a group of
-// `threads` threads, each with `packs` 4-float packs, thread t those at pack t, t + threads, ...
+// How a resident kernel holds a row of `cols` elements (cols a multiple of 4): a group of
+// `threads` threads, each with `packs` 4-element packs, thread t those at pack t, t + threads, ...
 // The group is a warp (rows_per_block rows per block) where 32 threads suffice, else a whole
 // block; `threads` is 0 where the row is too wide for registers.
 struct RowLayout {
@@ -75,9 +86,11 @@ struct RowLayout {
   }
   bool whole_block() const { return threads > 32; }
   dim3 block() const { return dim3(whole_block() ? threads : 32 * rows_per_block); }
+  // Rows per block: one group's or rows_per_block warps'.
+  std::size_t rows_per_block_of() const { return whole_block() ? 1 : rows_per_block; }
   // Blocks: one row each (or rows_per_block), capped; the kernels loop over the rest.
   dim3 grid(std::size_t rows) const {
-    const std::size_t per_block = whole_block() ? 1 : rows_per_block;
+    const std::size_t per_block = rows_per_block_of();
     return dim3(static_cast<unsigned>(
         std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, std::size_t{1} << 20)));
   }
@@ -116,12 +129,13 @@ struct RowGroup {
   __device__ static std::size_t row_stride() {
     return WholeBlock ? gridDim.x : static_cast<std::size_t>(gridDim.x) * rows_per_block;
   }
-  // v[p] = this thread's p-th pack of `row`, zeros past its row_packs packs (they add 0 to sums).
-  template <int Packs>
-  __device__ static void load(Pack<float, 4> (&v)[Packs], const float* row, std::size_t row_packs) {
+  // v[p] = this thread's p-th pack of `row` widened, zeros past its row_packs packs (they add 0
+  // to sums).
+  template <int Packs, class T>
+  __device__ static void load(Pack<float, 4> (&v)[Packs], const T* row, std::size_t row_packs) {
 #pragma unroll
     for (int p = 0; p < Packs; ++p)
-      v[p] = pack(p) < row_packs ? load_pack<4>(row + 4 * pack(p)) : Pack<float, 4>{};
+      v[p] = pack(p) < row_packs ? load_widened<4>(row + 4 * pack(p)) : Pack<float, 4>{};
   }
   // Sum over the group; every thread gets it.
   __device__ static float sum(float v) {
@@ -132,17 +146,77 @@ struct RowGroup {
       return warp_sum(v);
     }
   }
+  // The mean of the row of n elements that the group holds in v (load()'s packs): every resident
+  // kernel's, so that a backward kernel recomputes the forward's bits.
+  template <int Packs>
+  __device__ static float mean(const Pack<float, 4> (&v)[Packs], float n) {
+    float s = 0;
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s += v[p].v[j];
+    }
+    return sum(s) / n;
+  }
 };
+
+// A row's statistics in stats(rows, 2) of T (see the top of this file): float (mean, rstd); bf16
+// rstd's bits, high half first, the mean left to the backward kernels.
+template <class T>
+inline constexpr bool stats_hold_mean = std::is_same_v<T, float>;
+__device__ __forceinline__ void store_stats(float* stats, std::size_t row, float mean, float rstd) {
+  stats[2 * row] = mean;
+  stats[2 * row + 1] = rstd;
+}
+__device__ __forceinline__ void store_stats(bf16* stats, std::size_t row, float, float rstd) {
+  const std::uint32_t bits = bits_of_float(rstd);
+  stats[2 * row].bits = static_cast<std::uint16_t>(bits >> 16);
+  stats[2 * row + 1].bits = static_cast<std::uint16_t>(bits & 0xffffu);
+}
+__device__ __forceinline__ float stored_rstd(const float* stats, std::size_t row) {
+  return stats[2 * row + 1];
+}
+__device__ __forceinline__ float stored_rstd(const bf16* stats, std::size_t row) {
+  return float_of_bits(static_cast<std::uint32_t>(stats[2 * row].bits) << 16 |
+                       stats[2 * row + 1].bits);
+}
+
+// A lane's sums of d = x - shift and of d^2 over its elements of the row xr (cols): V per load,
+// from element lane V on, 32 V apart. The streaming kernels' statistics: the variance from
+// shifted data keeps the cancellation of E[x^2] - E[x]^2 small when |mean| >> std.
+struct ShiftedSums {
+  float sum = 0, sum_sq = 0;
+};
+template <int V, class T>
+__device__ __forceinline__ ShiftedSums shifted_sums(const T* xr, std::size_t cols, unsigned lane,
+                                                    float shift) {
+  ShiftedSums s;
+  for (std::size_t c = lane * V; c < cols; c += 32 * V) {
+    const Pack<float, V> v = load_widened<V>(xr + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = v.v[j] - shift;
+      s.sum += d;
+      s.sum_sq += d * d;
+    }
+  }
+  return s;
+}
+// The streaming kernels' mean of the row xr (cols), which a warp holds: every lane gets it.
+template <int V, class T>
+__device__ __forceinline__ float streaming_mean(const T* xr, std::size_t cols, unsigned lane) {
+  const float shift = widen(xr[0]);
+  return shift + warp_sum(shifted_sums<V>(xr, cols, lane, shift).sum) / static_cast<float>(cols);
+}
 
 }  // namespace detail
 
 /// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
 /// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
-template <int Packs, bool WholeBlock>
+template <int Packs, bool WholeBlock, class T>
 __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
-    layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps,
-                                       const float* x, const float* gamma, const float* beta,
-                                       float* y, float* stats) {
+    layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps, const T* x,
+                                       const float* gamma, const float* beta, T* y, T* stats) {
   using Group = detail::RowGroup<WholeBlock>;
   using P4 = detail::Pack<float, 4>;
   const std::size_t row_packs = cols / 4;
@@ -150,13 +224,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     P4 v[Packs];
     Group::load(v, x + row * cols, row_packs);
-    float sum = 0;
-#pragma unroll
-    for (int p = 0; p < Packs; ++p) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sum += v[p].v[j];
-    }
-    const float mean = Group::sum(sum) / n;
+    const float mean = Group::mean(v, n);
     float sum_sq = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
@@ -173,43 +241,30 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
       P4 out;
 #pragma unroll
       for (int j = 0; j < 4; ++j) out.v[j] = (v[p].v[j] - mean) * rstd * g.v[j] + b.v[j];
-      detail::store_pack<4>(y + row * cols + 4 * q, out);
+      detail::store_narrowed<4>(y + row * cols + 4 * q, out);
     }
-    if (Group::rank() == 0) {
-      stats[2 * row] = mean;
-      stats[2 * row + 1] = rstd;
-    }
+    if (Group::rank() == 0) detail::store_stats(stats, row, mean, rstd);
   }
 }
 
-/// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment. The
-/// variance comes from sums of x - x[0] (shifted data), which keeps the cancellation of
-/// E[x^2] - E[x]^2 small when |mean| >> std.
-template <int V>
+/// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment: the
+/// statistics from detail::shifted_sums.
+template <int V, class T>
 __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_t cols, float eps,
-                                                    const float* x, const float* gamma,
-                                                    const float* beta, float* y, float* stats) {
+                                                    const T* x, const float* gamma,
+                                                    const float* beta, T* y, T* stats) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp leaves together
-  const float* xr = x + row * cols;
+  const T* xr = x + row * cols;
 
-  const float shift = xr[0];
-  float sum = 0, sum_sq = 0;
-  for (std::size_t c = lane * V; c < cols; c += 32 * V) {
-    const detail::Pack<float, V> v = detail::load_pack<V>(xr + c);
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float d = v.v[j] - shift;
-      sum += d;
-      sum_sq += d * d;
-    }
-  }
-  sum = detail::warp_sum(sum);
-  sum_sq = detail::warp_sum(sum_sq);
+  const float shift = detail::widen(xr[0]);
+  const detail::ShiftedSums s = detail::shifted_sums<V>(xr, cols, lane, shift);
+  const float sum = detail::warp_sum(s.sum);
+  const float sum_sq = detail::warp_sum(s.sum_sq);
   const float n = static_cast<float>(cols);
-  const float shifted_mean = sum / n;
+  const float shifted_mean = sum / n;  // as detail::streaming_mean: shift + sum / n
   const float var = fmaxf(sum_sq / n - shifted_mean * shifted_mean, 0.0f);
   const float mean = shift + shifted_mean;
   const float rstd = 1.0f / sqrtf(var + eps);
@@ -217,46 +272,45 @@ __global__ void layer_norm_forward_streaming_kernel(std::size_t rows, std::size_
   detail::map_strided<V>(
       cols, lane, 32, [=](float v, float g, float b) { return (v - mean) * rstd * g + b; },
       y + row * cols, xr, gamma, beta);
-  if (lane == 0) {
-    stats[2 * row] = mean;
-    stats[2 * row + 1] = rstd;
-  }
+  if (lane == 0) detail::store_stats(stats, row, mean, rstd);
 }
 /// The streaming kernels alone (layer_norm_forward uses them where rows do not fit registers);
 /// public so that the benchmark can show what the resident kernels save.
-inline void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, double eps,
-                                         const float* x, const float* gamma, const float* beta,
-                                         float* y, float* stats, cudaStream_t stream) {
+template <class T>
+void layer_norm_forward_streaming(std::size_t rows, std::size_t cols, double eps, const T* x,
+                                  const float* gamma, const float* beta, T* y, T* stats,
+                                  cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  detail::record_layer_norm("layer_norm_forward_streaming_kernel", rows, cols, 8, 1, 2, false,
-                            stream);
+  detail::record_layer_norm<T>("layer_norm_forward_streaming_kernel", rows, cols, 8, 1, 2, true,
+                               stream);
   const auto e = static_cast<float>(eps);
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
+  constexpr auto packed = &layer_norm_forward_streaming_kernel<4, T>;
+  constexpr auto scalar = &layer_norm_forward_streaming_kernel<1, T>;
   if (cols % 4 == 0 && detail::aligned<4>(x, gamma, beta, y)) {
-    GPIPE_CUDA_LAUNCH(layer_norm_forward_streaming_kernel<4>, grid, block, stream)
-    (rows, cols, e, x, gamma, beta, y, stats);
+    GPIPE_CUDA_LAUNCH(packed, grid, block, stream)(rows, cols, e, x, gamma, beta, y, stats);
   } else {
-    GPIPE_CUDA_LAUNCH(layer_norm_forward_streaming_kernel<1>, grid, block, stream)
-    (rows, cols, e, x, gamma, beta, y, stats);
+    GPIPE_CUDA_LAUNCH(scalar, grid, block, stream)(rows, cols, e, x, gamma, beta, y, stats);
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_streaming_kernel");
 }
-/// x (rows, cols) -> y (rows, cols), stats (rows, 2) = (mean, rstd), gamma and beta (cols), on
-/// `stream`: the resident kernels where a row fits in registers (cols % 4 == 0, at most 16384,
-/// pointers 16-byte aligned), else the streaming one.
-inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const float* x,
-                               const float* gamma, const float* beta, float* y, float* stats,
-                               cudaStream_t stream) {
+/// x (rows, cols) -> y (rows, cols), stats (rows, 2) (see the top of this file), gamma and beta
+/// (cols), on `stream`: the resident kernels where a row fits in registers (cols % 4 == 0, at
+/// most 16384, pointers aligned for 4-element packs), else the streaming one.
+template <class T>
+void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
+                        const float* gamma, const float* beta, T* y, T* stats,
+                        cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::RowLayout layout(cols);
   if (layout.threads == 0 || !detail::aligned<4>(x, gamma, beta, y)) {
     return layer_norm_forward_streaming(rows, cols, eps, x, gamma, beta, y, stats, stream);
   }
-  detail::record_layer_norm("layer_norm_forward_resident_kernel", rows, cols, 8, 1, 2, false,
-                            stream);
+  detail::record_layer_norm<T>("layer_norm_forward_resident_kernel", rows, cols, 8, 1, 2, true,
+                               stream);
   layout.dispatch([&](auto packs, auto whole_block) {
-    constexpr auto kernel =
-        &layer_norm_forward_resident_kernel<decltype(packs)::value, decltype(whole_block)::value>;
+    constexpr auto kernel = &layer_norm_forward_resident_kernel<decltype(packs)::value,
+                                                                decltype(whole_block)::value, T>;
     GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
     (rows, cols, static_cast<float>(eps), x, gamma, beta, y, stats);
   });
@@ -266,20 +320,26 @@ inline void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, c
 /// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
 /// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
 /// held in registers (Packs packs each per thread, see RowLayout).
-template <int Packs, bool WholeBlock>
+template <int Packs, bool WholeBlock, class T>
 __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
-    layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const float* x,
-                                              const float* dy, const float* gamma,
-                                              const float* stats, float* dx) {
+    layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const T* x,
+                                              const T* dy, const float* gamma, const T* stats,
+                                              T* dx) {
   using Group = detail::RowGroup<WholeBlock>;
   using P4 = detail::Pack<float, 4>;
   const std::size_t row_packs = cols / 4;
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
-    const float mean = stats[2 * row], rstd = stats[2 * row + 1];
     P4 xv[Packs], gv[Packs];
     Group::load(xv, x + row * cols, row_packs);
     Group::load(gv, dy + row * cols, row_packs);
+    const float rstd = detail::stored_rstd(stats, row);
+    float mean;
+    if constexpr (detail::stats_hold_mean<T>) {
+      mean = stats[2 * row];
+    } else {
+      mean = Group::mean(xv, n);
+    }
     float sum_g = 0, sum_gx = 0;
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
@@ -305,30 +365,36 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
         const float xhat = (xv[p].v[j] - mean) * rstd;
         out.v[j] = rstd * (gv[p].v[j] - mean_g - xhat * mean_gx);
       }
-      detail::store_pack<4>(dx + row * cols + 4 * q, out);
+      detail::store_narrowed<4>(dx + row * cols + 4 * q, out);
     }
   }
 }
 
 /// The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
 /// x, dy, dx (rows, cols); gamma (cols); stats (rows, 2)
-template <int V>
+template <int V, class T>
 __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std::size_t cols,
-                                                           const float* x, const float* dy,
-                                                           const float* gamma, const float* stats,
-                                                           float* dx) {
+                                                           const T* x, const T* dy,
+                                                           const float* gamma, const T* stats,
+                                                           T* dx) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const float* xr = x + row * cols;
-  const float* dyr = dy + row * cols;
-  const float mean = stats[2 * row], rstd = stats[2 * row + 1];
+  const T* xr = x + row * cols;
+  const T* dyr = dy + row * cols;
+  const float rstd = detail::stored_rstd(stats, row);
+  float mean;
+  if constexpr (detail::stats_hold_mean<T>) {
+    mean = stats[2 * row];
+  } else {
+    mean = detail::streaming_mean<V>(xr, cols, lane);
+  }
 
   float sum_g = 0, sum_gx = 0;
   for (std::size_t c = lane * V; c < cols; c += 32 * V) {
-    const detail::Pack<float, V> xv = detail::load_pack<V>(xr + c);
-    const detail::Pack<float, V> dv = detail::load_pack<V>(dyr + c);
+    const detail::Pack<float, V> xv = detail::load_widened<V>(xr + c);
+    const detail::Pack<float, V> dv = detail::load_widened<V>(dyr + c);
     const detail::Pack<float, V> gv = detail::load_pack<V>(gamma + c);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -353,52 +419,53 @@ __global__ void layer_norm_backward_input_streaming_kernel(std::size_t rows, std
 }
 /// The streaming backward_input kernels alone (layer_norm_backward_input uses them where rows do
 /// not fit registers); public so that the benchmark can show what the resident kernels save.
-inline void layer_norm_backward_input_streaming(std::size_t rows, std::size_t cols, const float* x,
-                                                const float* dy, const float* gamma,
-                                                const float* stats, float* dx,
-                                                cudaStream_t stream) {
+template <class T>
+void layer_norm_backward_input_streaming(std::size_t rows, std::size_t cols, const T* x,
+                                         const T* dy, const float* gamma, const T* stats, T* dx,
+                                         cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  detail::record_layer_norm("layer_norm_backward_input_streaming_kernel", rows, cols, 12, 2, 1,
-                            true, stream);
+  detail::record_layer_norm<T>("layer_norm_backward_input_streaming_kernel", rows, cols, 12, 2, 1,
+                               false, stream);
   const dim3 grid = detail::row_grid(rows), block(32 * detail::rows_per_block);
+  constexpr auto packed = &layer_norm_backward_input_streaming_kernel<4, T>;
+  constexpr auto scalar = &layer_norm_backward_input_streaming_kernel<1, T>;
   if (cols % 4 == 0 && detail::aligned<4>(x, dy, gamma, dx)) {
-    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_streaming_kernel<4>, grid, block, stream)
-    (rows, cols, x, dy, gamma, stats, dx);
+    GPIPE_CUDA_LAUNCH(packed, grid, block, stream)(rows, cols, x, dy, gamma, stats, dx);
   } else {
-    GPIPE_CUDA_LAUNCH(layer_norm_backward_input_streaming_kernel<1>, grid, block, stream)
-    (rows, cols, x, dy, gamma, stats, dx);
+    GPIPE_CUDA_LAUNCH(scalar, grid, block, stream)(rows, cols, x, dy, gamma, stats, dx);
   }
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_streaming_kernel");
 }
 /// dx (rows, cols), overwritten, from x, dy (rows, cols), gamma (cols) and the forward's stats
 /// (rows, 2), on `stream`; resident or streaming kernels as for layer_norm_forward.
-inline void layer_norm_backward_input(std::size_t rows, std::size_t cols, const float* x,
-                                      const float* dy, const float* gamma, const float* stats,
-                                      float* dx, cudaStream_t stream) {
+template <class T>
+void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
+                               const float* gamma, const T* stats, T* dx, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::RowLayout layout(cols);
   if (layout.threads == 0 || !detail::aligned<4>(x, dy, gamma, dx)) {
     return layer_norm_backward_input_streaming(rows, cols, x, dy, gamma, stats, dx, stream);
   }
-  detail::record_layer_norm("layer_norm_backward_input_resident_kernel", rows, cols, 12, 2, 1, true,
-                            stream);
+  detail::record_layer_norm<T>("layer_norm_backward_input_resident_kernel", rows, cols, 12, 2, 1,
+                               false, stream);
   layout.dispatch([&](auto packs, auto whole_block) {
     constexpr auto kernel =
         &layer_norm_backward_input_resident_kernel<decltype(packs)::value,
-                                                   decltype(whole_block)::value>;
+                                                   decltype(whole_block)::value, T>;
     GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
     (rows, cols, x, dy, gamma, stats, dx);
   });
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
 }
 
-/// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy; partial is
-/// (2, chunks, cols) when there is more than one chunk (see bias.cuh).
-template <int Unroll>
+/// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy over column tiles,
+/// from float statistics (mean, rstd); partial is (2, chunks, cols) when there is more than one
+/// chunk (see bias.cuh).
+template <int Unroll, class T>
 __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t cols,
-                                                  std::size_t rows_per_chunk, const float* x,
-                                                  const float* dy, const float* stats,
-                                                  float* dgamma, float* dbeta, float* partial) {
+                                                  std::size_t rows_per_chunk, const T* x,
+                                                  const T* dy, const float* stats, float* dgamma,
+                                                  float* dbeta, float* partial) {
   __shared__ float buf[detail::column_lanes][detail::column_tile + 1];
   const std::size_t c = static_cast<std::size_t>(blockIdx.x) * detail::column_tile + threadIdx.x;
   const std::size_t begin = blockIdx.y * rows_per_chunk;
@@ -411,8 +478,8 @@ __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t 
 #pragma unroll
       for (int u = 0; u < Unroll; ++u) {
         const std::size_t ru = r + u * detail::column_lanes;
-        xv[u] = x[ru * cols + c];
-        dv[u] = dy[ru * cols + c];
+        xv[u] = detail::widen(x[ru * cols + c]);
+        dv[u] = detail::widen(dy[ru * cols + c]);
         mean[u] = stats[2 * ru];
         rstd[u] = stats[2 * ru + 1];
       }
@@ -423,8 +490,8 @@ __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t 
       }
     }
     for (; r < end; r += detail::column_lanes) {
-      const float d = dy[r * cols + c];
-      sum_gamma += d * ((x[r * cols + c] - stats[2 * r]) * stats[2 * r + 1]);
+      const float d = detail::widen(dy[r * cols + c]);
+      sum_gamma += d * ((detail::widen(x[r * cols + c]) - stats[2 * r]) * stats[2 * r + 1]);
       sum_beta += d;
     }
   }
@@ -436,29 +503,220 @@ __global__ void layer_norm_backward_weight_kernel(std::size_t rows, std::size_t 
                          gridDim.y == 1 ? nullptr : partial + gridDim.y * cols);
   }
 }
-/// Floats of scratch that layer_norm_backward_weight needs for (rows, cols).
-inline std::size_t layer_norm_backward_weight_scratch(std::size_t rows, std::size_t cols) {
-  return 2 * detail::ColumnSplit(rows, cols).scratch(cols);
+
+namespace detail {
+
+// The column sums of the row groups of a block (layer_norm_backward_weight_resident_kernel's,
+// each thread's for its packs as RowLayout places them), in group order: added to dgamma and
+// dbeta (cols) where the grid is one block, else written to row blockIdx.x of partial(2,
+// gridDim.x, cols)'s two halves. All threads of the block call it.
+template <int Packs, bool WholeBlock>
+__device__ void store_block_sums(const Pack<float, 4> (&sum_gamma)[Packs],
+                                 const Pack<float, 4> (&sum_beta)[Packs], std::size_t cols,
+                                 float* dgamma, float* dbeta, float* partial) {
+  using Group = RowGroup<WholeBlock>;
+  const bool one_block = gridDim.x == 1;
+  float* out_gamma = one_block ? dgamma : partial + blockIdx.x * cols;
+  float* out_beta = one_block ? dbeta : partial + (gridDim.x + blockIdx.x) * cols;
+  const auto put = [&](float* out, std::size_t c, float v) { out[c] = one_block ? out[c] + v : v; };
+  const std::size_t row_packs = cols / 4;
+  if constexpr (WholeBlock) {  // one group: its own columns
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      if (Group::pack(p) >= row_packs) break;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        put(out_gamma, 4 * Group::pack(p) + j, sum_gamma[p].v[j]);
+        put(out_beta, 4 * Group::pack(p) + j, sum_beta[p].v[j]);
+      }
+    }
+  } else {  // rows_per_block warps, each a row of at most 32 x max_row_packs packs: added in order
+    __shared__ float buf[2][32 * max_row_packs * 4];
+    const unsigned warp = threadIdx.x / 32;
+    for (unsigned w = 0; w < rows_per_block; ++w) {
+      if (warp == w) {
+#pragma unroll
+        for (int p = 0; p < Packs; ++p) {
+          if (Group::pack(p) >= row_packs) break;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const std::size_t c = 4 * Group::pack(p) + j;
+            buf[0][c] = w == 0 ? sum_gamma[p].v[j] : buf[0][c] + sum_gamma[p].v[j];
+            buf[1][c] = w == 0 ? sum_beta[p].v[j] : buf[1][c] + sum_beta[p].v[j];
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      put(out_gamma, c, buf[0][c]);
+      put(out_beta, c, buf[1][c]);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy by row groups
+/// (RowLayout, cols % 4 == 0): each group sums its rows (first_row(), + row_stride(), ...) per
+/// column in registers, the mean recomputed from the row as the resident forward computes it;
+/// then each block's sums (detail::store_block_sums) go to partial(2, blocks, cols), or are
+/// added to dgamma and dbeta where there is one block.
+template <int Packs, bool WholeBlock, class T>
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
+    layer_norm_backward_weight_resident_kernel(std::size_t rows, std::size_t cols, const T* x,
+                                               const T* dy, const T* stats, float* dgamma,
+                                               float* dbeta, float* partial) {
+  using Group = detail::RowGroup<WholeBlock>;
+  using P4 = detail::Pack<float, 4>;
+  const std::size_t row_packs = cols / 4;
+  const float n = static_cast<float>(cols);
+  P4 sum_gamma[Packs] = {}, sum_beta[Packs] = {};
+  for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
+    P4 xv[Packs];
+    Group::load(xv, x + row * cols, row_packs);
+    const float rstd = detail::stored_rstd(stats, row);
+    float mean;
+    if constexpr (detail::stats_hold_mean<T>) {
+      mean = stats[2 * row];
+    } else {
+      mean = Group::mean(xv, n);
+    }
+#pragma unroll
+    for (int p = 0; p < Packs; ++p) {
+      const std::size_t q = Group::pack(p);
+      if (q >= row_packs) break;
+      const P4 d = detail::load_widened<4>(dy + row * cols + 4 * q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        sum_gamma[p].v[j] += d.v[j] * ((xv[p].v[j] - mean) * rstd);
+        sum_beta[p].v[j] += d.v[j];
+      }
+    }
+  }
+  detail::store_block_sums<Packs, WholeBlock>(sum_gamma, sum_beta, cols, dgamma, dbeta, partial);
+}
+
+/// stats(rows, 2) = (mean, rstd) in float from x (rows, cols) and a bf16 stash: the mean as the
+/// streaming forward computes it, rstd from the stash's bits; a warp per row. (The column-tile
+/// weight gradient of rows that the resident layout cannot hold.)
+template <int V>
+__global__ void layer_norm_stats_from_stash_kernel(std::size_t rows, std::size_t cols,
+                                                   const bf16* x, const bf16* stash, float* stats) {
+  const std::size_t row =
+      static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float mean = detail::streaming_mean<V>(x + row * cols, cols, lane);
+  if (lane == 0) detail::store_stats(stats, row, mean, detail::stored_rstd(stash, row));
+}
+
+namespace detail {
+
+// How layer_norm_backward_weight sums (rows, cols) of T: by row groups (bf16 rows that the
+// resident layout holds, their pointers aligned for its packs), blocks of at least 8 rows a
+// group, their partial sums added by a column sum over blocks (bias_grad_backward's); else by
+// column tiles (ColumnSplit), bf16 rows after a pass that writes their float statistics into
+// the scratch.
+template <class T>
+struct WeightSplit {
+  RowLayout layout;
+  std::size_t blocks = 0;  // of the row-group kernel; 0: column tiles
+  ColumnSplit columns;
+
+  WeightSplit(std::size_t rows, std::size_t cols, bool aligned)
+      : layout(cols), columns(rows, cols) {
+    if (stats_hold_mean<T> || layout.threads == 0 || !aligned) return;
+    const std::size_t per_block = 8 * layout.rows_per_block_of();
+    blocks = std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 256);
+  }
+  // Floats of scratch: the blocks' partial sums (2, blocks, cols) and their column sums'; or the
+  // float statistics (bf16) and the column tiles' partial sums.
+  std::size_t scratch(std::size_t rows, std::size_t cols) const {
+    if (blocks != 0) return blocks > 1 ? 2 * blocks * cols + bias_grad_scratch(blocks, cols) : 0;
+    return (stats_hold_mean<T> ? 0 : 2 * rows) + 2 * columns.scratch(cols);
+  }
+};
+
+// The column-tile weight gradient's statistics (mean, rstd) in float: float stats themselves; a
+// bf16 stash's recomputed into scratch(rows, 2).
+inline const float* float_stats(std::size_t, std::size_t, const float*, const float* stats, float*,
+                                cudaStream_t) {
+  return stats;
+}
+inline const float* float_stats(std::size_t rows, std::size_t cols, const bf16* x,
+                                const bf16* stash, float* scratch, cudaStream_t stream) {
+  record_kernel("layer_norm_stats_from_stash_kernel", {rows, cols, 0},
+                static_cast<double>(rows * cols), bytes_of<bf16>(rows * cols + 2 * rows),
+                bytes_of<float>(2 * rows), stream);
+  const dim3 grid = row_grid(rows), block(32 * rows_per_block);
+  if (cols % 4 == 0 && aligned<4>(x)) {
+    GPIPE_CUDA_LAUNCH(layer_norm_stats_from_stash_kernel<4>, grid, block, stream)
+    (rows, cols, x, stash, scratch);
+  } else {
+    GPIPE_CUDA_LAUNCH(layer_norm_stats_from_stash_kernel<1>, grid, block, stream)
+    (rows, cols, x, stash, scratch);
+  }
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_stats_from_stash_kernel");
+  return scratch;
+}
+
+}  // namespace detail
+
+/// Floats of scratch that layer_norm_backward_weight needs for (rows, cols) of T (whatever the
+/// pointers' alignment).
+template <class T = float>
+std::size_t layer_norm_backward_weight_scratch(std::size_t rows, std::size_t cols) {
+  return std::max(detail::WeightSplit<T>(rows, cols, true).scratch(rows, cols),
+                  detail::WeightSplit<T>(rows, cols, false).scratch(rows, cols));
 }
 /// dgamma(cols) += sum over rows of dy xhat, dbeta(cols) += sum over rows of dy, on `stream`,
-/// deterministic. `scratch` holds layer_norm_backward_weight_scratch(rows, cols) floats and stays
-/// in use until the launches run.
-inline void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const float* x,
-                                       const float* dy, const float* stats, float* dgamma,
-                                       float* dbeta, float* scratch, cudaStream_t stream) {
+/// deterministic; x and dy (rows, cols), stats (rows, 2) the forward's. `scratch` holds
+/// layer_norm_backward_weight_scratch<T>(rows, cols) floats and stays in use until the launches
+/// run.
+template <class T>
+void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
+                                const T* stats, float* dgamma, float* dbeta, float* scratch,
+                                cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
-  const detail::ColumnSplit split(rows, cols);
-  detail::record_kernel(
-      "layer_norm_backward_weight_kernel", {rows, cols, 0}, 5.0 * static_cast<double>(rows * cols),
-      detail::bytes_of<float>(2 * rows * cols + 2 * rows) +
-          (split.chunks > 1 ? 0.0 : detail::bytes_of<float>(2 * cols)),
-      detail::bytes_of<float>(split.chunks > 1 ? 2 * split.chunks * cols : 2 * cols), stream);
-  GPIPE_CUDA_LAUNCH(layer_norm_backward_weight_kernel<4>, split.grid(cols), split.block(), stream)
-  (rows, cols, split.rows_per_chunk, x, dy, stats, dgamma, dbeta, scratch);
+  const detail::WeightSplit<T> split(rows, cols, detail::aligned<4>(x, dy));
+  // x, dy and the stats read; dgamma and dbeta read and written, or the blocks' (chunks')
+  // partial sums written
+  const std::size_t partials = split.blocks != 0 ? split.blocks : split.columns.chunks;
+  detail::record_kernel(split.blocks != 0 ? "layer_norm_backward_weight_resident_kernel"
+                                          : "layer_norm_backward_weight_kernel",
+                        {rows, cols, 0}, 5.0 * static_cast<double>(rows * cols),
+                        detail::bytes_of<T>(2 * rows * cols + 2 * rows) +
+                            (partials > 1 ? 0.0 : detail::bytes_of<float>(2 * cols)),
+                        detail::bytes_of<float>(2 * partials * cols), stream);
+  if (split.blocks != 0) {
+    split.layout.dispatch([&](auto packs, auto whole_block) {
+      constexpr auto kernel =
+          &layer_norm_backward_weight_resident_kernel<decltype(packs)::value,
+                                                      decltype(whole_block)::value, T>;
+      GPIPE_CUDA_LAUNCH(kernel, static_cast<unsigned>(split.blocks), split.layout.block(), stream)
+      (rows, cols, x, dy, stats, dgamma, dbeta, split.blocks > 1 ? scratch : nullptr);
+    });
+    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_resident_kernel");
+    if (split.blocks > 1) {
+      const std::size_t b = split.blocks;
+      float* sums_scratch = bias_grad_scratch(b, cols) > 0 ? scratch + 2 * b * cols : nullptr;
+      bias_grad_backward(b, cols, scratch, dgamma, sums_scratch, stream);
+      bias_grad_backward(b, cols, scratch + b * cols, dbeta, sums_scratch, stream);
+    }
+    return;
+  }
+  const float* float_stats = detail::float_stats(rows, cols, x, stats, scratch, stream);
+  const detail::ColumnSplit& columns = split.columns;
+  float* partial =
+      columns.chunks > 1 ? scratch + (detail::stats_hold_mean<T> ? 0 : 2 * rows) : nullptr;
+  constexpr auto kernel = &layer_norm_backward_weight_kernel<4, T>;
+  GPIPE_CUDA_LAUNCH(kernel, columns.grid(cols), columns.block(), stream)
+  (rows, cols, columns.rows_per_chunk, x, dy, float_stats, dgamma, dbeta, partial);
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_kernel");
-  if (split.chunks > 1) {
-    column_sum(split.chunks, cols, scratch, dgamma, stream);
-    column_sum(split.chunks, cols, scratch + split.chunks * cols, dbeta, stream);
+  if (columns.chunks > 1) {
+    column_sum(columns.chunks, cols, partial, dgamma, stream);
+    column_sum(columns.chunks, cols, partial + columns.chunks * cols, dbeta, stream);
   }
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Loss kernels: each writes the loss summed over its rows to loss_sum[0] (device memory, one
-// float, overwritten) and the gradient of grad_scale * that sum with respect to its input. Host
-// reference: gpipe/backend/host/kernels/loss.hpp (which computes in double; these in float).
-// Sums run in fixed trees and a final single-block pass, so results do not depend on timing.
+// float, overwritten) and the gradient of grad_scale * that sum with respect to its input. Inputs
+// and gradients are stored as T (float, or gpipe::bf16 under gpipe::MixedBf16: widened on load,
+// rounded once on store); the math, the targets and the loss are float. Host reference:
+// gpipe/backend/host/kernels/loss.hpp (which computes in double; these in float). Sums run in
+// fixed trees and a final single-block pass, so results do not depend on timing.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/loss.cuh is CUDA code: compile it with nvcc"
@@ -45,23 +47,22 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 /// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs
 /// (classes % V == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those
 /// before) gives a NaN loss rather than a wild read.
-template <int V>
+template <int V, class T>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
-                                                     const float* logits,
-                                                     const std::int32_t* targets, float grad_scale,
-                                                     float* dlogits, float* partial) {
+                                                     const T* logits, const std::int32_t* targets,
+                                                     float grad_scale, T* dlogits, float* partial) {
   __shared__ float buf[32];
   const std::size_t row = blockIdx.x;
   if (row >= rows) return;  // the whole block leaves together
-  const float* z = logits + row * classes;
+  const T* z = logits + row * classes;
   const std::int32_t t = targets[row];
   const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
   // read before the barriers of block_max: dlogits may be logits, written after them
-  const float z_target = threadIdx.x == 0 && valid ? z[t] : 0.0f;
+  const float z_target = threadIdx.x == 0 && valid ? detail::widen(z[t]) : 0.0f;
   const std::size_t packs = classes / V;
   float m = -INFINITY, s = 0;  // running max and sum of exp(z - m) of this thread's entries
   for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const detail::Pack<float, V> v = detail::load_pack<V>(z + p * V);
+    const detail::Pack<float, V> v = detail::load_widened<V>(z + p * V);
     float pack_max = v.v[0];
 #pragma unroll
     for (int j = 1; j < V; ++j) pack_max = fmaxf(pack_max, v.v[j]);
@@ -78,26 +79,27 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
 
   const std::size_t target = valid ? static_cast<std::size_t>(t) : classes;
   for (std::size_t p = threadIdx.x; p < packs; p += blockDim.x) {
-    const detail::Pack<float, V> v = detail::load_pack<V>(z + p * V);
+    const detail::Pack<float, V> v = detail::load_widened<V>(z + p * V);
     detail::Pack<float, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float prob = expf(v.v[j] - log_sum);
       out.v[j] = grad_scale * (prob - (p * V + j == target ? 1.0f : 0.0f));
     }
-    detail::store_pack<V>(dlogits + row * classes + p * V, out);
+    detail::store_narrowed<V>(dlogits + row * classes + p * V, out);
   }
   if (threadIdx.x == 0) partial[row] = valid ? log_sum - z_target : NAN;
 }
 /// Floats of scratch that softmax_cross_entropy_forward needs.
 inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }
-/// Kernels::softmax_cross_entropy on `stream`: the rows' losses into `scratch`
-/// (softmax_cross_entropy_scratch(rows) floats), then their sum into loss_sum[0]; dlogits
-/// (rows, classes) overwritten. No rows or no classes: loss_sum[0] = 0.
-inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
-                                          const float* logits, const std::int32_t* targets,
-                                          float grad_scale, float* dlogits, float* loss_sum,
-                                          float* scratch, cudaStream_t stream) {
+/// Kernels::softmax_cross_entropy on `stream`, one pass over each row (16-byte packs where the
+/// rows allow them): the rows' losses into `scratch` (softmax_cross_entropy_scratch(rows)
+/// floats), then their sum into loss_sum[0]; dlogits (rows, classes) overwritten, and may be
+/// logits. No rows or no classes: loss_sum[0] = 0.
+template <class T>
+void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes, const T* logits,
+                                   const std::int32_t* targets, float grad_scale, T* dlogits,
+                                   float* loss_sum, float* scratch, cudaStream_t stream) {
   if (rows == 0 || classes == 0) {
     detail::record_launch({.kernel = "cudaMemsetAsync",
                            .bytes_written = sizeof(float),
@@ -108,23 +110,26 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
   }
   // One block per row; launches of at most 2^26 rows keep grid.x far inside its limit.
   constexpr std::size_t max_rows = std::size_t{1} << 26;
+  constexpr int V = 16 / sizeof(T);  // 4 floats, 8 bf16
+  constexpr auto packed = &softmax_cross_entropy_forward_kernel<V, T>;
+  constexpr auto scalar = &softmax_cross_entropy_forward_kernel<1, T>;
   for (std::size_t first = 0; first < rows; first += max_rows) {
     const std::size_t count = std::min(rows - first, max_rows);
-    const float* z = logits + first * classes;
-    float* dz = dlogits + first * classes;
-    // read the logits (max, sum of exponentials, then once more for the gradient: counted once)
+    const T* z = logits + first * classes;
+    T* dz = dlogits + first * classes;
+    // the logits read (their second pass from cache: counted once), dlogits and losses written
     detail::record_kernel(
         "softmax_cross_entropy_forward_kernel", {count, classes, 0},
         5.0 * static_cast<double>(count * classes),
-        detail::bytes_of<float>(count * classes) + detail::bytes_of<std::int32_t>(count),
-        detail::bytes_of<float>(count * classes + count), stream);
-    if (classes % 4 == 0 && detail::aligned<4>(z, dz)) {
-      GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<4>, static_cast<unsigned>(count),
-                        detail::threads_for_row(classes / 4), stream)
+        detail::bytes_of<T>(count * classes) + detail::bytes_of<std::int32_t>(count),
+        detail::bytes_of<T>(count * classes) + detail::bytes_of<float>(count), stream);
+    if (classes % V == 0 && detail::aligned<V>(z, dz)) {
+      GPIPE_CUDA_LAUNCH(packed, static_cast<unsigned>(count), detail::threads_for_row(classes / V),
+                        stream)
       (count, classes, z, targets + first, grad_scale, dz, scratch + first);
     } else {
-      GPIPE_CUDA_LAUNCH(softmax_cross_entropy_forward_kernel<1>, static_cast<unsigned>(count),
-                        detail::threads_for_row(classes), stream)
+      GPIPE_CUDA_LAUNCH(scalar, static_cast<unsigned>(count), detail::threads_for_row(classes),
+                        stream)
       (count, classes, z, targets + first, grad_scale, dz, scratch + first);
     }
     GPIPE_CUDA_CHECK_LAUNCH("softmax_cross_entropy_forward_kernel");
@@ -132,17 +137,17 @@ inline void softmax_cross_entropy_forward(std::size_t rows, std::size_t classes,
   sum(rows, scratch, loss_sum, stream);
 }
 
-/// d = y - target over n elements: dy = grad_scale * 2 d; each block's sum of d^2 into
-/// partial(gridDim.x)
-template <int V>
-__global__ void mse_forward_kernel(std::size_t n, const float* y, const float* target,
-                                   float grad_scale, float* dy, float* partial) {
+/// d = y - target over n elements: dy = grad_scale * 2 d (dy may be y); each block's sum of d^2
+/// into partial(gridDim.x)
+template <int V, class T>
+__global__ void mse_forward_kernel(std::size_t n, const T* y, const float* target, float grad_scale,
+                                   T* dy, float* partial) {
   __shared__ float buf[32];
   const float scale2 = 2.0f * grad_scale;
   float acc = 0;
   const std::size_t packs = n / V;
   for (std::size_t p = detail::global_thread(); p < packs; p += detail::grid_threads()) {
-    const detail::Pack<float, V> yv = detail::load_pack<V>(y + p * V);
+    const detail::Pack<float, V> yv = detail::load_widened<V>(y + p * V);
     const detail::Pack<float, V> tv = detail::load_pack<V>(target + p * V);
     detail::Pack<float, V> out;
 #pragma unroll
@@ -151,12 +156,12 @@ __global__ void mse_forward_kernel(std::size_t n, const float* y, const float* t
       acc += d * d;
       out.v[j] = scale2 * d;
     }
-    detail::store_pack<V>(dy + p * V, out);
+    detail::store_narrowed<V>(dy + p * V, out);
   }
   for (std::size_t i = packs * V + detail::global_thread(); i < n; i += detail::grid_threads()) {
-    const float d = y[i] - target[i];
+    const float d = detail::widen(y[i]) - target[i];
     acc += d * d;
-    dy[i] = scale2 * d;
+    dy[i] = detail::narrow<T>(scale2 * d);
   }
   acc = detail::block_sum(acc, buf);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -166,9 +171,11 @@ inline constexpr unsigned mse_max_blocks = 1024;
 /// Floats of scratch that mse_forward needs.
 inline std::size_t mse_scratch() { return mse_max_blocks; }
 /// Kernels::mse on `stream`: each block's sum of (y - target)^2 into `scratch` (mse_scratch()
-/// floats), then their sum into loss_sum[0]; dy(n) overwritten. n == 0: loss_sum[0] = 0.
-inline void mse_forward(std::size_t n, const float* y, const float* target, float grad_scale,
-                        float* dy, float* loss_sum, float* scratch, cudaStream_t stream) {
+/// floats), then their sum into loss_sum[0]; dy(n) overwritten, and may be y. n == 0:
+/// loss_sum[0] = 0.
+template <class T>
+void mse_forward(std::size_t n, const T* y, const float* target, float grad_scale, T* dy,
+                 float* loss_sum, float* scratch, cudaStream_t stream) {
   if (n == 0) {
     detail::record_launch({.kernel = "cudaMemsetAsync",
                            .bytes_written = sizeof(float),
@@ -180,13 +187,15 @@ inline void mse_forward(std::size_t n, const float* y, const float* target, floa
   const bool vectorized = detail::aligned<4>(y, target, dy);
   const unsigned blocks = std::min(detail::grid_for(vectorized ? n / 4 + 1 : n), mse_max_blocks);
   detail::record_kernel("mse_forward_kernel", {n, 0, 0}, 4.0 * static_cast<double>(n),
-                        detail::bytes_of<float>(2 * n), detail::bytes_of<float>(n + blocks),
-                        stream);
+                        detail::bytes_of<T>(n) + detail::bytes_of<float>(n),
+                        detail::bytes_of<T>(n) + detail::bytes_of<float>(blocks), stream);
+  constexpr auto packed = &mse_forward_kernel<4, T>;
+  constexpr auto scalar = &mse_forward_kernel<1, T>;
   if (vectorized) {
-    GPIPE_CUDA_LAUNCH(mse_forward_kernel<4>, blocks, detail::block_size, stream)
+    GPIPE_CUDA_LAUNCH(packed, blocks, detail::block_size, stream)
     (n, y, target, grad_scale, dy, scratch);
   } else {
-    GPIPE_CUDA_LAUNCH(mse_forward_kernel<1>, blocks, detail::block_size, stream)
+    GPIPE_CUDA_LAUNCH(scalar, blocks, detail::block_size, stream)
     (n, y, target, grad_scale, dy, scratch);
   }
   GPIPE_CUDA_CHECK_LAUNCH("mse_forward_kernel");
