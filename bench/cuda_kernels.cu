@@ -32,9 +32,11 @@ using gpipe::cuda::Kernels;
 using Relu = gpipe::LayerKernels<gpipe::ReluOp, Kernels>;
 using Gelu = gpipe::LayerKernels<gpipe::GeluOp, Kernels>;
 using LayerNorm = gpipe::LayerKernels<gpipe::LayerNormOp, Kernels>;
+using LayerNorm16 = gpipe::LayerKernels<gpipe::LayerNormOp, gpipe::cuda::Bf16Kernels>;
 
 constexpr int reps = 10;     // launches per timed iteration
 constexpr double f32 = 4.0;  // bytes per element
+constexpr double b16 = 2.0;  // bytes per bf16 element
 constexpr std::int64_t big = sized(std::int64_t{1} << 26, std::int64_t{4099});  // 256 MiB
 
 gpipe::cuda::Backend& backend() {
@@ -58,6 +60,15 @@ class Tensors {
     on_device([&](Kernels& k) { gpipe::bench::random_fill(n, seed_++, lo, hi, p, k.stream()); });
     return p;
   }
+  // n bf16 elements, random in [lo, hi) rounded (gpipe::MixedBf16's activations).
+  gpipe::bf16* make_bf16(std::size_t n, float lo = -1, float hi = 1) {
+    halves_.push_back(backend().allocate<gpipe::bf16>(0, n));
+    gpipe::bf16* p = halves_.back().data();
+    float* wide = make(n, lo, hi);
+    on_device([&](Kernels& k) { k.bf16_context().convert(n, wide, p); });
+    buffers_.pop_back();  // the floats, once converted
+    return p;
+  }
   std::int32_t* classes(std::size_t rows, std::size_t classes) {
     std::vector<std::int32_t> host(rows);
     for (std::size_t r = 0; r < rows; ++r)
@@ -70,6 +81,7 @@ class Tensors {
 
  private:
   std::vector<gpipe::cuda::Buffer<float>> buffers_;
+  std::vector<gpipe::cuda::Buffer<gpipe::bf16>> halves_;
   std::vector<gpipe::cuda::Buffer<std::int32_t>> ints_;
   std::uint32_t seed_ = 1;
 };
@@ -254,6 +266,54 @@ void BM_softmax_cross_entropy(benchmark::State& state) {
     report_bandwidth(state, 2 * f32 * static_cast<double>(rows * classes), s);
   });
 }
+// gpipe::MixedBf16's LayerNorm and cross-entropy: bf16 read and written by the kernels
+// themselves (bytes moved: 2 a bf16 element; the stash's 4 bytes a row and gamma, beta not
+// counted). LayerNorm's three ops in one benchmark each, the backward from a real stash.
+template <int Op>  // 0 forward, 1 backward_input, 2 backward_weight
+void layer_norm_bf16(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto cols = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  gpipe::bf16* x = t.make_bf16(rows * cols, 2, 4);
+  gpipe::bf16* dy = t.make_bf16(rows * cols);
+  gpipe::bf16* y = t.make_bf16(rows * cols);
+  gpipe::bf16* stash = t.make_bf16(2 * rows);
+  float* gamma = t.make(cols, 0.5, 1.5);
+  float* beta = t.make(cols);
+  on_device([&](Kernels& fp32) {
+    gpipe::cuda::Bf16Kernels& k = fp32.bf16_context();
+    LayerNorm16::forward(k, rows, cols, 1e-5, x, gamma, beta, y, stash);
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      if constexpr (Op == 0) {
+        LayerNorm16::forward(k, rows, cols, 1e-5, x, gamma, beta, y, stash);
+      } else if constexpr (Op == 1) {
+        LayerNorm16::backward_input(k, rows, cols, x, dy, gamma, stash, y);
+      } else {
+        LayerNorm16::backward_weight(k, rows, cols, x, dy, stash, gamma, beta);
+      }
+    });
+    report_bandwidth(state, (Op == 1 ? 3 : 2) * b16 * static_cast<double>(rows * cols), s);
+  });
+}
+void BM_layer_norm_forward_bf16(benchmark::State& state) { layer_norm_bf16<0>(state); }
+void BM_layer_norm_backward_input_bf16(benchmark::State& state) { layer_norm_bf16<1>(state); }
+void BM_layer_norm_backward_weight_bf16(benchmark::State& state) { layer_norm_bf16<2>(state); }
+// In place, as the Trainer calls it (loss_in_place): the gradient over the logits.
+void BM_softmax_cross_entropy_bf16(benchmark::State& state) {
+  const auto rows = static_cast<std::size_t>(state.range(0));
+  const auto classes = static_cast<std::size_t>(state.range(1));
+  Tensors t;
+  gpipe::bf16* logits = t.make_bf16(rows * classes, -8, 8);
+  float* loss = t.make(1);
+  std::int32_t* targets = t.classes(rows, classes);
+  on_device([&](Kernels& fp32) {
+    gpipe::cuda::Bf16Kernels& k = fp32.bf16_context();
+    const double s = time_launches(state, k.stream(), reps, [&] {
+      k.softmax_cross_entropy(rows, classes, logits, targets, 1e-4f, logits, loss);
+    });
+    report_bandwidth(state, 2 * b16 * static_cast<double>(rows * classes), s);
+  });
+}
 BENCHMARK(BM_bias_add)
     ->Args({sized(65536, 16), 1024})
     ->UseManualTime()
@@ -281,10 +341,23 @@ BENCHMARK(BM_layer_norm_backward_weight)
     ->Args({sized(16384, 4), 4096})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// bf16: GPT-2 124M's rows (16 samples of 1024 tokens, width 768) and the float ones' shapes.
+void layer_norm_bf16_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({sized(16384, 16), 768})->Apply(layer_norm_shapes);
+}
+BENCHMARK(BM_layer_norm_forward_bf16)->Apply(layer_norm_bf16_shapes);
+BENCHMARK(BM_layer_norm_backward_input_bf16)->Apply(layer_norm_bf16_shapes);
+BENCHMARK(BM_layer_norm_backward_weight_bf16)->Apply(layer_norm_bf16_shapes);
 // 1024 and 32768 classes in 16-byte packs; 50257 (GPT-2's vocabulary) one float at a time.
 BENCHMARK(BM_softmax_cross_entropy)
     ->Args({sized(65536, 16), 1024})
     ->Args({sized(2048, 2), 32768})
+    ->Args({sized(2048, 2), 50257})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+// bf16 logits: GPT-2's padded vocabulary (50304, 16-byte packs of 8) and its own (scalar loads).
+BENCHMARK(BM_softmax_cross_entropy_bf16)
+    ->Args({sized(2048, 2), 50304})
     ->Args({sized(2048, 2), 50257})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -706,13 +706,13 @@ void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, 
     }
     return;
   }
-  const float* float_stats = detail::float_stats(rows, cols, x, stats, scratch, stream);
+  const float* mean_rstd = detail::float_stats(rows, cols, x, stats, scratch, stream);
   const detail::ColumnSplit& columns = split.columns;
   float* partial =
       columns.chunks > 1 ? scratch + (detail::stats_hold_mean<T> ? 0 : 2 * rows) : nullptr;
   constexpr auto kernel = &layer_norm_backward_weight_kernel<4, T>;
   GPIPE_CUDA_LAUNCH(kernel, columns.grid(cols), columns.block(), stream)
-  (rows, cols, columns.rows_per_chunk, x, dy, float_stats, dgamma, dbeta, partial);
+  (rows, cols, columns.rows_per_chunk, x, dy, mean_rstd, dgamma, dbeta, partial);
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_kernel");
   if (columns.chunks > 1) {
     column_sum(columns.chunks, cols, partial, dgamma, stream);
