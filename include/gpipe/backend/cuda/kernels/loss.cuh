@@ -92,8 +92,8 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
 }
 /// Floats of scratch that softmax_cross_entropy_forward needs.
 inline std::size_t softmax_cross_entropy_scratch(std::size_t rows) { return rows; }
-/// Kernels::softmax_cross_entropy on `stream`, one pass over each row (16-byte packs where the
-/// rows allow them): the rows' losses into `scratch` (softmax_cross_entropy_scratch(rows)
+/// Kernels::softmax_cross_entropy on `stream`, one launch (a block per row, 16-byte packs where
+/// the rows allow them): the rows' losses into `scratch` (softmax_cross_entropy_scratch(rows)
 /// floats), then their sum into loss_sum[0]; dlogits (rows, classes) overwritten, and may be
 /// logits. No rows or no classes: loss_sum[0] = 0.
 template <class T>
