@@ -15,3 +15,5 @@ TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, CudaFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, CudaFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_ranges, CudaFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_bf16_weights, CudaFactory);

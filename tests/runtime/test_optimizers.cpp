@@ -28,6 +28,8 @@ TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_momentum, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, HostFactory);
 TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, HostFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_ranges, HostFactory);
+TEST_CASE_TEMPLATE_INVOKE(conformance_bf16_weights, HostFactory);
 
 TEST_CASE("bad optimizer hyperparameters are a gpipe::Error") {
   using namespace gpipe;

@@ -10,21 +10,33 @@
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_sgd_nesterov, Factory);
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_adamw, Factory);
 //   TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_matrices, Factory);
+//   TEST_CASE_TEMPLATE_INVOKE(conformance_adamw_ranges, Factory);
+//   TEST_CASE_TEMPLATE_INVOKE(conformance_bf16_weights, Factory);
+//
+// The last two: AdamW over a whole stage in one call (adamw_update_ranges, with its fused bf16
+// copy) equals the per-range calls bit for bit; and under MixedBf16 the bf16 weights a step reads
+// are its float parameters rounded, however they were last written.
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "gpipe/backend/common.hpp"
+#include "gpipe/error.hpp"
 #include "gpipe/model.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/optim.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trainer.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
+#include "support/temp_path.hpp"
 
 namespace gpipe::test::conformance {
 
@@ -117,7 +129,179 @@ void check_steps(const Optimizer& optimizer, Reference reference) {
   }
 }
 
+// Tensors of one and two dimensions at odd offsets, sizes not multiples of 4 (an empty one too),
+// then `alternating` more of 1 to 5 elements whose kinds alternate: with many, more runs of one
+// weight-decay setting than one CUDA launch takes.
+inline std::vector<optim::ParameterRange> mixed_tensors(std::size_t alternating) {
+  const std::size_t shapes[][2] = {{7, 1}, {15, 2}, {1, 1},  {1, 1}, {192, 2},  {13, 1},  {4, 2},
+                                   {5, 1}, {0, 2},  {37, 2}, {3, 1}, {1031, 2}, {129, 1}, {6, 2}};
+  std::vector<optim::ParameterRange> out;
+  std::size_t at = 0;
+  for (const auto& [size, dims] : shapes) {
+    out.push_back({at, size, dims});
+    at += size;
+  }
+  for (std::size_t i = 0; i < alternating; ++i) {
+    out.push_back({at, 1 + i % 5, 1 + i % 2});
+    at += 1 + i % 5;
+  }
+  return out;
+}
+
+// Three AdamW steps over `tensors` (Decay::matrices) on arrays `misalign` elements past an
+// allocation's start: one adamw_update per tensor (weight decay 0 for one dimension), against
+// optim::AdamW's update in one call with and without its bf16 copy. p, m and v agree bit for bit,
+// and the copy holds the parameters rounded to bf16 by the host's definition.
+template <class Factory>
+void check_adamw_ranges(const std::vector<optim::ParameterRange>& tensors, std::size_t misalign) {
+  using Backend = typename Factory::backend_type;
+  using Kernels = typename Backend::Kernels;
+  const std::size_t n = tensors.back().offset + tensors.back().size, k = misalign;
+  const optim::AdamWOptions o{.lr = 1e-2, .weight_decay = 5.0, .decay = optim::Decay::matrices};
+  const optim::AdamW adamw(o);
+  Backend backend = Factory::make(1);
+  // per path: p (n), m and v (2 n); and the gradient, the copy
+  std::vector<typename Backend::template Buffer<float>> p, state;
+  for (int path = 0; path < 3; ++path) {
+    p.push_back(backend.template allocate<float>(0, n + k, MemoryKind::other));
+    state.push_back(backend.template allocate<float>(0, 2 * n + k, MemoryKind::other));
+  }
+  auto g = backend.template allocate<float>(0, n + k, MemoryKind::other);
+  auto w = backend.template allocate<bf16>(0, n + k, MemoryKind::other);
+  const std::vector<float> p0 = random_inputs(n, 1, 41), zeros(2 * n, 0.0f);
+  for (int path = 0; path < 3; ++path)
+    backend.submit(0, {"upload"}, [&, path](Kernels& c) {
+      c.upload(n, p0.data(), p[path].data() + k);
+      c.upload(2 * n, zeros.data(), state[path].data() + k);
+    });
+  for (std::size_t t = 1; t <= 3; ++t) {
+    CAPTURE(t);
+    const std::vector<float> grads = random_inputs(n, 1, 41 + t);
+    backend.submit(0, {"steps"}, [&](Kernels& c) {
+      c.upload(n, grads.data(), g.data() + k);
+      float *p0d = p[0].data() + k, *s0 = state[0].data() + k;
+      for (const optim::ParameterRange& r : tensors)
+        c.adamw_update(r.size, p0d + r.offset, g.data() + k + r.offset, s0 + r.offset,
+                       s0 + n + r.offset, o.lr, o.beta1, o.beta2, o.eps,
+                       r.dims >= 2 ? o.weight_decay : 0.0, t);
+      adamw.update(c, n, p[1].data() + k, g.data() + k, state[1].data() + k, t,
+                   std::span<const optim::ParameterRange>(tensors), w.data() + k);
+      adamw.update(c, n, p[2].data() + k, g.data() + k, state[2].data() + k, t,
+                   std::span<const optim::ParameterRange>(tensors));
+    });
+    backend.synchronize();
+    std::vector<std::vector<float>> got(3, std::vector<float>(3 * n));
+    std::vector<bf16> copy(n);
+    backend.submit(0, {"download"}, [&](Kernels& c) {
+      for (int path = 0; path < 3; ++path) {
+        c.download(n, p[path].data() + k, got[path].data());
+        c.download(2 * n, state[path].data() + k, got[path].data() + n);
+      }
+      c.download(n, w.data() + k, copy.data());
+    });
+    backend.synchronize();
+    CHECK(std::memcmp(got[1].data(), got[0].data(), 3 * n * sizeof(float)) == 0);
+    CHECK(std::memcmp(got[2].data(), got[0].data(), 3 * n * sizeof(float)) == 0);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += copy[i].bits != bf16(got[0][i]).bits;
+    CHECK(wrong == 0);
+  }
+}
+
+// `trainer`'s forward (predict, and a step's loss) equals bit for bit that of `fresh`, a trainer
+// of the same configuration whose parameters are set to trainer's just now (so that its bf16
+// weights are rounded anew): trainer's bf16 weights are its parameters rounded.
+template <class Trainer>
+void check_forward_as_fresh(Trainer& trainer, Trainer& fresh, const std::vector<float>& x,
+                            const std::vector<std::int32_t>& y) {
+  for (const ParameterInfo& info : trainer.parameter_info())
+    fresh.set_parameter(info.name, trainer.parameter(info.name));
+  const std::vector<float> got = trainer.predict(x), want = fresh.predict(x);
+  CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  trainer.zero_grad();
+  fresh.zero_grad();
+  const float loss = trainer.forward_backward(x, y), fresh_loss = fresh.forward_backward(x, y);
+  CHECK(std::memcmp(&loss, &fresh_loss, sizeof(float)) == 0);
+  trainer.zero_grad();
+  fresh.zero_grad();
+}
+
 }  // namespace gpipe::test::conformance
+
+TEST_CASE_TEMPLATE_DEFINE(
+    "MixedBf16: the bf16 weights a forward reads are its parameters rounded, after a fused AdamW "
+    "step and after every other write of the parameters",
+    Factory, conformance_bf16_weights) {
+  using namespace gpipe;
+  using namespace gpipe::test;
+  using Backend = typename Factory::backend_type;
+  using Tr = Trainer<Model3, SoftmaxCrossEntropy, Backend, GPipe, MixedBf16>;
+  // ties across devices (stages 0 and 2) and within one (stage 1)
+  const std::vector<Tie> ties{{.parameter = "5.2.bias", .to = "0.bias"},
+                              {.parameter = "4.bias", .to = "2.bias"}};
+  const std::vector<float> x = random_inputs(conformance::optimizer_rows, Model3::in_features, 51);
+  const std::vector<std::int32_t> y =
+      random_classes(conformance::optimizer_rows, L6::out_features, 52);
+  Backend backend = Factory::make(3), fresh_backend = Factory::make(3);
+  Tr trainer(backend, {.micro_batches = 2, .seed = 3, .ties = ties});
+  Tr fresh(fresh_backend, {.micro_batches = 2, .seed = 5, .ties = ties});
+  const optim::AdamW adamw({.lr = 1e-2, .weight_decay = 0.1, .decay = optim::Decay::matrices});
+  const auto train = [&](const auto& optimizer) {
+    trainer.zero_grad();
+    trainer.forward_backward(x, y);
+    trainer.step(optimizer);
+  };
+  const auto check = [&] { conformance::check_forward_as_fresh(trainer, fresh, x, y); };
+  train(adamw);  // the first step rounds; its update writes the copy
+  check();
+  train(adamw);
+  check();
+  std::vector<float> w = trainer.parameter("2.weight");
+  for (float& v : w) v *= 2;
+  trainer.set_parameter("2.weight", w);
+  check();
+  train(optim::SGD({.lr = 0.1}));  // an update without the fused copy
+  check();
+  train(adamw);
+  const TempPath dir("gpipe_bf16_weights", "");
+  trainer.save_checkpoint(dir.path());
+  train(adamw);
+  trainer.load_checkpoint(dir.path());
+  check();
+  train(adamw);
+  const TempPath file;
+  fresh.save(file.path());  // fresh's parameters now: trainer's before the last step
+  trainer.load(file.path());
+  check();
+}
+
+TEST_CASE_TEMPLATE_DEFINE(
+    "AdamW over a stage in one call (adamw_update_ranges, with its bf16 copy) equals one "
+    "adamw_update per tensor bit for bit",
+    Factory, conformance_adamw_ranges) {
+  using namespace gpipe;
+  using namespace gpipe::test::conformance;
+  static_assert(has_adamw_ranges<typename Factory::backend_type::Kernels>);
+  for (const std::size_t misalign : {0u, 1u}) {
+    CAPTURE(misalign);
+    check_adamw_ranges<Factory>(mixed_tensors(0), misalign);
+    check_adamw_ranges<Factory>(mixed_tensors(900), misalign);  // several launches on CUDA
+  }
+  SUBCASE("ranges that leave a gap or miss the end are a gpipe::Error") {
+    using Backend = typename Factory::backend_type;
+    Backend backend = Factory::make(1);
+    auto a = backend.template allocate<float>(0, 16, MemoryKind::other);
+    for (const std::vector<DecayRange>& bad :
+         {std::vector<DecayRange>{{0, 4, true}, {5, 4, false}},
+          std::vector<DecayRange>{{0, 4, true}, {4, 4, false}}}) {
+      backend.submit(0, {"bad ranges"}, [&](typename Backend::Kernels& c) {
+        c.adamw_update_ranges(10, a.data(), a.data(), a.data(), a.data(), bad, 0.1, 0.9, 0.99, 1e-8,
+                              0.1, 1, nullptr);
+      });
+      CHECK_THROWS_AS(backend.synchronize(), Error);
+    }
+  }
+}
 
 TEST_CASE_TEMPLATE_DEFINE("SGD steps on a pipeline equal torch.optim.SGD on the unpipelined model",
                           Factory, conformance_sgd) {

@@ -21,7 +21,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 
+#include "gpipe/error.hpp"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe {
@@ -90,6 +93,47 @@ concept has_training_ops = requires(Ctx& k, std::size_t n, master_t<typename Ctx
 template <class Ctx>
 concept kernel_context = kernel_context_base<Ctx> && has_blas<Ctx> && has_vector_ops<Ctx> &&
     has_transfers<Ctx> && has_training_ops<Ctx>;
+
+/// A run of a stage's parameters, elements [offset, offset + size), with one weight-decay
+/// setting: AdamW's decoupled weight decay applies where `decays`, none elsewhere (the argument
+/// of `adamw_update_ranges`, see has_adamw_ranges).
+struct DecayRange {
+  std::size_t offset = 0;  ///< first element
+  std::size_t size = 0;    ///< elements
+  bool decays = true;      ///< weight_decay applies to the run (else 0 does)
+};
+
+/// has_adamw_ranges<Ctx>: the optional AdamW step over all of a stage's n parameters in one call
+/// (one launch on CUDA), `adamw_update_ranges(n, p, g, m, v, ranges, lr, beta1, beta2, eps,
+/// weight_decay, step, p_bf16)`: every element updated with the float operations of
+/// `adamw_update` (bit for bit), with weight_decay where its range decays and 0 elsewhere;
+/// `ranges` in order of offset, covering [0, n) without gaps (else gpipe::Error). Where p_bf16
+/// is not null, p_bf16(n) = the updated p rounded to bf16 (nearest even), as a convert of p would
+/// give: gpipe::MixedBf16's copy of the weights for its GEMMs, fused into the update. Not part of
+/// kernel_context: optim::AdamW falls back to one `adamw_update` per run where it is missing.
+template <class Ctx>
+concept has_adamw_ranges = requires(Ctx& k, std::size_t n, master_t<typename Ctx::value_type>* m,
+                                    const master_t<typename Ctx::value_type>* mp,
+                                    std::span<const DecayRange> ranges, bf16* w) {
+  k.adamw_update_ranges(n, m, mp, m, m, ranges, 0.1, 0.9, 0.999, 1e-8, 0.0, std::size_t{1}, w);
+};
+
+namespace detail {
+
+// adamw_update_ranges' check of its ranges: in order of offset, covering [0, n) without gaps.
+inline void check_decay_ranges(std::size_t n, std::span<const DecayRange> ranges) {
+  std::size_t at = 0;
+  for (const DecayRange& r : ranges) {
+    require(r.offset == at, "adamw_update_ranges: a range starts at " + std::to_string(r.offset) +
+                                ", expected " + std::to_string(at) +
+                                " (ranges in order of offset, without gaps or overlaps)");
+    at += r.size;
+  }
+  require(at == n, "adamw_update_ranges: the ranges cover " + std::to_string(at) +
+                       " parameters, expected n = " + std::to_string(n));
+}
+
+}  // namespace detail
 
 /// LayerKernels<Op, Ctx>: see the top of this file. Declared, never defined.
 template <class Op, class Ctx>

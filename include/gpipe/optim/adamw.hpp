@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "gpipe/error.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/optim/optimizer.hpp"
 
 namespace gpipe::optim {
@@ -84,27 +86,53 @@ class AdamW {
   }
 
   /// As `update` above, for a stage whose tensors are `tensors` (in order of offset, covering
-  /// the n parameters): with Decay::matrices, runs of tensors of one or of two and more
-  /// dimensions are updated apart, the first without weight decay (state: `m` at `state`, `v` at
-  /// `state + n`, as above).
+  /// the n parameters): with Decay::matrices, tensors of one dimension get weight decay 0. One
+  /// call of the kernels' `adamw_update_ranges` where they have it (gpipe::has_adamw_ranges: one
+  /// launch on CUDA), else one `adamw_update` per run of tensors of one setting; the same bits
+  /// either way.
   template <class Kernels, class T>
   void update(Kernels& k, std::size_t n, T* params, const T* grads, T* state, std::size_t step,
               std::span<const ParameterRange> tensors) const {
-    if (options.decay == Decay::all) return update(k, n, params, grads, state, step);
-    for (std::size_t first = 0; first < tensors.size();) {
-      const bool decays = tensors[first].dims >= 2;
-      std::size_t last = first + 1;
-      while (last < tensors.size() && (tensors[last].dims >= 2) == decays) ++last;
-      const std::size_t at = tensors[first].offset;
-      const std::size_t count = tensors[last - 1].offset + tensors[last - 1].size - at;
-      k.adamw_update(count, params + at, grads + at, state + at, state + n + at, options.lr,
-                     options.beta1, options.beta2, options.eps, decays ? options.weight_decay : 0.0,
-                     step);
-      first = last;
+    if constexpr (has_adamw_ranges<Kernels>) {
+      update(k, n, params, grads, state, step, tensors, static_cast<bf16*>(nullptr));
+    } else {
+      for (const DecayRange& run : runs(n, tensors))
+        k.adamw_update(run.size, params + run.offset, grads + run.offset, state + run.offset,
+                       state + n + run.offset, options.lr, options.beta1, options.beta2,
+                       options.eps, run.decays ? options.weight_decay : 0.0, step);
     }
   }
 
+  /// As the update above, in one call of `adamw_update_ranges`, which also writes `params_bf16`
+  /// (n; none where null) = the updated parameters rounded to bf16: a gpipe::MixedBf16 Trainer's
+  /// copy of the weights for the next step's GEMMs (gpipe::fused_bf16_optimizer_for).
+  template <class Kernels, class T>
+  requires has_adamw_ranges<Kernels>
+  void update(Kernels& k, std::size_t n, T* params, const T* grads, T* state, std::size_t step,
+              std::span<const ParameterRange> tensors, bf16* params_bf16) const {
+    const std::vector<DecayRange> ranges = runs(n, tensors);
+    k.adamw_update_ranges(n, params, grads, state, state + n, ranges, options.lr, options.beta1,
+                          options.beta2, options.eps, options.weight_decay, step, params_bf16);
+  }
+
   Options options;  ///< may be changed between steps (e.g. a learning-rate schedule)
+
+ private:
+  // The runs of weight decay over n parameters whose tensors are `tensors`: all of them with
+  // Decay::all, else one run per maximal sequence of tensors that all decay (two or more
+  // dimensions) or all do not.
+  std::vector<DecayRange> runs(std::size_t n, std::span<const ParameterRange> tensors) const {
+    if (options.decay == Decay::all) return {{0, n, true}};
+    std::vector<DecayRange> out;
+    for (const ParameterRange& t : tensors) {
+      const bool decays = t.dims >= 2;
+      if (!out.empty() && out.back().decays == decays)
+        out.back().size += t.size;
+      else
+        out.push_back({t.offset, t.size, decays});
+    }
+    return out;
+  }
 };
 
 }  // namespace gpipe::optim

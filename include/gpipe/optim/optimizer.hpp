@@ -3,7 +3,9 @@
 // named parts as gpipe::layer is. SGD and AdamW (sgd.hpp, adamw.hpp) are the library's; a
 // user's own optimizer provides the same three pieces. An optimizer that treats tensors by their
 // shape (AdamW's Decay::matrices, nanoGPT's two groups) also provides the update that takes the
-// stage's tensors (`grouped_optimizer_for`), which the Trainer then calls instead.
+// stage's tensors (`grouped_optimizer_for`), which the Trainer then calls instead; one that can
+// also write the updated parameters rounded to bf16 in the same pass (`fused_bf16_optimizer_for`)
+// spares a gpipe::MixedBf16 trainer its rounding of the weights before the next step.
 
 #include <charconv>
 #include <concepts>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe {
 
@@ -72,6 +75,18 @@ concept grouped_optimizer_for = optimizer_for<O, Ctx> &&
     requires(const O& o, Ctx& ctx, std::size_t n, float* p, const float* g,
              std::span<const optim::ParameterRange> tensors) {
   o.update(ctx, n, p, g, p, n, tensors);
+};
+
+/// fused_bf16_optimizer_for<O, Ctx>: O's grouped update also takes `bf16* params_bf16` (n),
+/// `update(ctx, n, params, grads, state, step, tensors, params_bf16)`, and writes there every
+/// updated parameter rounded to bf16 (nearest even, as a convert of the parameters would). A
+/// gpipe::MixedBf16 Trainer passes its stages' bf16 copies of the weights, which the GEMMs of the
+/// next step read, and then rounds none of them again before that step.
+template <class O, class Ctx>
+concept fused_bf16_optimizer_for = grouped_optimizer_for<O, Ctx> &&
+    requires(const O& o, Ctx& ctx, std::size_t n, float* p, const float* g,
+             std::span<const optim::ParameterRange> tensors, bf16* params_bf16) {
+  o.update(ctx, n, p, g, p, n, tensors, params_bf16);
 };
 
 namespace detail {

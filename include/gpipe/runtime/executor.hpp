@@ -15,8 +15,9 @@
 // outputs downloaded into the caller's array.
 //
 // Under gpipe::MixedBf16 every slot buffer and message holds bf16, the ops run on the device's
-// bf16 context (Kernels::bf16_context()), and each local stage's parameters are cast to bf16 once
-// per step before its ops (workspace until the step ends) for the GEMMs of all its micro-batches.
+// bf16 context (Kernels::bf16_context()), and the GEMMs of all micro-batches read each local
+// stage's bf16 copy of its parameters (runtime/bf16_weights.hpp), rounded before the step's ops
+// where the optimizer's update did not write it.
 
 #include <cstddef>
 #include <cstdint>
@@ -58,13 +59,13 @@ class Executor {
   using Step = StepInput<Target>;
 
   // stages[s]: stage s's program; loss: the last stage's. params[s], grads[s]: stage s's flat
-  // parameter and gradient arrays on its device. order: issue_order(schedule), computed once by
-  // the owner. All of them outlive the executor.
+  // parameter and gradient arrays on its device; bf16: their bf16 copies (MixedBf16). order:
+  // issue_order(schedule), computed once by the owner. All of them outlive the executor.
   // token_input: stage 0's rows are token ids (StageOps's constructor says how they travel).
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
            std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
-           std::span<Buffer<float>> grads, bool token_input = false)
+           std::span<Buffer<float>> grads, Bf16Weights<Backend>& bf16, bool token_input = false)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -73,7 +74,7 @@ class Executor {
         loss_program_(loss),
         num_stages_(stages.size()),
         sums_(backend, transport_, schedule, grads),
-        ops_(backend, stages, loss, params, grads, token_input) {}
+        ops_(backend, stages, loss, params, grads, bf16, token_input) {}
 
   // Runs the step (with a forward_only schedule: the inference into step.out); returns the summed
   // loss of every micro-batch (0 for inference). Throws (from the backend's
@@ -108,6 +109,7 @@ class Executor {
     }
     try {
       finish();
+      ops_.commit_weights();
       sums_.add_back_earlier();
     } catch (...) {
       clear();

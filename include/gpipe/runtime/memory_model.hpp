@@ -33,7 +33,7 @@ namespace gpipe {
 /// gradients and optimizer state are those of the device's stages; activations are the stage
 /// inputs and stashes per micro-batch (and the last stage's loss gradient) at their peak.
 struct DeviceMemoryPrediction {
-  std::size_t parameters = 0;        ///< bytes
+  std::size_t parameters = 0;        ///< bytes: float masters, and under MixedBf16 their bf16 copy
   std::size_t gradients = 0;         ///< bytes
   std::size_t optimizer_state = 0;   ///< bytes, for the given floats of state per parameter
   std::size_t activations_peak = 0;  ///< bytes, exact
@@ -116,23 +116,20 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
                                         max_rows * target_bytes_per_row);
   }
   // Across ops, outputs and input gradients waiting for a neighbour (at most every micro-batch of
-  // every stage on the device), the per-micro-batch losses, and in mixed precision the stages'
-  // parameters cast to bf16.
-  std::size_t waiting = 0, weights_bf16 = 0;
-  for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
-    if (schedule.device_of_stage(s) != d) continue;
-    waiting += rows * (st[s].out_features + st[s].in_features) * a;
-    if (a != f) weights_bf16 += st[s].num_params * a;
-  }
-  return within_op + waiting + schedule.num_micro_batches * f + weights_bf16;
+  // every stage on the device) and the per-micro-batch losses.
+  std::size_t waiting = 0;
+  for (std::size_t s = 0; s < schedule.num_stages(); ++s)
+    if (schedule.device_of_stage(s) == d)
+      waiting += rows * (st[s].out_features + st[s].in_features) * a;
+  return within_op + waiting + schedule.num_micro_batches * f;
 }
 
 }  // namespace detail
 
 /// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
 /// a token model: samples times Model::tokens_per_sample), in `Precision` (`Fp32`, or `MixedBf16`:
-/// activations, stashes, hand-overs and scratch of 2 bytes an element, and each stage's
-/// parameters cast to bf16 once per step, counted as workspace).
+/// activations, stashes, hand-overs and scratch of 2 bytes an element, and the stages' parameters
+/// kept in bf16 beside their float masters, 2 more bytes a parameter, counted as parameters).
 /// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
 /// in_place_loss: the loss writes its gradient over the last stage's output (loss_in_place: both
 /// built-in losses), which then holds one (rows, out_features) buffer where another loss needs two.
@@ -151,7 +148,7 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   std::vector<DeviceMemoryPrediction> out(schedule.num_devices);
   for (std::size_t s = 0; s < S; ++s) {
     DeviceMemoryPrediction& p = out[schedule.device_of_stage(s)];
-    p.parameters += st[s].num_params * f;
+    p.parameters += st[s].num_params * (a == f ? f : f + a);  // MixedBf16: the bf16 copy too
     p.gradients += st[s].num_params * f;
     p.optimizer_state += st[s].num_params * optimizer_state_per_param * f;
   }

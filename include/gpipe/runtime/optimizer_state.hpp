@@ -6,7 +6,9 @@
 // stage's parameters only, updates that share, and the replicas then gather the parameters. The
 // state knows its optimizer by the type's name, fixed while compiling (no RTTI: equal in every
 // translation unit and shared library, and with -fno-rtti). Compiled once per backend and
-// optimizer type.
+// optimizer type. Under gpipe::MixedBf16 an optimizer with the fused update
+// (fused_bf16_optimizer_for) also writes each stage's bf16 copy of the weights
+// (runtime/bf16_weights.hpp); after any other update the next step rounds them again.
 
 #include <algorithm>
 #include <cstddef>
@@ -18,7 +20,9 @@
 
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/error.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/optim/optimizer.hpp"
+#include "gpipe/runtime/bf16_weights.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/transport/transport.hpp"
 
@@ -143,6 +147,21 @@ class OptimizerState {
     return out;
   }
 
+  // One stage's update by `optimizer` on its device: the fused one where w (the stage's bf16 copy
+  // of the weights) is given, else the grouped one where the optimizer has it, else the plain one.
+  template <class Optimizer>
+  static void update(const Optimizer& optimizer, Kernels& k, std::size_t n, float* p,
+                     const float* g, float* state, std::size_t t,
+                     std::span<const optim::ParameterRange> tensors, bf16* w) {
+    if constexpr (fused_bf16_optimizer_for<Optimizer, Kernels>) {
+      if (w != nullptr) return optimizer.update(k, n, p, g, state, t, tensors, w);
+    }
+    if constexpr (grouped_optimizer_for<Optimizer, Kernels>)
+      optimizer.update(k, n, p, g, state, t, tensors);
+    else
+      optimizer.update(k, n, p, g, state, t);
+  }
+
   std::vector<typename Backend::template Buffer<float>> state_;  // per stage, on its device
   std::vector<std::pair<std::size_t, std::size_t>> shares_;      // per stage: [first, last)
   bool sharded_ = false;         // a share is not the whole of its stage
@@ -177,21 +196,24 @@ void OptimizerState<Backend>::step(const Optimizer& optimizer, ParameterStore<Ba
     for (std::size_t s = 0; s < store.num_stages(); ++s) tensors_[s] = cut(tensors_[s], shares_[s]);
   }
   const std::size_t t = ++record_.steps;
+  Bf16Weights<Backend>& bf16 = store.bf16_weights();
+  bf16.invalidate();  // before any parameter is written
+  const bool fused = fused_bf16_optimizer_for<Optimizer, Kernels> && bf16.kept() && !sharded_;
   for (std::size_t s = 0; s < store.num_stages(); ++s) {
     if (!store.local(s)) continue;
     const auto [first, last] = shares_[s];
     backend.submit(store.device_of_stage(s), {"optimizer step", s},
                    [&optimizer, p = store.params()[s].data() + first,
                     g = store.grads()[s].data() + first, st = state_[s].data(), n = last - first, t,
-                    tensors = std::span<const optim::ParameterRange>(tensors_[s])](Kernels& k) {
-                     if constexpr (grouped_optimizer_for<Optimizer, Kernels>) {
-                       optimizer.update(k, n, p, g, st, t, tensors);
-                     } else {
-                       optimizer.update(k, n, p, g, st, t);
-                     }
+                    tensors = std::span<const optim::ParameterRange>(tensors_[s]),
+                    w = fused ? bf16.data(s) : nullptr](Kernels& k) {
+                     update(optimizer, k, n, p, g, st, t, tensors, w);
                    });
   }
   backend.synchronize();
+  if (fused)
+    for (std::size_t s = 0; s < store.num_stages(); ++s)
+      if (store.local(s)) bf16.mark_current(s);
   if (sharded_) {  // every replica gets every share's update
     const transport::Transport<Backend> transport(backend);
     for (std::size_t s = 0; s < store.num_stages(); ++s)

@@ -1,6 +1,7 @@
 #pragma once
-// The trainer's parameter store: each stage's flat parameter and gradient arrays on its device,
-// the parameters' names, initialization, weight ties, and safetensors load and save. It knows
+// The trainer's parameter store: each stage's flat parameter and gradient arrays on its device
+// (and under gpipe::MixedBf16 their bf16 copy, runtime/bf16_weights.hpp), the parameters' names,
+// initialization, weight ties, and safetensors load and save. It knows
 // the model only as data (stage sizes, ParameterInfo, the stages' init functions), so it is
 // compiled once per backend.
 
@@ -22,6 +23,8 @@
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/names.hpp"
 #include "gpipe/model/pipeline.hpp"
+#include "gpipe/model/precision.hpp"
+#include "gpipe/runtime/bf16_weights.hpp"
 #include "gpipe/runtime/stage_program.hpp"
 #include "gpipe/transport/transport.hpp"
 
@@ -73,8 +76,18 @@ class ParameterStore {
   // Whether this process holds stage s (always, in one process).
   bool local(std::size_t s) const { return transport_.is_local(device_of_stage_[s]); }
   const std::vector<ParameterInfo>& infos() const { return infos_; }
+  // The parameters; who writes them through this (the optimizer state) first invalidates the
+  // bf16 copies of the stages it writes (bf16_weights.hpp's invariant).
   std::vector<Buffer<float>>& params() { return params_; }
   std::vector<Buffer<float>>& grads() { return grads_; }
+
+  // gpipe::MixedBf16: keeps a bf16 copy of every local stage's parameters from now on (called
+  // once, by the Trainer's constructor).
+  void keep_bf16_weights() {
+    for (std::size_t s = 0; s < num_stages(); ++s)
+      bf16_.keep(backend_, s, device_of_stage_[s], local(s) ? stages_[s].num_params : 0);
+  }
+  Bf16Weights<Backend>& bf16_weights() { return bf16_; }
 
   // Every parameter from `seed` in nn.Sequential order (each stage's initializer), tied followers
   // from their leaders, gradients zero.
@@ -198,6 +211,7 @@ class ParameterStore {
   void write(std::vector<Buffer<float>>& where, const ParameterInfo& info,
              std::span<const float> values) {
     require_local(info);
+    if (&where == &params_) bf16_.invalidate(info.stage);
     backend_.submit(device_of_stage_[info.stage], {"write parameter", info.stage},
                     [values, dst = where[info.stage].data() + info.offset](Kernels& k) {
                       k.upload(values.size(), values.data(), dst);
@@ -279,13 +293,18 @@ class ParameterStore {
       if (tie.first == &info || tie.second == &info) return &tie;
     return nullptr;
   }
+  // The follower's bf16 copy stays current where both stages' copies are and the tensor's part
+  // of the leader's copy goes along with its values; otherwise the follower's stage rounds again.
   void sync_tie(const TiePair& tie) {
     const auto& [follower, leader] = tie;
     const bool has_follower = local(follower->stage), has_leader = local(leader->stage);
+    const bool both_current = bf16_.current(leader->stage) && bf16_.current(follower->stage);
+    if (has_follower) bf16_.invalidate(follower->stage);
     if (has_follower && has_leader) {
       transport_.copy({"sync tied parameter", follower->stage}, device_of_stage_[leader->stage],
                       tensor(params_, *leader), device_of_stage_[follower->stage],
                       tensor(params_, *follower));
+      if (both_current && copy_bf16(*follower, *leader)) bf16_.mark_current(follower->stage);
     } else if (has_leader) {
       exchange_with(follower->stage, {params_[leader->stage].data() + leader->offset, leader->size},
                     {});
@@ -294,6 +313,19 @@ class ParameterStore {
                     {params_[follower->stage].data() + follower->offset, follower->size});
     }
     backend_.synchronize();
+  }
+  // The leader's part of its stage's bf16 copy into the follower's, both of this process, where
+  // the transport copies bf16 (in one process); false where it does not.
+  bool copy_bf16(const ParameterInfo& follower, const ParameterInfo& leader) {
+    const std::span<const bf16> src(bf16_.data(leader.stage) + leader.offset, leader.size);
+    const std::span<bf16> dst(bf16_.data(follower.stage) + follower.offset, follower.size);
+    const std::size_t from = device_of_stage_[leader.stage], to = device_of_stage_[follower.stage];
+    if constexpr (requires { transport_.copy(WorkLabel{}, from, src, to, dst); }) {
+      transport_.copy({"sync tied parameter", follower.stage}, from, src, to, dst);
+      return true;
+    } else {
+      return false;
+    }
   }
   // Between steps: sends `mine` to the process of `stage`, receives `theirs` from it (arrays on
   // this process's device, after the work issued on it).
@@ -307,6 +339,7 @@ class ParameterStore {
   std::vector<std::size_t> device_of_stage_;
   std::vector<ParameterInfo> infos_;
   std::vector<Buffer<float>> params_, grads_;
+  Bf16Weights<Backend> bf16_;  // MixedBf16: the parameters in bf16, per stage
   std::vector<TiePair> ties_;
 };
 
@@ -344,6 +377,7 @@ void ParameterStore<Backend>::initialize(std::uint64_t seed) {
     // every process draws every stage, so that each stage's values are those of one process
     stages_[s].init(std::span<float>(host[s]), rng);
   }
+  bf16_.invalidate();
   for (std::size_t s = 0; s < num_stages(); ++s) {
     if (!local(s)) continue;
     backend_.submit(

@@ -13,6 +13,7 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/model/precision.hpp"
+#include "gpipe/runtime/bf16_weights.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/slot_buffers.hpp"
@@ -45,7 +46,8 @@ struct OpPosition {
 };
 
 // The compute ops of a model's stages on Backend, in Precision (MixedBf16: on the device's bf16
-// context, with each stage's weights cast to bf16 once per step).
+// context, with each stage's weights in bf16: the store's copy, rounded again only where it is
+// not current).
 template <class Backend, class Target, class Precision>
 class StageOps {
  public:
@@ -57,38 +59,43 @@ class StageOps {
   using Buffers = SlotBuffers<Buffer<Activation>>;
   using Step = StepInput<Target>;
 
-  // The stages' programs and the loss's, and the stages' parameter and gradient arrays, all
-  // outliving this. token_input: stage 0's rows are token ids (with bf16 activations they
-  // travel as the 16 bits of a bf16, which hold ids exactly; a bf16 value holds integers only up
-  // to 256).
+  // The stages' programs and the loss's, the stages' parameter and gradient arrays and their
+  // bf16 copies (kept under MixedBf16), all outliving this. token_input: stage 0's rows are token
+  // ids (with bf16 activations they travel as the 16 bits of a bf16, which hold ids exactly; a
+  // bf16 value holds integers only up to 256).
   StageOps(Backend& backend, std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
-           std::span<Buffer<float>> grads, bool token_input)
+           std::span<Buffer<float>> grads, Bf16Weights<Backend>& weights_bf16, bool token_input)
       : backend_(backend),
         stages_(stages),
         loss_program_(loss),
         params_(params),
         grads_(grads),
+        weights_bf16_(weights_bf16),
         token_input_(token_input) {}
 
-  // Before a step's ops, for each stage of this process: under MixedBf16 its parameters rounded
-  // to bf16 once, on its device, for the GEMMs of all its micro-batches (a copy per use costs a
-  // sizeable share of a micro-batch's GEMM: BENCHMARKS.md); counted as workspace while the step
-  // runs.
+  // Before a step's ops, for each stage of this process: under MixedBf16 its parameters in bf16
+  // for the GEMMs of all its micro-batches (a copy per use costs a sizeable share of a
+  // micro-batch's GEMM: BENCHMARKS.md): the stage's copy as it is where current (the optimizer's
+  // fused update wrote it), else rounded now, on its device.
   void prepare_weights(std::size_t s, std::size_t d) {
     if constexpr (mixed) {
-      weights_bf16_.resize(stages_.size());
-      weights_bf16_[s] =
-          backend_.template allocate<Activation>(d, params_[s].size(), MemoryKind::workspace);
+      if (weights_bf16_.current(s)) return;
       backend_.submit(
           d, {"weights to bf16", s},
-          [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_[s].data()](Kernels& k) {
+          [n = params_[s].size(), p = params_[s].data(), w = weights_bf16_.data(s)](Kernels& k) {
             ActivationContext<Kernels, Activation>::of(k).convert(n, p, w);
           });
+      rounded_.push_back(s);
     }
   }
-  // Forgets the step's bf16 weights.
-  void clear() { weights_bf16_.clear(); }
+  // After the step's work has completed: the copies prepare_weights rounded are current.
+  void commit_weights() {
+    for (const std::size_t s : rounded_) weights_bf16_.mark_current(s);
+    rounded_.clear();
+  }
+  // Forgets the step's roundings (a failed step leaves them not current).
+  void clear() { rounded_.clear(); }
 
   // Runs the compute op `kind` at `at` (situation `sit`) on the backend's context k, on the
   // slot's buffers `here`; the last stage's loss of micro-batch mb goes to loss[mb].
@@ -104,11 +111,11 @@ class StageOps {
   }
 
  private:
-  // Stage s's parameters as its GEMMs read them (ForwardArgs::compute_params): the step's bf16
-  // copy under MixedBf16, the float master otherwise.
+  // Stage s's parameters as its GEMMs read them (ForwardArgs::compute_params): the bf16 copy
+  // under MixedBf16, the float master otherwise.
   const Activation* compute_params(std::size_t s) const {
     if constexpr (mixed)
-      return weights_bf16_[s].data();
+      return weights_bf16_.data(s);
     else
       return params_[s].data();
   }
@@ -212,8 +219,9 @@ class StageOps {
   std::span<const StageProgram<OpContext>> stages_;
   const LossProgram<OpContext, Target>& loss_program_;
   std::span<Buffer<float>> params_, grads_;
+  Bf16Weights<Backend>& weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
   bool token_input_ = false;
-  std::vector<Buffer<Activation>> weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
+  std::vector<std::size_t> rounded_;  // stages whose copy this step's prepare_weights rounds
 };
 
 }  // namespace gpipe::detail

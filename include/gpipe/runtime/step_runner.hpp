@@ -187,8 +187,15 @@ class StepRunner {
   Executor<Backend, Target, Precision> executor(const Schedule& program,
                                                 std::span<const OpPlace> order,
                                                 ParameterStore<Backend>& store) {
-    return {backend_, program,        order,         stages_,
-            loss_,    store.params(), store.grads(), shape_.takes_tokens()};
+    return {backend_,
+            program,
+            order,
+            stages_,
+            loss_,
+            store.params(),
+            store.grads(),
+            store.bf16_weights(),
+            shape_.takes_tokens()};
   }
 
   Backend& backend_;

@@ -127,7 +127,8 @@ class Trainer {
   static constexpr std::size_t num_devices = Model::num_stages / ScheduleKind::chunks_per_device;
 
   /// Builds and validates the schedule for `options.micro_batches`, allocates the parameters and
-  /// gradients of every stage this process runs on that stage's device, initializes the
+  /// gradients of every stage this process runs on that stage's device (under `MixedBf16` also
+  /// the parameters' bf16 copy, which the GEMMs read), initializes the
   /// parameters from `options.seed` and zeroes the gradients. `backend` must outlive the trainer.
   /// Throws `gpipe::Error` for micro_batches == 0, a backend with fewer devices than num_devices
   /// (across processes: other than num_devices per replica) or a bad tie; `OutOfMemory` when an
@@ -140,6 +141,8 @@ class Trainer {
                 options_.remat),
         store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(),
                options_.ties) {
+    if constexpr (!std::is_same_v<typename Precision::activation_type, float>)
+      store_.keep_bf16_weights();
     store_.initialize(options_.seed);
   }
   Trainer(const Trainer&) = delete;

@@ -28,6 +28,7 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/concepts.hpp"
 #include "gpipe/error.hpp"
+#include "gpipe/model/precision.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/transport/hand_over.hpp"
 
@@ -264,8 +265,21 @@ class Transport {
   /// returns once copied.
   void copy(WorkLabel label, std::size_t from, std::span<const float> src, std::size_t to,
             std::span<float> dst) const {
+    copy_array(label, from, src, to, dst);
+  }
+  /// As the copy of floats, of bf16 (a tied tensor's part of gpipe::MixedBf16's copy of the
+  /// weights).
+  void copy(WorkLabel label, std::size_t from, std::span<const bf16> src, std::size_t to,
+            std::span<bf16> dst) const {
+    copy_array(label, from, src, to, dst);
+  }
+
+ private:
+  template <class T>
+  void copy_array(WorkLabel label, std::size_t from, std::span<const T> src, std::size_t to,
+                  std::span<T> dst) const {
     detail::require(src.size() == dst.size(), "gpipe: a copy of " + std::to_string(src.size()) +
-                                                  " floats into " + std::to_string(dst.size()));
+                                                  " elements into " + std::to_string(dst.size()));
     typename Backend::Event ready;  // lives until the synchronize below
     if (from != to) {
       backend_.record(from, ready);
@@ -273,14 +287,21 @@ class Transport {
     }
     backend_.submit(to, label, [from, to, src, dst](Kernels& k) {
       if (from == to)
-        k.copy(src.size(), src.data(), dst.data());
+        copy_on(k, src.size(), src.data(), dst.data());
       else
         HandOver::receive(k, src.data(), dst.data(), src.size());
     });
     backend_.synchronize();
   }
+  // dst(n) <- src(n) on one device: by the context, or for bf16 by its bf16 context.
+  template <class T>
+  static void copy_on(Kernels& k, std::size_t n, const T* src, T* dst) {
+    if constexpr (requires { k.copy(n, src, dst); })
+      k.copy(n, src, dst);
+    else
+      k.bf16_context().copy(n, src, dst);
+  }
 
- private:
   Backend& backend_;
 };
 

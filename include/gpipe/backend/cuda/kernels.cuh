@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "gpipe/backend/cuda/device.cuh"
@@ -185,6 +186,16 @@ class KernelContext<float> {
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     cuda::adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, s_->compute);
+  }
+  /// adamw_update over all n parameters in one launch (gpipe::has_adamw_ranges): weight_decay
+  /// only in the `ranges` that decay (in order, covering [0, n); else gpipe::Error); where p_bf16
+  /// is not null, p_bf16(n) = the updated p rounded to bf16 in the same pass.
+  void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m, float* v,
+                           std::span<const DecayRange> ranges, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, std::size_t step,
+                           bf16* p_bf16) {
+    cuda::adamw_update_ranges(n, p, g, m, v, ranges, lr, beta1, beta2, eps, weight_decay, step,
+                              p_bf16, s_->compute);
   }
 
   /// The transport's half of a stage-to-stage hand-over (gpipe::transport::CudaHandOver): dst (n)

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "gpipe/backend/cuda/kernels.cuh"
@@ -177,6 +178,15 @@ class KernelContext<bf16> {
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
+  }
+  /// AdamW over a stage's ranges on the float master arrays in one launch, with their bf16 copy
+  /// (KernelContext<float>::adamw_update_ranges).
+  void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m, float* v,
+                           std::span<const DecayRange> ranges, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, std::size_t step,
+                           bf16* p_bf16) {
+    fp32_.adamw_update_ranges(n, p, g, m, v, ranges, lr, beta1, beta2, eps, weight_decay, step,
+                              p_bf16);
   }
 
   /// The transport's half of a hand-over, as KernelContext<float>::receive (bf16 messages: half the

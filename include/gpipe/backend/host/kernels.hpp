@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "gpipe/backend/host/kernels/loss.hpp"
 #include "gpipe/backend/host/kernels/optimizer.hpp"
 #include "gpipe/backend/host/kernels/team.hpp"
+#include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe::host {
@@ -164,6 +166,13 @@ class KernelContext {
   /// counted from 1.
   void adamw_update(std::size_t n, T* p, const T* g, T* m, T* v, double lr, double beta1,
                     double beta2, double eps, double weight_decay, std::size_t step);
+  /// adamw_update over all n parameters, weight_decay applied only in the `ranges` that decay
+  /// (in order, covering [0, n); else gpipe::Error); where p_bf16 is not null, p_bf16(n) = the
+  /// updated p rounded to bf16 (gpipe::has_adamw_ranges). A run at a time, split over the team.
+  void adamw_update_ranges(std::size_t n, T* p, const T* g, T* m, T* v,
+                           std::span<const DecayRange> ranges, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, std::size_t step,
+                           bf16* p_bf16);
 
   /// The context for bf16 activations on this device and team (kernels_bf16.hpp), made on first
   /// use and kept with this one (gpipe::MixedBf16's work runs on it).
@@ -307,6 +316,23 @@ void KernelContext<T>::adamw_update(std::size_t n, T* p, const T* g, T* m, T* v,
   in_blocks(n, 1, [&](std::size_t i, std::size_t c) {
     host::adamw_update(c, p + i, g + i, m + i, v + i, lr, beta1, beta2, eps, weight_decay, step);
   });
+}
+
+template <class T>
+void KernelContext<T>::adamw_update_ranges(std::size_t n, T* p, const T* g, T* m, T* v,
+                                           std::span<const DecayRange> ranges, double lr,
+                                           double beta1, double beta2, double eps,
+                                           double weight_decay, std::size_t step, bf16* p_bf16) {
+  gpipe::detail::check_decay_ranges(n, ranges);
+  for (const DecayRange& r : ranges) {
+    const double wd = r.decays ? weight_decay : 0.0;
+    in_blocks(r.size, 1, [&](std::size_t i, std::size_t c) {
+      const std::size_t at = r.offset + i;
+      host::adamw_update(c, p + at, g + at, m + at, v + at, lr, beta1, beta2, eps, wd, step);
+      if (p_bf16 == nullptr) return;
+      for (std::size_t j = at; j < at + c; ++j) p_bf16[j] = bf16(p[j]);
+    });
+  }
 }
 
 }  // namespace gpipe::host

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -248,6 +249,15 @@ class KernelContext<bf16> {
   void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
                     double beta1, double beta2, double eps, double weight_decay, std::size_t step) {
     fp32_.adamw_update(n, p, g, m, v, lr, beta1, beta2, eps, weight_decay, step);
+  }
+  /// AdamW over a stage's ranges on the float master arrays, with their bf16 copy
+  /// (KernelContext<float>::adamw_update_ranges).
+  void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m, float* v,
+                           std::span<const DecayRange> ranges, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, std::size_t step,
+                           bf16* p_bf16) {
+    fp32_.adamw_update_ranges(n, p, g, m, v, ranges, lr, beta1, beta2, eps, weight_decay, step,
+                              p_bf16);
   }
 
   /// out(n) = f applied to in...(n) widened to float, rounded to bf16, in blocks of `chunk` over
