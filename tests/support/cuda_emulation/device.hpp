@@ -46,7 +46,9 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -449,6 +451,35 @@ inline bool valid_configuration(dim3 grid, dim3 block) {
          block.y <= 1024 && block.z <= 64 && threads <= 1024;
 }
 
+// The launches issued so far, per kernel: what a test counts to show how many launches an
+// operation takes (launches_of).
+class LaunchCounts {
+ public:
+  using Kernel = void (*)();  // any kernel, as one function pointer type
+  static LaunchCounts& instance() {
+    static LaunchCounts counts;
+    return counts;
+  }
+  void add(Kernel kernel) {
+    const std::lock_guard lock(mutex_);
+    ++counts_[kernel];
+  }
+  std::size_t of(Kernel kernel) const {
+    const std::lock_guard lock(mutex_);
+    const auto it = counts_.find(kernel);
+    return it == counts_.end() ? 0 : it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<Kernel, std::size_t> counts_;
+};
+// Launches of `kernel` (an instantiation, e.g. convert_kernel<4, float, bf16>) issued so far.
+template <class... Params>
+std::size_t launches_of(void (*kernel)(Params...)) {
+  return LaunchCounts::instance().of(reinterpret_cast<LaunchCounts::Kernel>(kernel));
+}
+
 // launch(kernel, grid, block, stream)(args...): the emulated kernel<<<grid, block, 0,
 // stream>>>(args...). The arguments are converted to the kernel's parameter types and copied, as
 // a launch does.
@@ -466,6 +497,7 @@ class Launch {
       return;
     }
     ++counts().kernels;
+    LaunchCounts::instance().add(reinterpret_cast<LaunchCounts::Kernel>(kernel_));
     if (dry_run()) return;
     enqueue_launch(stream_,
                    [kernel = kernel_, grid = grid_, block = block_, on_stream = stream_ != nullptr,
