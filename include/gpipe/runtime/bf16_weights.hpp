@@ -33,7 +33,6 @@ class Bf16Weights {
     if (n > 0) copies_[s] = backend.template allocate<bf16>(d, n, MemoryKind::parameters);
   }
   bf16* data(std::size_t s) { return copies_[s].data(); }
-  std::size_t size(std::size_t s) const { return copies_[s].size(); }
 
   bool current(std::size_t s) const { return kept() && current_[s]; }
   // After the work that wrote stage s's whole copy from its master has completed.

@@ -1,9 +1,8 @@
 #pragma once
 // The trainer's parameter store: each stage's flat parameter and gradient arrays on its device
 // (and under gpipe::MixedBf16 their bf16 copy, runtime/bf16_weights.hpp), the parameters' names,
-// initialization, weight ties, and safetensors load and save. It knows
-// the model only as data (stage sizes, ParameterInfo, the stages' init functions), so it is
-// compiled once per backend.
+// initialization, weight ties, and safetensors load and save. It knows the model only as data
+// (stage sizes, ParameterInfo, the stages' init functions), so it is compiled once per backend.
 
 #include <algorithm>
 #include <cmath>
