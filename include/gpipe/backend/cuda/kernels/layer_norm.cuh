@@ -615,7 +615,7 @@ namespace detail {
 
 // How layer_norm_backward_weight sums (rows, cols) of T: by row groups (bf16 rows that the
 // resident layout holds, their pointers aligned for its packs), blocks of at least 8 rows a
-// group, their partial sums added by a column sum over blocks (bias_grad_backward's); else by
+// group, their partial sums added in block order by column_sum (one thread a column); else by
 // column tiles (ColumnSplit), bf16 rows after a pass that writes their float statistics into
 // the scratch.
 template <class T>
@@ -630,10 +630,10 @@ struct WeightSplit {
     const std::size_t per_block = 8 * layout.rows_per_block_of();
     blocks = std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 256);
   }
-  // Floats of scratch: the blocks' partial sums (2, blocks, cols) and their column sums'; or the
-  // float statistics (bf16) and the column tiles' partial sums.
+  // Floats of scratch: the blocks' partial sums (2, blocks, cols); or the float statistics
+  // (bf16) and the column tiles' partial sums.
   std::size_t scratch(std::size_t rows, std::size_t cols) const {
-    if (blocks != 0) return blocks > 1 ? 2 * blocks * cols + bias_grad_scratch(blocks, cols) : 0;
+    if (blocks != 0) return blocks > 1 ? 2 * blocks * cols : 0;
     return (stats_hold_mean<T> ? 0 : 2 * rows) + 2 * columns.scratch(cols);
   }
 };
@@ -700,9 +700,8 @@ void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, 
     GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_resident_kernel");
     if (split.blocks > 1) {
       const std::size_t b = split.blocks;
-      float* sums_scratch = bias_grad_scratch(b, cols) > 0 ? scratch + 2 * b * cols : nullptr;
-      bias_grad_backward(b, cols, scratch, dgamma, sums_scratch, stream);
-      bias_grad_backward(b, cols, scratch + b * cols, dbeta, sums_scratch, stream);
+      column_sum(b, cols, scratch, dgamma, stream);
+      column_sum(b, cols, scratch + b * cols, dbeta, stream);
     }
     return;
   }
