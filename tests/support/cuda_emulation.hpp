@@ -4,6 +4,7 @@
 //   cuda_emulation/device.hpp   kernels: every CUDA thread a coroutine, barriers, warp shuffles
 //   cuda_emulation/runtime.hpp  the CUDA runtime: GPUs, streams, events, memory, copies
 //   cuda_emulation/cublas.hpp   cuBLAS: cublasSgemm
+//   cuda_emulation/cublas_lt.hpp cuBLASLt: cublasLtMatmul with the bias epilogues
 //   cuda_emulation/nccl.hpp     NCCL: communicators, grouped send/receive
 //   cuda_emulation/nccl_net.hpp NCCL between processes (ncclCommInitRank): ranks over sockets
 //
@@ -32,6 +33,9 @@
 //     later work on that stream is skipped, its event records still complete.
 //   - cublasSgemm: column-major FP32 reference (TF32 mode rounds the operands to 10-bit
 //     mantissas first); C is not read when beta is 0.
+//   - cublasLtMatmul: the same reference with the epilogues BIAS and BGRADB, in stream
+//     order; descriptors, layouts, preferences and the heuristic are modelled for what the
+//     backend sets, and anything else is rejected with an error status (cublas_lt.hpp).
 //   - NCCL: ncclCommInitAll over the emulated GPUs; ncclSend/ncclRecv pairs of one group meet on
 //     their streams (the send's stream waits until the receive has copied). The streams must be
 //     on the communicators' GPUs. Between processes (each its own emulated machine, as MPI ranks
@@ -43,12 +47,13 @@
 // synchronization (it runs work at once on the calling thread), the GPU's math library rounding.
 //
 // Include this first, in one translation unit per test program that links none of cudart,
-// cuBLAS and NCCL: it defines their functions that the backend calls, or, with
+// cuBLAS, cuBLASLt and NCCL: it defines their functions that the backend calls, or, with
 // GPIPE_CUDA_EMULATION_LINKED defined, leaves them to the library gpipe_cuda_emulation
 // (cuda_emulation.cpp, which gpipe_use_cuda_emulation links).
 
 #include "support/cuda_emulation/device.hpp"
 // device.hpp first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.
 #include "support/cuda_emulation/cublas.hpp"
+#include "support/cuda_emulation/cublas_lt.hpp"
 #include "support/cuda_emulation/nccl.hpp"
 #include "support/cuda_emulation/runtime.hpp"
