@@ -1,7 +1,8 @@
 // Every kernel of gpipe::cuda::Kernels against the host backend's kernel on the same random
 // inputs: the kernel conformance suite (tests/support/conformance_cuda_kernels.hpp, which
 // tests/backend/cuda/test_kernels_emulated.cpp also runs on the CPU emulator), then what only a
-// GPU has: cuBLAS GEMMs, TF32, the staged host copies.
+// GPU has: cuBLAS GEMMs, Linear through cuBLASLt with its bias epilogues, TF32, the staged host
+// copies.
 
 #include <doctest/doctest.h>
 
@@ -9,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/host.hpp"
@@ -133,6 +135,88 @@ TEST_SUITE("cuda kernels") {
     reference.gemm(false, true, m, n, k, 1.0, wide(a).data(), wide(b).data(), 0.0, ref.data());
     // 10-bit mantissas in the products: about 1e-3 relative per product, averaging down
     CHECK(relative_error(wide(dev.get(dc, m * n)), ref) < 5e-3);
+  }
+
+  TEST_CASE("Linear's fused forward and weight gradient match the host's") {
+    GpuDevice dev;
+    // (rows, in, out): single elements, odd sizes, the test models' widths; every pointer one
+    // float off 16-byte alignment when offset is 1 (the heuristic is told the real alignment).
+    const std::size_t shapes[][3] = {
+        {1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {64, 256, 384}, {200, 48, 130}};
+    for (const auto& [rows, in, out] : shapes) {
+      for (std::size_t offset : {0u, 1u}) {
+        CAPTURE(rows);
+        CAPTURE(in);
+        CAPTURE(out);
+        CAPTURE(offset);
+        const auto x = random(rows * in, rows + in), w = random(out * in, out * 3 + in),
+                   b = random(out, out + 5);
+        float* dx = dev.put(x, offset);
+        float* dw = dev.put(w, offset);
+        float* dbias = dev.put(b, offset);
+        float* dy = dev.make(rows * out, offset);  // NaN: overwritten, never read
+        dev.run([&](Kernels& k) { k.linear_forward(rows, in, out, dx, dw, dbias, dy); });
+        std::vector<double> ref(rows * out);
+        reference.gemm(false, true, rows, out, in, 1.0, wide(x).data(), wide(w).data(), 0.0,
+                       ref.data());
+        reference.bias_add(rows, out, wide(b).data(), ref.data());
+        // FP32 products and sums of `in` terms in cuBLASLt's order, b added once
+        CHECK(relative_error(wide(dev.get(dy, rows * out)), ref) < 1e-5);
+
+        // the weight gradient of two micro-batches (rows and rows + 3), accumulated onto
+        // existing gradients: dW += dy^T x, db += the column sums of dy
+        const std::size_t rows2 = rows + 3;
+        const auto g1 = random(rows * out, 71 + rows), g2 = random(rows2 * out, 72 + rows),
+                   x2 = random(rows2 * in, 73 + in), dw0 = random(out * in, 74),
+                   db0 = random(out, 75);
+        float* dg1 = dev.put(g1, offset);
+        float* dg2 = dev.put(g2, offset);
+        float* dx2 = dev.put(x2, offset);
+        auto weight_gradient = [&] {
+          float* gw = dev.put(dw0, offset);
+          float* gb = dev.put(db0, offset);
+          dev.run([&](Kernels& k) {
+            k.linear_backward_weight(rows, in, out, dg1, dx, gw, gb);
+            k.linear_backward_weight(rows2, in, out, dg2, dx2, gw, gb);
+          });
+          return std::pair{dev.get(gw, out * in), dev.get(gb, out)};
+        };
+        const auto [got_w, got_b] = weight_gradient();
+        std::vector<double> ref_w = wide(dw0), ref_b = wide(db0);
+        reference.gemm(true, false, out, in, rows, 1.0, wide(g1).data(), wide(x).data(), 1.0,
+                       ref_w.data());
+        reference.gemm(true, false, out, in, rows2, 1.0, wide(g2).data(), wide(x2).data(), 1.0,
+                       ref_w.data());
+        reference.bias_grad(rows, out, wide(g1).data(), ref_b.data());
+        reference.bias_grad(rows2, out, wide(g2).data(), ref_b.data());
+        CHECK(relative_error(wide(got_w), ref_w) < 1e-5);
+        CHECK(relative_error(wide(got_b), ref_b) < 1e-5);
+        // deterministic: the same inputs give the same bits
+        const auto [again_w, again_b] = weight_gradient();
+        CHECK(again_w == got_w);
+        CHECK(again_b == got_b);
+      }
+    }
+  }
+
+  TEST_CASE("Linear's fused forward runs in TF32 only where the backend allows it") {
+    const std::size_t rows = 64, in = 1024, out = 96;
+    const auto x = random(rows * in, 5), w = random(out * in, 6), b = random(out, 7);
+    std::vector<double> ref(rows * out);
+    reference.gemm(false, true, rows, out, in, 1.0, wide(x).data(), wide(w).data(), 0.0,
+                   ref.data());
+    reference.bias_add(rows, out, wide(b).data(), ref.data());
+    for (bool tf32 : {false, true}) {
+      CAPTURE(tf32);
+      GpuDevice dev({.tf32 = tf32});
+      float* dx = dev.put(x);
+      float* dw = dev.put(w);
+      float* dbias = dev.put(b);
+      float* dy = dev.make(rows * out);
+      dev.run([&](Kernels& k) { k.linear_forward(rows, in, out, dx, dw, dbias, dy); });
+      // FP32: < 1e-5; TF32's 10-bit mantissas: about 1e-3 relative per product
+      CHECK(relative_error(wide(dev.get(dy, rows * out)), ref) < (tf32 ? 5e-3 : 1e-5));
+    }
   }
 
   TEST_CASE("upload and download round-trip any size, through several staging blocks") {

@@ -42,8 +42,8 @@ struct Linear {
   }
 
   /// y (rows, Out) = x (rows, In) W^T + b: the context's linear_forward where it has one (the
-  /// host backend fuses the bias into its GEMM), else a GEMM and a bias pass. W is read from the
-  /// compute copy (with_compute_params), b from the float master.
+  /// host and CUDA backends fuse the bias into their GEMMs), else a GEMM and a bias pass. W is read
+  /// from the compute copy (with_compute_params), b from the float master.
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     with_compute_params(a, 0, [&](const auto* w) { forward_with(ctx, a, w); });
@@ -56,11 +56,19 @@ struct Linear {
         a, 0, [&](const auto* w) { ctx.gemm(false, false, a.rows, In, Out, 1, a.dy, w, 0, a.dx); });
   }
 
-  /// dW (Out, In) += dy^T x,  db (Out) += sum_rows dy
+  /// dW (Out, In) += dy^T x,  db (Out) += sum_rows dy: the context's linear_backward_weight
+  /// where it has one (the CUDA backend sums dy's columns in the GEMM's epilogue), else a GEMM
+  /// and a bias-gradient pass.
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
-    ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);
-    if constexpr (Bias) ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
+    if constexpr (Bias && requires {
+                    ctx.linear_backward_weight(a.rows, In, Out, a.dy, a.x, a.grads, a.grads);
+                  }) {
+      ctx.linear_backward_weight(a.rows, In, Out, a.dy, a.x, a.grads, a.grads + Out * In);
+    } else {
+      ctx.gemm(true, false, Out, In, a.rows, 1, a.dy, a.x, 1, a.grads);
+      if constexpr (Bias) ctx.bias_grad(a.rows, Out, a.dy, a.grads + Out * In);
+    }
   }
 
  private:

@@ -505,6 +505,74 @@ TEST_SUITE("cuda emulator") {
                                 "cudaErrorLaunchFailure"));
   }
 
+  TEST_CASE("Linear's forward and weight gradient are one cublasLtMatmul each") {
+    gpipe::cuda::Backend backend(1);
+    const std::size_t rows = 5, in = 3, out = 4;
+    auto x = backend.allocate<float>(0, rows * in), w = backend.allocate<float>(0, out * in),
+         b = backend.allocate<float>(0, out), y = backend.allocate<float>(0, rows * out),
+         dw = backend.allocate<float>(0, out * in), db = backend.allocate<float>(0, out);
+    backend.submit(0, {"inputs"}, [&](gpipe::cuda::Kernels& k) {
+      for (auto* buffer : {&x, &w, &b, &y, &dw, &db}) k.fill(buffer->size(), 0.5f, buffer->data());
+    });
+    const std::size_t before = gpipe::test::cuda_emulation::lt_matmuls();
+    backend.submit(0, {"linear"}, [&](gpipe::cuda::Kernels& k) {
+      k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
+      k.linear_backward_weight(rows, in, out, y.data(), x.data(), dw.data(), db.data());
+    });
+    backend.synchronize();
+    CHECK(gpipe::test::cuda_emulation::lt_matmuls() == before + 2);
+  }
+
+  TEST_CASE("cuBLASLt rejects what the emulator does not model, and misaligned operands") {
+    cublasLtHandle_t handle = nullptr;
+    REQUIRE(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t desc = nullptr;
+    REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
+            CUBLAS_STATUS_SUCCESS);
+    const std::int32_t host_pointers = CUBLASLT_POINTER_MODE_HOST;
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &host_pointers,
+                                         sizeof host_pointers) == CUBLAS_STATUS_NOT_SUPPORTED);
+    const std::uint64_t wrong_size = CUBLAS_OP_T;
+    CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &wrong_size,
+                                         sizeof wrong_size) == CUBLAS_STATUS_INVALID_VALUE);
+    cublasLtMatrixLayout_t a = nullptr, b16 = nullptr, d = nullptr;  // (4, 4) each
+    REQUIRE(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 4, 4, 4) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&b16, CUDA_R_16BF, 4, 4, 4) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, 4, 4, 4) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulPreference_t pref = nullptr;
+    REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    auto heuristic = [&](cublasLtMatrixLayout_t b) {
+      return cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 1, &result, &found);
+    };
+    CHECK(heuristic(b16) == CUBLAS_STATUS_NOT_SUPPORTED);  // float A with bf16 B
+    const std::uint32_t relu = CUBLASLT_EPILOGUE_RELU;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &relu,
+                                           sizeof relu) == CUBLAS_STATUS_SUCCESS);
+    CHECK(heuristic(a) == CUBLAS_STATUS_NOT_SUPPORTED);  // an epilogue not modelled
+    const std::uint32_t plain = CUBLASLT_EPILOGUE_DEFAULT;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &plain,
+                                           sizeof plain) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(heuristic(a) == CUBLAS_STATUS_SUCCESS);  // 256-byte alignment, no workspace
+    REQUIRE(found == 1);
+    void* memory = nullptr;
+    REQUIRE(cudaMalloc(&memory, 1024) == cudaSuccess);
+    auto* m = static_cast<float*>(memory);
+    const float one = 1, zero = 0;
+    auto matmul = [&](float* d_ptr) {
+      return cublasLtMatmul(handle, desc, &one, m, a, m, a, &zero, d_ptr, d, d_ptr, d, &result.algo,
+                            nullptr, 0, nullptr);
+    };
+    CHECK(matmul(m + 1) == CUBLAS_STATUS_INVALID_VALUE);  // D not as aligned as promised
+    CHECK(matmul(m + 64) == CUBLAS_STATUS_SUCCESS);       // 256 bytes on (the null stream: at once)
+    CHECK(cudaFree(memory) == cudaSuccess);
+    for (cublasLtMatrixLayout_t l : {a, b16, d}) CHECK(cublasLtMatrixLayoutDestroy(l) == 0);
+    CHECK(cublasLtMatmulPreferenceDestroy(pref) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulDescDestroy(desc) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtDestroy(handle) == CUBLAS_STATUS_SUCCESS);
+  }
+
   TEST_CASE("a launch outside CUDA's limits fails as the runtime's would") {
     std::vector<unsigned> out(1);
     GPIPE_CUDA_LAUNCH(emulator_checks::grid_index_kernel, 1, 2048, nullptr)(1, out.data());

@@ -1,12 +1,13 @@
 #pragma once
 // What the CUDA backend keeps per physical GPU and per virtual device. A virtual device is what
-// the runtime calls a device: its own compute stream, copy stream, cuBLAS handle, counted memory
-// and staging buffers, on one physical GPU that other virtual devices may share.
+// the runtime calls a device: its own compute stream, copy stream, cuBLAS and cuBLASLt handles,
+// counted memory and staging buffers, on one physical GPU that other virtual devices may share.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/device.cuh is CUDA code: compile it with nvcc"
 #endif
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -122,14 +123,18 @@ struct DeviceState {
   cudaStream_t compute = nullptr;
   cudaStream_t copy = nullptr;
   cublasHandle_t blas = nullptr;
-  cudaEvent_t ready = nullptr;  // transfer bookkeeping: compute -> copy stream
-  cudaEvent_t done = nullptr;   // copy stream -> compute
-  float* scratch = nullptr;     // kernel scratch (column-sum partials, per-row losses), uncounted
+  cublasLtHandle_t blas_lt = nullptr;  // cuBLASLt: Linear's GEMMs with their bias epilogues
+  bool tf32 = false;                   // BackendOptions::tf32: float GEMMs may round to TF32
+  cudaEvent_t ready = nullptr;         // transfer bookkeeping: compute -> copy stream
+  cudaEvent_t done = nullptr;          // copy stream -> compute
+  float* scratch = nullptr;  // kernel scratch (column-sum partials, per-row losses), uncounted
   std::size_t scratch_floats = 0;
   float* wide = nullptr;  // the bf16 context's floats to and from the host, uncounted
   std::size_t wide_floats = 0;
   float* cast = nullptr;  // the bf16 context's GEMM operands rounded to bf16, uncounted
   std::size_t cast_floats = 0;
+  float* lt_workspace = nullptr;  // cuBLASLt's workspace, as its algorithms ask, uncounted
+  std::size_t lt_workspace_floats = 0;
   HostStaging staging;
   std::vector<GpuState>* gpus = nullptr;  // all of the backend's GPUs (for cross-GPU receives)
 };

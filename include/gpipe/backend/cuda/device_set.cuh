@@ -1,12 +1,13 @@
 #pragma once
 // The GPUs and virtual devices of one cuda::Backend: which GPU each virtual device is on, and the
-// CUDA resources they hold (pools, streams, events, cuBLAS handles, NCCL communicators), made
-// together and released together.
+// CUDA resources they hold (pools, streams, events, cuBLAS and cuBLASLt handles, NCCL
+// communicators), made together and released together.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/device_set.cuh is CUDA code: compile it with nvcc"
 #endif
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -193,16 +194,19 @@ class DeviceSet {
     GPIPE_CUBLAS_CHECK(cublasSetStream(s.blas, s.compute));
     GPIPE_CUBLAS_CHECK(
         cublasSetMathMode(s.blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    GPIPE_CUBLAS_CHECK(cublasLtCreate(&s.blas_lt));
+    s.tf32 = tf32;
   }
 
   static void release_device(DeviceState& s) noexcept {
     if (s.gpu != nullptr) (void)cudaSetDevice(s.gpu->id);  // cuBLAS wants its handle's device
     bool freed = false;
-    for (float* block : {s.scratch, s.wide, s.cast})
+    for (float* block : {s.scratch, s.wide, s.cast, s.lt_workspace})
       if (block != nullptr && cudaFreeAsync(block, s.compute) == cudaSuccess) freed = true;
     if (freed) (void)cudaStreamSynchronize(s.compute);
     s.staging.release_all();
     if (s.blas != nullptr) (void)cublasDestroy(s.blas);
+    if (s.blas_lt != nullptr) (void)cublasLtDestroy(s.blas_lt);
     if (s.ready != nullptr) (void)cudaEventDestroy(s.ready);
     if (s.done != nullptr) (void)cudaEventDestroy(s.done);
     if (s.compute != nullptr) (void)cudaStreamDestroy(s.compute);

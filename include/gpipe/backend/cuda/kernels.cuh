@@ -27,6 +27,7 @@
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/gemm.cuh"
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
+#include "gpipe/backend/cuda/kernels/linear.cuh"
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
@@ -87,6 +88,25 @@ class KernelContext<float> {
   void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
             const float* a, const float* b, float beta, float* c) {
     cuda::gemm(s_->blas, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, s_->compute);
+  }
+  /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major, y overwritten: Linear's
+  /// forward as one cuBLASLt GEMM that adds b in its epilogue (kernels/linear.cuh), or gemm then
+  /// bias_add where cuBLASLt has no algorithm for it.
+  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const float* x,
+                      const float* w, const float* b, float* y) {
+    if (linear_forward_lt(*s_, rows, in, out, x, w, b, y)) return;
+    gemm(false, true, rows, out, in, 1, x, w, 0, y);
+    bias_add(rows, out, b, y);
+  }
+  /// dW (out, in) += dy^T x and db (out) += the column sums of dy (rows, out), x (rows, in):
+  /// Linear's weight gradient as one cuBLASLt GEMM that sums dy's columns in its epilogue
+  /// (kernels/linear.cuh; db accumulated, deterministic), or gemm then bias_grad where cuBLASLt
+  /// has no algorithm for it. May grow the context's scratch.
+  void linear_backward_weight(std::size_t rows, std::size_t in, std::size_t out, const float* dy,
+                              const float* x, float* dw, float* db) {
+    if (linear_backward_weight_lt(*s_, rows, in, out, dy, x, dw, db, scratch(out))) return;
+    gemm(true, false, out, in, rows, 1, dy, x, 1, dw);
+    bias_grad(rows, out, dy, db);
   }
   /// y(rows, cols) += bias(cols), broadcast over the rows.
   void bias_add(std::size_t rows, std::size_t cols, const float* bias, float* y) {

@@ -8,10 +8,12 @@
 // to nearest even on store (kernels/common.cuh: the host's bits). GEMMs multiply bf16 operands
 // with float accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F: the tensor cores). Layers pass
 // weights as the bf16 copy the runtime rounds once per step (ForwardArgs::compute_params); a float
-// operand is rounded into the context's cast scratch at each use. Every other op (elementwise
-// ops, bias, LayerNorm, the embedding, the attention core, the losses) is one kernel templated on
-// the storage type that reads and writes bf16 directly: no float copy of an activation is made
-// (only host uploads and downloads of floats pass through the float scratch wide()).
+// operand is rounded into the context's cast scratch at each use. Linear's forward and weight
+// gradient carry their bias in a cuBLASLt epilogue (kernels/linear.cuh). Every other op
+// (elementwise ops, bias, LayerNorm, the embedding, the attention core, the losses) is one kernel
+// templated on the storage type that reads and writes bf16 directly: no float copy of an
+// activation is made (only host uploads and downloads of floats pass through the float scratch
+// wide()).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels_bf16.cuh is CUDA code: compile it with nvcc"
@@ -26,6 +28,7 @@
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/gemm.cuh"
+#include "gpipe/backend/cuda/kernels/linear.cuh"
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/model/precision.hpp"
 
@@ -80,6 +83,34 @@ class KernelContext<bf16> {
     const bf16* a16 = operand(a, m * k, reinterpret_cast<bf16*>(cast));
     const bf16* b16 = operand(b, k * n, reinterpret_cast<bf16*>(cast + a_cast));
     gemm_bf16(s_->blas, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, s_->compute);
+  }
+
+  /// y (rows, out) = x (rows, in) W^T + b (out), y overwritten: one cuBLASLt GEMM of bf16
+  /// operands with float accumulation that adds the float b before rounding y once
+  /// (kernels/linear.cuh); W bf16 or float (rounded into the cast scratch first). gemm then
+  /// bias_add where cuBLASLt has no algorithm for it.
+  template <class W>
+  void linear_forward(std::size_t rows, std::size_t in, std::size_t out, const bf16* x, const W* w,
+                      const float* b, bf16* y) {
+    static_assert(is_storage<W>,
+                  "gpipe: cuda::KernelContext<bf16>::linear_forward takes bf16 or float weights");
+    if (rows == 0) return;
+    const std::size_t w_cast = std::is_same_v<W, float> ? padded((out * in + 1) / 2) : 0;
+    float* cast = detail::grow_scratch(*s_, s_->cast, s_->cast_floats, w_cast);
+    const bf16* w16 = operand(w, out * in, reinterpret_cast<bf16*>(cast));
+    if (linear_forward_lt(*s_, rows, in, out, x, w16, b, y)) return;
+    gemm(false, true, rows, out, in, 1.0f, x, w16, 0.0f, y);
+    bias_add(rows, out, b, y);
+  }
+  /// dW (out, in) += dy^T x and db (out) += the column sums of dy (rows, out), x (rows, in), dW
+  /// and db float: one cuBLASLt GEMM of bf16 operands with float accumulation whose epilogue sums
+  /// dy's columns (accumulated into db, deterministic; kernels/linear.cuh), or gemm then bias_grad
+  /// where cuBLASLt has no algorithm for it.
+  void linear_backward_weight(std::size_t rows, std::size_t in, std::size_t out, const bf16* dy,
+                              const bf16* x, float* dw, float* db) {
+    if (linear_backward_weight_lt(*s_, rows, in, out, dy, x, dw, db, scratch(out))) return;
+    gemm(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw);
+    bias_grad(rows, out, dy, db);
   }
 
   /// y(rows, cols) += bias(cols), in float, rounded once.
