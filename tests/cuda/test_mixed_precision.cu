@@ -1,7 +1,8 @@
 // gpipe::MixedBf16 on the CUDA backend (cuda::Bf16Kernels): the conversions' bits against the
-// host's definition; the bf16 GEMM (cublasGemmEx) against double within the derived bound; a GPT
-// step's loss and gradients against the same step in Fp32 within bf16's bound (the derivation
-// is tests/runtime/test_mixed_precision.cpp's), and against the host backend's MixedBf16 step;
+// host's definition; the bf16 GEMM (cublasGemmEx) and Linear's fused forward and weight gradient
+// (cuBLASLt) against double within the derived bound; a GPT step's loss and gradients against
+// the same step in Fp32 within bf16's bound (the derivation is
+// tests/runtime/test_mixed_precision.cpp's), and against the host backend's MixedBf16 step;
 // remat's recomputation gives the same bits; peak activations equal predict_memory's and half of
 // Fp32's; inference and an MLP with MSE against Fp32. tests/backend/cuda/
 // test_mixed_precision_emulated.cpp runs this file on the CPU emulator.
@@ -192,6 +193,96 @@ TEST_CASE("Bf16Kernels: GEMMs of bf16 operands accumulate in float, within the d
                   u * std::abs(want16) + (1 + u) * (k + 1) * e * 0.5 * mag);
           }
       }
+}
+
+TEST_CASE("Bf16Kernels: Linear's fused forward and weight gradient, within the derived bound") {
+  // y = x W^T + b (cuBLASLt, bias epilogue): bf16 x and W (or float W, rounded at use), float
+  // products and sums, b added in float, y rounded once: |y - want| <= u |want| + (1 + u)
+  // (in + 1) e (S + |b|), S the sum of the products' magnitudes. dW += dy^T x and db += the
+  // column sums of dy over two micro-batches (bias-gradient epilogue into scratch, then added):
+  // float sums of r terms onto a float start, |error| <= (r + 2) e (S + |start|).
+  Rng rng(4);
+  auto values = [&](std::size_t count) {
+    std::vector<bf16> v;
+    for (std::size_t i = 0; i < count; ++i) v.push_back(bf16(rng.uniform(-2.0f, 2.0f)));
+    return v;
+  };
+  auto floats = [&](std::size_t count) {
+    std::vector<float> v;
+    for (std::size_t i = 0; i < count; ++i) v.push_back(rng.uniform(-1.0f, 1.0f));
+    return v;
+  };
+  const std::size_t shapes[][3] = {{13, 37, 9}, {64, 48, 130}};  // (rows, in, out)
+  for (const auto& [rows, in, out] : shapes) {
+    for (bool float_weights : {false, true}) {
+      CAPTURE(rows);
+      CAPTURE(float_weights);
+      const std::vector<bf16> x = values(rows * in), w16 = values(out * in);
+      std::vector<float> wf;  // float weights with low bits set, so that rounding matters
+      for (const bf16& v : w16) wf.push_back(float(v) * (1.0f + 1.0f / 512));
+      std::vector<double> w_used;  // the weights the GEMM multiplies: bf16 values
+      for (std::size_t i = 0; i < w16.size(); ++i)
+        w_used.push_back(float_weights ? float(bf16(wf[i])) : float(w16[i]));
+      const std::vector<float> b = floats(out);
+      const std::size_t rows2 = rows + 3;
+      const std::vector<bf16> g1 = values(rows * out), g2 = values(rows2 * out),
+                              x2 = values(rows2 * in);
+      const std::vector<float> dw0 = floats(out * in), db0 = floats(out);
+      cuda::Backend backend(1);
+      auto dx = put(backend, x), dw16 = put(backend, w16), dg1 = put(backend, g1),
+           dg2 = put(backend, g2), dx2 = put(backend, x2);
+      auto dwf = put(backend, wf), dbias = put(backend, b), gw = put(backend, dw0),
+           gb = put(backend, db0);
+      auto dy = put(backend, std::vector<bf16>(rows * out, bf16(std::nanf(""))));
+      backend.submit(0, {"linear"}, [&](cuda::Kernels& fp32) {
+        cuda::Bf16Kernels& k16 = fp32.bf16_context();
+        if (float_weights) {
+          k16.linear_forward(rows, in, out, dx.data(), dwf.data(), dbias.data(), dy.data());
+        } else {
+          k16.linear_forward(rows, in, out, dx.data(), dw16.data(), dbias.data(), dy.data());
+        }
+        k16.linear_backward_weight(rows, in, out, dg1.data(), dx.data(), gw.data(), gb.data());
+        k16.linear_backward_weight(rows2, in, out, dg2.data(), dx2.data(), gw.data(), gb.data());
+      });
+      backend.synchronize();
+      const std::vector<bf16> y = get(backend, dy);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t o = 0; o < out; ++o) {
+          double want = b[o], mag = 0;
+          for (std::size_t i = 0; i < in; ++i) {
+            const double product = double(float(x[r * in + i])) * w_used[o * in + i];
+            want += product;
+            mag += std::abs(product);
+          }
+          CHECK(std::abs(float(y[r * out + o]) - want) <=
+                u * std::abs(want) + (1 + u) * (in + 1) * e * (mag + std::abs(b[o])));
+        }
+      const std::vector<float> got_w = get(backend, gw), got_b = get(backend, gb);
+      const std::size_t terms = rows + rows2;
+      for (std::size_t o = 0; o < out; ++o) {
+        double want_b = db0[o], mag_b = std::abs(db0[o]);
+        for (std::size_t r = 0; r < rows; ++r) want_b += float(g1[r * out + o]);
+        for (std::size_t r = 0; r < rows2; ++r) want_b += float(g2[r * out + o]);
+        for (std::size_t r = 0; r < rows; ++r) mag_b += std::abs(float(g1[r * out + o]));
+        for (std::size_t r = 0; r < rows2; ++r) mag_b += std::abs(float(g2[r * out + o]));
+        CHECK(std::abs(got_b[o] - want_b) <= (terms + 2) * e * mag_b);
+        for (std::size_t i = 0; i < in; ++i) {
+          double want = dw0[o * in + i], mag = std::abs(dw0[o * in + i]);
+          for (std::size_t r = 0; r < rows; ++r) {
+            const double product = double(float(g1[r * out + o])) * float(x[r * in + i]);
+            want += product;
+            mag += std::abs(product);
+          }
+          for (std::size_t r = 0; r < rows2; ++r) {
+            const double product = double(float(g2[r * out + o])) * float(x2[r * in + i]);
+            want += product;
+            mag += std::abs(product);
+          }
+          CHECK(std::abs(got_w[o * in + i] - want) <= (terms + 2) * e * mag);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("MixedBf16 on CUDA: a GPT step's loss and gradients are Fp32's within bf16's bound") {
