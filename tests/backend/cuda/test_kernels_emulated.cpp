@@ -28,6 +28,7 @@
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
+#include "gpipe/model/linear.hpp"
 #include "support/conformance_cuda_kernels.hpp"
 #include "support/errors.hpp"
 #include "support/guarded_buffer.hpp"
@@ -505,22 +506,36 @@ TEST_SUITE("cuda emulator") {
                                 "cudaErrorLaunchFailure"));
   }
 
-  TEST_CASE("Linear's forward and weight gradient are one cublasLtMatmul each") {
+  TEST_CASE(
+      "Linear's forward and weight gradient are one cublasLtMatmul each, in both precisions") {
+    using L = gpipe::Linear<3, 4>;
     gpipe::cuda::Backend backend(1);
-    const std::size_t rows = 5, in = 3, out = 4;
-    auto x = backend.allocate<float>(0, rows * in), w = backend.allocate<float>(0, out * in),
-         b = backend.allocate<float>(0, out), y = backend.allocate<float>(0, rows * out),
-         dw = backend.allocate<float>(0, out * in), db = backend.allocate<float>(0, out);
+    const std::size_t rows = 5;
+    auto x = backend.allocate<float>(0, rows * 3), y = backend.allocate<float>(0, rows * 4),
+         params = backend.allocate<float>(0, L::num_params),
+         grads = backend.allocate<float>(0, L::num_params);
+    auto x16 = backend.allocate<gpipe::bf16>(0, rows * 3),
+         y16 = backend.allocate<gpipe::bf16>(0, rows * 4);
     backend.submit(0, {"inputs"}, [&](gpipe::cuda::Kernels& k) {
-      for (auto* buffer : {&x, &w, &b, &y, &dw, &db}) k.fill(buffer->size(), 0.5f, buffer->data());
+      for (auto* buffer : {&x, &y, &params, &grads}) k.fill(buffer->size(), 0.5f, buffer->data());
+      k.bf16_context().fill(x16.size(), 0.5f, x16.data());
+      k.bf16_context().fill(y16.size(), 0.5f, y16.data());
     });
     const std::size_t before = gpipe::test::cuda_emulation::lt_matmuls();
     backend.submit(0, {"linear"}, [&](gpipe::cuda::Kernels& k) {
-      k.linear_forward(rows, in, out, x.data(), w.data(), b.data(), y.data());
-      k.linear_backward_weight(rows, in, out, y.data(), x.data(), dw.data(), db.data());
+      L::forward(k, gpipe::ForwardArgs<float>{rows, x.data(), y.data(), params.data(), nullptr});
+      L::backward_weight(
+          k, gpipe::BackwardWeightArgs<float>{rows, x.data(), y.data(), params.data(), nullptr,
+                                              nullptr, grads.data()});
+      gpipe::cuda::Bf16Kernels& k16 = k.bf16_context();
+      L::forward(k16, gpipe::ForwardArgs<gpipe::bf16>{rows, x16.data(), y16.data(), params.data(),
+                                                      nullptr});
+      L::backward_weight(
+          k16, gpipe::BackwardWeightArgs<gpipe::bf16>{rows, x16.data(), y16.data(), params.data(),
+                                                      nullptr, nullptr, grads.data()});
     });
     backend.synchronize();
-    CHECK(gpipe::test::cuda_emulation::lt_matmuls() == before + 2);
+    CHECK(gpipe::test::cuda_emulation::lt_matmuls() == before + 4);
   }
 
   TEST_CASE("cuBLASLt rejects what the emulator does not model, and misaligned operands") {

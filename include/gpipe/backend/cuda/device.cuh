@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -114,6 +115,16 @@ class HostStaging {
   std::uint64_t clock_ = 0;
 };
 
+// The cuBLASLt algorithm that kernels/linear.cuh chose for one problem (`key`: shape, types,
+// transposes, epilogue, operand alignments), so that the heuristic runs once per problem; `found`
+// is false where it had none.
+struct LtAlgoChoice {
+  std::array<std::uint64_t, 6> key{};
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace = 0;  // bytes the algorithm needs
+};
+
 // One virtual device.
 struct DeviceState {
   std::size_t index = 0;  // virtual device number
@@ -135,6 +146,7 @@ struct DeviceState {
   std::size_t cast_floats = 0;
   float* lt_workspace = nullptr;  // cuBLASLt's workspace, as its algorithms ask, uncounted
   std::size_t lt_workspace_floats = 0;
+  std::vector<LtAlgoChoice> lt_algos;  // cuBLASLt's algorithms chosen so far
   HostStaging staging;
   std::vector<GpuState>* gpus = nullptr;  // all of the backend's GPUs (for cross-GPU receives)
 };

@@ -16,7 +16,8 @@
 // and written once, against a separate column-sum pass that reads all of dy (rows x out).
 //
 // The algorithm is cublasLtMatmulAlgoGetHeuristic's first, under the operands' actual alignments
-// and at most lt_workspace_limit bytes of workspace (the device's block grows to what it asks).
+// and at most lt_workspace_limit bytes of workspace (the device's block grows to what it asks),
+// asked once per problem and alignments and then kept by the device (DeviceState::lt_algos).
 // Where cuBLASLt has none (an epilogue it lacks for these types), the functions enqueue nothing
 // and return false, and the caller runs the GEMM and the separate bias pass. cuBLASLt gives the
 // same bits on every run for the same problem on one GPU model and toolkit (no atomics), and the
@@ -29,6 +30,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -111,42 +113,69 @@ inline void lt_describe(const LtProblem& p, LtDesc& desc) {
     lt_set(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_32F));
 }
 
+// The matrix layouts of p: A is op(A) (m, k), or (k, m) when transposed; B likewise (k, n) or
+// (n, k); D (m, n). Column-major, dense.
+inline void lt_layouts(const LtProblem& p, LtLayout& a, LtLayout& b, LtLayout& d) {
+  const std::uint64_t a_rows = p.trans_a ? p.k : p.m, b_rows = p.trans_b ? p.n : p.k;
+  GPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(a.out(), p.ab_type, a_rows, p.trans_a ? p.m : p.k,
+                                                static_cast<std::int64_t>(a_rows)));
+  GPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b.out(), p.ab_type, b_rows, p.trans_b ? p.k : p.n,
+                                                static_cast<std::int64_t>(b_rows)));
+  GPIPE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(d.out(), p.d_type, p.m, p.n, static_cast<std::int64_t>(p.m)));
+}
+
+// The heuristic's first algorithm for p with A, B and D (C is D) at alignments `align`, at most
+// lt_workspace_limit bytes of workspace: asked once per problem, then taken from s.lt_algos.
+inline LtAlgoChoice lt_choose(DeviceState& s, const LtProblem& p, const LtDesc& desc,
+                              const LtLayout& a, const LtLayout& b, const LtLayout& d,
+                              const std::array<std::uint32_t, 3>& align) {
+  const std::array<std::uint64_t, 6> key = {
+      (p.trans_a ? 1u : 0u) | (p.trans_b ? 2u : 0u) | static_cast<std::uint64_t>(p.epilogue) << 8,
+      p.m,
+      p.n,
+      p.k,
+      std::uint64_t{static_cast<std::uint32_t>(p.ab_type)} |
+          std::uint64_t{static_cast<std::uint32_t>(p.d_type)} << 16 |
+          std::uint64_t{static_cast<std::uint32_t>(p.compute)} << 32,
+      std::uint64_t{align[0]} | std::uint64_t{align[1]} << 16 | std::uint64_t{align[2]} << 32 |
+          std::uint64_t{lt_alignment(p.bias)} << 48};
+  for (const LtAlgoChoice& c : s.lt_algos)
+    if (c.key == key) return c;
+  LtPreference pref;
+  GPIPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(pref.out()));
+  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{lt_workspace_limit});
+  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]);
+  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]);
+  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]);
+  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      s.blas_lt, desc.get(), a.get(), b.get(), d.get(), d.get(), pref.get(), 1, &result, &found);
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) GPIPE_CUBLAS_CHECK(status);
+  LtAlgoChoice choice{key, status == CUBLAS_STATUS_SUCCESS && found > 0, result.algo,
+                      result.workspaceSize};
+  s.lt_algos.push_back(choice);
+  return choice;
+}
+
 // Enqueues p on a, b and d on s's compute stream with the heuristic's first algorithm; false,
 // with nothing enqueued, where the heuristic has none.
 inline bool lt_matmul(DeviceState& s, const LtProblem& p, const void* a, const void* b, void* d) {
   LtDesc desc;
   lt_describe(p, desc);
-  // stored A is op(A) (m, k), or (k, m) when transposed; B likewise (k, n) or (n, k)
   LtLayout la, lb, ld;
-  GPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(la.out(), p.ab_type, p.trans_a ? p.k : p.m,
-                                                p.trans_a ? p.m : p.k,
-                                                static_cast<std::int64_t>(p.trans_a ? p.k : p.m)));
-  GPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(lb.out(), p.ab_type, p.trans_b ? p.n : p.k,
-                                                p.trans_b ? p.k : p.n,
-                                                static_cast<std::int64_t>(p.trans_b ? p.n : p.k)));
-  GPIPE_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(ld.out(), p.d_type, p.m, p.n, static_cast<std::int64_t>(p.m)));
-  LtPreference pref;
-  GPIPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(pref.out()));
-  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{lt_workspace_limit});
-  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt_alignment(a));
-  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, lt_alignment(b));
-  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, lt_alignment(d));
-  lt_set(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, lt_alignment(d));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(s.blas_lt, desc.get(), la.get(), lb.get(), ld.get(), ld.get(),
-                                     pref.get(), 1, &result, &found);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
-    return false;
-  GPIPE_CUBLAS_CHECK(status);
+  lt_layouts(p, la, lb, ld);
+  const LtAlgoChoice choice =
+      lt_choose(s, p, desc, la, lb, ld, {lt_alignment(a), lt_alignment(b), lt_alignment(d)});
+  if (!choice.found) return false;
   void* workspace = grow_scratch(s, s.lt_workspace, s.lt_workspace_floats,
-                                 (result.workspaceSize + sizeof(float) - 1) / sizeof(float));
+                                 (choice.workspace + sizeof(float) - 1) / sizeof(float));
   const float alpha = 1;
   GPIPE_CUBLAS_CHECK(cublasLtMatmul(s.blas_lt, desc.get(), &alpha, a, la.get(), b, lb.get(),
-                                    &p.beta, d, ld.get(), d, ld.get(), &result.algo, workspace,
-                                    result.workspaceSize, s.compute));
+                                    &p.beta, d, ld.get(), d, ld.get(), &choice.algo, workspace,
+                                    choice.workspace, s.compute));
   return true;
 }
 
