@@ -153,15 +153,18 @@ TEST_SUITE("cuda kernels") {
                    b = random(out, out + 5);
         float* dx = dev.put(x, offset);
         float* dw = dev.put(w, offset);
-        float* dbias = dev.put(b, offset);
-        float* dy = dev.make(rows * out, offset);  // NaN: overwritten, never read
-        dev.run([&](Kernels& k) { k.linear_forward(rows, in, out, dx, dw, dbias, dy); });
         std::vector<double> ref(rows * out);
         reference.gemm(false, true, rows, out, in, 1.0, wide(x).data(), wide(w).data(), 0.0,
                        ref.data());
         reference.bias_add(rows, out, wide(b).data(), ref.data());
-        // FP32 products and sums of `in` terms in cuBLASLt's order, b added once
-        CHECK(relative_error(wide(dev.get(dy, rows * out)), ref) < 1e-5);
+        // the bias at `offset` (less than 16-byte aligned: the GEMM and the bias pass instead of
+        // the epilogue) and aligned
+        for (float* dbias : {dev.put(b, offset), dev.put(b)}) {
+          float* dy = dev.make(rows * out, offset);  // NaN: overwritten, never read
+          dev.run([&](Kernels& k) { k.linear_forward(rows, in, out, dx, dw, dbias, dy); });
+          // FP32 products and sums of `in` terms in cuBLASLt's order, b added once
+          CHECK(relative_error(wide(dev.get(dy, rows * out)), ref) < 1e-5);
+        }
 
         // the weight gradient of two micro-batches (rows and rows + 3), accumulated onto
         // existing gradients: dW += dy^T x, db += the column sums of dy

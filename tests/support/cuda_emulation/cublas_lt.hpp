@@ -7,7 +7,8 @@
 // even); BGRADB writes the sums of op(B) over k (D's type). Anything else
 // (another attribute, epilogue, pointer mode, type combination, ordering) is rejected with
 // CUBLAS_STATUS_NOT_SUPPORTED or CUBLAS_STATUS_INVALID_VALUE, so that a pass means the backend
-// used only what is modelled. The heuristic's algorithm asks for 4 KiB of workspace where the
+// used only what is modelled; so is a bias vector less than 16-byte aligned, on which a GPU's bias
+// epilogue is reported to fail. The heuristic's algorithm asks for 4 KiB of workspace where the
 // preference allows it and remembers the preference's alignments; cublasLtMatmul checks the
 // workspace and the pointers against them, as an algorithm chosen for aligned operands would
 // fault on misaligned ones.
@@ -238,6 +239,8 @@ inline cublasStatus_t lt_matmul(cublasLtHandle_t handle, const LtRun& run, const
   if (algo == nullptr || workspace_bytes < algo->workspace ||
       (algo->workspace > 0 && workspace == nullptr))
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (run.d.epilogue == CUBLASLT_EPILOGUE_BIAS && reinterpret_cast<std::uintptr_t>(run.d.bias) % 16)
+    return CUBLAS_STATUS_INVALID_VALUE;  // not modelled: a GPU's bias epilogue may fault
   const void* operands[4] = {run.pa, run.pb, run.pc, run.pd};
   for (int i = 0; i < 4; ++i)
     if (reinterpret_cast<std::uintptr_t>(operands[i]) % algo->align[i] != 0)

@@ -195,11 +195,15 @@ void lt_types(const DeviceState& s, LtProblem& p) {
 /// y (rows, out) = x (rows, in) W^T + b (out), W (out, in) row-major, y overwritten, on s's
 /// compute stream: one cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS. T float (FP32, TF32 where
 /// BackendOptions::tf32 allows) or bf16 (x, W, y bf16; float accumulation; b float, added in float
-/// before y is rounded once). False, with nothing enqueued, where cuBLASLt has no algorithm.
+/// before y is rounded once). False, with nothing enqueued, where cuBLASLt has no algorithm or b
+/// is not 16-byte aligned.
 template <class T>
 bool linear_forward_lt(detail::DeviceState& s, std::size_t rows, std::size_t in, std::size_t out,
                        const T* x, const T* w, const float* b, T* y) {
   if (rows == 0) return true;
+  // cuBLASLt's bias epilogue is reported to fail on bias vectors less than 16-byte aligned (a
+  // bias at W's end when out x in is not a multiple of 4)
+  if (detail::lt_alignment(b) < 16) return false;
   detail::LtProblem p;
   detail::lt_types<T>(s, p);
   p.d_type = p.ab_type;
