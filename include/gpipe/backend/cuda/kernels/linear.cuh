@@ -38,6 +38,7 @@
 #include "gpipe/backend/cuda/device.cuh"
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels/elementwise.cuh"
+#include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe::cuda {
@@ -160,6 +161,25 @@ inline LtAlgoChoice lt_choose(DeviceState& s, const LtProblem& p, const LtDesc& 
   return choice;
 }
 
+// The launch record of p: A, B (and D when beta != 0) read, D written, the bias vector read
+// (BIAS: m floats) or written (BGRADB: n, D's type).
+inline void record_lt(const LtProblem& p, cudaStream_t stream) {
+  const double ab = p.ab_type == CUDA_R_32F ? 4 : 2, dsize = p.d_type == CUDA_R_32F ? 4 : 2;
+  const auto m = static_cast<double>(p.m), n = static_cast<double>(p.n),
+             k = static_cast<double>(p.k);
+  const double bias_read = p.epilogue == CUBLASLT_EPILOGUE_BIAS ? 4 * m : 0;
+  const double bias_written = p.epilogue == CUBLASLT_EPILOGUE_BGRADB ? dsize * n : 0;
+  record_launch({.kernel = "cublasLtMatmul",
+                 .shape = {static_cast<std::size_t>(p.m), static_cast<std::size_t>(p.n),
+                           static_cast<std::size_t>(p.k)},
+                 .flops = 2 * m * n * k,
+                 .bytes_read = ab * (m * k + k * n) + (p.beta != 0 ? dsize * m * n : 0) + bias_read,
+                 .bytes_written = dsize * m * n + bias_written,
+                 .kind = LaunchKind::gemm,
+                 .tensor_cores = p.ab_type == CUDA_R_16BF,
+                 .stream = stream});
+}
+
 // Enqueues p on a, b and d on s's compute stream with the heuristic's first algorithm; false,
 // with nothing enqueued, where the heuristic has none.
 inline bool lt_matmul(DeviceState& s, const LtProblem& p, const void* a, const void* b, void* d) {
@@ -170,6 +190,7 @@ inline bool lt_matmul(DeviceState& s, const LtProblem& p, const void* a, const v
   const LtAlgoChoice choice =
       lt_choose(s, p, desc, la, lb, ld, {lt_alignment(a), lt_alignment(b), lt_alignment(d)});
   if (!choice.found) return false;
+  record_lt(p, s.compute);
   void* workspace = grow_scratch(s, s.lt_workspace, s.lt_workspace_floats,
                                  (choice.workspace + sizeof(float) - 1) / sizeof(float));
   const float alpha = 1;
