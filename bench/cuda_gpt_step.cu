@@ -181,6 +181,7 @@ void BM_gpt_step(benchmark::State& state) {
 // support/roofline.hpp's ideal.
 template <class Precision>
 void BM_block_records(benchmark::State& state) {
+  static_assert(Gpt2_124M_b2::blocks == Gpt2_124M_b1::blocks + 1, "one block apart");
   StepRun<Model124_b1, Gpt2_124M_b1, Precision> one(1);
   StepRun<Model124_b2, Gpt2_124M_b2, Precision> two(1);
   one.step();
