@@ -86,11 +86,11 @@ struct RowLayout {
   }
   bool whole_block() const { return threads > 32; }
   dim3 block() const { return dim3(whole_block() ? threads : 32 * rows_per_block); }
-  // Rows per block: one group's or rows_per_block warps'.
-  std::size_t rows_per_block_of() const { return whole_block() ? 1 : rows_per_block; }
+  // Rows a block holds at once: its one group's, or rows_per_block warps'.
+  std::size_t block_rows() const { return whole_block() ? 1 : rows_per_block; }
   // Blocks: one row each (or rows_per_block), capped; the kernels loop over the rest.
   dim3 grid(std::size_t rows) const {
-    const std::size_t per_block = rows_per_block_of();
+    const std::size_t per_block = block_rows();
     return dim3(static_cast<unsigned>(
         std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, std::size_t{1} << 20)));
   }
@@ -627,7 +627,7 @@ struct WeightSplit {
   WeightSplit(std::size_t rows, std::size_t cols, bool aligned)
       : layout(cols), columns(rows, cols) {
     if (stats_hold_mean<T> || layout.threads == 0 || !aligned) return;
-    const std::size_t per_block = 8 * layout.rows_per_block_of();
+    const std::size_t per_block = 8 * layout.block_rows();
     blocks = std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 256);
   }
   // Floats of scratch: the blocks' partial sums (2, blocks, cols); or the float statistics
