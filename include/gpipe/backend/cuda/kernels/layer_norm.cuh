@@ -558,15 +558,16 @@ __device__ void store_block_sums(const Pack<float, 4> (&sum_gamma)[Packs],
 }  // namespace detail
 
 /// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy by row groups
-/// (RowLayout, cols % 4 == 0): each group sums its rows (first_row(), + row_stride(), ...) per
-/// column in registers, the mean recomputed from the row as the resident forward computes it;
-/// then each block's sums (detail::store_block_sums) go to partial(2, blocks, cols), or are
-/// added to dgamma and dbeta where there is one block.
+/// (RowLayout, cols % 4 == 0) of bf16 rows: each group sums its rows (first_row(), +
+/// row_stride(), ...) per column in registers, the mean recomputed from the row as the resident
+/// forward computes it, rstd from the stash; then each block's sums (detail::store_block_sums)
+/// go to partial(2, blocks, cols), or are added to dgamma and dbeta where there is one block.
 template <int Packs, bool WholeBlock, class T>
 __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
     layer_norm_backward_weight_resident_kernel(std::size_t rows, std::size_t cols, const T* x,
                                                const T* dy, const T* stats, float* dgamma,
                                                float* dbeta, float* partial) {
+  static_assert(!detail::stats_hold_mean<T>, "gpipe: float rows take the column tiles");
   using Group = detail::RowGroup<WholeBlock>;
   using P4 = detail::Pack<float, 4>;
   const std::size_t row_packs = cols / 4;
@@ -575,13 +576,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     P4 xv[Packs];
     Group::load(xv, x + row * cols, row_packs);
-    const float rstd = detail::stored_rstd(stats, row);
-    float mean;
-    if constexpr (detail::stats_hold_mean<T>) {
-      mean = stats[2 * row];
-    } else {
-      mean = Group::mean(xv, n);
-    }
+    const float rstd = detail::stored_rstd(stats, row), mean = Group::mean(xv, n);
 #pragma unroll
     for (int p = 0; p < Packs; ++p) {
       const std::size_t q = Group::pack(p);
@@ -661,6 +656,26 @@ inline const float* float_stats(std::size_t rows, std::size_t cols, const bf16* 
   return scratch;
 }
 
+// layer_norm_backward_weight by row groups (split.blocks != 0): the kernel, then the blocks'
+// partial sums added in order by column sums (bias_grad_backward's, on float rows).
+template <class T>
+void weight_by_row_groups(const WeightSplit<T>& split, std::size_t rows, std::size_t cols,
+                          const T* x, const T* dy, const T* stats, float* dgamma, float* dbeta,
+                          float* scratch, cudaStream_t stream) {
+  const std::size_t blocks = split.blocks;
+  split.layout.dispatch([&](auto packs, auto whole_block) {
+    constexpr auto kernel =
+        &layer_norm_backward_weight_resident_kernel<decltype(packs)::value,
+                                                    decltype(whole_block)::value, T>;
+    GPIPE_CUDA_LAUNCH(kernel, static_cast<unsigned>(blocks), split.layout.block(), stream)
+    (rows, cols, x, dy, stats, dgamma, dbeta, blocks > 1 ? scratch : nullptr);
+  });
+  GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_resident_kernel");
+  if (blocks == 1) return;
+  column_sum(blocks, cols, scratch, dgamma, stream);
+  column_sum(blocks, cols, scratch + blocks * cols, dbeta, stream);
+}
+
 }  // namespace detail
 
 /// Floats of scratch that layer_norm_backward_weight needs for (rows, cols) of T (whatever the
@@ -689,21 +704,11 @@ void layer_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, 
                         detail::bytes_of<T>(2 * rows * cols + 2 * rows) +
                             (partials > 1 ? 0.0 : detail::bytes_of<float>(2 * cols)),
                         detail::bytes_of<float>(2 * partials * cols), stream);
-  if (split.blocks != 0) {
-    split.layout.dispatch([&](auto packs, auto whole_block) {
-      constexpr auto kernel =
-          &layer_norm_backward_weight_resident_kernel<decltype(packs)::value,
-                                                      decltype(whole_block)::value, T>;
-      GPIPE_CUDA_LAUNCH(kernel, static_cast<unsigned>(split.blocks), split.layout.block(), stream)
-      (rows, cols, x, dy, stats, dgamma, dbeta, split.blocks > 1 ? scratch : nullptr);
-    });
-    GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_weight_resident_kernel");
-    if (split.blocks > 1) {
-      const std::size_t b = split.blocks;
-      column_sum(b, cols, scratch, dgamma, stream);
-      column_sum(b, cols, scratch + b * cols, dbeta, stream);
+  if constexpr (!detail::stats_hold_mean<T>) {  // float rows never take the row groups
+    if (split.blocks != 0) {
+      return detail::weight_by_row_groups(split, rows, cols, x, dy, stats, dgamma, dbeta, scratch,
+                                          stream);
     }
-    return;
   }
   const float* mean_rstd = detail::float_stats(rows, cols, x, stats, scratch, stream);
   const detail::ColumnSplit& columns = split.columns;
