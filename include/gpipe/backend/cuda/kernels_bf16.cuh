@@ -10,8 +10,8 @@
 // weights as the bf16 copy the runtime rounds once per step (ForwardArgs::compute_params); a float
 // operand is rounded into the context's cast scratch at each use. Linear's forward and weight
 // gradient carry their bias in a cuBLASLt epilogue (kernels/linear.cuh). Every other op
-// (elementwise ops, bias, LayerNorm, the embedding, the attention core, the losses) is one kernel
-// templated on the storage type that reads and writes bf16 directly: no float copy of an
+// (elementwise ops, bias, LayerNorm, the embedding, the attention core, the losses) runs kernels
+// templated on the storage type, which read and write bf16 directly: no float copy of an
 // activation is made (only host uploads and downloads of floats pass through the float scratch
 // wide()).
 

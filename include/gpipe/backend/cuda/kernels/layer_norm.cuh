@@ -17,7 +17,8 @@
 // second time, from L1/L2 where it is still there. The weight gradients are column sums: of
 // float rows in column tiles (see bias.cuh); of bf16 rows by the resident layout, each row group
 // summing its rows' columns in registers (the mean recomputed from the row it holds), then the
-// groups' sums in order.
+// blocks' sums in order (bf16 rows that the layout cannot hold: column tiles, after a pass that
+// writes their float statistics into scratch).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/layer_norm.cuh is CUDA code: compile it with nvcc"
@@ -657,7 +658,7 @@ inline const float* float_stats(std::size_t rows, std::size_t cols, const bf16* 
 }
 
 // layer_norm_backward_weight by row groups (split.blocks != 0): the kernel, then the blocks'
-// partial sums added in order by column sums (bias_grad_backward's, on float rows).
+// partial sums (2, blocks, cols) added in block order by column_sum, one thread a column.
 template <class T>
 void weight_by_row_groups(const WeightSplit<T>& split, std::size_t rows, std::size_t cols,
                           const T* x, const T* dy, const T* stats, float* dgamma, float* dbeta,
