@@ -15,6 +15,10 @@
 //     them have arrived. A lane of the mask that has exited or does not exist, lanes that differ
 //     in mask or lane_mask, or a warp split between a shuffle and __syncthreads is an error
 //     (undefined behaviour or a hang on a GPU), reported as a gpipe::Error from the launch.
+//   - the tensor cores' mma.sync.aligned.m16n8k16 (bf16 in, float out; called by
+//     gpipe/backend/cuda/kernels/mma.cuh): a warp-collective operation like a shuffle, over all
+//     32 lanes, with the same errors; computed in float from the exact products (in an order of
+//     its own: see complete_mma_m16n8k16_bf16).
 //   - __fmul_rn(a, b): a product rounded once, which the GPU never contracts into an FMA (here,
 //     where nothing is contracted, a plain product).
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
@@ -23,7 +27,7 @@
 //     alone (its threads in a random order too): a kernel that depends on an order of warps or
 //     threads that no barrier gives gets wrong results here, as it may on a GPU.
 // What it does not model: timing, memory ordering between threads without a barrier (threads of
-// a block run one at a time, each until its next barrier or shuffle), the float rounding of
+// a block run one at a time, each until its next barrier, shuffle or mma), the float rounding of
 // the GPU's math functions (the host's libm computes expf, erff, ...), fused multiply-adds.
 //
 // Use: through tests/support/cuda_emulation.hpp, which adds the runtime around it (streams on
@@ -39,6 +43,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -123,7 +128,22 @@ gpipe_cuda_emulation_switch:
 
 namespace gpipe::test::cuda_emulation {
 
-enum class State { ready, at_barrier, at_shuffle, exited };
+enum class State { ready, at_barrier, at_collective, exited };
+
+struct Thread;
+// A warp-collective operation in flight (__shfl_xor_sync, the tensor cores' mma): its name, the
+// function that completes it once the lanes of `mask` wait in it, what its lanes must agree on,
+// and where this lane's operands and results are (on the lane's own stack, which stays while
+// the lane waits). `complete(warp, op, where)` gets the warp's first thread, the operation of
+// one of its lanes and a description of the warp for its errors.
+struct Collective {
+  const char* name = nullptr;
+  void (*complete)(Thread* warp, const Collective& op, const std::string& where) = nullptr;
+  unsigned mask = 0;
+  int parameter = 0;
+  const void* operands = nullptr;
+  void* results = nullptr;
+};
 
 struct Thread {
 #if GPIPE_CUDA_EMULATION_SWITCH
@@ -133,10 +153,7 @@ struct Thread {
 #endif
   uint3 index{};
   State state = State::ready;
-  // A __shfl_xor_sync in flight: what this lane offers, and what it gets.
-  unsigned shuffle_mask = 0;
-  int shuffle_lane_mask = 0;
-  std::uint64_t offered = 0, received = 0;
+  Collective collective;     // while state is at_collective
   std::size_t barriers = 0;  // __syncthreads passed
 };
 
@@ -175,22 +192,14 @@ class Emulator {
         }
   }
 
-  // __syncthreads and __shfl_xor_sync: suspend the current thread until the block's scheduler
-  // lets it go on.
+  // __syncthreads and the warp-collective operations: suspend the current thread until the
+  // block's scheduler lets it go on.
   void barrier() { suspend(State::at_barrier); }
 
-  template <class T>
-  T shuffle_xor(unsigned mask, T value, int lane_mask) {
-    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(std::uint64_t));
-    Thread& self = threads_[current_];
-    self.shuffle_mask = mask;
-    self.shuffle_lane_mask = lane_mask;
-    self.offered = 0;
-    std::memcpy(&self.offered, &value, sizeof(T));
-    suspend(State::at_shuffle);
-    T result;
-    std::memcpy(&result, &self.received, sizeof(T));
-    return result;
+  // Waits in `op` until the lanes of its mask have arrived and one of them has completed it.
+  void collective(const Collective& op) {
+    threads_[current_].collective = op;
+    suspend(State::at_collective);
   }
 
  private:
@@ -233,7 +242,7 @@ class Emulator {
       for (std::size_t t = first; t < end; ++t)
         if (threads_[t].state == State::ready) order_.push_back(t);
       if (order_.empty()) {  // a warp's threads run together: all of them wait or have exited
-        release_shuffle(first);
+        release_collective(first);
         continue;
       }
       for (std::size_t i = order_.size(); i > 1; --i)
@@ -246,7 +255,8 @@ class Emulator {
   // Whether the warp whose first thread is `first` has a thread that is ready or in a shuffle.
   bool can_go_on(std::size_t first) const {
     for (std::size_t t = first; t < std::min(first + warp_size, threads_.size()); ++t)
-      if (threads_[t].state == State::ready || threads_[t].state == State::at_shuffle) return true;
+      if (threads_[t].state == State::ready || threads_[t].state == State::at_collective)
+        return true;
     return false;
   }
   // xorshift64, seeded per emulating thread: a run repeats itself.
@@ -286,56 +296,48 @@ class Emulator {
 #endif
   }
 
-  // Completes the shuffle of the warp whose first thread is `first` (none of its threads is
-  // ready); throws where it can never complete.
-  void release_shuffle(std::size_t first) {
-    const std::size_t n = threads_.size();
-    const std::size_t lanes = std::min<std::size_t>(warp_size, n - first);
+  // Completes the collective operation of the warp whose first thread is `first` (none of its
+  // threads is ready); throws where it can never complete.
+  void release_collective(std::size_t first) {
+    const std::size_t lanes = std::min<std::size_t>(warp_size, threads_.size() - first);
     Thread* warp = &threads_[first];
-    const Thread* leader = nullptr;
+    const Collective* leader = nullptr;
     for (std::size_t l = 0; l < lanes && leader == nullptr; ++l)
-      if (warp[l].state == State::at_shuffle) leader = &warp[l];
-    const unsigned mask = leader->shuffle_mask;
+      if (warp[l].state == State::at_collective) leader = &warp[l].collective;
+    const std::string op = leader->name;
     const std::string where = "warp " + std::to_string(first / warp_size) + " of block (" +
                               std::to_string(blockIdx.x) + ", " + std::to_string(blockIdx.y) +
                               ", " + std::to_string(blockIdx.z) + ")";
     for (std::size_t l = 0; l < warp_size; ++l) {
-      const bool named = (mask >> l) & 1u;
-      if (!named) continue;
+      if (!((leader->mask >> l) & 1u)) continue;
+      const std::string lane = " names lane " + std::to_string(l);
       if (l >= lanes)
-        throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
-                    std::to_string(l) + ", which the block does not have");
+        throw Error("cuda emulator: " + op + " in " + where + lane +
+                    ", which the block does not have");
       if (warp[l].state == State::exited)
-        throw Error("cuda emulator: __shfl_xor_sync in " + where + " names lane " +
-                    std::to_string(l) + ", which has exited");
+        throw Error("cuda emulator: " + op + " in " + where + lane + ", which has exited");
       if (warp[l].state == State::at_barrier)
-        throw Error("cuda emulator: " + where +
-                    " is split between __shfl_xor_sync and __syncthreads");
-      if (warp[l].shuffle_mask != mask || warp[l].shuffle_lane_mask != leader->shuffle_lane_mask)
-        throw Error("cuda emulator: lanes of " + where +
-                    " shuffle with different masks or lane masks");
-    }
-    for (std::size_t l = 0; l < lanes; ++l) {
-      if (warp[l].state != State::at_shuffle) continue;
-      if (!((mask >> l) & 1u))
-        throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where +
-                    " shuffles with a mask that leaves it out");
-      const std::size_t source = l ^ static_cast<std::size_t>(leader->shuffle_lane_mask);
-      // A source outside the mask: undefined on a GPU.
-      if (source >= warp_size || !((mask >> source) & 1u))
-        throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " reads lane " +
-                    std::to_string(source) + ", which is not in the mask");
-      warp[l].received = warp[source].offered;
+        throw Error("cuda emulator: " + where + " is split between " + op + " and __syncthreads");
+      const Collective& c = warp[l].collective;
+      if (c.complete != leader->complete || c.mask != leader->mask ||
+          c.parameter != leader->parameter)
+        throw Error("cuda emulator: lanes of " + where + " wait in " + op + " and " + c.name +
+                    ", or with different masks or lane masks");
     }
     for (std::size_t l = 0; l < lanes; ++l)
-      if (warp[l].state == State::at_shuffle) warp[l].state = State::ready;
+      if (warp[l].state == State::at_collective && !((leader->mask >> l) & 1u))
+        throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " calls " + op +
+                    " with a mask that leaves it out");
+    leader->complete(warp, *leader, where);
+    for (std::size_t l = 0; l < lanes; ++l)
+      if (warp[l].state == State::at_collective) warp[l].state = State::ready;
   }
 
   // Ends __syncthreads once every thread that has not exited waits there.
   bool release_barrier() {
     bool any = false;
     for (Thread& th : threads_) {
-      if (th.state == State::at_shuffle) return false;  // cannot be: shuffles were released
+      if (th.state == State::at_collective) return false;  // cannot be: all were released
       any = any || th.state == State::at_barrier;
     }
     for (Thread& th : threads_)
@@ -546,6 +548,64 @@ Launch<Params...> launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaS
   return Launch<Params...>(kernel, grid, block, stream);
 }
 
+// __shfl_xor_sync's completion: each lane of the mask gets the value of lane ^ lane_mask, which
+// must be in the mask too (else undefined on a GPU).
+template <class T>
+void complete_shuffle_xor(Thread* warp, const Collective& op, const std::string& where) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  for (unsigned l = 0; l < Emulator::warp_size; ++l) {
+    if (!((op.mask >> l) & 1u)) continue;
+    const unsigned source = l ^ static_cast<unsigned>(op.parameter);
+    if (source >= Emulator::warp_size || !((op.mask >> source) & 1u))
+      throw Error("cuda emulator: lane " + std::to_string(l) + " of " + where + " reads lane " +
+                  std::to_string(source) + ", which is not in the mask");
+    std::memcpy(warp[l].collective.results, warp[source].collective.operands, sizeof(T));
+  }
+}
+
+// A lane's fragments of an mma (layouts in gpipe/backend/cuda/kernels/mma.cuh).
+struct MmaOperands {
+  const std::uint32_t* a;  // 4 registers of two bf16 each
+  const std::uint32_t* b;  // 2
+  const float* c;          // 4
+};
+
+// mma.m16n8k16's completion: the 16 x 16 A, 16 x 8 B and C gathered from the 32 lanes' fragments,
+// D = A B + C scattered back. Each product of two bf16 is exact in float (8-bit significands);
+// they are added to C in k order, each sum rounded to float (to nearest even). The tensor cores
+// add them in another order, with other rounding (products aligned to the largest exponent and
+// truncated), so results agree to float's precision of a 16-term sum, not bit for bit; the
+// sums of small integers, exact in either, agree exactly.
+inline void complete_mma_m16n8k16_bf16(Thread* warp, const Collective&, const std::string&) {
+  float a[16][16], b[16][8], c[16][8];
+  const auto lo = [](std::uint32_t r) { return std::bit_cast<float>(r << 16); };
+  const auto hi = [](std::uint32_t r) { return std::bit_cast<float>(r & 0xffff0000u); };
+  for (unsigned lane = 0; lane < Emulator::warp_size; ++lane) {
+    const auto& f = *static_cast<const MmaOperands*>(warp[lane].collective.operands);
+    const unsigned g = lane / 4, q = 2 * (lane % 4);
+    for (unsigned i = 0; i < 4; ++i) {  // a[i]: rows g (+8 if i odd), columns q, q+1 (+8 if i >= 2)
+      const unsigned row = g + 8 * (i % 2), col = q + 8 * (i / 2);
+      a[row][col] = lo(f.a[i]);
+      a[row][col + 1] = hi(f.a[i]);
+    }
+    for (unsigned i = 0; i < 2; ++i) {  // b[i]: rows q, q+1 (+8 if i = 1), column g
+      b[q + 8 * i][g] = lo(f.b[i]);
+      b[q + 8 * i + 1][g] = hi(f.b[i]);
+    }
+    for (unsigned i = 0; i < 4; ++i) c[g + 8 * (i / 2)][q + i % 2] = f.c[i];
+  }
+  for (unsigned lane = 0; lane < Emulator::warp_size; ++lane) {
+    auto* d = static_cast<float*>(warp[lane].collective.results);
+    const unsigned g = lane / 4, q = 2 * (lane % 4);
+    for (unsigned i = 0; i < 4; ++i) {
+      const unsigned row = g + 8 * (i / 2), col = q + i % 2;
+      float sum = c[row][col];
+      for (unsigned k = 0; k < 16; ++k) sum += a[row][k] * b[k][col];
+      d[i] = sum;
+    }
+  }
+}
+
 }  // namespace gpipe::test::cuda_emulation
 
 #define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) \
@@ -557,6 +617,22 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  namespace emulation = ::gpipe::test::cuda_emulation;
   if (width != 32) throw gpipe::Error("cuda emulator: __shfl_xor_sync with width != 32");
-  return ::gpipe::test::cuda_emulation::Emulator::instance().shuffle_xor(mask, value, lane_mask);
+  T result;
+  emulation::Emulator::instance().collective(
+      {"__shfl_xor_sync", &emulation::complete_shuffle_xor<T>, mask, lane_mask, &value, &result});
+  return result;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (gpipe/backend/cuda/kernels/mma.cuh calls
+// it for the PTX instruction): d = a b + c over the warp's fragments, once all 32 lanes arrived.
+inline void gpipe_cuda_emulation_mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
+                                                   const std::uint32_t (&b)[2],
+                                                   const float (&c)[4]) {
+  namespace emulation = ::gpipe::test::cuda_emulation;
+  const emulation::MmaOperands operands{a, b, c};
+  emulation::Emulator::instance().collective({"mma.sync.aligned.m16n8k16",
+                                              &emulation::complete_mma_m16n8k16_bf16, 0xffffffffu,
+                                              0, &operands, d});
 }

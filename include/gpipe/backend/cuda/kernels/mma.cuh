@@ -1,0 +1,82 @@
+#pragma once
+// The tensor cores' warp-level bf16 matrix multiply-accumulate (PTX
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later) and the fragment
+// loads the attention kernels build on. Under GPIPE_CUDA_EMULATION the mma is the emulator's
+// warp-collective operation (tests/support/cuda_emulation/device.hpp).
+//
+// Fragment layouts, as the PTX ISA gives them for this shape: lane = 4 g + q (g = lane / 4 the
+// lane's group, q = lane % 4 its place in the group); a 32-bit register holds two bf16, the one
+// of the lower column (A) or row (B) in its low half.
+//   A (16 x 16, m x k, row-major):  a[0] = A[g][2q, 2q+1]        a[1] = A[g+8][2q, 2q+1]
+//                                   a[2] = A[g][2q+8, 2q+9]      a[3] = A[g+8][2q+8, 2q+9]
+//   B (16 x 8, k x n, "col"):       b[0] = B[2q, 2q+1][g]        b[1] = B[2q+8, 2q+9][g]
+//   C, D (16 x 8, m x n, float):    c[0], c[1] = C[g][2q, 2q+1]  c[2], c[3] = C[g+8][2q, 2q+1]
+// So a row of C lives in the 4 lanes of one group (xor shuffles by 1 and 2 combine it), and C's
+// registers of two neighbouring n-tiles (columns 16 j .. 16 j + 15), rounded to bf16 and paired,
+// are the A fragment of k-step j of a following product (the flash attention's P V).
+
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
+#error "gpipe/backend/cuda/kernels/mma.cuh is CUDA code: compile it with nvcc"
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "gpipe's CUDA kernels need sm_80 or later (bf16 mma.sync); set CMAKE_CUDA_ARCHITECTURES"
+#endif
+
+#include <cstdint>
+
+#include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/model/precision.hpp"
+
+namespace gpipe::cuda::detail {
+
+// d (16 x 8) = a (16 x 16) b (16 x 8) + c, bf16 products accumulated in float, over the warp's
+// fragments (layouts above). All 32 lanes of the warp call it together (warp-collective); d may
+// be c.
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (&a)[4],
+                                            const std::uint32_t (&b)[2], const float (&c)[4]) {
+#ifdef GPIPE_CUDA_EMULATION
+  gpipe_cuda_emulation_mma_m16n8k16_bf16(d, a, b, c);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+        "f"(c[2]), "f"(c[3]));
+#endif
+}
+
+// Two floats rounded to bf16 (nearest even) in one register: lo in the low half.
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  return static_cast<std::uint32_t>(narrow<bf16>(lo).bits) |
+         (static_cast<std::uint32_t>(narrow<bf16>(hi).bits) << 16);
+}
+
+// The register of p[0] (low half) and p[1]: two neighbouring bf16, 4-byte aligned.
+__device__ __forceinline__ std::uint32_t load_pair(const bf16* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+
+// a (16 x 16) = s[r0 + i][k0 + j]: an A fragment from a row-major bf16 array in shared memory
+// whose rows are LD elements apart (LD even, k0 even).
+template <int LD>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* s, int r0, int k0) {
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, q = 2 * (lane % 4);
+  const bf16* p = s + (r0 + g) * LD + k0 + q;
+  a[0] = load_pair(p);
+  a[1] = load_pair(p + 8 * LD);
+  a[2] = load_pair(p + 8);
+  a[3] = load_pair(p + 8 * LD + 8);
+}
+
+// b (16 x 8) = s[n0 + j][k0 + i]: a B fragment from its transpose, row-major (n x k) in shared
+// memory with rows LD elements apart: each register one aligned pair of a row.
+template <int LD>
+__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const bf16* s, int n0, int k0) {
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, q = 2 * (lane % 4);
+  const bf16* p = s + (n0 + g) * LD + k0 + q;
+  b[0] = load_pair(p);
+  b[1] = load_pair(p + 8);
+}
+
+}  // namespace gpipe::cuda::detail
