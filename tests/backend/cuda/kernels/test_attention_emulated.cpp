@@ -2,7 +2,8 @@
 // host compiler and run on the CPU emulator (tests/support/cuda_emulation/device.hpp), against
 // the attention's definition evaluated whole in double (tests/support/attention_reference.hpp):
 // every head-size tiling (up to 32, 64 and 128), T within one tile and over several, GPT-2's
-// packing, grouped-query heads with q, k, v anywhere in a row, and document ids; float and bf16.
+// packing, grouped-query heads with q, k, v anywhere in a row, and document ids; float and bf16,
+// bf16 of head sizes 16, 32, 48 and 64 on the tensor-core kernels (the emulator's mma).
 // Buffers end at an inaccessible page (a read or write past one faults), dqkv's columns outside
 // the heads must keep their value, and a second backward (warps in another order) the same bits.
 
@@ -47,6 +48,14 @@ const Case cases[] = {
     {"grouped-query heads, q, k, v anywhere", {2, 70, 4, 2, 6, 52, 25, 1, 13}, false},
     {"grouped-query heads, documents", {2, 45, 6, 2, 5, 50, 0, 30, 40}, true},
     {"one key/value head for all", {1, 50, 4, 1, 16, 96, 0, 64, 80}, true},
+    // head sizes that bf16 takes to the tensor cores (attention_mma.cuh): tiles of 64 rows
+    {"d 64, T over three tiles", AttentionGeometry::packed(2, 150, 2, 64), false},
+    {"d 64, documents, one key/value head for two", {2, 70, 2, 1, 64, 256, 0, 128, 192}, true},
+    // q, k, v at odd columns: fragments loaded one bf16 at a time
+    {"d 32, grouped-query heads at odd columns", {2, 100, 4, 2, 32, 260, 129, 1, 65}, false},
+    {"d 48 (padded to 64), grouped-query heads, documents",
+     {1, 130, 6, 2, 48, 480, 0, 288, 384},
+     true},
 };
 
 // Device buffers that end at a guard page.
@@ -136,6 +145,7 @@ TEST_SUITE("cuda flash attention, emulated") {
       AttentionProblem p(c.g, 12, c.documents);
       for (double& v : p.qkv) v = float(gpipe::bf16(v));
       for (double& v : p.dout) v = float(gpipe::bf16(v));
+      CAPTURE(gpipe::cuda::detail::mma_takes(c.g.head_size));  // on the tensor cores
       const AttentionResult ref = p.reference(), got = run<gpipe::bf16>(p);
       CHECK(relative_error(got.o, ref.o) < 1.5 / 256);
       CHECK(relative_error(got.lse, ref.lse) < 1e-5);

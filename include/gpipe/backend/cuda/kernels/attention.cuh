@@ -1,9 +1,10 @@
 #pragma once
-// Flash attention kernels (FlashAttention-2's order, SIMT: float FMAs, no tensor cores yet): the
-// algorithm of gpipe/model/attention.hpp for any AttentionGeometry (grouped-query heads, q, k, v
-// anywhere in a row) and optional document ids, T storage float or bf16 (loaded widened,
-// computed and accumulated in float, stored rounded once). Host reference:
-// gpipe/backend/host/kernels/attention.hpp.
+// Flash attention kernels (FlashAttention-2's order, SIMT: float FMAs): the algorithm of
+// gpipe/model/attention.hpp for any AttentionGeometry (grouped-query heads, q, k, v anywhere in a
+// row) and optional document ids, T storage float or bf16 (loaded widened, computed and
+// accumulated in float, stored rounded once), and the launchers, which give bf16 attention of
+// head sizes 16, 32, 48 and 64 to the tensor-core kernels of attention_mma.cuh instead. Host
+// reference: gpipe/backend/host/kernels/attention.hpp.
 //
 // Tiles of R query rows by R key rows (R = 32 for head sizes up to 64, 16 up to 128), a block
 // of 128 threads per tile: L = 128 / R threads share a tile row, each holding R / L of its
@@ -34,6 +35,8 @@
 #include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels/attention_common.cuh"
+#include "gpipe/backend/cuda/kernels/attention_mma.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/error.hpp"
@@ -41,8 +44,6 @@
 
 namespace gpipe::cuda {
 
-/// Threads per block of the flash attention kernels.
-inline constexpr int flash_attention_threads = 128;
 /// The largest head size d the flash attention kernels take (a gpipe::Error beyond).
 inline constexpr std::size_t flash_attention_max_head_size = 128;
 
@@ -59,14 +60,6 @@ struct FlashTile {
   static constexpr int ld = DMAX + 1;                           // a shared row, padded
   static_assert(lanes <= 32 && 32 % lanes == 0 && rows % lanes == 0 && DMAX % lanes == 0);
 };
-
-// The first token of t's run of equal ids in `doc` (one sample's ids); 0 without documents.
-__device__ __forceinline__ std::size_t run_start(const std::int32_t* doc, std::size_t t) {
-  if (doc == nullptr) return 0;
-  const std::int32_t id = doc[t];
-  while (t > 0 && doc[t - 1] == id) --t;
-  return t;
-}
 
 // s (Tile::rows, Tile::ld) <- rows [t0, t0 + Tile::rows) of a head (d columns at `head`, rows
 // `ld` apart), widened, 0 past `tokens` rows and past d columns. All threads of the block call it.
@@ -111,11 +104,6 @@ __device__ __forceinline__ void row_dots(const float* a, const float (*b)[Tile::
   }
 }
 
-// Tiles of `tokens` rows: the blocks along a grid's x per sample.
-__host__ __device__ __forceinline__ std::size_t flash_tiles(std::size_t tokens, int rows) {
-  return (tokens + static_cast<std::size_t>(rows) - 1) / static_cast<std::size_t>(rows);
-}
-
 // Calls f(std::integral_constant<int, DMAX>{}) for the smallest DMAX of 32, 64 and 128 that holds
 // head size d; a gpipe::Error naming the limit beyond 128.
 template <class F>
@@ -126,16 +114,6 @@ void with_head_size(std::size_t d, F&& f) {
   if (d <= 32) return f(std::integral_constant<int, 32>{});
   if (d <= 64) return f(std::integral_constant<int, 64>{});
   return f(std::integral_constant<int, 128>{});
-}
-
-// The grid of a kernel over (sample, tile) along x and `heads` along y, checked against CUDA's
-// limits.
-inline dim3 flash_grid(const AttentionGeometry& g, int rows, std::size_t heads) {
-  const std::size_t x = g.samples * flash_tiles(g.tokens, rows);
-  if (x > 0x7fffffffu || heads > 65535)
-    throw Error("gpipe: CUDA flash attention's grid of " + std::to_string(x) + " x " +
-                std::to_string(heads) + " blocks exceeds CUDA's limits");
-  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(heads));
 }
 
 }  // namespace detail
@@ -409,8 +387,25 @@ inline void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T*
                                     const std::int32_t* document, cudaStream_t stream) {
   g.check();
   if (g.rows() == 0) return;
+  const bool mma = std::is_same_v<T, bf16> && detail::mma_takes(g.head_size);
   // S = Q K^T and O = P V: two products; reads q, k, v; writes o and lse
-  detail::record_attention<T>("flash_attention_forward_kernel", g, 2, {1, 2, 0}, {1, 0, 1}, stream);
+  detail::record_attention<T>(
+      mma ? "flash_attention_forward_mma_kernel" : "flash_attention_forward_kernel", g, 2,
+      {1, 2, 0}, {1, 0, 1}, stream);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (mma) {
+      const bool packed = detail::mma_packed(g, qkv, nullptr);
+      detail::with_mma_head_size(g.head_size, [&](auto dmax) {
+        constexpr auto kernel = &flash_attention_forward_mma_kernel<decltype(dmax)::value>;
+        GPIPE_CUDA_LAUNCH(
+            kernel, detail::flash_grid(g, detail::MmaTile<decltype(dmax)::value>::rows, g.heads),
+            flash_attention_threads, stream)
+        (g, qkv, o, lse, document, packed);
+      });
+      GPIPE_CUDA_CHECK_LAUNCH("flash_attention_forward_mma_kernel");
+      return;
+    }
+  }
   detail::with_head_size(g.head_size, [&](auto dmax) {
     constexpr int D = decltype(dmax)::value;
     constexpr auto kernel = &flash_attention_forward_kernel<D, T>;
@@ -419,6 +414,29 @@ inline void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T*
     (g, qkv, o, lse, document);
   });
   GPIPE_CUDA_CHECK_LAUNCH("flash_attention_forward_kernel");
+}
+
+/// flash_attention_backward's dk, dv and dq kernels on the tensor cores, delta computed (bf16,
+/// head sizes that detail::mma_takes).
+inline void flash_attention_backward_mma(const AttentionGeometry& g, const bf16* qkv,
+                                         const float* lse, const bf16* dout, bf16* dqkv,
+                                         const float* delta, const std::int32_t* document,
+                                         cudaStream_t stream) {
+  const bool packed = detail::mma_packed(g, qkv, dout);
+  detail::with_mma_head_size(g.head_size, [&](auto dmax) {
+    constexpr int D = decltype(dmax)::value;
+    constexpr int rows = detail::MmaTile<D>::rows;
+    constexpr auto kv_kernel = &flash_attention_backward_kv_mma_kernel<D>;
+    GPIPE_CUDA_LAUNCH(kv_kernel, detail::flash_grid(g, rows, g.kv_heads), flash_attention_threads,
+                      stream)
+    (g, qkv, lse, delta, dout, dqkv, document, packed);
+    GPIPE_CUDA_CHECK_LAUNCH("flash_attention_backward_kv_mma_kernel");
+    constexpr auto q_kernel = &flash_attention_backward_q_mma_kernel<D>;
+    GPIPE_CUDA_LAUNCH(q_kernel, detail::flash_grid(g, rows, g.heads), flash_attention_threads,
+                      stream)
+    (g, qkv, lse, delta, dout, dqkv, document, packed);
+    GPIPE_CUDA_CHECK_LAUNCH("flash_attention_backward_q_mma_kernel");
+  });
 }
 
 /// The q, k and v heads of dqkv (rows, g.ld), overwritten, from the forward's qkv, o and lse
@@ -435,14 +453,23 @@ inline void flash_attention_backward(const AttentionGeometry& g, const T* qkv, c
   // the Q kernel recomputes S and dP and forms dQ (3)
   detail::record_attention<T>("flash_attention_backward_delta_kernel", g, 0, {2, 0, 0}, {0, 0, 1},
                               stream);
-  detail::record_attention<T>("flash_attention_backward_kv_kernel", g, 4, {2, 2, 2}, {0, 2, 0},
-                              stream);
-  detail::record_attention<T>("flash_attention_backward_q_kernel", g, 3, {2, 2, 2}, {1, 0, 0},
-                              stream);
+  const bool mma = std::is_same_v<T, bf16> && detail::mma_takes(g.head_size);
+  detail::record_attention<T>(
+      mma ? "flash_attention_backward_kv_mma_kernel" : "flash_attention_backward_kv_kernel", g, 4,
+      {2, 2, 2}, {0, 2, 0}, stream);
+  detail::record_attention<T>(
+      mma ? "flash_attention_backward_q_mma_kernel" : "flash_attention_backward_q_kernel", g, 3,
+      {2, 2, 2}, {1, 0, 0}, stream);
   GPIPE_CUDA_LAUNCH(flash_attention_backward_delta_kernel<T>,
                     detail::grid_for(warps, detail::block_size / 32), detail::block_size, stream)
   (g.rows(), g.heads, g.head_size, o, dout, delta);
   GPIPE_CUDA_CHECK_LAUNCH("flash_attention_backward_delta_kernel");
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (mma) {
+      flash_attention_backward_mma(g, qkv, lse, dout, dqkv, delta, document, stream);
+      return;
+    }
+  }
   detail::with_head_size(g.head_size, [&](auto dmax) {
     constexpr int D = decltype(dmax)::value;
     constexpr auto kv_kernel = &flash_attention_backward_kv_kernel<D, T>;

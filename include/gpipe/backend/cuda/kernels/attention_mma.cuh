@@ -1,0 +1,479 @@
+#pragma once
+// Flash attention on the tensor cores (the bf16 mma of mma.cuh): attention.cuh's algorithm for
+// bf16 storage and head sizes that are multiples of 16 up to flash_attention_mma_max_head_size,
+// padded with zeros to DMAX = 32 or 64. Products take bf16 operands and accumulate in float:
+//   forward_mma_kernel       S = Q K^T, O += P V
+//   backward_kv_mma_kernel   S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q
+//   backward_q_mma_kernel    S = Q K^T, dP = dO V^T, dQ += dS K
+// P and dS are rounded to bf16 as operands (the SIMT kernels keep them in float); the softmax's
+// max and sum, lse, delta and every accumulator stay float, and exponentials run in base 2 on
+// scores scaled by log2(e) / sqrt(d) (lse is stored in base e, as the SIMT kernels store it).
+//
+// A block is 4 warps; a warp owns 16 rows of the block's 64 (queries, or keys in the dk/dv
+// kernel), so a row of its accumulators lives in the 4 lanes of a group (mma.cuh), where xor
+// shuffles by 1 and 2 give the row's max and sum. What a warp multiplies by for the whole block
+// (its rows of q, or of k and v, or of do) stays in registers as A fragments, loaded from global
+// memory once; the tiles that stream by go through shared memory as bf16, rows padded by 8
+// elements so that the 8 groups' fragment loads hit 8 different banks, stored transposed where a
+// product needs them with k along their rows (V in P V, Q and dO in the dk/dv kernel, K in dQ).
+// Every accumulator's sum runs in a fixed order: deterministic, no atomics.
+
+#if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
+#error "gpipe/backend/cuda/kernels/attention_mma.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels/attention_common.cuh"
+#include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/kernels/mma.cuh"
+#include "gpipe/model/attention.hpp"
+#include "gpipe/model/precision.hpp"
+
+namespace gpipe::cuda {
+
+/// The largest head size that the tensor-core flash attention kernels take (bf16, a multiple of
+/// 16); the SIMT kernels take the others.
+inline constexpr std::size_t flash_attention_mma_max_head_size = 64;
+
+namespace detail {
+
+// MmaTile<DMAX>: the tiling of the tensor-core kernels for head sizes up to DMAX.
+template <int DMAX>
+struct MmaTile {
+  static constexpr int rows = 64;           // a block's own rows, 16 a warp
+  static constexpr int keys = 64;           // the forward's streamed key tile
+  static constexpr int queries = 32;        // the dk/dv kernel's streamed query tile
+  static constexpr int backward_keys = 32;  // the dq kernel's streamed key tile
+  static constexpr int ksteps = DMAX / 16;  // k-steps of a product over the head dimensions
+  static constexpr int dtiles = DMAX / 8;   // n-tiles of an accumulator over them
+  static constexpr int ld = DMAX + 8;       // a shared row over the head dimensions, padded
+  static_assert(DMAX % 16 == 0 && rows == 16 * flash_attention_threads / 32);
+};
+
+inline constexpr float log2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// a[k] (k < KS) = the A fragment of rows [t0, t0 + 16) and columns [16 k, 16 k + 16) of a head
+// (columns at `head`, rows `ld` apart) in global memory, 0 past `tokens` rows and d columns (d
+// even). Any alignment: each bf16 is loaded alone.
+template <int KS>
+__device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[KS][4], const bf16* head,
+                                            std::size_t ld, std::size_t t0, std::size_t tokens,
+                                            std::size_t d) {
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, q = 2 * (lane % 4);
+#pragma unroll
+  for (int k = 0; k < KS; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::size_t t = t0 + static_cast<std::size_t>(g + 8 * (i % 2));
+      const std::size_t c = static_cast<std::size_t>(16 * k + q + 8 * (i / 2));
+      const bf16* p = head + t * ld + c;
+      a[k][i] = t < tokens && c < d ? static_cast<std::uint32_t>(p[0].bits) |
+                                          (static_cast<std::uint32_t>(p[1].bits) << 16)
+                                    : 0u;
+    }
+}
+
+// s (ROWS, LD) <- rows [t0, t0 + ROWS) of a head (d columns at `head`, rows `ld` apart), DMAX
+// columns, 0 past `tokens` rows and past d (a multiple of 8); or, Transposed, s (DMAX, LD) <-
+// its transpose. `packed`: head and ld allow 16-byte loads. All threads of the block call it.
+template <int ROWS, int DMAX, int LD, bool Transposed>
+__device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::size_t ld,
+                                              std::size_t t0, std::size_t tokens, std::size_t d,
+                                              bool packed) {
+  constexpr int chunks = DMAX / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < ROWS * chunks; i += flash_attention_threads) {
+    const int r = i / chunks, c = i % chunks * 8;
+    const std::size_t t = t0 + static_cast<std::size_t>(r);
+    const bool inside = t < tokens && static_cast<std::size_t>(c) < d;
+    Pack<bf16, 8> v;
+    if (inside && packed) {
+      v = load_pack<8>(head + t * ld + c);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v.v[j].bits = inside ? head[t * ld + c + j].bits : 0;
+    }
+    if constexpr (Transposed) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[(c + j) * LD + r] = v.v[j];
+    } else {
+      store_pack<8>(s + r * LD + c, v);
+    }
+  }
+}
+
+// s[n] = a b_n over KS k-steps for n < N: a warp's 16 rows (A fragments a) times the rows
+// [8 n, 8 n + 8) of bt (a row-major (rows, k) tile in shared memory, rows LD apart) transposed.
+template <int N, int KS, int LD>
+__device__ __forceinline__ void mma_rows(float (&s)[N][4], const std::uint32_t (&a)[KS][4],
+                                         const bf16* bt) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      std::uint32_t b[2];
+      load_b<LD>(b, bt, 8 * n, 16 * k);
+      mma_16x8x16(s[n], a[k], b, s[n]);
+    }
+  }
+}
+
+// acc[n] += p bt_n^T for n < N: p (16 rows by 16 KSTEPS columns, accumulator fragments of
+// 2 KSTEPS n-tiles, rounded to bf16 as A fragments) times rows [8 n, 8 n + 8) of bt (a
+// row-major (dims, KSTEPS * 16) tile in shared memory, rows LDT apart) transposed.
+template <int N, int KSTEPS, int LDT>
+__device__ __forceinline__ void mma_accumulate(float (&acc)[N][4], const float (&p)[2 * KSTEPS][4],
+                                               const bf16* bt) {
+#pragma unroll
+  for (int j = 0; j < KSTEPS; ++j) {
+    const std::uint32_t a[4] = {
+        pack_bf16(p[2 * j][0], p[2 * j][1]), pack_bf16(p[2 * j][2], p[2 * j][3]),
+        pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      std::uint32_t b[2];
+      load_b<LDT>(b, bt, 8 * n, 16 * j);
+      mma_16x8x16(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
+// A lane's two rows of a warp's 16 (g and g + 8 of its group): each row's token, first key and,
+// in the backward, lse (base 2) and delta.
+struct LaneRows {
+  std::size_t t[2], first[2];
+  float lse[2], delta[2];
+};
+
+// Whether key u enters row r's softmax: causal, inside the row's document run, a real token.
+__device__ __forceinline__ bool attends(const LaneRows& rows, int r, std::size_t u,
+                                        std::size_t tokens) {
+  return rows.t[r] < tokens && u <= rows.t[r] && u >= rows.first[r];
+}
+
+// One key tile [u0, u0 + C) of the forward for a warp's 16 queries: s = q k^T masked and
+// scaled, the online softmax's max m, this lane's part of the sum l, acc rescaled, acc += p v
+// (ks (C, LD) natural, vts (DT * 8, C + 8) transposed).
+template <int C, int KS, int DT, int LD>
+__device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)[2], float (&l)[2],
+                                                 const std::uint32_t (&qf)[KS][4], const bf16* ks,
+                                                 const bf16* vts, const LaneRows& rows,
+                                                 std::size_t u0, std::size_t tokens, float scale) {
+  float s[C / 8][4];
+  mma_rows<C / 8, KS, LD>(s, qf, ks);
+  const int q = 2 * static_cast<int>(threadIdx.x % 4);
+  float row_max[2] = {-INFINITY, -INFINITY}, shift[2];
+#pragma unroll
+  for (int n = 0; n < C / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::size_t u = u0 + static_cast<std::size_t>(8 * n + q + i % 2);
+      s[n][i] = attends(rows, i / 2, u, tokens) ? s[n][i] * scale : -INFINITY;
+      row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float next = fmaxf(m[r], quad_max(row_max[r]));
+    shift[r] = next == -INFINITY ? 0.0f : next;  // a row with no key yet keeps 0s
+    const float rescale = exp2f(m[r] - shift[r]);
+    m[r] = next;
+    l[r] *= rescale;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) acc[n][2 * r] *= rescale, acc[n][2 * r + 1] *= rescale;
+  }
+#pragma unroll
+  for (int n = 0; n < C / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[n][i] = exp2f(s[n][i] - shift[i / 2]);
+      l[i / 2] += s[n][i];
+    }
+  mma_accumulate<DT, C / 16, C + 8>(acc, s, vts);
+}
+
+// One query tile [t0, t0 + R) of the dk/dv kernel for a warp's 16 keys [w0, w0 + 16) (A
+// fragments kf, vf): P^T = e^(K Q^T scale - lse), dS^T = P^T .* (V dO^T - delta), dv += P^T dO,
+// dk += dS^T Q, from qs, gs (R, LD) natural and qts, gts (DT * 8, R + 8) transposed; lse (base 2),
+// delta and the first keys of the tile's rows in shared memory.
+template <int R, int KS, int DT, int LD>
+__device__ __forceinline__ void backward_kv_mma_step(
+    float (&dk)[DT][4], float (&dv)[DT][4], const std::uint32_t (&kf)[KS][4],
+    const std::uint32_t (&vf)[KS][4], const bf16* qs, const bf16* gs, const bf16* qts,
+    const bf16* gts, const float* lse, const float* delta, const std::size_t* first, std::size_t t0,
+    std::size_t w0, std::size_t tokens, float scale) {
+  float p[R / 8][4], ds[R / 8][4];
+  mma_rows<R / 8, KS, LD>(p, kf, qs);
+  mma_rows<R / 8, KS, LD>(ds, vf, gs);
+  const int g = static_cast<int>(threadIdx.x % 32 / 4), q = 2 * static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < R / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 8 * n + q + i % 2;  // the query's row in the tile
+      const std::size_t u = w0 + static_cast<std::size_t>(g + 8 * (i / 2)),
+                        t = t0 + static_cast<std::size_t>(r);
+      const bool in = t < tokens && u <= t && u >= first[r];
+      p[n][i] = in ? exp2f(p[n][i] * scale - lse[r]) : 0.0f;
+      ds[n][i] = p[n][i] * (ds[n][i] - delta[r]);
+    }
+  mma_accumulate<DT, R / 16, R + 8>(dv, p, gts);
+  mma_accumulate<DT, R / 16, R + 8>(dk, ds, qts);
+}
+
+// One key tile [u0, u0 + C) of the dq kernel for a warp's 16 queries (A fragments qf, gf of q
+// and do): P = e^(Q K^T scale - lse), dS = P .* (dO V^T - delta), dq += dS K, from ks, vs (C, LD)
+// natural and kts (DT * 8, C + 8) transposed.
+template <int C, int KS, int DT, int LD>
+__device__ __forceinline__ void backward_q_mma_step(float (&dq)[DT][4],
+                                                    const std::uint32_t (&qf)[KS][4],
+                                                    const std::uint32_t (&gf)[KS][4],
+                                                    const bf16* ks, const bf16* vs, const bf16* kts,
+                                                    const LaneRows& rows, std::size_t u0,
+                                                    std::size_t tokens, float scale) {
+  float p[C / 8][4], ds[C / 8][4];
+  mma_rows<C / 8, KS, LD>(p, qf, ks);
+  mma_rows<C / 8, KS, LD>(ds, gf, vs);
+  const int q = 2 * static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < C / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i / 2;
+      const std::size_t u = u0 + static_cast<std::size_t>(8 * n + q + i % 2);
+      const float e = attends(rows, r, u, tokens) ? exp2f(p[n][i] * scale - rows.lse[r]) : 0.0f;
+      ds[n][i] = e * (ds[n][i] - rows.delta[r]);
+    }
+  mma_accumulate<DT, C / 16, C + 8>(dq, ds, kts);
+}
+
+// out[8 n + 2 q + j] of row r (r < 2) of a lane's accumulators acc times `factor`, rounded to
+// bf16, for columns below d.
+template <int DT>
+__device__ __forceinline__ void store_row(bf16* out, const float (&acc)[DT][4], int r, float factor,
+                                          std::size_t d) {
+  const int q = 2 * static_cast<int>(threadIdx.x % 4);
+#pragma unroll
+  for (int n = 0; n < DT; ++n) {
+    const std::size_t c = static_cast<std::size_t>(8 * n + q);
+    if (c >= d) continue;
+    out[c] = narrow<bf16>(acc[n][2 * r] * factor);
+    out[c + 1] = narrow<bf16>(acc[n][2 * r + 1] * factor);
+  }
+}
+
+// The lane's two rows of the 16 starting at w0, in the sample whose ids are doc (or null).
+__device__ __forceinline__ LaneRows lane_rows(std::size_t w0, std::size_t tokens,
+                                              const std::int32_t* doc) {
+  LaneRows rows{};
+  const std::size_t g = threadIdx.x % 32 / 4;
+  for (int r = 0; r < 2; ++r) {
+    rows.t[r] = w0 + g + 8 * static_cast<std::size_t>(r);
+    rows.first[r] = rows.t[r] < tokens ? run_start(doc, rows.t[r]) : tokens;
+  }
+  return rows;
+}
+
+}  // namespace detail
+
+/// o (rows, H d) and lse (rows, H) of the query tile blockIdx.x % tiles (heaviest first) of
+/// sample blockIdx.x / tiles, query head blockIdx.y, on the tensor cores (see the top of this
+/// file); `packed`: qkv and g's columns allow 16-byte loads.
+template <int DMAX>
+__global__ void __launch_bounds__(flash_attention_threads)
+    flash_attention_forward_mma_kernel(AttentionGeometry g, const bf16* qkv, bf16* o, float* lse,
+                                       const std::int32_t* document, bool packed) {
+  using Tile = detail::MmaTile<DMAX>;
+  constexpr int R = Tile::rows, C = Tile::keys, LD = Tile::ld, DT = Tile::dtiles;
+  struct alignas(16) Shared {
+    bf16 k[C][LD], vt[DMAX][C + 8];
+    std::size_t first;  // the block's first query's first key
+  };
+  __shared__ Shared sh;
+  const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, R);
+  const std::size_t b = blockIdx.x / tiles, h = blockIdx.y, kv = h / (g.heads / g.kv_heads);
+  const std::size_t t0 = (tiles - 1 - blockIdx.x % tiles) * R, w0 = t0 + threadIdx.x / 32 * 16;
+  const bf16* rows = qkv + b * tokens * g.ld;
+  const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
+  if (threadIdx.x == 0) sh.first = detail::run_start(doc, t0);
+  const detail::LaneRows mine = detail::lane_rows(w0, tokens, doc);
+  std::uint32_t qf[Tile::ksteps][4];
+  detail::load_a_rows(qf, rows + g.q + h * d, g.ld, w0, tokens, d);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DT][4] = {};
+  const float scale = detail::log2e / sqrtf(static_cast<float>(d));
+  __syncthreads();
+  const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
+  for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
+    __syncthreads();  // the previous tile is read
+    detail::load_tile_mma<C, DMAX, LD, false>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
+                                              packed);
+    detail::load_tile_mma<C, DMAX, C + 8, true>(&sh.vt[0][0], rows + g.v + kv * d, g.ld, u0, tokens,
+                                                d, packed);
+    __syncthreads();
+    if (u0 > w0 + 15 || w0 >= tokens) continue;  // no key of the tile for the warp's queries
+    detail::forward_mma_step<C, Tile::ksteps, DT, LD>(acc, m, l, qf, &sh.k[0][0], &sh.vt[0][0],
+                                                      mine, u0, tokens, scale);
+  }
+  for (int r = 0; r < 2; ++r) {
+    const float sum = detail::quad_sum(l[r]);
+    if (mine.t[r] >= tokens) continue;
+    const std::size_t row = b * tokens + mine.t[r];
+    detail::store_row(o + row * g.heads * d + h * d, acc, r, 1.0f / sum, d);
+    if (threadIdx.x % 4 == 0) lse[row * g.heads + h] = (m[r] + log2f(sum)) / detail::log2e;
+  }
+}
+
+/// dk and dv of key tile blockIdx.x % tiles of sample blockIdx.x / tiles, key/value head
+/// blockIdx.y, into dqkv (overwritten), on the tensor cores: over the group's query heads in
+/// order and the query tiles from the key tile on (see flash_attention_backward_kv_kernel).
+template <int DMAX>
+__global__ void __launch_bounds__(flash_attention_threads)
+    flash_attention_backward_kv_mma_kernel(AttentionGeometry g, const bf16* qkv, const float* lse,
+                                           const float* delta, const bf16* dout, bf16* dqkv,
+                                           const std::int32_t* document, bool packed) {
+  using Tile = detail::MmaTile<DMAX>;
+  constexpr int C = Tile::rows, R = Tile::queries, LD = Tile::ld, DT = Tile::dtiles;
+  struct alignas(16) Shared {
+    bf16 q[R][LD], g[R][LD], qt[DMAX][R + 8], gt[DMAX][R + 8];
+    float lse[R], delta[R];
+    std::size_t first[R];
+  };
+  __shared__ Shared sh;
+  const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, C);
+  const std::size_t b = blockIdx.x / tiles, kv = blockIdx.y, group = g.heads / g.kv_heads;
+  const std::size_t u0 = blockIdx.x % tiles * C, w0 = u0 + threadIdx.x / 32 * 16, hd = g.heads * d;
+  const bf16* rows = qkv + b * tokens * g.ld;
+  const bf16* grows = dout + b * tokens * hd;
+  const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
+  std::uint32_t kf[Tile::ksteps][4], vf[Tile::ksteps][4];
+  detail::load_a_rows(kf, rows + g.k + kv * d, g.ld, w0, tokens, d);
+  detail::load_a_rows(vf, rows + g.v + kv * d, g.ld, w0, tokens, d);
+  float dk[DT][4] = {}, dv[DT][4] = {};
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
+    for (std::size_t t0 = u0; t0 < tokens; t0 += R) {
+      __syncthreads();  // the previous tile is read
+      detail::load_tile_mma<R, DMAX, LD, false>(&sh.q[0][0], rows + g.q + h * d, g.ld, t0, tokens,
+                                                d, packed);
+      detail::load_tile_mma<R, DMAX, LD, false>(&sh.g[0][0], grows + h * d, hd, t0, tokens, d,
+                                                packed);
+      detail::load_tile_mma<R, DMAX, R + 8, true>(&sh.qt[0][0], rows + g.q + h * d, g.ld, t0,
+                                                  tokens, d, packed);
+      detail::load_tile_mma<R, DMAX, R + 8, true>(&sh.gt[0][0], grows + h * d, hd, t0, tokens, d,
+                                                  packed);
+      if (threadIdx.x < static_cast<unsigned>(R)) {
+        const std::size_t t = t0 + threadIdx.x, row = b * tokens + t;
+        sh.lse[threadIdx.x] = t < tokens ? lse[row * g.heads + h] * detail::log2e : 0.0f;
+        sh.delta[threadIdx.x] = t < tokens ? delta[row * g.heads + h] : 0.0f;
+        sh.first[threadIdx.x] = t < tokens ? detail::run_start(doc, t) : tokens;
+      }
+      __syncthreads();
+      // first keys only grow down a sample: no query from here on attends to this key tile
+      if (sh.first[0] >= u0 + C) break;
+      if (w0 > t0 + R - 1 || w0 >= tokens) continue;  // the warp's keys come after the queries
+      detail::backward_kv_mma_step<R, Tile::ksteps, DT, LD>(
+          dk, dv, kf, vf, &sh.q[0][0], &sh.g[0][0], &sh.qt[0][0], &sh.gt[0][0], sh.lse, sh.delta,
+          sh.first, t0, w0, tokens, scale * detail::log2e);
+    }
+  }
+  const std::size_t lane_key = w0 + threadIdx.x % 32 / 4;
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t u = lane_key + 8 * static_cast<std::size_t>(r);
+    if (u >= tokens) continue;
+    bf16* drow = dqkv + (b * tokens + u) * g.ld;
+    detail::store_row(drow + g.k + kv * d, dk, r, scale, d);
+    detail::store_row(drow + g.v + kv * d, dv, r, 1.0f, d);
+  }
+}
+
+/// dq of query tile blockIdx.x % tiles (heaviest first) of sample blockIdx.x / tiles, query head
+/// blockIdx.y, into dqkv (overwritten), on the tensor cores: over its key tiles (see
+/// flash_attention_backward_q_kernel).
+template <int DMAX>
+__global__ void __launch_bounds__(flash_attention_threads)
+    flash_attention_backward_q_mma_kernel(AttentionGeometry g, const bf16* qkv, const float* lse,
+                                          const float* delta, const bf16* dout, bf16* dqkv,
+                                          const std::int32_t* document, bool packed) {
+  using Tile = detail::MmaTile<DMAX>;
+  constexpr int R = Tile::rows, C = Tile::backward_keys, LD = Tile::ld, DT = Tile::dtiles;
+  struct alignas(16) Shared {
+    bf16 k[C][LD], v[C][LD], kt[DMAX][C + 8];
+    std::size_t first;
+  };
+  __shared__ Shared sh;
+  const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, R);
+  const std::size_t b = blockIdx.x / tiles, h = blockIdx.y, kv = h / (g.heads / g.kv_heads);
+  const std::size_t t0 = (tiles - 1 - blockIdx.x % tiles) * R, w0 = t0 + threadIdx.x / 32 * 16;
+  const std::size_t hd = g.heads * d;
+  const bf16* rows = qkv + b * tokens * g.ld;
+  const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
+  if (threadIdx.x == 0) sh.first = detail::run_start(doc, t0);
+  detail::LaneRows mine = detail::lane_rows(w0, tokens, doc);
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t row = (b * tokens + mine.t[r]) * g.heads + h;
+    mine.lse[r] = mine.t[r] < tokens ? lse[row] * detail::log2e : 0.0f;
+    mine.delta[r] = mine.t[r] < tokens ? delta[row] : 0.0f;
+  }
+  std::uint32_t qf[Tile::ksteps][4], gf[Tile::ksteps][4];
+  detail::load_a_rows(qf, rows + g.q + h * d, g.ld, w0, tokens, d);
+  detail::load_a_rows(gf, dout + b * tokens * hd + h * d, hd, w0, tokens, d);
+  float dq[DT][4] = {};
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  __syncthreads();
+  const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
+  for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
+    __syncthreads();  // the previous tile is read
+    detail::load_tile_mma<C, DMAX, LD, false>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
+                                              packed);
+    detail::load_tile_mma<C, DMAX, LD, false>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
+                                              packed);
+    detail::load_tile_mma<C, DMAX, C + 8, true>(&sh.kt[0][0], rows + g.k + kv * d, g.ld, u0, tokens,
+                                                d, packed);
+    __syncthreads();
+    if (u0 > w0 + 15 || w0 >= tokens) continue;
+    detail::backward_q_mma_step<C, Tile::ksteps, DT, LD>(dq, qf, gf, &sh.k[0][0], &sh.v[0][0],
+                                                         &sh.kt[0][0], mine, u0, tokens,
+                                                         scale * detail::log2e);
+  }
+  for (int r = 0; r < 2; ++r)
+    if (mine.t[r] < tokens)
+      detail::store_row(dqkv + (b * tokens + mine.t[r]) * g.ld + g.q + h * d, dq, r, scale, d);
+}
+
+namespace detail {
+
+// Whether the tensor-core kernels take an attention of head size d (bf16 storage).
+inline bool mma_takes(std::size_t d) {
+  return d % 16 == 0 && d <= flash_attention_mma_max_head_size;
+}
+
+// Whether qkv and dout (or null) allow g's heads to be loaded 8 bf16 (16 bytes) at a time.
+inline bool mma_packed(const AttentionGeometry& g, const bf16* qkv, const bf16* dout) {
+  return aligned<8>(qkv) && (dout == nullptr || aligned<8>(dout)) && g.ld % 8 == 0 &&
+         g.q % 8 == 0 && g.k % 8 == 0 && g.v % 8 == 0;
+}
+
+// Calls f(std::integral_constant<int, DMAX>{}) for DMAX 32 or 64, the smaller that holds d.
+template <class F>
+void with_mma_head_size(std::size_t d, F&& f) {
+  if (d <= 32) return f(std::integral_constant<int, 32>{});
+  return f(std::integral_constant<int, 64>{});
+}
+
+}  // namespace detail
+}  // namespace gpipe::cuda
