@@ -5,6 +5,8 @@
 //   Linear forward+backward TFLOP/s and x_cublas = its time over the time of the same three
 //                          cuBLAS SGEMMs alone (bias add and bias gradient are the difference);
 //                          target <= 1.10
+//   attention fwd+bwd      TFLOP/s of causal flash attention, bf16 (tensor cores at head size
+//                          64) and float; target >= 200 at T 1024, head size 64, bf16 (H200)
 //
 //   build/<preset>/bench/bench_cuda_kernels --benchmark_min_time=0.05
 //
@@ -16,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/cuda.cuh"
@@ -393,6 +396,55 @@ void BM_adamw_update(benchmark::State& state) {
 }
 BENCHMARK(BM_sgd_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_adamw_update)->Arg(big)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Causal flash attention, forward then backward (cuda::flash_attention_forward and _backward,
+// as the attention layer calls them) on T storage: samples of `tokens` tokens, heads of size d
+// in GPT-2's packing (12 heads, 8 samples: GPT-2 124M's attention at batch 8). FLOPs counted as
+// FlashAttention's benchmarks count them, so that the rates compare: 4 B H T^2 d / 2 for the
+// causal forward's two products, 2.5 times that for a backward of five (these kernels compute
+// seven: the rate understates the work done).
+template <class T>
+void BM_attention_forward_backward(benchmark::State& state) {
+  constexpr std::size_t samples = sized(8, 1), heads = sized(12, 2);
+  const auto tokens = static_cast<std::size_t>(state.range(0));
+  const auto d = static_cast<std::size_t>(state.range(1));
+  const auto g = gpipe::AttentionGeometry::packed(samples, tokens, heads, d);
+  const std::size_t hd = heads * d;
+  Tensors t;
+  float* qkv32 = t.make(g.rows() * g.ld);
+  float* dout32 = t.make(g.rows() * hd);
+  auto buffer = [&](std::size_t n) { return backend().allocate<T>(0, n); };
+  auto qkv = buffer(g.rows() * g.ld), o = buffer(g.rows() * hd), dout = buffer(g.rows() * hd),
+       dqkv = buffer(g.rows() * g.ld);
+  auto lse = backend().allocate<float>(0, g.rows() * heads),
+       delta = backend().allocate<float>(0, g.rows() * heads);
+  on_device([&](Kernels& k) {
+    if constexpr (std::is_same_v<T, float>) {
+      k.copy(g.rows() * g.ld, qkv32, qkv.data());
+      k.copy(g.rows() * hd, dout32, dout.data());
+    } else {
+      k.bf16_context().convert(g.rows() * g.ld, qkv32, qkv.data());
+      k.bf16_context().convert(g.rows() * hd, dout32, dout.data());
+    }
+    const double s = time_launches(state, k.stream(), 3, [&] {
+      gpipe::cuda::flash_attention_forward(g, qkv.data(), o.data(), lse.data(), nullptr,
+                                           k.stream());
+      gpipe::cuda::flash_attention_backward(g, qkv.data(), o.data(), lse.data(), dout.data(),
+                                            dqkv.data(), delta.data(), nullptr, k.stream());
+    });
+    const double forward = 2.0 * static_cast<double>(samples * heads * tokens * tokens * d);
+    report_flops(state, 3.5 * forward, s);
+  });
+}
+BENCHMARK_TEMPLATE(BM_attention_forward_backward, gpipe::bf16)
+    ->Args({sized(1024, 80), 64})
+    ->Args({sized(1024, 80), 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_attention_forward_backward, float)
+    ->Args({sized(1024, 80), 64})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Linear L's three ops on `rows` rows through context k (activations of type T).
 template <class L, class Ctx, class T>
