@@ -18,7 +18,8 @@
 //   - the tensor cores' mma.sync.aligned.m16n8k16 (bf16 in, float out; called by
 //     gpipe/backend/cuda/kernels/mma.cuh): a warp-collective operation like a shuffle, over all
 //     32 lanes, with the same errors; computed in float from the exact products (in an order of
-//     its own: see complete_mma_m16n8k16_bf16).
+//     its own: see complete_mma_m16n8k16_bf16); ldmatrix.m8n8.x4 (plain and .trans) likewise, its
+//     rows' 16-byte alignment checked.
 //   - __fmul_rn(a, b): a product rounded once, which the GPU never contracts into an FMA (here,
 //     where nothing is contracted, a plain product).
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
@@ -606,6 +607,29 @@ inline void complete_mma_m16n8k16_bf16(Thread* warp, const Collective&, const st
   }
 }
 
+// ldmatrix.m8n8.x4's completion: lane 8 i + j addresses row j of matrix i (8 bf16, 16-byte
+// aligned, else an error as the GPU's fault); each lane 4 g + q gets in register i elements 2q,
+// 2q+1 of row g of matrix i, or (parameter 1, .trans) rows 2q, 2q+1 of column g.
+inline void complete_ldmatrix_x4(Thread* warp, const Collective& op, const std::string& where) {
+  std::uint16_t m[4][8][8];
+  for (unsigned lane = 0; lane < Emulator::warp_size; ++lane) {
+    const void* row = warp[lane].collective.operands;
+    if (reinterpret_cast<std::uintptr_t>(row) % 16 != 0)
+      throw Error("cuda emulator: ldmatrix in " + where + ": lane " + std::to_string(lane) +
+                  " addresses a row that is not 16-byte aligned");
+    std::memcpy(m[lane / 8][lane % 8], row, 16);
+  }
+  for (unsigned lane = 0; lane < Emulator::warp_size; ++lane) {
+    auto* r = static_cast<std::uint32_t*>(warp[lane].collective.results);
+    const unsigned g = lane / 4, q = 2 * (lane % 4);
+    for (unsigned i = 0; i < 4; ++i) {
+      const std::uint16_t lo = op.parameter ? m[i][q][g] : m[i][g][q];
+      const std::uint16_t hi = op.parameter ? m[i][q + 1][g] : m[i][g][q + 1];
+      r[i] = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+    }
+  }
+}
+
 }  // namespace gpipe::test::cuda_emulation
 
 #define GPIPE_CUDA_LAUNCH(kernel, grid, block, stream) \
@@ -635,4 +659,14 @@ inline void gpipe_cuda_emulation_mma_m16n8k16_bf16(float (&d)[4], const std::uin
   emulation::Emulator::instance().collective({"mma.sync.aligned.m16n8k16",
                                               &emulation::complete_mma_m16n8k16_bf16, 0xffffffffu,
                                               0, &operands, d});
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (mma.cuh calls it for the PTX instruction):
+// r from the rows that the warp's 32 lanes address, once all of them arrived.
+inline void gpipe_cuda_emulation_ldmatrix_x4(std::uint32_t (&r)[4], const void* row,
+                                             bool transposed) {
+  namespace emulation = ::gpipe::test::cuda_emulation;
+  emulation::Emulator::instance().collective({"ldmatrix.sync.aligned.m8n8.x4",
+                                              &emulation::complete_ldmatrix_x4, 0xffffffffu,
+                                              transposed ? 1 : 0, row, r});
 }

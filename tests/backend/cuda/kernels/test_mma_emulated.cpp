@@ -2,12 +2,14 @@
 // (tests/support/cuda_emulation/device.hpp): fragments placed by the PTX ISA's layouts, written
 // out here index by index, against a plain product in double; exact on small integers (whose
 // products and sums float holds exactly), within a 16-term float sum's error on random bf16; the
-// shared-memory fragment loads against the same layouts; a lane missing from the warp an error.
+// shared-memory fragment loads (ldmatrix, plain and transposed) against the same layouts; a lane
+// missing from the warp, or a misaligned ldmatrix row, an error.
 
 #include "support/cuda_emulation.hpp"
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -42,22 +44,51 @@ __global__ void mma_kernel(const bf16* a, const bf16* b, const float* c, float* 
   d[(g + 8) * 8 + q] = acc[2], d[(g + 8) * 8 + q + 1] = acc[3];
 }
 
-// The same product with a from shared memory by load_a (rows 24 apart) and b by load_b from its
-// transpose (n x k, rows 24 apart), both at an offset inside the shared arrays; one warp.
-__global__ void mma_shared_kernel(const bf16* a, const bf16* b, const float* c, float* d) {
-  __shared__ bf16 as[20][24], bts[12][24];
-  for (int i = static_cast<int>(threadIdx.x); i < 256; i += 32) as[i / 16 + 4][i % 16 + 8] = a[i];
-  for (int i = static_cast<int>(threadIdx.x); i < 128; i += 32) bts[i % 8 + 2][i / 8 + 6] = b[i];
+// d_t = a b_t + c_t for the two n-tiles t of a 16 x 16 b (b_0 at b, b_1 at b + 128, each 16 x 8
+// row-major k x n; c_t, d_t likewise): a from shared memory by load_a, b by load_b_pair from its
+// transpose or by load_b_pair_transposed from itself, each at an offset inside its array; one
+// warp.
+__global__ void mma_shared_kernel(const bf16* a, const bf16* b, const float* c, float* d,
+                                  bool transposed) {
+  struct alignas(16) Tiles {
+    bf16 a[20][24], b[24][24];
+  };
+  __shared__ Tiles s;
+  for (int i = static_cast<int>(threadIdx.x); i < 256; i += 32) {
+    s.a[i / 16 + 4][i % 16 + 8] = a[i];
+    const int k = i % 128 / 8, n = 8 * (i / 128) + i % 8;
+    if (transposed)
+      s.b[k + 3][n + 8] = b[i];
+    else
+      s.b[n + 5][k + 8] = b[i];
+  }
   __syncthreads();
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, q = 2 * (lane % 4);
-  std::uint32_t af[4], bf[2];
-  cu::detail::load_a<24>(af, &as[0][0], 4, 8);
-  cu::detail::load_b<24>(bf, &bts[0][0], 2, 6);
-  const float cf[4] = {c[g * 8 + q], c[g * 8 + q + 1], c[(g + 8) * 8 + q], c[(g + 8) * 8 + q + 1]};
-  float acc[4];
-  cu::detail::mma_16x8x16(acc, af, bf, cf);
-  d[g * 8 + q] = acc[0], d[g * 8 + q + 1] = acc[1];
-  d[(g + 8) * 8 + q] = acc[2], d[(g + 8) * 8 + q + 1] = acc[3];
+  std::uint32_t af[4], bf[2][2];
+  cu::detail::load_a<24>(af, &s.a[0][0], 4, 8);
+  if (transposed)
+    cu::detail::load_b_pair_transposed<24>(bf[0], bf[1], &s.b[0][0], 3, 8);
+  else
+    cu::detail::load_b_pair<24>(bf[0], bf[1], &s.b[0][0], 5, 8);
+  for (int t = 0; t < 2; ++t) {
+    const float* ct = c + 128 * t;
+    float* dt = d + 128 * t;
+    float acc[4] = {ct[g * 8 + q], ct[g * 8 + q + 1], ct[(g + 8) * 8 + q], ct[(g + 8) * 8 + q + 1]};
+    cu::detail::mma_16x8x16(acc, af, bf[t], acc);
+    dt[g * 8 + q] = acc[0], dt[g * 8 + q + 1] = acc[1];
+    dt[(g + 8) * 8 + q] = acc[2], dt[(g + 8) * 8 + q + 1] = acc[3];
+  }
+}
+
+// ldmatrix from rows one element past 16-byte alignment: a fault on a GPU.
+__global__ void misaligned_ldmatrix_kernel(float* d) {
+  struct alignas(16) Tile {
+    bf16 v[32][16];
+  };
+  __shared__ Tile s;
+  std::uint32_t r[4];
+  cu::detail::ldmatrix_x4<false>(r, &s.v[threadIdx.x][1]);
+  d[threadIdx.x] = static_cast<float>(r[0]);
 }
 
 // Lane 5 leaves before the mma: undefined on a GPU.
@@ -136,13 +167,19 @@ TEST_SUITE("tensor-core mma, emulated") {
     }
   }
 
-  TEST_CASE("fragments loaded from shared memory by load_a and load_b") {
-    const Problem p = make_problem(1, 8, 4);
-    std::vector<float> d(128, std::nanf(""));
-    GPIPE_CUDA_LAUNCH(mma_shared_kernel, 1, 32, nullptr)
-    (p.a.data(), p.b.data(), p.c.data(), d.data());
-    const std::vector<double> ref = p.reference(1);
-    for (std::size_t i = 0; i < d.size(); ++i) REQUIRE(double(d[i]) == ref[i]);
+  TEST_CASE("fragments loaded from shared memory by ldmatrix, plain and transposed") {
+    // two warps' a, b and c: warp 0's a times the b of both, as one 16 x 16 b
+    const Problem p = make_problem(2, 8, 4);
+    Problem two = p;
+    std::copy(p.a.begin(), p.a.begin() + 256, two.a.begin() + 256);
+    const std::vector<double> ref = two.reference(2);
+    for (const bool transposed : {false, true}) {
+      CAPTURE(transposed);
+      std::vector<float> d(256, std::nanf(""));
+      GPIPE_CUDA_LAUNCH(mma_shared_kernel, 1, 32, nullptr)
+      (p.a.data(), p.b.data(), p.c.data(), d.data(), transposed);
+      for (std::size_t i = 0; i < d.size(); ++i) REQUIRE(double(d[i]) == ref[i]);
+    }
   }
 
   TEST_CASE("pack_bf16 rounds each half to nearest even") {
@@ -153,7 +190,7 @@ TEST_SUITE("tensor-core mma, emulated") {
     CHECK(float(bf16(lo)) == 1.0f);  // a tie, to even
   }
 
-  TEST_CASE("an mma that a lane of the warp has left is an error, as is a warp of 16 lanes") {
+  TEST_CASE("an mma that a lane has left, a warp of 16 lanes, a misaligned ldmatrix: errors") {
     std::vector<float> d(128);
     const Problem p = make_problem(1, 2, 5);
     CHECK(gpipe::test::contains(gpipe::test::error_of([&] {
@@ -167,5 +204,10 @@ TEST_SUITE("tensor-core mma, emulated") {
                                   (p.a.data(), p.b.data(), p.c.data(), d.data(), 1);
                                 }),
                                 "which the block does not have"));
+    CHECK(gpipe::test::contains(gpipe::test::error_of([&] {
+                                  GPIPE_CUDA_LAUNCH(misaligned_ldmatrix_kernel, 1, 32, nullptr)
+                                  (d.data());
+                                }),
+                                "not 16-byte aligned"));
   }
 }

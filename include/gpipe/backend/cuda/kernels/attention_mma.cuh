@@ -13,9 +13,10 @@
 // kernel), so a row of its accumulators lives in the 4 lanes of a group (mma.cuh), where xor
 // shuffles by 1 and 2 give the row's max and sum. What a warp multiplies by for the whole block
 // (its rows of q, or of k and v, or of do) stays in registers as A fragments, loaded from global
-// memory once; the tiles that stream by go through shared memory as bf16, rows padded by 8
-// elements so that the 8 groups' fragment loads hit 8 different banks, stored transposed where a
-// product needs them with k along their rows (V in P V, Q and dO in the dk/dv kernel, K in dQ).
+// memory once; the tiles that stream by go through shared memory as bf16, row-major, rows padded
+// by 8 elements so that the 8 rows of each ldmatrix phase hit 8 different groups of banks; a
+// product that needs a tile with k along its rows (V in P V, Q and dO in the dk/dv kernel, K in
+// dQ) loads its fragments transposed (ldmatrix .trans).
 // Every accumulator's sum runs in a fixed order: deterministic, no atomics.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
@@ -89,9 +90,9 @@ __device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[KS][4], const bf1
 }
 
 // s (ROWS, LD) <- rows [t0, t0 + ROWS) of a head (d columns at `head`, rows `ld` apart), DMAX
-// columns, 0 past `tokens` rows and past d (a multiple of 8); or, Transposed, s (DMAX, LD) <-
-// its transpose. `packed`: head and ld allow 16-byte loads. All threads of the block call it.
-template <int ROWS, int DMAX, int LD, bool Transposed>
+// columns, 0 past `tokens` rows and past d (a multiple of 8). `packed`: head and ld allow 16-byte
+// loads. All threads of the block call it.
+template <int ROWS, int DMAX, int LD>
 __device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::size_t ld,
                                               std::size_t t0, std::size_t tokens, std::size_t d,
                                               bool packed) {
@@ -107,49 +108,48 @@ __device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::si
 #pragma unroll
       for (int j = 0; j < 8; ++j) v.v[j].bits = inside ? head[t * ld + c + j].bits : 0;
     }
-    if constexpr (Transposed) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[(c + j) * LD + r] = v.v[j];
-    } else {
-      store_pack<8>(s + r * LD + c, v);
-    }
+    store_pack<8>(s + r * LD + c, v);
   }
 }
 
-// s[n] = a b_n over KS k-steps for n < N: a warp's 16 rows (A fragments a) times the rows
-// [8 n, 8 n + 8) of bt (a row-major (rows, k) tile in shared memory, rows LD apart) transposed.
+// s[n] = a b_n over KS k-steps for n < N (even): a warp's 16 rows (A fragments a) times rows
+// [8 n, 8 n + 8) of bt (a (rows, k) tile in shared memory, rows LD apart) transposed.
 template <int N, int KS, int LD>
 __device__ __forceinline__ void mma_rows(float (&s)[N][4], const std::uint32_t (&a)[KS][4],
                                          const bf16* bt) {
+  static_assert(N % 2 == 0);
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
+  for (int n = 0; n < N; n += 2) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f, s[n + 1][i] = 0.0f;
 #pragma unroll
     for (int k = 0; k < KS; ++k) {
-      std::uint32_t b[2];
-      load_b<LD>(b, bt, 8 * n, 16 * k);
-      mma_16x8x16(s[n], a[k], b, s[n]);
+      std::uint32_t b0[2], b1[2];
+      load_b_pair<LD>(b0, b1, bt, 8 * n, 16 * k);
+      mma_16x8x16(s[n], a[k], b0, s[n]);
+      mma_16x8x16(s[n + 1], a[k], b1, s[n + 1]);
     }
   }
 }
 
-// acc[n] += p bt_n^T for n < N: p (16 rows by 16 KSTEPS columns, accumulator fragments of
-// 2 KSTEPS n-tiles, rounded to bf16 as A fragments) times rows [8 n, 8 n + 8) of bt (a
-// row-major (dims, KSTEPS * 16) tile in shared memory, rows LDT apart) transposed.
-template <int N, int KSTEPS, int LDT>
+// acc[n] += p b_n for n < N (even): p (16 rows by 16 KSTEPS columns, accumulator fragments of
+// 2 KSTEPS n-tiles, rounded to bf16 as A fragments) times columns [8 n, 8 n + 8) of b (a
+// (16 KSTEPS, N * 8) tile in shared memory, rows LD apart).
+template <int N, int KSTEPS, int LD>
 __device__ __forceinline__ void mma_accumulate(float (&acc)[N][4], const float (&p)[2 * KSTEPS][4],
-                                               const bf16* bt) {
+                                               const bf16* b) {
+  static_assert(N % 2 == 0);
 #pragma unroll
   for (int j = 0; j < KSTEPS; ++j) {
     const std::uint32_t a[4] = {
         pack_bf16(p[2 * j][0], p[2 * j][1]), pack_bf16(p[2 * j][2], p[2 * j][3]),
         pack_bf16(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16(p[2 * j + 1][2], p[2 * j + 1][3])};
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      std::uint32_t b[2];
-      load_b<LDT>(b, bt, 8 * n, 16 * j);
-      mma_16x8x16(acc[n], a, b, acc[n]);
+    for (int n = 0; n < N; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_pair_transposed<LD>(b0, b1, b, 16 * j, 8 * n);
+      mma_16x8x16(acc[n], a, b0, acc[n]);
+      mma_16x8x16(acc[n + 1], a, b1, acc[n + 1]);
     }
   }
 }
@@ -169,11 +169,11 @@ __device__ __forceinline__ bool attends(const LaneRows& rows, int r, std::size_t
 
 // One key tile [u0, u0 + C) of the forward for a warp's 16 queries: s = q k^T masked and
 // scaled, the online softmax's max m, this lane's part of the sum l, acc rescaled, acc += p v
-// (ks (C, LD) natural, vts (DT * 8, C + 8) transposed).
+// (ks, vs: (C, LD) tiles in shared memory).
 template <int C, int KS, int DT, int LD>
 __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)[2], float (&l)[2],
                                                  const std::uint32_t (&qf)[KS][4], const bf16* ks,
-                                                 const bf16* vts, const LaneRows& rows,
+                                                 const bf16* vs, const LaneRows& rows,
                                                  std::size_t u0, std::size_t tokens, float scale) {
   float s[C / 8][4];
   mma_rows<C / 8, KS, LD>(s, qf, ks);
@@ -204,19 +204,19 @@ __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)
       s[n][i] = exp2f(s[n][i] - shift[i / 2]);
       l[i / 2] += s[n][i];
     }
-  mma_accumulate<DT, C / 16, C + 8>(acc, s, vts);
+  mma_accumulate<DT, C / 16, LD>(acc, s, vs);
 }
 
 // One query tile [t0, t0 + R) of the dk/dv kernel for a warp's 16 keys [w0, w0 + 16) (A
 // fragments kf, vf): P^T = e^(K Q^T scale - lse), dS^T = P^T .* (V dO^T - delta), dv += P^T dO,
-// dk += dS^T Q, from qs, gs (R, LD) natural and qts, gts (DT * 8, R + 8) transposed; lse (base 2),
+// dk += dS^T Q, from qs, gs ((R, LD) tiles in shared memory); lse (base 2),
 // delta and the first keys of the tile's rows in shared memory.
 template <int R, int KS, int DT, int LD>
 __device__ __forceinline__ void backward_kv_mma_step(
     float (&dk)[DT][4], float (&dv)[DT][4], const std::uint32_t (&kf)[KS][4],
-    const std::uint32_t (&vf)[KS][4], const bf16* qs, const bf16* gs, const bf16* qts,
-    const bf16* gts, const float* lse, const float* delta, const std::size_t* first, std::size_t t0,
-    std::size_t w0, std::size_t tokens, float scale) {
+    const std::uint32_t (&vf)[KS][4], const bf16* qs, const bf16* gs, const float* lse,
+    const float* delta, const std::size_t* first, std::size_t t0, std::size_t w0,
+    std::size_t tokens, float scale) {
   float p[R / 8][4], ds[R / 8][4];
   mma_rows<R / 8, KS, LD>(p, kf, qs);
   mma_rows<R / 8, KS, LD>(ds, vf, gs);
@@ -232,18 +232,18 @@ __device__ __forceinline__ void backward_kv_mma_step(
       p[n][i] = in ? exp2f(p[n][i] * scale - lse[r]) : 0.0f;
       ds[n][i] = p[n][i] * (ds[n][i] - delta[r]);
     }
-  mma_accumulate<DT, R / 16, R + 8>(dv, p, gts);
-  mma_accumulate<DT, R / 16, R + 8>(dk, ds, qts);
+  mma_accumulate<DT, R / 16, LD>(dv, p, gs);
+  mma_accumulate<DT, R / 16, LD>(dk, ds, qs);
 }
 
 // One key tile [u0, u0 + C) of the dq kernel for a warp's 16 queries (A fragments qf, gf of q
 // and do): P = e^(Q K^T scale - lse), dS = P .* (dO V^T - delta), dq += dS K, from ks, vs (C, LD)
-// natural and kts (DT * 8, C + 8) transposed.
+// tiles in shared memory.
 template <int C, int KS, int DT, int LD>
 __device__ __forceinline__ void backward_q_mma_step(float (&dq)[DT][4],
                                                     const std::uint32_t (&qf)[KS][4],
                                                     const std::uint32_t (&gf)[KS][4],
-                                                    const bf16* ks, const bf16* vs, const bf16* kts,
+                                                    const bf16* ks, const bf16* vs,
                                                     const LaneRows& rows, std::size_t u0,
                                                     std::size_t tokens, float scale) {
   float p[C / 8][4], ds[C / 8][4];
@@ -259,7 +259,7 @@ __device__ __forceinline__ void backward_q_mma_step(float (&dq)[DT][4],
       const float e = attends(rows, r, u, tokens) ? exp2f(p[n][i] * scale - rows.lse[r]) : 0.0f;
       ds[n][i] = e * (ds[n][i] - rows.delta[r]);
     }
-  mma_accumulate<DT, C / 16, C + 8>(dq, ds, kts);
+  mma_accumulate<DT, C / 16, LD>(dq, ds, ks);
 }
 
 // out[8 n + 2 q + j] of row r (r < 2) of a lane's accumulators acc times `factor`, rounded to
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int R = Tile::rows, C = Tile::keys, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 k[C][LD], vt[DMAX][C + 8];
+    bf16 k[C][LD], v[C][LD];
     std::size_t first;  // the block's first query's first key
   };
   __shared__ Shared sh;
@@ -320,14 +320,14 @@ __global__ void __launch_bounds__(flash_attention_threads)
   const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
   for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
     __syncthreads();  // the previous tile is read
-    detail::load_tile_mma<C, DMAX, LD, false>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
-                                              packed);
-    detail::load_tile_mma<C, DMAX, C + 8, true>(&sh.vt[0][0], rows + g.v + kv * d, g.ld, u0, tokens,
-                                                d, packed);
+    detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
+                                       packed);
+    detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
+                                       packed);
     __syncthreads();
     if (u0 > w0 + 15 || w0 >= tokens) continue;  // no key of the tile for the warp's queries
-    detail::forward_mma_step<C, Tile::ksteps, DT, LD>(acc, m, l, qf, &sh.k[0][0], &sh.vt[0][0],
-                                                      mine, u0, tokens, scale);
+    detail::forward_mma_step<C, Tile::ksteps, DT, LD>(acc, m, l, qf, &sh.k[0][0], &sh.v[0][0], mine,
+                                                      u0, tokens, scale);
   }
   for (int r = 0; r < 2; ++r) {
     const float sum = detail::quad_sum(l[r]);
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int C = Tile::rows, R = Tile::queries, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 q[R][LD], g[R][LD], qt[DMAX][R + 8], gt[DMAX][R + 8];
+    bf16 q[R][LD], g[R][LD];
     float lse[R], delta[R];
     std::size_t first[R];
   };
@@ -368,14 +368,9 @@ __global__ void __launch_bounds__(flash_attention_threads)
   for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
     for (std::size_t t0 = u0; t0 < tokens; t0 += R) {
       __syncthreads();  // the previous tile is read
-      detail::load_tile_mma<R, DMAX, LD, false>(&sh.q[0][0], rows + g.q + h * d, g.ld, t0, tokens,
-                                                d, packed);
-      detail::load_tile_mma<R, DMAX, LD, false>(&sh.g[0][0], grows + h * d, hd, t0, tokens, d,
-                                                packed);
-      detail::load_tile_mma<R, DMAX, R + 8, true>(&sh.qt[0][0], rows + g.q + h * d, g.ld, t0,
-                                                  tokens, d, packed);
-      detail::load_tile_mma<R, DMAX, R + 8, true>(&sh.gt[0][0], grows + h * d, hd, t0, tokens, d,
-                                                  packed);
+      detail::load_tile_mma<R, DMAX, LD>(&sh.q[0][0], rows + g.q + h * d, g.ld, t0, tokens, d,
+                                         packed);
+      detail::load_tile_mma<R, DMAX, LD>(&sh.g[0][0], grows + h * d, hd, t0, tokens, d, packed);
       if (threadIdx.x < static_cast<unsigned>(R)) {
         const std::size_t t = t0 + threadIdx.x, row = b * tokens + t;
         sh.lse[threadIdx.x] = t < tokens ? lse[row * g.heads + h] * detail::log2e : 0.0f;
@@ -386,9 +381,9 @@ __global__ void __launch_bounds__(flash_attention_threads)
       // first keys only grow down a sample: no query from here on attends to this key tile
       if (sh.first[0] >= u0 + C) break;
       if (w0 > t0 + R - 1 || w0 >= tokens) continue;  // the warp's keys come after the queries
-      detail::backward_kv_mma_step<R, Tile::ksteps, DT, LD>(
-          dk, dv, kf, vf, &sh.q[0][0], &sh.g[0][0], &sh.qt[0][0], &sh.gt[0][0], sh.lse, sh.delta,
-          sh.first, t0, w0, tokens, scale * detail::log2e);
+      detail::backward_kv_mma_step<R, Tile::ksteps, DT, LD>(dk, dv, kf, vf, &sh.q[0][0],
+                                                            &sh.g[0][0], sh.lse, sh.delta, sh.first,
+                                                            t0, w0, tokens, scale * detail::log2e);
     }
   }
   const std::size_t lane_key = w0 + threadIdx.x % 32 / 4;
@@ -412,7 +407,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int R = Tile::rows, C = Tile::backward_keys, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 k[C][LD], v[C][LD], kt[DMAX][C + 8];
+    bf16 k[C][LD], v[C][LD];
     std::size_t first;
   };
   __shared__ Shared sh;
@@ -438,17 +433,14 @@ __global__ void __launch_bounds__(flash_attention_threads)
   const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
   for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
     __syncthreads();  // the previous tile is read
-    detail::load_tile_mma<C, DMAX, LD, false>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
-                                              packed);
-    detail::load_tile_mma<C, DMAX, LD, false>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
-                                              packed);
-    detail::load_tile_mma<C, DMAX, C + 8, true>(&sh.kt[0][0], rows + g.k + kv * d, g.ld, u0, tokens,
-                                                d, packed);
+    detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
+                                       packed);
+    detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
+                                       packed);
     __syncthreads();
     if (u0 > w0 + 15 || w0 >= tokens) continue;
-    detail::backward_q_mma_step<C, Tile::ksteps, DT, LD>(dq, qf, gf, &sh.k[0][0], &sh.v[0][0],
-                                                         &sh.kt[0][0], mine, u0, tokens,
-                                                         scale * detail::log2e);
+    detail::backward_q_mma_step<C, Tile::ksteps, DT, LD>(dq, qf, gf, &sh.k[0][0], &sh.v[0][0], mine,
+                                                         u0, tokens, scale * detail::log2e);
   }
   for (int r = 0; r < 2; ++r)
     if (mine.t[r] < tokens)

@@ -1,8 +1,9 @@
 #pragma once
 // The tensor cores' warp-level bf16 matrix multiply-accumulate (PTX
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later) and the fragment
-// loads the attention kernels build on. Under GPIPE_CUDA_EMULATION the mma is the emulator's
-// warp-collective operation (tests/support/cuda_emulation/device.hpp).
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later) and the fragment loads
+// from shared memory (PTX ldmatrix) that the attention kernels build on. Under
+// GPIPE_CUDA_EMULATION both are the emulator's warp-collective operations
+// (tests/support/cuda_emulation/device.hpp).
 //
 // Fragment layouts, as the PTX ISA gives them for this shape: lane = 4 g + q (g = lane / 4 the
 // lane's group, q = lane % 4 its place in the group); a 32-bit register holds two bf16, the one
@@ -52,31 +53,60 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
          (static_cast<std::uint32_t>(narrow<bf16>(hi).bits) << 16);
 }
 
-// The register of p[0] (low half) and p[1]: two neighbouring bf16, 4-byte aligned.
-__device__ __forceinline__ std::uint32_t load_pair(const bf16* p) {
-  return *reinterpret_cast<const std::uint32_t*>(p);
+// r[i] (i < 4) = a lane's register of 8 x 8 matrix i, whose rows lanes 8 i .. 8 i + 7 address
+// (8 bf16 each, 16-byte aligned, in shared memory): lane 4 g + q gets elements 2q, 2q+1 of row g,
+// or Transposed, rows 2q, 2q+1 of column g. PTX ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16;
+// warp-collective like the mma.
+template <bool Transposed>
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const bf16* row) {
+#ifdef GPIPE_CUDA_EMULATION
+  gpipe_cuda_emulation_ldmatrix_x4(r, row, Transposed);
+#else
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Transposed) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+#endif
 }
 
-// a (16 x 16) = s[r0 + i][k0 + j]: an A fragment from a row-major bf16 array in shared memory
-// whose rows are LD elements apart (LD even, k0 even).
+// The fragment loads below read tiles of bf16 in shared memory, row-major, rows LD elements apart
+// (LD a multiple of 8, so that every row starts 16-byte aligned), at offsets that are multiples
+// of 8. All lanes of the warp call them together.
+
+// a (16 x 16) = s[r0 + i][k0 + j]: an A fragment.
 template <int LD>
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* s, int r0, int k0) {
-  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, q = 2 * (lane % 4);
-  const bf16* p = s + (r0 + g) * LD + k0 + q;
-  a[0] = load_pair(p);
-  a[1] = load_pair(p + 8 * LD);
-  a[2] = load_pair(p + 8);
-  a[3] = load_pair(p + 8 * LD + 8);
+  const int lane = static_cast<int>(threadIdx.x % 32), i = lane / 8;
+  ldmatrix_x4<false>(a, s + (r0 + 8 * (i % 2) + lane % 8) * LD + k0 + 8 * (i / 2));
 }
 
-// b (16 x 8) = s[n0 + j][k0 + i]: a B fragment from its transpose, row-major (n x k) in shared
-// memory with rows LD elements apart: each register one aligned pair of a row.
+// b0, b1 (16 x 8 each) = s[n0 + j][k0 + i], s[n0 + 8 + j][k0 + i]: the B fragments of two
+// neighbouring n-tiles from their transpose (n x k, as K is stored in Q K^T).
 template <int LD>
-__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const bf16* s, int n0, int k0) {
-  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, q = 2 * (lane % 4);
-  const bf16* p = s + (n0 + g) * LD + k0 + q;
-  b[0] = load_pair(p);
-  b[1] = load_pair(p + 8);
+__device__ __forceinline__ void load_b_pair(std::uint32_t (&b0)[2], std::uint32_t (&b1)[2],
+                                            const bf16* s, int n0, int k0) {
+  const int lane = static_cast<int>(threadIdx.x % 32), i = lane / 8;
+  std::uint32_t r[4];
+  ldmatrix_x4<false>(r, s + (n0 + 8 * (i / 2) + lane % 8) * LD + k0 + 8 * (i % 2));
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
+// b0, b1 (16 x 8 each) = s[k0 + i][n0 + j], s[k0 + i][n0 + 8 + j]: the B fragments of two
+// neighbouring n-tiles from a k x n tile (as V is stored in P V).
+template <int LD>
+__device__ __forceinline__ void load_b_pair_transposed(std::uint32_t (&b0)[2],
+                                                       std::uint32_t (&b1)[2], const bf16* s,
+                                                       int k0, int n0) {
+  const int lane = static_cast<int>(threadIdx.x % 32), i = lane / 8;
+  std::uint32_t r[4];
+  ldmatrix_x4<true>(r, s + (k0 + 8 * (i % 2) + lane % 8) * LD + n0 + 8 * (i / 2));
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 }  // namespace gpipe::cuda::detail
