@@ -3,7 +3,7 @@
 // the attention's definition evaluated whole in double (tests/support/attention_reference.hpp):
 // every head-size tiling (up to 32, 64 and 128), T within one tile and over several, GPT-2's
 // packing, grouped-query heads with q, k, v anywhere in a row, and document ids; float and bf16,
-// bf16 of head sizes 16, 32, 48 and 64 on the tensor-core kernels (the emulator's mma).
+// bf16 of head sizes 16, 32, 48, 64 and 128 on the tensor-core kernels (the emulator's mma).
 // Buffers end at an inaccessible page (a read or write past one faults), dqkv's columns outside
 // the heads must keep their value, and a second backward (warps in another order) the same bits.
 
@@ -56,6 +56,7 @@ const Case cases[] = {
     {"d 48 (padded to 64), grouped-query heads, documents",
      {1, 130, 6, 2, 48, 480, 0, 288, 384},
      true},
+    {"d 128, grouped-query heads, documents", {2, 90, 4, 2, 128, 1024, 0, 512, 768}, true},
 };
 
 // Device buffers that end at a guard page.

@@ -3,8 +3,8 @@
 // gpipe/model/attention.hpp for any AttentionGeometry (grouped-query heads, q, k, v anywhere in a
 // row) and optional document ids, T storage float or bf16 (loaded widened, computed and
 // accumulated in float, stored rounded once), and the launchers, which give bf16 attention of
-// head sizes 16, 32, 48 and 64 to the tensor-core kernels of attention_mma.cuh instead. Host
-// reference: gpipe/backend/host/kernels/attention.hpp.
+// head sizes that are multiples of 16 up to 128 to the tensor-core kernels of attention_mma.cuh
+// instead. Host reference: gpipe/backend/host/kernels/attention.hpp.
 //
 // Tiles of R query rows by R key rows (R = 32 for head sizes up to 64, 16 up to 128), a block
 // of 128 threads per tile: L = 128 / R threads share a tile row, each holding R / L of its

@@ -1,7 +1,7 @@
 #pragma once
 // Flash attention on the tensor cores (the bf16 mma of mma.cuh): attention.cuh's algorithm for
 // bf16 storage and head sizes that are multiples of 16 up to flash_attention_mma_max_head_size,
-// padded with zeros to DMAX = 32 or 64. Products take bf16 operands and accumulate in float:
+// padded with zeros to DMAX = 32, 64 or 128. Products take bf16 operands and accumulate in float:
 //   forward_mma_kernel       S = Q K^T, O += P V
 //   backward_kv_mma_kernel   S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q
 //   backward_q_mma_kernel    S = Q K^T, dP = dO V^T, dQ += dS K
@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels/attention_common.cuh"
@@ -40,17 +41,17 @@ namespace gpipe::cuda {
 
 /// The largest head size that the tensor-core flash attention kernels take (bf16, a multiple of
 /// 16); the SIMT kernels take the others.
-inline constexpr std::size_t flash_attention_mma_max_head_size = 64;
+inline constexpr std::size_t flash_attention_mma_max_head_size = 128;
 
 namespace detail {
 
 // MmaTile<DMAX>: the tiling of the tensor-core kernels for head sizes up to DMAX.
 template <int DMAX>
 struct MmaTile {
-  static constexpr int rows = 64;           // a block's own rows, 16 a warp
-  static constexpr int keys = 64;           // the forward's streamed key tile
-  static constexpr int queries = 32;        // the dk/dv kernel's streamed query tile
-  static constexpr int backward_keys = 32;  // the dq kernel's streamed key tile
+  static constexpr int rows = 64;                       // a block's own rows, 16 a warp
+  static constexpr int keys = DMAX <= 64 ? 64 : 32;     // the forward's streamed key tile
+  static constexpr int queries = DMAX <= 64 ? 32 : 16;  // the dk/dv kernel's query tile
+  static constexpr int backward_keys = 32;              // the dq kernel's key tile
   static constexpr int ksteps = DMAX / 16;  // k-steps of a product over the head dimensions
   static constexpr int dtiles = DMAX / 8;   // n-tiles of an accumulator over them
   static constexpr int ld = DMAX + 8;       // a shared row over the head dimensions, padded
@@ -132,6 +133,17 @@ __device__ __forceinline__ void mma_rows(float (&s)[N][4], const std::uint32_t (
   }
 }
 
+// mma_rows with a warp's A fragments loaded as it goes from rows [r0, r0 + 16) of as (a (rows,
+// k) tile in shared memory, rows LD apart).
+template <int N, int KS, int LD>
+__device__ __forceinline__ void mma_shared_rows(float (&s)[N][4], const bf16* as, int r0,
+                                                const bf16* bt) {
+  std::uint32_t a[KS][4];
+#pragma unroll
+  for (int k = 0; k < KS; ++k) load_a<LD>(a[k], as, r0, 16 * k);
+  mma_rows<N, KS, LD>(s, a, bt);
+}
+
 // acc[n] += p b_n for n < N (even): p (16 rows by 16 KSTEPS columns, accumulator fragments of
 // 2 KSTEPS n-tiles, rounded to bf16 as A fragments) times columns [8 n, 8 n + 8) of b (a
 // (16 KSTEPS, N * 8) tile in shared memory, rows LD apart).
@@ -158,8 +170,27 @@ __device__ __forceinline__ void mma_accumulate(float (&acc)[N][4], const float (
 // in the backward, lse (base 2) and delta.
 struct LaneRows {
   std::size_t t[2], first[2];
+  std::size_t last_first;  // the first key of the warp's last row (the largest of its rows')
   float lse[2], delta[2];
 };
+
+// Whether a key tile [u0, u0 + keys) needs the mask for a warp's 16 queries: unless every key
+// precedes (or is) every query and follows every query's document start.
+__device__ __forceinline__ bool needs_mask(const LaneRows& rows, std::size_t w0, std::size_t u0,
+                                           int keys) {
+  return u0 + static_cast<std::size_t>(keys) > w0 + 1 || u0 < rows.last_first;
+}
+
+// f(std::true_type{}) where `masked`, else f(std::false_type{}): a step compiled twice, so that
+// the tiles away from the diagonal and document starts run without the mask.
+template <class F>
+__device__ __forceinline__ void masked_or_not(bool masked, F&& f) {
+  if (masked) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
 
 // Whether key u enters row r's softmax: causal, inside the row's document run, a real token.
 __device__ __forceinline__ bool attends(const LaneRows& rows, int r, std::size_t u,
@@ -170,7 +201,7 @@ __device__ __forceinline__ bool attends(const LaneRows& rows, int r, std::size_t
 // One key tile [u0, u0 + C) of the forward for a warp's 16 queries: s = q k^T masked and
 // scaled, the online softmax's max m, this lane's part of the sum l, acc rescaled, acc += p v
 // (ks, vs: (C, LD) tiles in shared memory).
-template <int C, int KS, int DT, int LD>
+template <bool Masked, int C, int KS, int DT, int LD>
 __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)[2], float (&l)[2],
                                                  const std::uint32_t (&qf)[KS][4], const bf16* ks,
                                                  const bf16* vs, const LaneRows& rows,
@@ -184,7 +215,7 @@ __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const std::size_t u = u0 + static_cast<std::size_t>(8 * n + q + i % 2);
-      s[n][i] = attends(rows, i / 2, u, tokens) ? s[n][i] * scale : -INFINITY;
+      s[n][i] = !Masked || attends(rows, i / 2, u, tokens) ? s[n][i] * scale : -INFINITY;
       row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
     }
 #pragma unroll
@@ -207,19 +238,19 @@ __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)
   mma_accumulate<DT, C / 16, LD>(acc, s, vs);
 }
 
-// One query tile [t0, t0 + R) of the dk/dv kernel for a warp's 16 keys [w0, w0 + 16) (A
-// fragments kf, vf): P^T = e^(K Q^T scale - lse), dS^T = P^T .* (V dO^T - delta), dv += P^T dO,
-// dk += dS^T Q, from qs, gs ((R, LD) tiles in shared memory); lse (base 2),
-// delta and the first keys of the tile's rows in shared memory.
-template <int R, int KS, int DT, int LD>
+// One query tile [t0, t0 + R) of the dk/dv kernel for a warp's 16 keys [w0, w0 + 16), rows
+// [r0, r0 + 16) of the key tile's ks and vs: P^T = e^(K Q^T scale - lse),
+// dS^T = P^T .* (V dO^T - delta), dv += P^T dO, dk += dS^T Q, from qs, gs (tiles (R, LD), as ks
+// and vs, in shared memory); lse (base 2), delta and the first keys of the tile's rows in shared
+// memory.
+template <bool Masked, int R, int KS, int DT, int LD>
 __device__ __forceinline__ void backward_kv_mma_step(
-    float (&dk)[DT][4], float (&dv)[DT][4], const std::uint32_t (&kf)[KS][4],
-    const std::uint32_t (&vf)[KS][4], const bf16* qs, const bf16* gs, const float* lse,
-    const float* delta, const std::size_t* first, std::size_t t0, std::size_t w0,
-    std::size_t tokens, float scale) {
+    float (&dk)[DT][4], float (&dv)[DT][4], const bf16* ks, const bf16* vs, int r0, const bf16* qs,
+    const bf16* gs, const float* lse, const float* delta, const std::size_t* first, std::size_t t0,
+    std::size_t w0, std::size_t tokens, float scale) {
   float p[R / 8][4], ds[R / 8][4];
-  mma_rows<R / 8, KS, LD>(p, kf, qs);
-  mma_rows<R / 8, KS, LD>(ds, vf, gs);
+  mma_shared_rows<R / 8, KS, LD>(p, ks, r0, qs);
+  mma_shared_rows<R / 8, KS, LD>(ds, vs, r0, gs);
   const int g = static_cast<int>(threadIdx.x % 32 / 4), q = 2 * static_cast<int>(threadIdx.x % 4);
 #pragma unroll
   for (int n = 0; n < R / 8; ++n)
@@ -228,7 +259,7 @@ __device__ __forceinline__ void backward_kv_mma_step(
       const int r = 8 * n + q + i % 2;  // the query's row in the tile
       const std::size_t u = w0 + static_cast<std::size_t>(g + 8 * (i / 2)),
                         t = t0 + static_cast<std::size_t>(r);
-      const bool in = t < tokens && u <= t && u >= first[r];
+      const bool in = !Masked || (t < tokens && u <= t && u >= first[r]);
       p[n][i] = in ? exp2f(p[n][i] * scale - lse[r]) : 0.0f;
       ds[n][i] = p[n][i] * (ds[n][i] - delta[r]);
     }
@@ -239,7 +270,7 @@ __device__ __forceinline__ void backward_kv_mma_step(
 // One key tile [u0, u0 + C) of the dq kernel for a warp's 16 queries (A fragments qf, gf of q
 // and do): P = e^(Q K^T scale - lse), dS = P .* (dO V^T - delta), dq += dS K, from ks, vs (C, LD)
 // tiles in shared memory.
-template <int C, int KS, int DT, int LD>
+template <bool Masked, int C, int KS, int DT, int LD>
 __device__ __forceinline__ void backward_q_mma_step(float (&dq)[DT][4],
                                                     const std::uint32_t (&qf)[KS][4],
                                                     const std::uint32_t (&gf)[KS][4],
@@ -256,7 +287,8 @@ __device__ __forceinline__ void backward_q_mma_step(float (&dq)[DT][4],
     for (int i = 0; i < 4; ++i) {
       const int r = i / 2;
       const std::size_t u = u0 + static_cast<std::size_t>(8 * n + q + i % 2);
-      const float e = attends(rows, r, u, tokens) ? exp2f(p[n][i] * scale - rows.lse[r]) : 0.0f;
+      const bool in = !Masked || attends(rows, r, u, tokens);
+      const float e = in ? exp2f(p[n][i] * scale - rows.lse[r]) : 0.0f;
       ds[n][i] = e * (ds[n][i] - rows.delta[r]);
     }
   mma_accumulate<DT, C / 16, LD>(dq, ds, ks);
@@ -277,6 +309,19 @@ __device__ __forceinline__ void store_row(bf16* out, const float (&acc)[DT][4], 
   }
 }
 
+// For the calling thread's row t0 + threadIdx.x of sample b, query head h: its lse (in base 2),
+// delta and first key into the arrays (zeros and `tokens` past the sample's tokens).
+__device__ __forceinline__ void load_row_statistics(float* lse_s, float* delta_s,
+                                                    std::size_t* first, const AttentionGeometry& g,
+                                                    std::size_t b, std::size_t h, std::size_t t0,
+                                                    const float* lse, const float* delta,
+                                                    const std::int32_t* doc) {
+  const std::size_t i = threadIdx.x, t = t0 + i, row = (b * g.tokens + t) * g.heads + h;
+  lse_s[i] = t < g.tokens ? lse[row] * log2e : 0.0f;
+  delta_s[i] = t < g.tokens ? delta[row] : 0.0f;
+  first[i] = t < g.tokens ? run_start(doc, t) : g.tokens;
+}
+
 // The lane's two rows of the 16 starting at w0, in the sample whose ids are doc (or null).
 __device__ __forceinline__ LaneRows lane_rows(std::size_t w0, std::size_t tokens,
                                               const std::int32_t* doc) {
@@ -286,6 +331,7 @@ __device__ __forceinline__ LaneRows lane_rows(std::size_t w0, std::size_t tokens
     rows.t[r] = w0 + g + 8 * static_cast<std::size_t>(r);
     rows.first[r] = rows.t[r] < tokens ? run_start(doc, rows.t[r]) : tokens;
   }
+  rows.last_first = w0 < tokens ? run_start(doc, w0 + 15 < tokens ? w0 + 15 : tokens - 1) : 0;
   return rows;
 }
 
@@ -326,8 +372,10 @@ __global__ void __launch_bounds__(flash_attention_threads)
                                        packed);
     __syncthreads();
     if (u0 > w0 + 15 || w0 >= tokens) continue;  // no key of the tile for the warp's queries
-    detail::forward_mma_step<C, Tile::ksteps, DT, LD>(acc, m, l, qf, &sh.k[0][0], &sh.v[0][0], mine,
-                                                      u0, tokens, scale);
+    detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
+      detail::forward_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
+          acc, m, l, qf, &sh.k[0][0], &sh.v[0][0], mine, u0, tokens, scale);
+    });
   }
   for (int r = 0; r < 2; ++r) {
     const float sum = detail::quad_sum(l[r]);
@@ -349,7 +397,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int C = Tile::rows, R = Tile::queries, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 q[R][LD], g[R][LD];
+    bf16 k[C][LD], v[C][LD], q[R][LD], g[R][LD];
     float lse[R], delta[R];
     std::size_t first[R];
   };
@@ -360,9 +408,8 @@ __global__ void __launch_bounds__(flash_attention_threads)
   const bf16* rows = qkv + b * tokens * g.ld;
   const bf16* grows = dout + b * tokens * hd;
   const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
-  std::uint32_t kf[Tile::ksteps][4], vf[Tile::ksteps][4];
-  detail::load_a_rows(kf, rows + g.k + kv * d, g.ld, w0, tokens, d);
-  detail::load_a_rows(vf, rows + g.v + kv * d, g.ld, w0, tokens, d);
+  detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d, packed);
+  detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d, packed);
   float dk[DT][4] = {}, dv[DT][4] = {};
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
@@ -371,19 +418,19 @@ __global__ void __launch_bounds__(flash_attention_threads)
       detail::load_tile_mma<R, DMAX, LD>(&sh.q[0][0], rows + g.q + h * d, g.ld, t0, tokens, d,
                                          packed);
       detail::load_tile_mma<R, DMAX, LD>(&sh.g[0][0], grows + h * d, hd, t0, tokens, d, packed);
-      if (threadIdx.x < static_cast<unsigned>(R)) {
-        const std::size_t t = t0 + threadIdx.x, row = b * tokens + t;
-        sh.lse[threadIdx.x] = t < tokens ? lse[row * g.heads + h] * detail::log2e : 0.0f;
-        sh.delta[threadIdx.x] = t < tokens ? delta[row * g.heads + h] : 0.0f;
-        sh.first[threadIdx.x] = t < tokens ? detail::run_start(doc, t) : tokens;
-      }
+      if (threadIdx.x < static_cast<unsigned>(R))
+        detail::load_row_statistics(sh.lse, sh.delta, sh.first, g, b, h, t0, lse, delta, doc);
       __syncthreads();
       // first keys only grow down a sample: no query from here on attends to this key tile
       if (sh.first[0] >= u0 + C) break;
       if (w0 > t0 + R - 1 || w0 >= tokens) continue;  // the warp's keys come after the queries
-      detail::backward_kv_mma_step<R, Tile::ksteps, DT, LD>(dk, dv, kf, vf, &sh.q[0][0],
-                                                            &sh.g[0][0], sh.lse, sh.delta, sh.first,
-                                                            t0, w0, tokens, scale * detail::log2e);
+      // unmasked where every key precedes every query, all real, after every document start
+      const bool masked = w0 + 15 > t0 || t0 + R > tokens || sh.first[R - 1] > w0;
+      detail::masked_or_not(masked, [&](auto mask) {
+        detail::backward_kv_mma_step<decltype(mask)::value, R, Tile::ksteps, DT, LD>(
+            dk, dv, &sh.k[0][0], &sh.v[0][0], threadIdx.x / 32 * 16, &sh.q[0][0], &sh.g[0][0],
+            sh.lse, sh.delta, sh.first, t0, w0, tokens, scale * detail::log2e);
+      });
     }
   }
   const std::size_t lane_key = w0 + threadIdx.x % 32 / 4;
@@ -439,8 +486,10 @@ __global__ void __launch_bounds__(flash_attention_threads)
                                        packed);
     __syncthreads();
     if (u0 > w0 + 15 || w0 >= tokens) continue;
-    detail::backward_q_mma_step<C, Tile::ksteps, DT, LD>(dq, qf, gf, &sh.k[0][0], &sh.v[0][0], mine,
-                                                         u0, tokens, scale * detail::log2e);
+    detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
+      detail::backward_q_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
+          dq, qf, gf, &sh.k[0][0], &sh.v[0][0], mine, u0, tokens, scale * detail::log2e);
+    });
   }
   for (int r = 0; r < 2; ++r)
     if (mine.t[r] < tokens)
@@ -460,11 +509,13 @@ inline bool mma_packed(const AttentionGeometry& g, const bf16* qkv, const bf16* 
          g.q % 8 == 0 && g.k % 8 == 0 && g.v % 8 == 0;
 }
 
-// Calls f(std::integral_constant<int, DMAX>{}) for DMAX 32 or 64, the smaller that holds d.
+// Calls f(std::integral_constant<int, DMAX>{}) for DMAX 32, 64 or 128, the smallest that holds
+// d.
 template <class F>
 void with_mma_head_size(std::size_t d, F&& f) {
   if (d <= 32) return f(std::integral_constant<int, 32>{});
-  return f(std::integral_constant<int, 64>{});
+  if (d <= 64) return f(std::integral_constant<int, 64>{});
+  return f(std::integral_constant<int, 128>{});
 }
 
 }  // namespace detail
