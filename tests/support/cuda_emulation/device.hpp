@@ -20,6 +20,9 @@
 //     32 lanes, with the same errors; computed in float from the exact products (in an order of
 //     its own: see complete_mma_m16n8k16_bf16); ldmatrix.m8n8.x4 (plain and .trans) likewise, its
 //     rows' 16-byte alignment checked.
+//   - cp.async (gpipe/backend/cuda/kernels/async_copy.cuh): a thread's group of copies lands at
+//     the cp.async.wait_group that covers it, not before (the latest moment a GPU may land it):
+//     a kernel that reads a tile before waiting reads stale data. Misaligned copies are errors.
 //   - __fmul_rn(a, b): a product rounded once, which the GPU never contracts into an FMA (here,
 //     where nothing is contracted, a plain product).
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
@@ -50,6 +53,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -146,6 +150,14 @@ struct Collective {
   void* results = nullptr;
 };
 
+// An asynchronous copy to shared memory in flight (cp.async): bytes from src, or zeros.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+  bool fill;
+};
+
 struct Thread {
 #if GPIPE_CUDA_EMULATION_SWITCH
   void* stack_pointer = nullptr;  // where gpipe_cuda_emulation_switch left it
@@ -156,6 +168,10 @@ struct Thread {
   State state = State::ready;
   Collective collective;     // while state is at_collective
   std::size_t barriers = 0;  // __syncthreads passed
+  // cp.async: copies issued since the last commit, and the committed groups in flight, oldest
+  // first; a group lands (is copied) at the wait that covers it
+  std::vector<AsyncCopy> open_copies;
+  std::deque<std::vector<AsyncCopy>> copy_groups;
 };
 
 // The emulator of one OS thread: runs a launch's blocks one after another.
@@ -196,6 +212,23 @@ class Emulator {
   // __syncthreads and the warp-collective operations: suspend the current thread until the
   // block's scheduler lets it go on.
   void barrier() { suspend(State::at_barrier); }
+
+  // cp.async, cp.async.commit_group and cp.async.wait_group for the current thread (see Thread).
+  void async_copy(const AsyncCopy& copy) { threads_[current_].open_copies.push_back(copy); }
+  void async_commit() {
+    Thread& self = threads_[current_];
+    self.copy_groups.push_back(std::exchange(self.open_copies, {}));
+  }
+  void async_wait(std::size_t in_flight) {
+    Thread& self = threads_[current_];
+    for (; self.copy_groups.size() > in_flight; self.copy_groups.pop_front())
+      for (const AsyncCopy& c : self.copy_groups.front()) {
+        if (c.fill)
+          std::memcpy(c.dst, c.src, c.bytes);
+        else
+          std::memset(c.dst, 0, c.bytes);
+      }
+  }
 
   // Waits in `op` until the lanes of its mask have arrived and one of them has completed it.
   void collective(const Collective& op) {
@@ -669,4 +702,22 @@ inline void gpipe_cuda_emulation_ldmatrix_x4(std::uint32_t (&r)[4], const void* 
   emulation::Emulator::instance().collective({"ldmatrix.sync.aligned.m8n8.x4",
                                               &emulation::complete_ldmatrix_x4, 0xffffffffu,
                                               transposed ? 1 : 0, row, r});
+}
+
+// cp.async.cg.shared.global (async_copy.cuh calls it for the PTX instruction), commit_group and
+// wait_group: the copies of a group land when a wait covers it, the latest moment a GPU may.
+inline void gpipe_cuda_emulation_cp_async(void* dst, const void* src, std::size_t bytes,
+                                          bool fill) {
+  if (reinterpret_cast<std::uintptr_t>(dst) % bytes != 0 ||
+      (fill && reinterpret_cast<std::uintptr_t>(src) % bytes != 0))
+    throw gpipe::Error("cuda emulator: cp.async of " + std::to_string(bytes) +
+                       " bytes between addresses not aligned to them");
+  ::gpipe::test::cuda_emulation::Emulator::instance().async_copy({dst, src, bytes, fill});
+}
+inline void gpipe_cuda_emulation_cp_async_commit() {
+  ::gpipe::test::cuda_emulation::Emulator::instance().async_commit();
+}
+inline void gpipe_cuda_emulation_cp_async_wait(int in_flight) {
+  ::gpipe::test::cuda_emulation::Emulator::instance().async_wait(
+      static_cast<std::size_t>(in_flight));
 }

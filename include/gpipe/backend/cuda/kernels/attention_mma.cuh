@@ -11,12 +11,15 @@
 //
 // A block is 4 warps; a warp owns 16 rows of the block's 64 (queries, or keys in the dk/dv
 // kernel), so a row of its accumulators lives in the 4 lanes of a group (mma.cuh), where xor
-// shuffles by 1 and 2 give the row's max and sum. What a warp multiplies by for the whole block
-// (its rows of q, or of k and v, or of do) stays in registers as A fragments, loaded from global
-// memory once; the tiles that stream by go through shared memory as bf16, row-major, rows padded
-// by 8 elements so that the 8 rows of each ldmatrix phase hit 8 different groups of banks; a
-// product that needs a tile with k along its rows (V in P V, Q and dO in the dk/dv kernel, K in
-// dQ) loads its fragments transposed (ldmatrix .trans).
+// shuffles by 1 and 2 give the row's max and sum. A warp's own rows of q and do (forward, dq)
+// stay in registers as A fragments, loaded from global memory once; the dk/dv kernel keeps its
+// k and v tile in shared memory. The tiles that stream by go through shared memory as bf16,
+// row-major, rows padded by 8 elements so that the 8 rows of each ldmatrix phase hit 8 different
+// groups of banks, loaded by cp.async into two buffers (one for the dk/dv kernel at DMAX 128,
+// for want of shared memory), the next tile while the current one computes; a product that
+// needs a tile with k along its rows (V in P V, Q and dO in the dk/dv kernel, K in dQ) loads its
+// fragments transposed (ldmatrix .trans). The mask (causal, document runs, the sample's end) is
+// applied only to tiles that a warp's rows see partly.
 // Every accumulator's sum runs in a fixed order: deterministic, no atomics.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
@@ -31,6 +34,7 @@
 #include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/kernels/async_copy.cuh"
 #include "gpipe/backend/cuda/kernels/attention_common.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
 #include "gpipe/backend/cuda/kernels/mma.cuh"
@@ -52,6 +56,7 @@ struct MmaTile {
   static constexpr int keys = DMAX <= 64 ? 64 : 32;     // the forward's streamed key tile
   static constexpr int queries = DMAX <= 64 ? 32 : 16;  // the dk/dv kernel's query tile
   static constexpr int backward_keys = 32;              // the dq kernel's key tile
+  static constexpr int kv_stages = DMAX <= 64 ? 2 : 1;  // the dk/dv kernel's query buffers
   static constexpr int ksteps = DMAX / 16;  // k-steps of a product over the head dimensions
   static constexpr int dtiles = DMAX / 8;   // n-tiles of an accumulator over them
   static constexpr int ld = DMAX + 8;       // a shared row over the head dimensions, padded
@@ -91,8 +96,10 @@ __device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[KS][4], const bf1
 }
 
 // s (ROWS, LD) <- rows [t0, t0 + ROWS) of a head (d columns at `head`, rows `ld` apart), DMAX
-// columns, 0 past `tokens` rows and past d (a multiple of 8). `packed`: head and ld allow 16-byte
-// loads. All threads of the block call it.
+// columns, 0 past `tokens` rows and past d (a multiple of 8). `packed` (head and ld allow 16-byte
+// loads): by cp.async, landing at the wait that covers the caller's next commit; else by plain
+// loads and stores. All threads of the block call it; a __syncthreads after the wait (or after
+// it, for plain stores) makes the tile visible to all.
 template <int ROWS, int DMAX, int LD>
 __device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::size_t ld,
                                               std::size_t t0, std::size_t tokens, std::size_t d,
@@ -102,15 +109,51 @@ __device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::si
     const int r = i / chunks, c = i % chunks * 8;
     const std::size_t t = t0 + static_cast<std::size_t>(r);
     const bool inside = t < tokens && static_cast<std::size_t>(c) < d;
-    Pack<bf16, 8> v;
-    if (inside && packed) {
-      v = load_pack<8>(head + t * ld + c);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v.v[j].bits = inside ? head[t * ld + c + j].bits : 0;
+    if (packed) {
+      cp_async_16(s + r * LD + c, inside ? head + t * ld + c : head, inside);
+      continue;
     }
+    Pack<bf16, 8> v;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v.v[j].bits = inside ? head[t * ld + c + j].bits : 0;
     store_pack<8>(s + r * LD + c, v);
   }
+}
+
+// Runs a pipeline of Stages (1 or 2) buffers over `tiles` tiles: load(i, buffer) issues tile
+// i's loads into buffer i % Stages (load_tile_mma), compute(i, buffer) uses them once every
+// thread's loads landed; with 2 stages, tile i + 1 loads while tile i computes. All threads of
+// the block call it.
+template <int Stages, class Load, class Compute>
+__device__ __forceinline__ void pipeline(std::size_t tiles, Load&& load, Compute&& compute) {
+  static_assert(Stages == 1 || Stages == 2);
+  for (std::size_t i = 0; i < tiles; ++i) {
+    const int buffer = static_cast<int>(i % Stages);
+    if (Stages == 1 || i == 0) {
+      load(i, buffer);
+      cp_async_commit();
+    }
+    if (Stages == 2 && i + 1 < tiles) {
+      load(i + 1, 1 - buffer);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile i landed for every thread
+    compute(i, buffer);
+    __syncthreads();  // tile i is read: its buffer may take the next
+  }
+}
+
+// The end of the run of equal ids that holds token x (the first token after it); `tokens`
+// without documents.
+__device__ __forceinline__ std::size_t run_end(const std::int32_t* doc, std::size_t x,
+                                               std::size_t tokens) {
+  if (doc == nullptr) return tokens;
+  const std::int32_t id = doc[x];
+  while (x + 1 < tokens && doc[x + 1] == id) ++x;
+  return x + 1;
 }
 
 // s[n] = a b_n over KS k-steps for n < N (even): a warp's 16 rows (A fragments a) times rows
@@ -322,6 +365,22 @@ __device__ __forceinline__ void load_row_statistics(float* lse_s, float* delta_s
   first[i] = t < g.tokens ? run_start(doc, t) : g.tokens;
 }
 
+// The lane's two rows of dk (times scale) and dv, of the 16 keys from w0, into a sample's rows
+// of dqkv (rows, g.ld), at key/value head kv.
+template <int DT>
+__device__ __forceinline__ void store_kv_rows(bf16* dqkv, const AttentionGeometry& g,
+                                              std::size_t kv, std::size_t w0,
+                                              const float (&dk)[DT][4], const float (&dv)[DT][4],
+                                              float scale) {
+  const std::size_t d = g.head_size;
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t u = w0 + threadIdx.x % 32 / 4 + 8 * static_cast<std::size_t>(r);
+    if (u >= g.tokens) continue;
+    store_row(dqkv + u * g.ld + g.k + kv * d, dk, r, scale, d);
+    store_row(dqkv + u * g.ld + g.v + kv * d, dv, r, 1.0f, d);
+  }
+}
+
 // The lane's two rows of the 16 starting at w0, in the sample whose ids are doc (or null).
 __device__ __forceinline__ LaneRows lane_rows(std::size_t w0, std::size_t tokens,
                                               const std::int32_t* doc) {
@@ -347,8 +406,8 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int R = Tile::rows, C = Tile::keys, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 k[C][LD], v[C][LD];
-    std::size_t first;  // the block's first query's first key
+    bf16 k[2][C][LD], v[2][C][LD];  // two stages
+    std::size_t first;              // the block's first query's first key
   };
   __shared__ Shared sh;
   const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, R);
@@ -363,20 +422,24 @@ __global__ void __launch_bounds__(flash_attention_threads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DT][4] = {};
   const float scale = detail::log2e / sqrtf(static_cast<float>(d));
   __syncthreads();
-  const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
-  for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
-    __syncthreads();  // the previous tile is read
-    detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
-                                       packed);
-    detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
-                                       packed);
-    __syncthreads();
-    if (u0 > w0 + 15 || w0 >= tokens) continue;  // no key of the tile for the warp's queries
-    detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
-      detail::forward_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
-          acc, m, l, qf, &sh.k[0][0], &sh.v[0][0], mine, u0, tokens, scale);
-    });
-  }
+  const std::size_t begin = sh.first / C * C, end = t0 + R < tokens ? t0 + R : tokens;
+  detail::pipeline<2>(
+      (end - begin + C - 1) / C,
+      [&](std::size_t i, int buffer) {
+        const std::size_t u0 = begin + i * C;
+        detail::load_tile_mma<C, DMAX, LD>(&sh.k[buffer][0][0], rows + g.k + kv * d, g.ld, u0,
+                                           tokens, d, packed);
+        detail::load_tile_mma<C, DMAX, LD>(&sh.v[buffer][0][0], rows + g.v + kv * d, g.ld, u0,
+                                           tokens, d, packed);
+      },
+      [&](std::size_t i, int buffer) {
+        const std::size_t u0 = begin + i * C;
+        if (u0 > w0 + 15 || w0 >= tokens) return;  // no key of the tile for the warp's queries
+        detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
+          detail::forward_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
+              acc, m, l, qf, &sh.k[buffer][0][0], &sh.v[buffer][0][0], mine, u0, tokens, scale);
+        });
+      });
   for (int r = 0; r < 2; ++r) {
     const float sum = detail::quad_sum(l[r]);
     if (mine.t[r] >= tokens) continue;
@@ -396,10 +459,12 @@ __global__ void __launch_bounds__(flash_attention_threads)
                                            const std::int32_t* document, bool packed) {
   using Tile = detail::MmaTile<DMAX>;
   constexpr int C = Tile::rows, R = Tile::queries, LD = Tile::ld, DT = Tile::dtiles;
+  constexpr int S = Tile::kv_stages;
   struct alignas(16) Shared {
-    bf16 k[C][LD], v[C][LD], q[R][LD], g[R][LD];
-    float lse[R], delta[R];
-    std::size_t first[R];
+    bf16 k[C][LD], v[C][LD], q[S][R][LD], g[S][R][LD];
+    float lse[S][R], delta[S][R];
+    std::size_t first[S][R];
+    std::size_t end;  // no query from here on attends to a key of the tile
   };
   __shared__ Shared sh;
   const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, C);
@@ -410,37 +475,40 @@ __global__ void __launch_bounds__(flash_attention_threads)
   const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
   detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d, packed);
   detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d, packed);
+  if (threadIdx.x == 0)
+    sh.end = detail::run_end(doc, u0 + C < tokens ? u0 + C - 1 : tokens - 1, tokens);
   float dk[DT][4] = {}, dv[DT][4] = {};
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
-  for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
-    for (std::size_t t0 = u0; t0 < tokens; t0 += R) {
-      __syncthreads();  // the previous tile is read
-      detail::load_tile_mma<R, DMAX, LD>(&sh.q[0][0], rows + g.q + h * d, g.ld, t0, tokens, d,
-                                         packed);
-      detail::load_tile_mma<R, DMAX, LD>(&sh.g[0][0], grows + h * d, hd, t0, tokens, d, packed);
-      if (threadIdx.x < static_cast<unsigned>(R))
-        detail::load_row_statistics(sh.lse, sh.delta, sh.first, g, b, h, t0, lse, delta, doc);
-      __syncthreads();
-      // first keys only grow down a sample: no query from here on attends to this key tile
-      if (sh.first[0] >= u0 + C) break;
-      if (w0 > t0 + R - 1 || w0 >= tokens) continue;  // the warp's keys come after the queries
-      // unmasked where every key precedes every query, all real, after every document start
-      const bool masked = w0 + 15 > t0 || t0 + R > tokens || sh.first[R - 1] > w0;
-      detail::masked_or_not(masked, [&](auto mask) {
-        detail::backward_kv_mma_step<decltype(mask)::value, R, Tile::ksteps, DT, LD>(
-            dk, dv, &sh.k[0][0], &sh.v[0][0], threadIdx.x / 32 * 16, &sh.q[0][0], &sh.g[0][0],
-            sh.lse, sh.delta, sh.first, t0, w0, tokens, scale * detail::log2e);
+  __syncthreads();
+  // query tiles [u0, end) of each query head of the group in order
+  const std::size_t per_head = (sh.end - u0 + R - 1) / R;
+  const auto head = [&](std::size_t i) { return kv * group + i / per_head; };
+  const auto first_query = [&](std::size_t i) { return u0 + i % per_head * R; };
+  detail::pipeline<S>(
+      group * per_head,
+      [&](std::size_t i, int buffer) {
+        const std::size_t h = head(i), t0 = first_query(i);
+        detail::load_tile_mma<R, DMAX, LD>(&sh.q[buffer][0][0], rows + g.q + h * d, g.ld, t0,
+                                           tokens, d, packed);
+        detail::load_tile_mma<R, DMAX, LD>(&sh.g[buffer][0][0], grows + h * d, hd, t0, tokens, d,
+                                           packed);
+        if (threadIdx.x < static_cast<unsigned>(R))
+          detail::load_row_statistics(sh.lse[buffer], sh.delta[buffer], sh.first[buffer], g, b, h,
+                                      t0, lse, delta, doc);
+      },
+      [&](std::size_t i, int buffer) {
+        const std::size_t t0 = first_query(i);
+        if (w0 > t0 + R - 1 || w0 >= tokens) return;  // the warp's keys come after the queries
+        // unmasked where every key precedes every query, all real, after every document start
+        const bool masked = w0 + 15 > t0 || t0 + R > tokens || sh.first[buffer][R - 1] > w0;
+        detail::masked_or_not(masked, [&](auto mask) {
+          detail::backward_kv_mma_step<decltype(mask)::value, R, Tile::ksteps, DT, LD>(
+              dk, dv, &sh.k[0][0], &sh.v[0][0], threadIdx.x / 32 * 16, &sh.q[buffer][0][0],
+              &sh.g[buffer][0][0], sh.lse[buffer], sh.delta[buffer], sh.first[buffer], t0, w0,
+              tokens, scale * detail::log2e);
+        });
       });
-    }
-  }
-  const std::size_t lane_key = w0 + threadIdx.x % 32 / 4;
-  for (int r = 0; r < 2; ++r) {
-    const std::size_t u = lane_key + 8 * static_cast<std::size_t>(r);
-    if (u >= tokens) continue;
-    bf16* drow = dqkv + (b * tokens + u) * g.ld;
-    detail::store_row(drow + g.k + kv * d, dk, r, scale, d);
-    detail::store_row(drow + g.v + kv * d, dv, r, 1.0f, d);
-  }
+  detail::store_kv_rows(dqkv + b * tokens * g.ld, g, kv, w0, dk, dv, scale);
 }
 
 /// dq of query tile blockIdx.x % tiles (heaviest first) of sample blockIdx.x / tiles, query head
@@ -454,8 +522,8 @@ __global__ void __launch_bounds__(flash_attention_threads)
   using Tile = detail::MmaTile<DMAX>;
   constexpr int R = Tile::rows, C = Tile::backward_keys, LD = Tile::ld, DT = Tile::dtiles;
   struct alignas(16) Shared {
-    bf16 k[C][LD], v[C][LD];
-    std::size_t first;
+    bf16 k[2][C][LD], v[2][C][LD];  // two stages
+    std::size_t first;              // the block's first query's first key
   };
   __shared__ Shared sh;
   const std::size_t tokens = g.tokens, d = g.head_size, tiles = detail::flash_tiles(tokens, R);
@@ -477,20 +545,25 @@ __global__ void __launch_bounds__(flash_attention_threads)
   float dq[DT][4] = {};
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   __syncthreads();
-  const std::size_t end = t0 + R < tokens ? t0 + R : tokens;
-  for (std::size_t u0 = sh.first / C * C; u0 < end; u0 += C) {
-    __syncthreads();  // the previous tile is read
-    detail::load_tile_mma<C, DMAX, LD>(&sh.k[0][0], rows + g.k + kv * d, g.ld, u0, tokens, d,
-                                       packed);
-    detail::load_tile_mma<C, DMAX, LD>(&sh.v[0][0], rows + g.v + kv * d, g.ld, u0, tokens, d,
-                                       packed);
-    __syncthreads();
-    if (u0 > w0 + 15 || w0 >= tokens) continue;
-    detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
-      detail::backward_q_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
-          dq, qf, gf, &sh.k[0][0], &sh.v[0][0], mine, u0, tokens, scale * detail::log2e);
-    });
-  }
+  const std::size_t begin = sh.first / C * C, end = t0 + R < tokens ? t0 + R : tokens;
+  detail::pipeline<2>(
+      (end - begin + C - 1) / C,
+      [&](std::size_t i, int buffer) {
+        const std::size_t u0 = begin + i * C;
+        detail::load_tile_mma<C, DMAX, LD>(&sh.k[buffer][0][0], rows + g.k + kv * d, g.ld, u0,
+                                           tokens, d, packed);
+        detail::load_tile_mma<C, DMAX, LD>(&sh.v[buffer][0][0], rows + g.v + kv * d, g.ld, u0,
+                                           tokens, d, packed);
+      },
+      [&](std::size_t i, int buffer) {
+        const std::size_t u0 = begin + i * C;
+        if (u0 > w0 + 15 || w0 >= tokens) return;
+        detail::masked_or_not(detail::needs_mask(mine, w0, u0, C), [&](auto masked) {
+          detail::backward_q_mma_step<decltype(masked)::value, C, Tile::ksteps, DT, LD>(
+              dq, qf, gf, &sh.k[buffer][0][0], &sh.v[buffer][0][0], mine, u0, tokens,
+              scale * detail::log2e);
+        });
+      });
   for (int r = 0; r < 2; ++r)
     if (mine.t[r] < tokens)
       detail::store_row(dqkv + (b * tokens + mine.t[r]) * g.ld + g.q + h * d, dq, r, scale, d);
