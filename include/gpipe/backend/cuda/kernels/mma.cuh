@@ -47,10 +47,18 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (
 #endif
 }
 
-// Two floats rounded to bf16 (nearest even) in one register: lo in the low half.
+// Two floats rounded to bf16 (nearest even) in one register: lo in the low half. On the GPU one
+// cvt.rn.bf16x2.f32 (its NaN is the canonical one, narrow's keeps the payload; the same bits
+// otherwise).
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+  std::uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
   return static_cast<std::uint32_t>(narrow<bf16>(lo).bits) |
          (static_cast<std::uint32_t>(narrow<bf16>(hi).bits) << 16);
+#endif
 }
 
 // r[i] (i < 4) = a lane's register of 8 x 8 matrix i, whose rows lanes 8 i .. 8 i + 7 address
