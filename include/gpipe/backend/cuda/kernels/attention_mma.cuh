@@ -262,6 +262,7 @@ __device__ __forceinline__ void forward_mma_step(float (&acc)[DT][4], float (&m)
       row_max[i / 2] = fmaxf(row_max[i / 2], s[n][i]);
     }
 #pragma unroll
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float next = fmaxf(m[r], quad_max(row_max[r]));
     shift[r] = next == -INFINITY ? 0.0f : next;  // a row with no key yet keeps 0s
@@ -373,6 +374,7 @@ __device__ __forceinline__ void store_kv_rows(bf16* dqkv, const AttentionGeometr
                                               const float (&dk)[DT][4], const float (&dv)[DT][4],
                                               float scale) {
   const std::size_t d = g.head_size;
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const std::size_t u = w0 + threadIdx.x % 32 / 4 + 8 * static_cast<std::size_t>(r);
     if (u >= g.tokens) continue;
@@ -386,6 +388,7 @@ __device__ __forceinline__ LaneRows lane_rows(std::size_t w0, std::size_t tokens
                                               const std::int32_t* doc) {
   LaneRows rows{};
   const std::size_t g = threadIdx.x % 32 / 4;
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     rows.t[r] = w0 + g + 8 * static_cast<std::size_t>(r);
     rows.first[r] = rows.t[r] < tokens ? run_start(doc, rows.t[r]) : tokens;
@@ -440,6 +443,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
               acc, m, l, qf, &sh.k[buffer][0][0], &sh.v[buffer][0][0], mine, u0, tokens, scale);
         });
       });
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float sum = detail::quad_sum(l[r]);
     if (mine.t[r] >= tokens) continue;
@@ -534,6 +538,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
   const std::int32_t* doc = document == nullptr ? nullptr : document + b * tokens;
   if (threadIdx.x == 0) sh.first = detail::run_start(doc, t0);
   detail::LaneRows mine = detail::lane_rows(w0, tokens, doc);
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const std::size_t row = (b * tokens + mine.t[r]) * g.heads + h;
     mine.lse[r] = mine.t[r] < tokens ? lse[row] * detail::log2e : 0.0f;
@@ -564,6 +569,7 @@ __global__ void __launch_bounds__(flash_attention_threads)
               scale * detail::log2e);
         });
       });
+#pragma unroll
   for (int r = 0; r < 2; ++r)
     if (mine.t[r] < tokens)
       detail::store_row(dqkv + (b * tokens + mine.t[r]) * g.ld + g.q + h * d, dq, r, scale, d);
