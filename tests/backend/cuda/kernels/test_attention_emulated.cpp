@@ -52,7 +52,9 @@ const Case cases[] = {
     {"d 64, T over three tiles", AttentionGeometry::packed(2, 150, 2, 64), false},
     {"d 64, documents, one key/value head for two", {2, 70, 2, 1, 64, 256, 0, 128, 192}, true},
     // q, k, v at odd columns: fragments loaded one bf16 at a time
-    {"d 32, grouped-query heads at odd columns", {2, 100, 4, 2, 32, 260, 129, 1, 65}, false},
+    {"d 32 (padded to 64), grouped-query heads at odd columns",
+     {2, 100, 4, 2, 32, 260, 129, 1, 65},
+     false},
     {"d 48 (padded to 64), grouped-query heads, documents",
      {1, 130, 6, 2, 48, 480, 0, 288, 384},
      true},
