@@ -98,8 +98,8 @@ __device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[KS][4], const bf1
 // s (ROWS, LD) <- rows [t0, t0 + ROWS) of a head (d columns at `head`, rows `ld` apart), DMAX
 // columns, 0 past `tokens` rows and past d (a multiple of 8). `packed` (head and ld allow 16-byte
 // loads): by cp.async, landing at the wait that covers the caller's next commit; else by plain
-// loads and stores. All threads of the block call it; a __syncthreads after the wait (or after
-// it, for plain stores) makes the tile visible to all.
+// loads and stores. All threads of the block call it; the tile is everyone's after that wait
+// and a __syncthreads.
 template <int ROWS, int DMAX, int LD>
 __device__ __forceinline__ void load_tile_mma(bf16* s, const bf16* head, std::size_t ld,
                                               std::size_t t0, std::size_t tokens, std::size_t d,
