@@ -358,13 +358,14 @@ namespace detail {
 // The launch record of a flash-attention kernel on g: `products` (T, T) x d products per query
 // head over the causal pairs (t, u <= t; a document mask skips more, not counted); the arrays
 // read and written counted as q heads (rows, H d: q, o, do, dq), k or v heads (rows, KVH d) and
-// (rows, H) floats (lse, delta). Tiles read again count once.
+// (rows, H) floats (lse, delta). Tiles read again count once. `tensor_cores`: the mma kernels.
 struct AttentionTraffic {
   int q, kv, floats;
 };
 template <class T>
 void record_attention(std::string_view kernel, const AttentionGeometry& g, double products,
-                      AttentionTraffic read, AttentionTraffic written, cudaStream_t stream) {
+                      AttentionTraffic read, AttentionTraffic written, cudaStream_t stream,
+                      bool tensor_cores = false) {
   const std::size_t rows = g.rows();
   const double pairs = static_cast<double>(g.samples) * static_cast<double>(g.tokens) *
                        static_cast<double>(g.tokens + 1) / 2;
@@ -373,9 +374,13 @@ void record_attention(std::string_view kernel, const AttentionGeometry& g, doubl
            a.kv * bytes_of<T>(rows * g.kv_heads * g.head_size) +
            a.floats * bytes_of<float>(rows * g.heads);
   };
-  record_kernel(kernel, {rows, g.heads, g.head_size},
-                2 * products * pairs * static_cast<double>(g.heads * g.head_size), bytes(read),
-                bytes(written), stream);
+  record_launch({.kernel = kernel,
+                 .shape = {rows, g.heads, g.head_size},
+                 .flops = 2 * products * pairs * static_cast<double>(g.heads * g.head_size),
+                 .bytes_read = bytes(read),
+                 .bytes_written = bytes(written),
+                 .tensor_cores = tensor_cores,
+                 .stream = stream});
 }
 }  // namespace detail
 
@@ -391,7 +396,7 @@ inline void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T*
   // S = Q K^T and O = P V: two products; reads q, k, v; writes o and lse
   detail::record_attention<T>(
       mma ? "flash_attention_forward_mma_kernel" : "flash_attention_forward_kernel", g, 2,
-      {1, 2, 0}, {1, 0, 1}, stream);
+      {1, 2, 0}, {1, 0, 1}, stream, mma);
   if constexpr (std::is_same_v<T, bf16>) {
     if (mma) {
       const bool packed = detail::mma_packed(g, qkv, nullptr);
@@ -456,10 +461,10 @@ inline void flash_attention_backward(const AttentionGeometry& g, const T* qkv, c
   const bool mma = std::is_same_v<T, bf16> && detail::mma_takes(g.head_size);
   detail::record_attention<T>(
       mma ? "flash_attention_backward_kv_mma_kernel" : "flash_attention_backward_kv_kernel", g, 4,
-      {2, 2, 2}, {0, 2, 0}, stream);
+      {2, 2, 2}, {0, 2, 0}, stream, mma);
   detail::record_attention<T>(
       mma ? "flash_attention_backward_q_mma_kernel" : "flash_attention_backward_q_kernel", g, 3,
-      {2, 2, 2}, {1, 0, 0}, stream);
+      {2, 2, 2}, {1, 0, 0}, stream, mma);
   GPIPE_CUDA_LAUNCH(flash_attention_backward_delta_kernel<T>,
                     detail::grid_for(warps, detail::block_size / 32), detail::block_size, stream)
   (g.rows(), g.heads, g.head_size, o, dout, delta);
