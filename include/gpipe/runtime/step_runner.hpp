@@ -22,6 +22,7 @@
 #include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/inference.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
+#include "gpipe/schedule/simulator.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/transport.hpp"
 

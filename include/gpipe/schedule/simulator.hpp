@@ -9,7 +9,8 @@
 //     (so a recv starts and finishes at max(device free, send time + transfer)).
 // bubble_fraction = 1 - sum(busy) / (num_devices * makespan), 0 when the makespan is 0.
 // A stash (stage, micro-batch) is live from its forward to its backward_weight; peaks follow
-// list order, independent of costs.
+// list order, independent of costs. issue_order(schedule) is the order in which the runtime
+// issues the ops: by their simulated start.
 
 #include <algorithm>
 #include <cstddef>
@@ -150,6 +151,49 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
 constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
   const std::vector<OpCosts> per_device(schedule.num_devices, costs);
   return simulate(schedule, std::span<const OpCosts>(per_device));
+}
+
+/// (device, position) of every op of a valid schedule, in the order in which to issue them to
+/// the devices' streams: by simulated start time under `costs` (ties: the lower device first),
+/// each device's list in order, every recv after its matching send (a stream's event wait must
+/// follow its record, as CUDA's must). So the ops reach their streams about when their devices get
+/// to them: a device's work is never held back behind another device's whole list (a fill-drain
+/// schedule issued device by device would hand device 1 its first op only after device 0's M
+/// forwards). Throws Error for an invalid schedule.
+///
+/// The start times along the order never decrease: the op with the earliest start among the
+/// devices' next ops is a recv whose send is not issued yet only if that send, which starts no
+/// later, is the next op of its own device; following such sends ends at an op that can be
+/// issued (a valid schedule has no cycle of them), with the same earliest start.
+constexpr std::vector<OpPlace> issue_order(const Schedule& schedule, const OpCosts& costs = {}) {
+  const SimulationResult timed = simulate(schedule, costs);  // validates, else throws
+  detail::OpIndex index;
+  (void)detail::validate_into(schedule, index);
+  std::size_t total = 0;
+  for (const std::vector<Op>& ops : schedule.ops) total += ops.size();
+  std::vector<OpPlace> order;
+  order.reserve(total);
+  std::vector<std::size_t> next(schedule.num_devices, 0);
+  while (order.size() < total) {
+    OpPlace pick{schedule.num_devices, 0};
+    for (std::size_t d = 0; d < schedule.num_devices; ++d) {
+      const std::size_t p = next[d];
+      if (p == schedule.ops[d].size()) continue;
+      const Op& op = schedule.ops[d][p];
+      if (is_recv(op.kind)) {
+        const OpPlace sender = detail::partner_place(schedule, index, d, op);
+        if (sender.position >= next[sender.device]) continue;  // its send is not issued yet
+      }
+      if (pick.device == schedule.num_devices ||
+          timed.start[d][p] < timed.start[pick.device][pick.position])
+        pick = {d, p};
+    }
+    // unreachable for a valid schedule: some device can always go on
+    if (pick.device == schedule.num_devices) throw Error("gpipe: issue_order found no op to issue");
+    order.push_back(pick);
+    ++next[pick.device];
+  }
+  return order;
 }
 
 }  // namespace gpipe

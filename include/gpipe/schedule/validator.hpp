@@ -514,20 +514,6 @@ constexpr ValidationResult validate(const Schedule& schedule, Sends sends = Send
   return detail::validate_into(schedule, index, sends);
 }
 
-/// (device, position) of every op of a valid schedule, in an order in which every recv comes
-/// after its matching send: the order in which to issue ops to streams whose event waits must
-/// follow their records (as CUDA's do). Throws Error for an invalid schedule.
-constexpr std::vector<OpPlace> issue_order(const Schedule& schedule) {
-  detail::OpIndex index;
-  const ValidationResult result = detail::validate_into(schedule, index);
-  if (!result.ok) throw Error("gpipe: issue_order needs a valid schedule");
-  std::vector<OpPlace> order;
-  detail::execute(schedule, index, [&](std::size_t device, std::size_t position) {
-    order.push_back({device, position});
-  });
-  return order;
-}
-
 /// One line for a person: the broken rule, where (device, position) and which op (kind,
 /// micro-batch, chunk), and the op it conflicts with.
 inline std::string describe(const ValidationResult& result) {

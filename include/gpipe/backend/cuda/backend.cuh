@@ -14,7 +14,7 @@
 // reached yet holds back its device's later items on the host (they run as soon as the record
 // is issued), so that the CUDA event wait is enqueued after its record: a CUDA stream that waits
 // for an event not yet recorded does not wait at all. The runtime issues every device's ops in one
-// issue order in which each recv comes after its send (issue_order, schedule/validator.hpp), so
+// issue order in which each recv comes after its send (issue_order, schedule/simulator.hpp), so
 // its waits find their records issued; a caller that submits in another order still gets the
 // items run in an order that respects every event, as the host backend's threads would
 // (cuda/work_queue.cuh). The devices' CUDA resources are in cuda/device_set.cuh, the timing of
