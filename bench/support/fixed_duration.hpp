@@ -19,19 +19,19 @@
 
 namespace gpipe::bench {
 
-// Holds the thread for `us` microseconds: sleeps until 50 us before the deadline (after asking
-// Linux once per thread for a 1 ns timer slack), then polls the clock. The sleep lets 8 devices
-// share 2 cores; the short poll makes every op last the same, so that the measurement shows the
-// schedule and the executor rather than the scheduler's wake-up jitter.
+// Holds the thread for `us` microseconds: sleeps until 150 us before the deadline (after asking
+// Linux once per thread for a 1 ns timer slack), then polls the clock, yielding the core. The
+// sleep lets 8 devices share 2 cores; the poll makes every op last the same even when the
+// scheduler wakes the thread late (on 2 busy cores, often by more than 50 us), so that the
+// measurement shows the schedule and the executor rather than the wake-up jitter.
 inline void hold(long us) {
 #if defined(__linux__)
   thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) == 0;
   (void)slack_set;
 #endif
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-  std::this_thread::sleep_until(deadline - std::chrono::microseconds(50));
-  while (std::chrono::steady_clock::now() < deadline) {
-  }
+  std::this_thread::sleep_until(deadline - std::chrono::microseconds(150));
+  while (std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
 }
 
 // A layer of width N that passes its input through, stashes 1024 floats per row (so that live

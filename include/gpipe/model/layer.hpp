@@ -76,6 +76,9 @@ struct ForwardArgs {
   /// master weights under MixedBf16, params itself in float); nullptr where the caller has none
   /// (a bf16 context then rounds float operands at each use; see with_compute_params).
   const T* compute_params = nullptr;
+  /// (rows) the document id of each row (token) when the step packs documents into its samples
+  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  const std::int32_t* document = nullptr;
 };
 
 /// Arguments of a layer's `backward_input` (B): dx from dy, keeping in `grad_stash` what its
@@ -96,6 +99,9 @@ struct BackwardInputArgs {
   /// (rows, out_features): the forward's output where the caller keeps it (inside a Chain, every
   /// layer but the last), else nullptr. A layer that needs y and may not get it stashes it.
   const T* y = nullptr;
+  /// (rows) the document id of each row (token) when the step packs documents into its samples
+  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  const std::int32_t* document = nullptr;
 };
 
 /// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are
@@ -111,6 +117,9 @@ struct BackwardWeightArgs {
   const T* grad_stash;        ///< (rows, grad_stash_per_row) as left by backward_input
   master_t<T>* grads;         ///< (num_params), accumulated: grads += d(loss)/d(params)
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
+  /// (rows) the document id of each row (token) when the step packs documents into its samples
+  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  const std::int32_t* document = nullptr;
 };
 
 /// Calls f(w) with w a layer's parameters as GEMM operands: `a.compute_params + offset` where the
