@@ -276,8 +276,8 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
     if (i == *best)
       c.verdict = "chosen";
     else if (c.fits)
-      c.verdict =
-          "slower: " + detail::format_fixed(c.predicted_us / fastest, 2) + " times the chosen step";
+      c.verdict = "not faster: " + detail::format_fixed(c.predicted_us / fastest, 2) +
+                  " times the chosen step";
   }
   plan.chosen = plan.candidates[*best];
   plan.schedule = schedules[*best];
