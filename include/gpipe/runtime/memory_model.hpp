@@ -116,11 +116,18 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
                                         max_rows * target_bytes_per_row);
   }
   // Across ops, outputs and input gradients waiting for a neighbour (at most every micro-batch of
-  // every stage on the device) and the per-micro-batch losses.
+  // every stage on the device; the last stage's output goes to the loss within its forward, and
+  // the first stage's input gradient, if any, is freed within its backward_input) and the
+  // per-micro-batch losses.
   std::size_t waiting = 0;
-  for (std::size_t s = 0; s < schedule.num_stages(); ++s)
-    if (schedule.device_of_stage(s) == d)
-      waiting += rows * (st[s].out_features + st[s].in_features) * a;
+  for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.device_of_stage(s) != d) continue;
+    const bool sends_output = s + 1 < schedule.num_stages();
+    const bool sends_gradient = s > 0;
+    waiting +=
+        rows *
+        ((sends_output ? st[s].out_features : 0) + (sends_gradient ? st[s].in_features : 0)) * a;
+  }
   return within_op + waiting + schedule.num_micro_batches * f;
 }
 
