@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/plan.hpp"
 #include "train_gpt/data.hpp"
 #include "train_gpt/report.hpp"
 #ifdef GPIPE_TRAIN_GPT_MPI
@@ -56,7 +57,8 @@ struct Options {
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
-  bool resume = false, quiet = false, bf16 = false;
+  double memory_limit_mib = 0;  // per device; 0: none
+  bool resume = false, quiet = false, bf16 = false, plan = false;
 };
 
 const char* const usage = R"(usage: example_train_gpt [options]
@@ -79,6 +81,10 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks)
   --quiet                no progress line per step (validation lines only)
   --bf16                 gpipe::MixedBf16: bf16 activations and GEMMs, fp32 master weights
+  --plan                 let gpipe::plan choose schedule, micro-batches and remat from costs it
+                         measures first (under --memory-limit); prints the plan and why
+  --memory-limit MIB     bytes each device may hold, in MiB (the host build also caps its
+                         devices at it); 0 = none (0)
 )";
 
 Options parse(int argc, char** argv) {
@@ -97,8 +103,11 @@ Options parse(int argc, char** argv) {
       std::fputs(usage, stdout);
       std::exit(0);
     }
-    if (flag == "--resume" || flag == "--quiet" || flag == "--bf16") {
-      (flag == "--resume" ? o.resume : flag == "--quiet" ? o.quiet : o.bf16) = true;
+    if (flag == "--resume" || flag == "--quiet" || flag == "--bf16" || flag == "--plan") {
+      (flag == "--resume"  ? o.resume
+       : flag == "--quiet" ? o.quiet
+       : flag == "--bf16"  ? o.bf16
+                           : o.plan) = true;
       continue;
     }
     if (i + 1 >= argc) throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a value");
@@ -136,6 +145,8 @@ Options parse(int argc, char** argv) {
       o.seed = count();
     else if (flag == "--replicas")
       o.replicas = count();
+    else if (flag == "--memory-limit")
+      o.memory_limit_mib = number(flag, value);
     else
       throw gpipe::Error("train_gpt: unknown option " + std::string(flag) + "\n" + usage);
   }
@@ -164,14 +175,13 @@ class Run {
  public:
   static constexpr std::size_t V = Trainer::model_type::vocab_size;
 
-  Run(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints)
+  // `plan`: gpipe::plan's choice of schedule, micro-batches and remat (else 1F1B, o's M).
+  Run(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints,
+      const gpipe::Plan* plan)
       : o_(o),
         corpus_(corpus),
         prints_(prints),
-        trainer_(backend, {.micro_batches = o.micro_batches,
-                           .seed = o.seed,
-                           .ties = {{.parameter = std::to_string(head_layer) + ".weight",
-                                     .to = "0.wte.weight"}}}),
+        trainer_(backend, trainer_options(o, plan)),
         lr_({.max_lr = o.lr,
              .min_lr = std::min(o.min_lr, o.lr),
              .warmup_steps = std::min(o.warmup, o.steps - 1),
@@ -180,6 +190,17 @@ class Run {
                 .beta2 = 0.95,
                 .weight_decay = o.weight_decay,
                 .decay = gpipe::optim::Decay::matrices}) {}
+
+  static typename Trainer::Options trainer_options(const Options& o, const gpipe::Plan* plan) {
+    typename Trainer::Options options{};
+    if (plan != nullptr)
+      options = *plan;  // micro_batches, remat, schedule
+    else
+      options.micro_batches = o.micro_batches;
+    options.seed = o.seed;
+    options.ties = {{.parameter = std::to_string(head_layer) + ".weight", .to = "0.wte.weight"}};
+    return options;
+  }
 
   int train() {
     std::filesystem::create_directories(o_.out);
@@ -345,15 +366,39 @@ class Run {
 
 template <std::size_t V, class Precision>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
-  using Trainer =
-      gpipe::Trainer<Gpt<V>, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB, Precision>;
-  if (prints)
+  using Loss = gpipe::SoftmaxCrossEntropy;
+  const auto limit = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20));
+  if (!o.plan) {
+    using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::OneFOneB, Precision>;
+    if (prints)
+      std::printf(
+          "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
+          "%zu x %zu samples per step, %s\n",
+          Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
+          std::string(Precision::name).c_str());
+    return Run<Trainer>(backend, o, corpus, prints, nullptr).train();
+  }
+  // the plan, from costs measured on a batch of the training data; every rank gets the same
+  std::vector<std::int32_t> x, y;
+  train_gpt::training_batch(corpus, o.seed, 0, 0, o.batch, T, x, y);
+  gpipe::PlanOptions options{.optimizer_state_per_param = 2};  // AdamW
+  if (limit > 0) options.device_limit = {limit};
+  const gpipe::Plan plan = gpipe::plan<Gpt<V>, Loss, Precision>(backend, x, y, options);
+  if (prints) {
     std::printf(
-        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
-        "%zu x %zu samples per step, %s\n",
-        Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
-        std::string(Precision::name).c_str());
-  return Run<Trainer>(backend, o, corpus, prints).train();
+        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, %zu x %zu "
+        "samples per step, %s\n",
+        Gpt<V>::num_params, V, T, D, o.accumulate, o.batch, std::string(Precision::name).c_str());
+    // the choice and the ten fastest candidates, with why each was not chosen
+    const std::string text = plan.describe();
+    std::size_t end = 0;
+    for (int line = 0; line < 12 && end != std::string::npos; ++line)
+      end = text.find('\n', end == 0 ? 0 : end + 1);
+    std::printf("%s\n  ... %zu candidates in all\n", text.substr(0, end).c_str(),
+                plan.candidates.size());
+  }
+  using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::SearchedSchedule, Precision>;
+  return Run<Trainer>(backend, o, corpus, prints, &plan).train();
 }
 
 template <std::size_t V>
@@ -372,7 +417,7 @@ int main(int argc, char** argv) try {
 #else
   if (o.replicas != 1)
     throw gpipe::Error("train_gpt: --replicas needs MPI: run example_train_gpt_mpi under mpirun");
-  Backend backend(4);
+  Backend backend(4, {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
   const bool prints = true;
 #endif
   const train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);
