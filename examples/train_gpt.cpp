@@ -57,7 +57,8 @@ struct Options {
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
-  double memory_limit_mib = 0;  // per device; 0: none
+  double memory_limit_mib = 0;              // per device; 0: none
+  double skip_loss_z = 0, skip_norm_z = 0;  // spike guards' thresholds; 0: off
   bool resume = false, quiet = false, bf16 = false, plan = false;
 };
 
@@ -85,6 +86,10 @@ const char* const usage = R"(usage: example_train_gpt [options]
                          measures first (under --memory-limit); prints the plan and why
   --memory-limit MIB     bytes each device may hold, in MiB (the host build also caps its
                          devices at it); 0 = none (0)
+  --skip-loss-z Z        skip the update of a step whose loss scores a z-score above Z against
+                         the last 128 steps' (llm.c's outlier detector); 0 = off (0)
+  --skip-norm-z Z        the same for the gradient norm; 0 = off (0)
+                         (a step whose gradients hold a NaN or an inf is always skipped)
 )";
 
 Options parse(int argc, char** argv) {
@@ -147,6 +152,10 @@ Options parse(int argc, char** argv) {
       o.replicas = count();
     else if (flag == "--memory-limit")
       o.memory_limit_mib = number(flag, value);
+    else if (flag == "--skip-loss-z")
+      o.skip_loss_z = number(flag, value);
+    else if (flag == "--skip-norm-z")
+      o.skip_norm_z = number(flag, value);
     else
       throw gpipe::Error("train_gpt: unknown option " + std::string(flag) + "\n" + usage);
   }
@@ -198,6 +207,7 @@ class Run {
     else
       options.micro_batches = o.micro_batches;
     options.seed = o.seed;
+    options.skip_non_finite = true;
     options.ties = {{.parameter = std::to_string(head_layer) + ".weight", .to = "0.wte.weight"}};
     return options;
   }
@@ -228,7 +238,20 @@ class Run {
       if (o_.accumulate > 1) trainer_.scale_gradients(1.0 / accumulated);
       const double norm = trainer_.clip_grad_norm(o_.clip > 0 ? o_.clip : INFINITY);
       adamw_.options.lr = lr_(step);
-      trainer_.step(adamw_);
+      const double mean_loss = loss / static_cast<double>(o_.accumulate);
+      const bool spike = (o_.skip_loss_z > 0 && loss_guard_.z_score(mean_loss) > o_.skip_loss_z) ||
+                         (o_.skip_norm_z > 0 && norm_guard_.z_score(norm) > o_.skip_norm_z);
+      if (spike) {
+        trainer_.skip_step();
+      } else {
+        loss_guard_.add(mean_loss);
+        norm_guard_.add(norm);
+        trainer_.step(adamw_);  // skips it where a gradient is not finite
+      }
+      if (trainer_.last_step_skipped())
+        say("step %5zu: update skipped (loss z-score %.1f, norm z-score %.1f%s)\n", step + 1,
+            loss_guard_.z_score(mean_loss), norm_guard_.z_score(norm),
+            std::isfinite(norm) ? "" : ", a gradient is not finite");
       // the step over every rank: from the first forward_backward to the last rank's step()
       const double ms = 1e3 * trainer_.last_step_seconds();
       trainer_.zero_grad();
@@ -264,6 +287,8 @@ class Run {
                                       " parameters)");
       std::printf("wrote %s, %s and %s\n", log.c_str(), (o_.out / "loss.svg").c_str(),
                   (o_.out / "model.safetensors").c_str());
+      if (trainer_.skipped_steps() > 0)
+        std::printf("%zu of the updates skipped\n", trainer_.skipped_steps());
     }
     write_sample();
     // (a run resumed at its end has no step of its own; its log, if kept, has the last one)
@@ -361,6 +386,9 @@ class Run {
   Trainer trainer_;
   gpipe::optim::WarmupCosine lr_;
   gpipe::optim::AdamW adamw_;
+  // the last 128 updates' losses and norms, for --skip-loss-z and --skip-norm-z
+  gpipe::optim::SpikeGuard loss_guard_{{.window = 128, .threshold = 5}};
+  gpipe::optim::SpikeGuard norm_guard_{{.window = 128, .threshold = 5}};
   std::vector<train_gpt::LogRow> rows_;
 };
 
