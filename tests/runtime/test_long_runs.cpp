@@ -5,11 +5,14 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -29,7 +32,52 @@ std::vector<float> all_parameters(auto& trainer) {
   return out;
 }
 
+// y = x; its forward holds its device for stall_ms while `stalled` is set: a device that stops
+// sending without failing.
+inline std::atomic<bool> stalled{false};
+constexpr int stall_ms = 1500;
+struct Stalling : ParameterFree {
+  static constexpr std::size_t in_features = 4, out_features = 4;
+  static constexpr std::size_t stash_per_row = 0, grad_stash_per_row = 0;
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    if (stalled) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+    ctx.copy(a.rows * 4, a.x, a.y);
+  }
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.copy(a.rows * 4, a.dy, a.dx);
+  }
+};
+using StallingModel = Pipeline<Stage<Linear<4, 4>, Stalling>, Stage<Linear<4, 3>>>;
+
 }  // namespace
+
+TEST_CASE(
+    "a device stuck in its work ends the step with an Error naming what the next one "
+    "waited for, and the next step runs") {
+  const std::vector<float> x = random_inputs(6, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(6, 3, 2);
+  host::Backend backend(2, {.wait_timeout = std::chrono::milliseconds(200)});
+  Trainer<StallingModel, SoftmaxCrossEntropy, host::Backend> trainer(backend, {.micro_batches = 2});
+  stalled = true;
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    trainer.forward_backward(x, y);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  stalled = false;
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(message.find("waited 200 ms for stage 0 (device 0), micro-batch 0, send_activation") !=
+        std::string::npos);
+  CHECK(message.find("wait_timeout") != std::string::npos);
+  CHECK(message.find("device 1") != std::string::npos);  // the device that waited
+  CHECK(waited >= std::chrono::milliseconds(stall_ms));  // the stuck work returned first
+  CHECK(std::isfinite(trainer.forward_backward(x, y)));
+  CHECK_THROWS_AS(host::Backend(1, {.wait_timeout = std::chrono::milliseconds(0)}), Error);
+}
 
 TEST_CASE(
     "under skip_non_finite a step with a NaN gradient changes nothing, and the run goes on "

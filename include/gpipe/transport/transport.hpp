@@ -201,7 +201,13 @@ class Transport {
                std::size_t count, MemoryKind kind, Mailbox<T>& box) const {
     detail::require(box.sent != nullptr, "a receive was issued before its send");
     const std::size_t device = message.to;
-    backend_.wait(device, box.ready);
+    // the send that records box.ready, named in a timeout's message
+    backend_.wait(
+        device, box.ready,
+        {.what = to_string(message.gradient ? OpKind::send_gradient : OpKind::send_activation),
+         .stage = message.stage,
+         .micro_batch = message.micro_batch},
+        message.from);
     auto& src = *box.sent;
     backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
       detail::require(src.size() == count, [&] {
