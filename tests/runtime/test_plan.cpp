@@ -107,6 +107,11 @@ TEST_CASE("a limit that nothing fits is an Error naming the smallest bound") {
     CHECK(std::string(e.what()).find("needs up to " + std::to_string(any_min) + " bytes") !=
           std::string::npos);
   }
+  // costs for more micro-batches than the batch has samples
+  std::vector<PlanCosts> too_many = costs;
+  too_many.back().micro_batches = rows + 1;
+  CHECK_THROWS_AS(choose_plan<Model3>(rows, too_many, std::vector<std::size_t>{}, all_policies),
+                  Error);
   // limits for neither 1 nor K devices
   CHECK_THROWS_AS(choose_plan<Model3>(rows, costs, std::vector<std::size_t>{1, 2}, all_policies),
                   Error);

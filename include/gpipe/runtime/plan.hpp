@@ -214,7 +214,11 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   for (const PlanCosts& c : costs) {
     detail::require(c.never.size() == K && c.always.size() == K,
                     [&] { return "plan's costs are for " + std::to_string(K) + " devices"; });
-    const std::size_t m = c.micro_batches;
+    const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
+    detail::require(m >= 1 && m <= samples, [&] {
+      return "plan: costs for " + std::to_string(m) + " micro-batches of a batch of " +
+             std::to_string(samples) + " samples";
+    });
     for (const Remat remat : policies) {
       const std::vector<OpCosts> op_costs = detail::costs_of(c, remat);
       std::vector<std::pair<std::string, Schedule>> kinds = {
