@@ -1,7 +1,9 @@
 // The token-model layers against independent references: GELUTanh, the causal attention core,
 // CausalSelfAttention and TransformerBlock (both backward ops against central finite differences
 // in double, float against double), the attention core's forward against a direct evaluation of
-// its definition, causality and independence of samples, and Embedding's gather and scatter-add.
+// its definition, causality and independence of samples, and Embedding's gather and scatter-add;
+// with packed documents (document ids per row) the same checks, against a mask and positions
+// written here from the definition of a document run.
 
 #include <doctest/doctest.h>
 
@@ -60,10 +62,26 @@ struct Problem {
   }
 };
 
+// Document ids of the rows (2 samples of 3 tokens): sample 0 is runs {0, 1}, {2}; sample 1
+// starts with sample 0's last id, yet a new run (runs end at sample borders): {3, 4}, {5}.
+const std::vector<std::int32_t> documents{5, 5, 2, 2, 2, 1};
+// Two runs of one id are two documents: sample 0 {0}, {1}, {2} (ids 1, 2, 1); sample 1 {3, 4, 5}.
+const std::vector<std::int32_t> repeated_ids{1, 2, 1, 4, 4, 4};
+
+// The first row of row r's document: walk back while the previous row is in r's sample and has
+// its id (empty ids: the sample's first row).
+std::size_t run_start(const std::vector<std::int32_t>& ids, std::size_t r) {
+  std::size_t u = r;
+  while (u % T != 0 && !ids.empty() && ids[u - 1] == ids[r]) --u;
+  return ids.empty() ? r - r % T : u;
+}
+
 // The attention core's output by its definition, in long double: per sample b, head h, query t,
-// o = sum_{t' <= t} softmax_t'(q . k_t' / sqrt d) v_t'.
+// o = sum_{t' <= t} softmax_t'(q . k_t' / sqrt d) v_t', t' from the start of t's document (ids,
+// or the sample's start without).
 std::vector<double> attention_by_definition(const std::vector<double>& qkv, std::size_t heads,
-                                            std::size_t d) {
+                                            std::size_t d,
+                                            const std::vector<std::int32_t>& ids = {}) {
   const std::size_t D = heads * d;
   std::vector<double> o(rows * D);
   auto at = [&](std::size_t row, std::size_t part, std::size_t h, std::size_t i) {
@@ -72,8 +90,9 @@ std::vector<double> attention_by_definition(const std::vector<double>& qkv, std:
   for (std::size_t b = 0; b < samples; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
       for (std::size_t t = 0; t < T; ++t) {
-        std::vector<long double> score(t + 1);
-        for (std::size_t u = 0; u <= t; ++u) {
+        const std::size_t first = run_start(ids, b * T + t) - b * T;
+        std::vector<long double> score(t + 1, -INFINITY);
+        for (std::size_t u = first; u <= t; ++u) {
           long double dot = 0;
           for (std::size_t i = 0; i < d; ++i)
             dot += at(b * T + t, 0, h, i) * at(b * T + u, 1, h, i);
@@ -84,7 +103,7 @@ std::vector<double> attention_by_definition(const std::vector<double>& qkv, std:
         for (long double& s : score) sum += s = std::exp(s - max);
         for (std::size_t i = 0; i < d; ++i) {
           long double acc = 0;
-          for (std::size_t u = 0; u <= t; ++u) acc += score[u] / sum * at(b * T + u, 2, h, i);
+          for (std::size_t u = first; u <= t; ++u) acc += score[u] / sum * at(b * T + u, 2, h, i);
           o[(b * T + t) * D + h * d + i] = static_cast<double>(acc);
         }
       }
@@ -121,6 +140,25 @@ TEST_SUITE("token model layers") {
     }
   }
 
+  TEST_CASE_TEMPLATE("with document ids a token layer's backward ops match central differences", L,
+                     GPIPE_TOKEN_LAYERS) {
+    for (const auto& ids : {documents, repeated_ids}) {
+      for (std::uint64_t seed : {1u, 2u}) {
+        CAPTURE(seed);
+        const Problem<L> p(seed);
+        const auto check = gpipe::test::check_gradients<L>(p.x, p.params, p.c, rows, 1e-6, ids);
+        CAPTURE(check.dx_error);
+        CAPTURE(check.params_error);
+        CHECK(check.max_dx > 1e-2);
+        CHECK(check.dx_error <= 1e-8);
+        if constexpr (L::num_params > 0) {
+          CHECK(check.max_grad > 1e-2);
+          CHECK(check.params_error <= 1e-8);
+        }
+      }
+    }
+  }
+
   TEST_CASE_TEMPLATE("a token layer's float kernels agree with its double kernels", L,
                      GPIPE_TOKEN_LAYERS) {
     const Problem<L> p(31);
@@ -138,6 +176,18 @@ TEST_SUITE("token model layers") {
     auto run = p.run<double>();
     run.forward();
     CHECK(relative_error(run.y, attention_by_definition(p.x, 2, 2)) <= 1e-14);
+  }
+
+  TEST_CASE("with document ids the attention core attends only within each token's document") {
+    const Problem<AttentionCore> p(7);
+    for (const auto& ids : {documents, repeated_ids}) {
+      auto run = p.run<double>();
+      run.document = ids;
+      run.forward();
+      CHECK(relative_error(run.y, attention_by_definition(p.x, 2, 2, ids)) <= 1e-14);
+      // the mask matters here: without it the output differs
+      CHECK(relative_error(run.y, attention_by_definition(p.x, 2, 2)) > 1e-3);
+    }
   }
 
   TEST_CASE("attention reads no later token and no other sample") {
@@ -212,6 +262,48 @@ TEST_SUITE("token model layers") {
         const auto id = static_cast<std::size_t>(run.x[r]);
         CHECK(run.y[r * 4 + i] == run.params[id * 4 + i] + run.params[20 + (r % T) * 4 + i]);
       }
+  }
+
+  TEST_CASE("with document ids Embedding's position restarts at 0 where a document starts") {
+    LayerRun<Emb, double> run(rows);
+    Rng rng(11);
+    run.params = gpipe::test::uniform_values(rng, Emb::num_params, -1.0f, 1.0f);
+    run.x = {4, 0, 4, 2, 2, 1};
+    for (const auto& ids : {documents, repeated_ids}) {
+      run.document = ids;
+      run.forward();
+      for (std::size_t r = 0; r < rows; ++r) {
+        CAPTURE(r);
+        const std::size_t position = r - run_start(ids, r);
+        for (std::size_t i = 0; i < 4; ++i) {
+          const auto id = static_cast<std::size_t>(run.x[r]);
+          CHECK(run.y[r * 4 + i] == run.params[id * 4 + i] + run.params[20 + position * 4 + i]);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("with document ids Embedding's W adds each row into its position's row of wpe") {
+    Rng rng(12);
+    const std::vector<double> params =
+        gpipe::test::uniform_values(rng, Emb::num_params, -1.0f, 1.0f);
+    const std::vector<double> c = gpipe::test::uniform_values(rng, rows * 4, -1.0f, 1.0f);
+    const std::vector<double> ids{4, 0, 4, 2, 4, 1};
+    const auto check = gpipe::test::check_gradients<Emb>(ids, params, c, rows, 1e-6, documents);
+    CHECK(check.params_error <= 1e-9);
+    CHECK(check.max_grad > 1e-1);
+    LayerRun<Emb, double> run(rows);
+    run.x = ids;
+    run.params = params;
+    run.dy = c;
+    run.document = documents;  // positions 0 1 0, 0 1 0
+    run.forward_backward();
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(run.grads[20 + 0 * 4 + i] ==
+            ((c[0 * 4 + i] + c[2 * 4 + i]) + c[3 * 4 + i]) + c[5 * 4 + i]);
+      CHECK(run.grads[20 + 1 * 4 + i] == c[1 * 4 + i] + c[4 * 4 + i]);
+      CHECK(run.grads[20 + 2 * 4 + i] == 0);  // no document reaches position 2
+    }
   }
 
   TEST_CASE("Embedding's W matches central differences and adds repeated ids up") {

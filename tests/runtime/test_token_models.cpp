@@ -2,16 +2,22 @@
 // and remat never / always, the loss and every gradient equal the unpipelined double-precision
 // model; predict returns its logits; micro-batches split between samples; the memory model
 // predicts the measured activation peak; bad token input is a clear gpipe::Error; devices with a
-// team of threads give the one-thread step.
+// team of threads give the one-thread step. With packed documents and ignored (-100) targets: the
+// same against the reference for K 1, 2, 4, several schedules and remat never / always; each
+// document's logits are those it has alone; bad document ids and targets are errors that leave
+// the trainer as it was.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -76,6 +82,58 @@ void check_against_reference(std::size_t m, Remat remat) {
     const std::string& name = entry.first;
     CAPTURE(name);
     CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
+  }
+}
+
+// Packed documents, one row a sample: runs that end inside a sample, an id that comes back after
+// another (two documents), runs that go on across a sample border (new documents all the same).
+const std::vector<std::int32_t> documents{0, 0, 1, 1,  //
+                                          1, 2, 1, 1,  //
+                                          2, 2, 2, 2,  //
+                                          2, 0, 0, 3,  //
+                                          3, 3, 3, 0};
+// Targets with -100 (ignored) on the first two samples whole (micro-batch 0 of M = 3 has no
+// target counted) and on about a quarter of the others' tokens.
+std::vector<std::int32_t> with_ignored(std::vector<std::int32_t> y, std::uint64_t seed) {
+  Rng rng(seed);
+  for (std::size_t i = 0; i < y.size(); ++i)
+    if (i < 2 * T || rng.next_u64() % 4 == 0) y[i] = -100;
+  return y;
+}
+
+const std::vector<std::int32_t> ignored_targets = with_ignored(targets, 5);
+
+template <class Model, class Schedule>
+void check_packed_against_reference(std::size_t m, Remat remat) {
+  CAPTURE(Model::num_stages);
+  CAPTURE(m);
+  CAPTURE(to_string(remat));
+  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
+  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
+      backend, {.micro_batches = m, .remat = remat, .seed = 3});
+  const float loss = trainer.forward_backward(tokens, ignored_targets, documents);
+  const ReferenceResult ref = reference_step<Model, SoftmaxCrossEntropy>(
+      parameters_of(trainer), as_rows(tokens), ignored_targets, documents);
+  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
+  const NamedTensors grads = gradients_of(trainer);
+  REQUIRE(grads.size() == ref.gradients.size());
+  for (const auto& entry : grads) {
+    const std::string& name = entry.first;
+    CAPTURE(name);
+    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
+  }
+}
+
+template <class Schedule>
+void check_packed_schedule() {
+  for (std::size_t m : {1u, 2u, 3u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      if constexpr (Schedule::chunks_per_device == 1) {
+        check_packed_against_reference<Gpt1, Schedule>(m, remat);
+        check_packed_against_reference<Gpt2, Schedule>(m, remat);
+      }
+      check_packed_against_reference<Gpt4, Schedule>(m, remat);
+    }
   }
 }
 
@@ -222,6 +280,143 @@ TEST_SUITE("token models") {
                 "0 tokens, which is not a positive number of whole samples");
     // Nothing was left behind: a good step still works and matches a fresh trainer.
     CHECK(std::isfinite(trainer.forward_backward(tokens, targets)));
+  }
+}
+
+TEST_SUITE("token models: packed documents and ignored targets") {
+  TEST_CASE("the packed batch has what the tests need") {
+    // runs that end inside a sample, an id in two runs of one sample, a sample with one run
+    bool inside = false, repeated = false;
+    for (std::size_t b = 0; b < samples; ++b)
+      for (std::size_t t = 1; t < T; ++t) {
+        const std::size_t r = b * T + t;
+        inside = inside || documents[r] != documents[r - 1];
+        for (std::size_t u = b * T; u + 1 < r; ++u)
+          repeated = repeated || (documents[u] == documents[r] && documents[u + 1] != documents[r]);
+      }
+    CHECK(inside);
+    CHECK(repeated);
+    CHECK(std::count(ignored_targets.begin(), ignored_targets.end(), -100) > 2 * T);
+  }
+
+  TEST_CASE("a pipelined GPT step with documents and ignored targets equals the reference: GPipe") {
+    check_packed_schedule<GPipe>();
+  }
+  TEST_CASE("a pipelined GPT step with documents and ignored targets equals the reference: 1F1B") {
+    check_packed_schedule<OneFOneB>();
+  }
+  TEST_CASE("a pipelined GPT step with documents and ignored targets equals the reference: ZB-H1") {
+    check_packed_schedule<ZeroBubbleH1>();
+  }
+  TEST_CASE(
+      "a pipelined GPT step with documents and ignored targets equals the reference: "
+      "interleaved, 2 stages a device") {
+    check_packed_schedule<Interleaved<2>>();
+  }
+  TEST_CASE("a pipelined GPT step with documents and ignored targets equals the reference: ZB-V") {
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last})
+      check_packed_against_reference<Gpt4, ZeroBubbleV>(3, remat);
+  }
+
+  TEST_CASE("each packed document gets the logits it has alone at the start of a sample") {
+    host::Backend backend(2);
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> trainer(backend,
+                                                              {.micro_batches = 2, .seed = 3});
+    // sample 0: document a (1 token) then b (3 tokens); sample 1: c (2), then a again (2)
+    const std::vector<std::int32_t> packed{3, 1, 4, 1, 5, 2, 6, 5};
+    const std::vector<std::int32_t> ids{7, 8, 8, 8, 9, 9, 7, 7};
+    const std::vector<float> logits = trainer.predict(packed, ids);
+    // each document alone, first in a sample of its own, then tokens it must not see
+    const std::vector<std::int32_t> alone{3, 0, 0, 0, 1, 4, 1, 0, 5, 2, 0, 0, 6, 5, 0, 0};
+    const std::vector<float> want = trainer.predict(alone);
+    const std::vector<std::pair<std::size_t, std::size_t>> rows{{0, 0}, {1, 4}, {2, 5},  {3, 6},
+                                                                {4, 8}, {5, 9}, {6, 12}, {7, 13}};
+    for (const auto& [packed_row, alone_row] : rows) {
+      CAPTURE(packed_row);
+      const auto row = [](const std::vector<float>& l, std::size_t r) {
+        return std::vector<double>(l.begin() + static_cast<std::ptrdiff_t>(r * V),
+                                   l.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+      };
+      CHECK(relative_error(row(logits, packed_row), row(want, alone_row)) < 1e-6);
+    }
+    // without the ids the same tokens are one document per sample: other logits
+    CHECK(relative_error(std::vector<double>(logits.begin(), logits.end()), [&] {
+            const std::vector<float> l = trainer.predict(packed);
+            return std::vector<double>(l.begin(), l.end());
+          }()) > 1e-3);
+  }
+
+  TEST_CASE("one id per sample is one document per sample, the step without ids") {
+    host::Backend backend(2);
+    std::vector<std::int32_t> same_id(tokens.size(), 0);  // runs end at sample borders
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend, OneFOneB> with(
+        backend, {.micro_batches = 2, .seed = 3}),
+        without(backend, {.micro_batches = 2, .seed = 3});
+    CHECK(with.forward_backward(tokens, targets, same_id) ==
+          doctest::Approx(without.forward_backward(tokens, targets)).epsilon(1e-6));
+    for (const auto& [name, g] : gradients_of(without)) {
+      CAPTURE(name);
+      CHECK(relative_error(gradients_of(with).at(name), g) < 1e-6);
+    }
+  }
+
+  TEST_CASE("the loss with ignored targets is the mean over the targets counted in the batch") {
+    // M = 3 micro-batches of 2, 2 and 1 samples count 0, some and some targets: the mean is over
+    // the whole batch's count, so the loss does not depend on M
+    host::Backend backend(2);
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> one(backend, {.micro_batches = 1, .seed = 3}),
+        three(backend, {.micro_batches = 3, .seed = 3});
+    const float loss = one.forward_backward(tokens, ignored_targets);
+    CHECK(three.forward_backward(tokens, ignored_targets) == doctest::Approx(loss).epsilon(1e-6));
+    // samples 0 and 1 count no target: the batch's loss is that of samples 2 to 4 alone
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> rest(backend,
+                                                           {.micro_batches = 3, .seed = 3});
+    const std::span<const std::int32_t> x(tokens), y(ignored_targets);
+    CHECK(rest.forward_backward(x.subspan(2 * T), y.subspan(2 * T)) ==
+          doctest::Approx(loss).epsilon(1e-6));
+    for (const auto& [name, g] : gradients_of(one)) {
+      CAPTURE(name);
+      CHECK(relative_error(gradients_of(rest).at(name), g) < 1e-6);
+    }
+  }
+
+  TEST_CASE("bad document ids and targets are gpipe::Errors that leave the trainer as it was") {
+    host::Backend backend(2);
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend, OneFOneB> trainer(
+        backend, {.micro_batches = 2, .seed = 3});
+    trainer.forward_backward(tokens, ignored_targets, documents);
+    const NamedTensors before = gradients_of(trainer);
+    const std::vector<std::int32_t> short_ids(documents.begin(), documents.end() - 1);
+    check_error([&] { trainer.forward_backward(tokens, ignored_targets, short_ids); },
+                "document_ids has 19 ids, expected 20 (one per token, as many as tokens)");
+    check_error([&] { trainer.predict(tokens, std::vector<std::int32_t>{}); },
+                "document_ids has 0 ids, expected 20");
+    std::vector<std::int32_t> longer = documents;
+    longer.push_back(0);
+    check_error([&] { trainer.predict(tokens, longer); }, "document_ids has 21 ids, expected 20");
+    const std::vector<std::int32_t> all_ignored(tokens.size(), -100);
+    check_error([&] { trainer.forward_backward(tokens, all_ignored, documents); },
+                "all 20 targets are -100 (ignored); expected at least one class id in [0, 7)");
+    for (const std::int32_t bad : {-1, -99, -101, std::numeric_limits<std::int32_t>::min()}) {
+      CAPTURE(bad);
+      std::vector<std::int32_t> y = ignored_targets;
+      y[11] = bad;
+      check_error([&] { trainer.forward_backward(tokens, y, documents); },
+                  "target 11 is " + std::to_string(bad) +
+                      ", expected a class id in [0, 7) or -100 (ignored)");
+    }
+    CHECK(gradients_of(trainer) == before);
+    // and the next step adds what a fresh trainer's step gives
+    Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend, OneFOneB> fresh(
+        backend, {.micro_batches = 2, .seed = 3});
+    CHECK(trainer.forward_backward(tokens, ignored_targets, documents) ==
+          fresh.forward_backward(tokens, ignored_targets, documents));
+    for (const auto& [name, g] : gradients_of(fresh)) {
+      CAPTURE(name);
+      std::vector<double> twice = g;
+      for (double& v : twice) v *= 2;
+      CHECK(relative_error(gradients_of(trainer).at(name), twice) < 1e-6);
+    }
   }
 }
 

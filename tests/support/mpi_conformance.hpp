@@ -487,7 +487,7 @@ void check_input_refused_on_one_rank(Backend& backend) {
   CHECK(message == "gpipe: rank " + std::to_string(last) +
                        " failed: SoftmaxCrossEntropy target 5 is " +
                        std::to_string(Model::out_features) + ", expected a class id in [0, " +
-                       std::to_string(Model::out_features) + ")");
+                       std::to_string(Model::out_features) + ") or -100 (ignored)");
   message = error_of([&] { (void)trainer.predict(backend.rank() == 0 ? bad_x : x); });
   CHECK(message.starts_with("gpipe: rank 0 failed: x has " + std::to_string(bad_x.size()) +
                             " floats, expected a positive multiple of in_features"));
@@ -525,7 +525,7 @@ void check_input_refused_in_one_replica() {
   CAPTURE(message);
   CHECK(message ==
         "gpipe: rank 3 failed: SoftmaxCrossEntropy target 3 is -1, expected a class id in [0, " +
-            std::to_string(Model2::out_features) + ")");
+            std::to_string(Model2::out_features) + ") or -100 (ignored)");
   trainer.zero_grad();
   check_two_steps(backend, trainer, reference, x, y);
 }

@@ -20,6 +20,8 @@
 //     P = e^(S - L),  dv += P^T do,  dP = do v^T,  dS = P .* (dP - D),
 //     dq += dS k / sqrt d,  dk += dS^T q / sqrt d.
 // So backward_input needs o, which the chain passes as BackwardInputArgs::y (c_proj keeps it).
+// With packed documents (the Args' `document`) a token attends only to the tokens u <= t of its
+// own run of equal ids in its sample (CausalAttentionOp's contract).
 
 #include <array>
 #include <cstddef>
@@ -135,16 +137,16 @@ struct CausalAttentionCore : ParameterFree {
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     LayerKernels<CausalAttentionOp, Ctx>::forward(ctx, geometry(a.rows), a.x, a.y,
-                                                  master_view(a.stash, "stash"));
+                                                  master_view(a.stash, "stash"), a.document);
   }
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     require(a.y != nullptr,
             "the attention core's backward needs its output o (BackwardInputArgs::y), which a "
             "Chain passes to every layer but its last");
-    LayerKernels<CausalAttentionOp, Ctx>::backward(ctx, geometry(a.rows), a.x, a.y,
-                                                   master_view(a.stash, "stash"), a.dy, a.dx,
-                                                   master_view(a.workspace, "workspace"));
+    LayerKernels<CausalAttentionOp, Ctx>::backward(
+        ctx, geometry(a.rows), a.x, a.y, master_view(a.stash, "stash"), a.dy, a.dx,
+        master_view(a.workspace, "workspace"), a.document);
   }
 };
 
@@ -176,10 +178,11 @@ struct CausalSelfAttentionOf : Chain<Linear<D, 3 * D>, CausalAttentionCore<D, H,
 
 /// GPT-2's multi-head causal self-attention of width D with H heads (D a multiple of H), as
 /// nanoGPT's without dropout: (rows, D) to (rows, D), each token attending to the tokens up to it
-/// in its sample. One entry of nn.Sequential with parameters "i.c_attn.weight" (3D, D),
-/// "i.c_attn.bias" (3D), "i.c_proj.weight" (D, D), "i.c_proj.bias" (D). Stashes 4D + 2H elements
-/// per row whatever T (qkv, o, and each head's log-sum-exp: flash attention, no probabilities);
-/// its backward needs 2H elements of workspace per row; needs a token model (Embedding first).
+/// in its sample (with packed documents, in its run of equal document ids). One entry of
+/// nn.Sequential with parameters "i.c_attn.weight" (3D, D), "i.c_attn.bias" (3D), "i.c_proj.weight"
+/// (D, D), "i.c_proj.bias" (D). Stashes 4D + 2H elements per row whatever T (qkv, o, and each
+/// head's log-sum-exp: flash attention, no probabilities); its backward needs 2H elements of
+/// workspace per row; needs a token model (Embedding first).
 template <std::size_t D, std::size_t H>
 struct CausalSelfAttention : detail::HeadedSequenceLayer<D, H, detail::CausalSelfAttentionOf> {};
 

@@ -1,8 +1,11 @@
 #pragma once
 // Embedding<V, T, D>: GPT-2's token + position embedding, the first layer of a token model.
-//   y(b, t, :) = wte[id(b, t), :] + wpe[t, :]      wte (V, D) "wte.weight", wpe (T, D) "wpe.weight"
+//   y(b, t, :) = wte[id(b, t), :] + wpe[p(b, t), :]  wte (V, D) "wte.weight", wpe (T, D)
+//   "wpe.weight"
 // Its input rows are token ids, one per row, carried as floats (exact below 2^24); a sample is T
-// consecutive rows, so row r is position r % T (micro-batches start at sample boundaries).
+// consecutive rows, so row r is token t = r % T of its sample (micro-batches start at sample
+// boundaries). Its position p is t, or with packed documents (the Args' `document`) t minus the
+// first token of its run of equal ids in the sample: positions restart at 0 where a run starts.
 // The ids are constant, so the input gradient is zero; W scatter-adds dy into the rows of wte
 // that the ids name, in a deterministic order, and sums dy over samples into wpe.
 //
@@ -20,13 +23,19 @@
 namespace gpipe {
 
 /// The kernels of Embedding, per backend (LayerKernels<EmbeddingOp, Ctx>):
-///   forward(ctx, rows, T, D, ids (rows), wte (V, D), wpe (T, D), y (rows, D))
-///   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=)
+///   forward(ctx, rows, T, D, ids (rows), wte (V, D), wpe (T, D), y (rows, D), document = nullptr)
+///   backward_weight(ctx, rows, T, D, ids (rows), dy (rows, D), dwte (V, D) +=, dwpe (T, D) +=,
+///                   document = nullptr)
+/// document (rows) of std::int32_t, when not null, gives each row's document id: row r's position
+/// (its row of wpe) is then its distance from the first row of its run of equal ids within its
+/// sample (runs end at sample borders; two runs of one id are two documents), else r % T.
 struct EmbeddingOp {};
 
 /// GPT-2's token + position embedding, the first layer of a token model: V token ids, samples of
 /// T tokens, width D. Input rows are token ids carried as floats (exact below 2^24); the output
-/// row of token t of a sample is wte[id] + wpe[t]. Fixes the model's tokens per sample to T.
+/// row of token t of a sample is wte[id] + wpe[t], or with packed documents wte[id] + wpe[p], p
+/// counted from 0 where t's run of equal document ids starts. Fixes the model's tokens per sample
+/// to T.
 template <std::size_t V, std::size_t T, std::size_t D>
 struct Embedding {
   static_assert(V > 0 && T > 0 && D > 0, "gpipe: Embedding needs positive sizes");
@@ -56,11 +65,12 @@ struct Embedding {
     for (float& p : params) p = rng.uniform(-bound, bound);
   }
 
-  /// y (rows, D): row r = wte[x[r], :] + wpe[r % T, :], rows a whole number of samples.
+  /// y (rows, D): row r = wte[x[r], :] + wpe[p_r, :], rows a whole number of samples; p_r is
+  /// r % T, or its place in its document run (EmbeddingOp).
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    LayerKernels<EmbeddingOp, Ctx>::forward(ctx, a.rows, T, D, a.x, a.params, a.params + V * D,
-                                            a.y);
+    LayerKernels<EmbeddingOp, Ctx>::forward(ctx, a.rows, T, D, a.x, a.params, a.params + V * D, a.y,
+                                            a.document);
   }
   /// d(loss)/d(id) = 0: y is piecewise constant in the id.
   template <class Ctx>
@@ -68,11 +78,11 @@ struct Embedding {
     ctx.fill(a.rows, typename Ctx::value_type(0.0f), a.dx);
   }
   /// dwte (V, D) += dy rows scatter-added at their ids (in a deterministic order), dwpe (T, D) +=
-  /// dy summed over the samples.
+  /// dy rows scatter-added at their positions p_r (summed over the samples without documents).
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     LayerKernels<EmbeddingOp, Ctx>::backward_weight(ctx, a.rows, T, D, a.x, a.dy, a.grads,
-                                                    a.grads + V * D);
+                                                    a.grads + V * D, a.document);
   }
 };
 

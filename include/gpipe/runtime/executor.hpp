@@ -83,6 +83,7 @@ class Executor {
     step_ = &step;
     const std::size_t M = step.split.micro_batches;
     slots_ = std::vector<Slot>(num_stages_ * M);
+    ops_.begin(num_stages_, M);
     std::vector<float> losses(M);
     const std::size_t last_device = schedule_.device_of_stage(num_stages_ - 1);
     const bool has_loss = !schedule_.forward_only && transport_.is_local(last_device);

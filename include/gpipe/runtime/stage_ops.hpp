@@ -1,6 +1,7 @@
 #pragma once
 // What a stage's compute ops do on their slot's buffers, on a device's context: F (stage 0 first
-// uploads its rows; the last stage then applies the loss, or in inference downloads its output),
+// uploads its rows, every stage its micro-batch's document ids where the step has them; the last
+// stage then applies the loss, or in inference downloads its output),
 // B (first, where remat dropped the stash, the forward again from the kept input), W; each with
 // the stage's scratch for that op. The executor issues them in the schedule's order and
 // allocates and frees the slot's buffers around them (runtime/slot_buffers.hpp).
@@ -29,6 +30,9 @@ struct StepInput {
   std::span<const Target> y;  // (N, targets per row), host memory; none for inference
   std::span<float> out = {};  // inference: (N, out_features), host memory, the last
                               // stage's process writes it
+  // (N) each row's document id (packed documents: the layers' Args::document), host memory;
+  // empty: one document per sample, and the layers get nullptr
+  std::span<const std::int32_t> document = {};
   MicroBatchSplit split;
   Remat remat = Remat::never;
   // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
@@ -94,20 +98,34 @@ class StageOps {
     for (const std::size_t s : rounded_) weights_bf16_.mark_current(s);
     rounded_.clear();
   }
-  // Forgets the step's roundings (a failed step leaves them not current).
-  void clear() { rounded_.clear(); }
+  // Forgets the step's roundings (a failed step leaves them not current) and frees its document
+  // ids.
+  void clear() {
+    rounded_.clear();
+    documents_.clear();
+  }
+
+  // Before a step's ops: room for the document ids of each of its (stage, micro-batch) slots.
+  void begin(std::size_t num_stages, std::size_t micro_batches) {
+    documents_ = std::vector<Buffer<std::int32_t>>(num_stages * micro_batches);
+  }
 
   // Runs the compute op `kind` at `at` (situation `sit`) on the backend's context k, on the
   // slot's buffers `here`; the last stage's loss of micro-batch mb goes to loss[mb].
   void run(OpKind kind, Kernels& k, const OpPosition& at, const OpSituation& sit, Buffers& here,
            const Step& step, float* loss) {
     OpContext& c = ActivationContext<Kernels, Activation>::of(k);
-    if (kind == OpKind::forward)
-      forward(c, at, sit, here, step, loss);
-    else if (kind == OpKind::backward_input)
-      backward_input(c, at.stage, at.device, at.rows, sit, here);
-    else
-      backward_weight(c, at.stage, at.device, at.rows, here);
+    Buffer<std::int32_t>& ids = documents_[at.stage * step.split.micro_batches + at.micro_batch];
+    if (kind == OpKind::forward) {
+      if (!step.document.empty()) upload_document(c, at, step, ids);
+      forward(c, at, sit, here, step, loss, ids.data());
+      if (sit.forward_only) ids.reset();
+    } else if (kind == OpKind::backward_input) {
+      backward_input(c, at.stage, at.device, at.rows, sit, here, ids.data());
+    } else {
+      backward_weight(c, at.stage, at.device, at.rows, here, ids.data());
+      ids.reset();  // W is the slot's last compute op
+    }
   }
 
  private:
@@ -135,6 +153,15 @@ class StageOps {
 
   static constexpr bool mixed = !std::is_same_v<Activation, float>;
 
+  // The micro-batch's document ids onto the stage's device, once per (stage, micro-batch): its
+  // F uploads them, B (with remat's recompute) and W read the same buffer, which W frees. They
+  // are counted as MemoryKind::other, 4 bytes a row, which predict_memory does not predict.
+  void upload_document(OpContext& c, const OpPosition& at, const Step& step,
+                       Buffer<std::int32_t>& ids) {
+    ids = backend_.template allocate<std::int32_t>(at.device, at.rows, MemoryKind::other);
+    c.upload(at.rows, step.document.data() + step.split.begin(at.micro_batch), ids.data());
+  }
+
   // The stage's scratch for one op (empty when it needs none).
   Buffer<Activation> workspace(const StageProgram<OpContext>& stage, std::size_t device,
                                std::size_t rows) {
@@ -146,7 +173,7 @@ class StageOps {
   // downloads its output (inference). With an in-place loss the last stage's y goes straight
   // into grad_output, where the loss writes dy over it (slot_buffers.hpp).
   void forward(OpContext& k, const OpPosition& at, const OpSituation& sit, Buffers& here,
-               const Step& step, float* loss) {
+               const Step& step, float* loss, const std::int32_t* document) {
     const std::size_t s = at.stage, device = at.device, mb = at.micro_batch, rows = at.rows;
     const StageProgram<OpContext>& stage = stages_[s];
     const bool in_place = sit.last_stage && sit.in_place_loss && !sit.forward_only;
@@ -157,9 +184,9 @@ class StageOps {
                    here[SlotBuffer::input].data());
     {
       Buffer<Activation> ws = workspace(stage, device, rows);
-      stage.forward(
-          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y, params_[s].data(),
-                                     here[SlotBuffer::stash].data(), ws.data(), compute_params(s)});
+      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y,
+                                               params_[s].data(), here[SlotBuffer::stash].data(),
+                                               ws.data(), compute_params(s), document});
     }
     if (s + 1 < stages_.size()) return;
     if (sit.forward_only)
@@ -185,7 +212,7 @@ class StageOps {
 
   // B: first, where remat dropped the stash, the stage's forward again from its kept input.
   void backward_input(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
-                      const OpSituation& at, Buffers& here) {
+                      const OpSituation& at, Buffers& here, const std::int32_t* document) {
     const StageProgram<OpContext>& stage = stages_[s];
     Buffer<Activation> ws = workspace(stage, device, rows);
     if (at.recomputed && at.has_stash) {
@@ -193,26 +220,26 @@ class StageOps {
                                                             MemoryKind::workspace);
       stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
                                                params_[s].data(), here[SlotBuffer::stash].data(),
-                                               ws.data(), compute_params(s)});
+                                               ws.data(), compute_params(s), document});
     }
     stage.backward_input(
         k,
         BackwardInputArgs<Activation>{
             rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
             here[SlotBuffer::grad_input].data(), params_[s].data(), here[SlotBuffer::stash].data(),
-            here[SlotBuffer::grad_stash].data(), ws.data(), compute_params(s)});
+            here[SlotBuffer::grad_stash].data(), ws.data(), compute_params(s), nullptr, document});
   }
 
   // W: the stage's parameter gradients accumulated into grads_[s].
   void backward_weight(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
-                       Buffers& here) {
+                       Buffers& here, const std::int32_t* document) {
     const StageProgram<OpContext>& stage = stages_[s];
     Buffer<Activation> ws = workspace(stage, device, rows);
     stage.backward_weight(
         k, BackwardWeightArgs<Activation>{
                rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
                params_[s].data(), here[SlotBuffer::stash].data(),
-               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data()});
+               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data(), document});
   }
 
   Backend& backend_;
@@ -222,6 +249,9 @@ class StageOps {
   Bf16Weights<Backend>& weights_bf16_;  // MixedBf16: per stage, its parameters in bf16
   bool token_input_ = false;
   std::vector<std::size_t> rounded_;  // stages whose copy this step's prepare_weights rounds
+  // per (stage s, micro-batch mb) at s M + mb: the step's document ids on s's device, from its F
+  // to its W (empty without documents)
+  std::vector<Buffer<std::int32_t>> documents_;
 };
 
 }  // namespace gpipe::detail

@@ -86,7 +86,8 @@ template <class Kernels, class Target>
 struct LossProgram {
   using T = typename Kernels::value_type;
   std::size_t (*targets_per_row)(std::size_t out_features) = nullptr;
-  double (*normalizer)(std::size_t rows, std::size_t out_features) = nullptr;
+  // of the whole mini-batch's targets
+  double (*normalizer)(std::span<const Target> targets, std::size_t out_features) = nullptr;
   void (*check)(std::span<const Target> targets, std::size_t out_features) = nullptr;
   // loss_sum[0] and dy (rows, out) of one micro-batch, in device memory
   void (*apply)(Kernels&, std::size_t rows, std::size_t out, const T* y, const Target* targets,
@@ -97,7 +98,8 @@ struct LossProgram {
 template <class Loss, class Kernels>
 inline constexpr LossProgram<Kernels, typename Loss::target_type> loss_program{
     .targets_per_row = [](std::size_t out) { return Loss::targets_per_row(out); },
-    .normalizer = [](std::size_t rows, std::size_t out) { return Loss::normalizer(rows, out); },
+    .normalizer = [](std::span<const typename Loss::target_type> targets,
+                     std::size_t out) { return Loss::normalizer(targets, out); },
     .check = [](std::span<const typename Loss::target_type> targets,
                 std::size_t out) { Loss::check(targets, out); },
     .apply =

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,13 +66,17 @@ class StepRunner {
   // Trainer::forward_backward of a model of feature rows.
   float forward_backward(std::span<const float> x, std::span<const Target> y,
                          ParameterStore<Backend>& store);
-  // Trainer::forward_backward of a token model.
+  // Trainer::forward_backward of a token model; document: each token's document id, or none
+  // (one document per sample).
   float forward_backward(std::span<const std::int32_t> tokens, std::span<const Target> targets,
+                         std::optional<std::span<const std::int32_t>> document,
                          ParameterStore<Backend>& store);
   // Trainer::predict of a model of feature rows.
   std::vector<float> predict(std::span<const float> x, ParameterStore<Backend>& store);
-  // Trainer::predict of a token model.
-  std::vector<float> predict(std::span<const std::int32_t> tokens, ParameterStore<Backend>& store);
+  // Trainer::predict of a token model; document as for forward_backward.
+  std::vector<float> predict(std::span<const std::int32_t> tokens,
+                             std::optional<std::span<const std::int32_t>> document,
+                             ParameterStore<Backend>& store);
 
  private:
   // The checks of a step's inputs, `check()`'s result: on a failure, with several processes,
@@ -90,8 +95,10 @@ class StepRunner {
     }
   }
 
-  // Checks the targets, then runs one step on rows (tokens) x (rows, in_features).
-  float run_step(std::span<const float> x, std::span<const Target> y, std::size_t rows,
+  // Checks the targets, then runs one step on rows (tokens) x (rows, in_features); document:
+  // (rows) the rows' document ids, already checked, or empty.
+  float run_step(std::span<const float> x, std::span<const Target> y,
+                 std::span<const std::int32_t> document, std::size_t rows,
                  ParameterStore<Backend>& store) {
     const std::size_t out = shape_.out_features, per_row = loss_.targets_per_row(out);
     const std::size_t T = shape_.tokens_per_sample;
@@ -119,29 +126,32 @@ class StepRunner {
     const std::size_t mine = shares.size(replica), first = shares.begin(replica);
     const auto my_x = x.subspan(first * shape_.in_features, mine * shape_.in_features);
     const auto my_y = y.subspan(first * per_row, mine * per_row);
+    const auto my_document = document.empty() ? document : document.subspan(first, mine);
+    // every replica divides by the whole mini-batch's normalizer (every process has all of y)
+    const double normalizer = loss_.normalizer(y, out);
 
     auto executor = this->executor(schedule_, issue_order_, store);
     store.restart_tied_gradients();
     transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
-    const double total =
-        executor.run({.x = my_x,
-                      .y = my_y,
-                      .split = MicroBatchSplit{mine, micro_batches_, T},
-                      .remat = remat_,
-                      .loss_scale = static_cast<float>(1.0 / loss_.normalizer(rows, out)),
-                      .sum_over_replicas = replicas > 1});
+    const double total = executor.run({.x = my_x,
+                                       .y = my_y,
+                                       .document = my_document,
+                                       .split = MicroBatchSplit{mine, micro_batches_, T},
+                                       .remat = remat_,
+                                       .loss_scale = static_cast<float>(1.0 / normalizer),
+                                       .sum_over_replicas = replicas > 1});
     last_step_ = step_stats(take_timing(), schedule_.num_devices);
     store.sum_tied_gradients();
-    float loss = static_cast<float>(total / loss_.normalizer(rows, out));
+    float loss = static_cast<float>(total / normalizer);
     // the last stage's process has its replica's part; the replicas' parts add up
     transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(&loss, 1));
     if (replicas > 1) transport_.allreduce_sum(std::span<float>(&loss, 1));
     return loss;
   }
 
-  std::vector<float> run_predict(std::span<const float> x, std::size_t rows,
-                                 ParameterStore<Backend>& store) {
+  std::vector<float> run_predict(std::span<const float> x, std::span<const std::int32_t> document,
+                                 std::size_t rows, ParameterStore<Backend>& store) {
     const std::size_t T = shape_.tokens_per_sample;
     std::vector<float> out(rows * shape_.out_features);
     const MicroBatchSplit split{rows, std::min(rows / T, micro_batches_), T};
@@ -150,7 +160,8 @@ class StepRunner {
     const Schedule program = inference_schedule_for(schedule_, split.micro_batches);
     require_valid(program, sends);
     const std::vector<OpPlace> order = issue_order(program);
-    executor(program, order, store).run({.x = x, .y = {}, .out = out, .split = split});
+    executor(program, order, store)
+        .run({.x = x, .y = {}, .out = out, .document = document, .split = split});
     transport_.broadcast(schedule_.device_of_stage(stages_.size() - 1), std::span<float>(out));
     return out;
   }
@@ -180,6 +191,17 @@ class StepRunner {
       rows[i] = static_cast<float>(id);
     }
     return rows;
+  }
+
+  // The document ids of a step on `tokens`, when it has them: as many as tokens (any values:
+  // only where they change matters). None gives an empty span, which the layers see as nullptr.
+  static std::span<const std::int32_t> checked_document(
+      std::span<const std::int32_t> tokens, std::optional<std::span<const std::int32_t>> document) {
+    if (!document) return {};
+    require(document->size() == tokens.size(),
+            "document_ids has " + std::to_string(document->size()) + " ids, expected " +
+                std::to_string(tokens.size()) + " (one per token, as many as tokens)");
+    return *document;
   }
 
   std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
@@ -270,15 +292,22 @@ float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const f
         return x.size() / in;
       },
       &store);
-  return run_step(x, y, rows, store);
+  return run_step(x, y, {}, rows, store);
 }
 
 template <class Backend, class Target, class Precision>
-float StepRunner<Backend, Target, Precision>::forward_backward(std::span<const std::int32_t> tokens,
-                                                               std::span<const Target> targets,
-                                                               ParameterStore<Backend>& store) {
-  const std::vector<float> x = checked([&] { return token_rows(tokens, micro_batches_); }, &store);
-  return run_step(x, targets, tokens.size(), store);
+float StepRunner<Backend, Target, Precision>::forward_backward(
+    std::span<const std::int32_t> tokens, std::span<const Target> targets,
+    std::optional<std::span<const std::int32_t>> document, ParameterStore<Backend>& store) {
+  std::span<const std::int32_t> ids;
+  const std::vector<float> x = checked(
+      [&] {
+        std::vector<float> rows = token_rows(tokens, micro_batches_);
+        ids = checked_document(tokens, document);
+        return rows;
+      },
+      &store);
+  return run_step(x, targets, ids, tokens.size(), store);
 }
 
 template <class Backend, class Target, class Precision>
@@ -293,14 +322,22 @@ std::vector<float> StepRunner<Backend, Target, Precision>::predict(std::span<con
                     " (batch x " + std::to_string(in) + ", row-major)");
       },
       nullptr);
-  return run_predict(x, x.size() / in, store);
+  return run_predict(x, {}, x.size() / in, store);
 }
 
 template <class Backend, class Target, class Precision>
 std::vector<float> StepRunner<Backend, Target, Precision>::predict(
-    std::span<const std::int32_t> tokens, ParameterStore<Backend>& store) {
-  const std::vector<float> x = checked([&] { return token_rows(tokens, 1); }, nullptr);
-  return run_predict(x, tokens.size(), store);
+    std::span<const std::int32_t> tokens, std::optional<std::span<const std::int32_t>> document,
+    ParameterStore<Backend>& store) {
+  std::span<const std::int32_t> ids;
+  const std::vector<float> x = checked(
+      [&] {
+        std::vector<float> rows = token_rows(tokens, 1);
+        ids = checked_document(tokens, document);
+        return rows;
+      },
+      nullptr);
+  return run_predict(x, ids, tokens.size(), store);
 }
 
 }  // namespace gpipe::detail

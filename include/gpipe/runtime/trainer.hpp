@@ -176,11 +176,25 @@ class Trainer {
   }
 
   /// Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
-  /// Model::tokens_per_sample. Returns the mean loss over all B T tokens and adds its gradients.
+  /// Model::tokens_per_sample. Returns the mean loss over the B T tokens' targets (those not
+  /// ignored: `SoftmaxCrossEntropy` skips -100) and adds its gradients. Each sample is one
+  /// document.
   float forward_backward(std::span<const std::int32_t> tokens,
                          std::span<const target_type> targets) requires(Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(tokens, targets, store_);
+    return runner_.forward_backward(tokens, targets, std::nullopt, store_);
+  }
+
+  /// Token models with packed documents: as forward_backward(tokens, targets), with
+  /// document_ids (B, T) each token's document. Within a sample a token attends only to the
+  /// earlier tokens of its own run of equal ids (runs end at sample borders; two runs of one id
+  /// are two documents), and positions restart at 0 where a run starts. Throws `gpipe::Error`
+  /// for document_ids of another length than tokens, leaving the trainer as it was.
+  float forward_backward(
+      std::span<const std::int32_t> tokens, std::span<const target_type> targets,
+      std::span<const std::int32_t> document_ids) requires(Model::is_token_model) {
+    begin_step();
+    return runner_.forward_backward(tokens, targets, document_ids, store_);
   }
 
   /// Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
@@ -191,7 +205,15 @@ class Trainer {
 
   /// Token models: the logits (B T, out_features) of every token of (B, T) token ids.
   std::vector<float> predict(std::span<const std::int32_t> tokens) requires(Model::is_token_model) {
-    return runner_.predict(tokens, store_);
+    return runner_.predict(tokens, std::nullopt, store_);
+  }
+
+  /// Token models with packed documents: the logits of every token, document_ids (B, T) as for
+  /// forward_backward(tokens, targets, document_ids).
+  std::vector<float> predict(
+      std::span<const std::int32_t> tokens,
+      std::span<const std::int32_t> document_ids) requires(Model::is_token_model) {
+    return runner_.predict(tokens, document_ids, store_);
   }
 
   /// Timing of the last successful forward_backward (empty if the backend does not time work).

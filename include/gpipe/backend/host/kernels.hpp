@@ -144,8 +144,9 @@ class KernelContext {
   }
 
   /// Cross-entropy of softmax(logits (rows, classes)) against targets(rows), class ids in
-  /// [0, classes) that the caller has checked: loss_sum[0] = the sum over the rows of
-  /// -log softmax(logits_r)[t_r], dlogits (rows, classes) = grad_scale (softmax - onehot). Both
+  /// [0, classes) or ignore_index (-100) that the caller has checked: loss_sum[0] = the sum over
+  /// the rows not ignored of -log softmax(logits_r)[t_r], dlogits (rows, classes) = grad_scale
+  /// (softmax - onehot), 0 on an ignored row. Both
   /// overwritten; grad_scale = 1 / (mini-batch normalizer) makes micro-batches' gradients add up
   /// to the mini-batch mean's.
   /// Split over the team by rows, each row's loss kept until all are done and then summed in

@@ -1,9 +1,11 @@
 #pragma once
 // Embedding on the host: rows gather a row of wte and of wpe; W adds each row's dy into the
-// rows it read, in row order (deterministic: the same sums in the same order every step).
+// rows it read, in row order (deterministic: the same sums in the same order every step). With
+// document ids, each row's position (its row of wpe) is found first, in one pass over the rows.
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,26 +16,49 @@
 #include "gpipe/model/kernel_context.hpp"
 
 namespace gpipe {
+namespace host {
+
+/// position (rows) <- each row's row of wpe (EmbeddingOp's contract): r % tokens without
+/// documents, else r minus the first row of its run of equal ids in `document` (rows) within its
+/// sample of `tokens` rows. rows is a multiple of tokens.
+inline void embedding_positions(std::size_t rows, std::size_t tokens, const std::int32_t* document,
+                                std::vector<std::size_t>& position) {
+  position.resize(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const bool starts_run =
+        r % tokens == 0 || (document != nullptr && document[r] != document[r - 1]);
+    position[r] = starts_run ? 0 : position[r - 1] + 1;
+  }
+}
+
+}  // namespace host
 
 /// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
 /// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
 template <class T>
 struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
-  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), y (rows, width) overwritten
+  /// y(r, :) = wte(id_r, :) + wpe(p_r, :), y (rows, width) overwritten; p_r the row's position
+  /// (host::embedding_positions)
   static void forward(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
-                      std::size_t width, const T* ids, const T* wte, const T* wpe, T* y) {
+                      std::size_t width, const T* ids, const T* wte, const T* wpe, T* y,
+                      const std::int32_t* document = nullptr) {
+    std::vector<std::size_t> position;
+    host::embedding_positions(rows, tokens, document, position);
     for (std::size_t r = 0; r < rows; ++r)
       host::simd::transform(
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
-          wpe + (r % tokens) * width);
+          wpe + position[r] * width);
   }
-  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
+  /// dwte(id_r, :) += dy(r, :), dwpe(p_r, :) += dy(r, :), row by row in order
   static void backward_weight(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
-                              std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe) {
+                              std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe,
+                              const std::int32_t* document = nullptr) {
+    std::vector<std::size_t> position;
+    host::embedding_positions(rows, tokens, document, position);
     for (std::size_t r = 0; r < rows; ++r) {
       const T* g = dy + r * width;
       T* e = dwte + id(ids[r]) * width;
-      T* p = dwpe + (r % tokens) * width;
+      T* p = dwpe + position[r] * width;
       host::simd::transform(
           width, [](auto acc, auto v) { return acc + v; }, e, e, g);
       host::simd::transform(
@@ -56,27 +81,32 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
 /// 256); the sums wte + wpe are formed in float and rounded once; W adds dy widened to float.
 template <>
 struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
-  /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), rounded to bf16
+  /// y(r, :) = wte(id_r, :) + wpe(p_r, :), rounded to bf16; p_r the row's position
+  /// (host::embedding_positions)
   static void forward(host::KernelContext<bf16>& k, std::size_t rows, std::size_t tokens,
                       std::size_t width, const bf16* ids, const float* wte, const float* wpe,
-                      bf16* y) {
+                      bf16* y, const std::int32_t* document = nullptr) {
+    std::vector<std::size_t> position;
+    host::embedding_positions(rows, tokens, document, position);
     k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(width);
       for (std::size_t r = first; r < first + count; ++r) {
-        host::add(width, wte + ids[r].bits * width, wpe + (r % tokens) * width, row.data());
+        host::add(width, wte + ids[r].bits * width, wpe + position[r] * width, row.data());
         host::to_bf16(width, row.data(), y + r * width);
       }
     });
   }
-  /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
+  /// dwte(id_r, :) += dy(r, :), dwpe(p_r, :) += dy(r, :), row by row in order
   static void backward_weight(host::KernelContext<bf16>&, std::size_t rows, std::size_t tokens,
                               std::size_t width, const bf16* ids, const bf16* dy, float* dwte,
-                              float* dwpe) {
+                              float* dwpe, const std::int32_t* document = nullptr) {
+    std::vector<std::size_t> position;
+    host::embedding_positions(rows, tokens, document, position);
     std::vector<float> g(width);
     for (std::size_t r = 0; r < rows; ++r) {
       host::from_bf16(width, dy + r * width, g.data());
       host::accumulate(width, g.data(), dwte + ids[r].bits * width);
-      host::accumulate(width, g.data(), dwpe + (r % tokens) * width);
+      host::accumulate(width, g.data(), dwpe + position[r] * width);
     }
   }
 };
