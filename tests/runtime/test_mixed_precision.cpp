@@ -1,7 +1,8 @@
 // gpipe::MixedBf16 on the host backend: a GPT step's loss and gradients against the same step in
 // Fp32 within a bound derived from bf16's precision; the same bits for every split into stages
 // and remat policy; measured peak activations equal predict_memory's and half of Fp32's;
-// inference against Fp32; ReLU/MSE models too; checkpoints in Fp32's format.
+// inference against Fp32; ReLU/MSE models too; checkpoints in Fp32's format; packed documents
+// and ignored targets within the same bound and with the same bits for every split.
 //
 // The bound. bf16 keeps 8 significant bits: rounding to nearest has relative error at most
 // u = 2^-8. Every bf16 kernel computes in float from exactly widened inputs and rounds its
@@ -47,6 +48,7 @@ constexpr std::size_t n_ops = 1 + 2 * 10 + 2, n_gemm = 2 * 4 + 1;
 
 struct Batch {
   std::vector<std::int32_t> tokens, targets;
+  std::vector<std::int32_t> documents = {};  // empty: one document per sample
 };
 Batch batch(std::size_t samples, std::uint64_t seed) {
   Rng rng(seed);
@@ -81,7 +83,8 @@ StepResult<Model, Schedule, Precision> run_step(const Batch& b, std::size_t m,
   Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule, Precision> trainer(
       backend, {.micro_batches = m, .remat = remat, .seed = 3});
   StepResult<Model, Schedule, Precision> out;
-  out.loss = trainer.forward_backward(b.tokens, b.targets);
+  out.loss = b.documents.empty() ? trainer.forward_backward(b.tokens, b.targets)
+                                 : trainer.forward_backward(b.tokens, b.targets, b.documents);
   for (const ParameterInfo& info : trainer.parameter_info()) {
     out.names.push_back(info.name);
     out.gradients.push_back(trainer.gradient(info.name));
@@ -106,6 +109,54 @@ TEST_CASE("MixedBf16: a GPT step's loss and gradients are Fp32's within bf16's b
   }
   MESSAGE("loss fp32 " << fp32.loss << ", bf16 " << bf16.loss << "; worst gradient difference "
                        << worst << " (bound " << (2 * n_ops + n_gemm) * u << ")");
+}
+
+// b with packed documents (runs of 1 to 12 tokens, ids 0 to 2, so that an id comes back) and a
+// fifth of its targets ignored (-100).
+Batch packed(Batch b, std::uint64_t seed) {
+  Rng rng(seed);
+  std::int32_t id = 0;
+  for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+    if (rng.next_u64() % 6 == 0) id = static_cast<std::int32_t>(rng.next_u64() % 3);
+    b.documents.push_back(id);
+    if (rng.next_u64() % 5 == 0) b.targets[i] = -100;
+  }
+  return b;
+}
+
+TEST_CASE("MixedBf16 with documents and ignored targets: Fp32's step within bf16's bound") {
+  const Batch b = packed(batch(4, 13), 14);
+  const auto fp32 = run_step<Gpt2, OneFOneB, Fp32>(b, 2);
+  const auto bf16 = run_step<Gpt2, OneFOneB, MixedBf16>(b, 2);
+  CHECK(std::abs(bf16.loss - fp32.loss) <= (n_ops + n_gemm) * u * std::abs(fp32.loss));
+  for (std::size_t i = 0; i < fp32.names.size(); ++i) {
+    CAPTURE(fp32.names[i]);
+    const double e = relative_difference(bf16.gradients[i], fp32.gradients[i]);
+    CHECK(e <= (2 * n_ops + n_gemm) * u);
+    CHECK(e > 0);
+  }
+  // the documents and ignored targets change the step (in bf16 too)
+  Batch plain = b;
+  plain.documents.clear();
+  CHECK(run_step<Gpt2, OneFOneB, MixedBf16>(plain, 2).loss != bf16.loss);
+}
+
+TEST_CASE("MixedBf16 with documents and ignored targets: the same bits for every split and remat") {
+  const Batch b = packed(batch(4, 15), 16);
+  auto same = [](std::string what, const auto& got, const auto& want) {
+    CAPTURE(what);
+    CHECK(got.loss == want.loss);
+    REQUIRE(got.names == want.names);
+    for (std::size_t i = 0; i < want.names.size(); ++i) {
+      CAPTURE(want.names[i]);
+      CHECK(got.gradients[i] == want.gradients[i]);
+    }
+  };
+  const auto one_f_one_b = run_step<Gpt1, OneFOneB>(b, 2);
+  same("K = 2, 1F1B", run_step<Gpt2, OneFOneB>(b, 2), one_f_one_b);
+  same("K = 4, 1F1B, remat always", run_step<Gpt4, OneFOneB>(b, 2, Remat::always), one_f_one_b);
+  const auto gpipe = run_step<Gpt1, GPipe>(b, 2);
+  same("K = 4, GPipe, remat always", run_step<Gpt4, GPipe>(b, 2, Remat::always), gpipe);
 }
 
 TEST_CASE("MixedBf16: the same bits for every split into stages and remat policy") {
