@@ -448,6 +448,7 @@ TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Devi
       std::vector<std::int32_t> targets(rows);
       Rng rng(rows);
       for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
+      for (std::size_t r = 2; r < rows; r += 3) targets[r] = ignore_index;  // zero rows, no loss
       const float scale = 1.0f / static_cast<float>(rows);
       float* dlogits_in = dev.put(logits, offset);
       std::int32_t* dtargets = dev.put(targets);
@@ -463,8 +464,14 @@ TEST_CASE_TEMPLATE_DEFINE("softmax cross-entropy and MSE match the host's", Devi
       double ref_loss = 0;
       kernel_reference.softmax_cross_entropy(rows, classes, wide(logits).data(), targets.data(),
                                              scale, ref_d.data(), &ref_loss);
-      CHECK(relative_error(wide(dev.get(dlogits, rows * classes)), ref_d) < 5e-6);
+      const std::vector<float> got_d = dev.get(dlogits, rows * classes);
+      CHECK(relative_error(wide(got_d), ref_d) < 5e-6);
       CHECK(dev.get(loss, 1)[0] == doctest::Approx(ref_loss).epsilon(1e-5));
+      bool ignored_rows_zero = true;
+      for (std::size_t r = 2; r < rows; r += 3)
+        for (std::size_t c = 0; c < classes; ++c)
+          ignored_rows_zero = ignored_rows_zero && got_d[r * classes + c] == 0.0f;
+      CHECK(ignored_rows_zero);
 
       // MSE over the same elements: dy = 2 scale (y - t) within 1e-6, loss within 1e-5
       const std::size_t n = rows * classes;
@@ -504,6 +511,7 @@ TEST_CASE_TEMPLATE_DEFINE("bf16 softmax cross-entropy and MSE read and write bf1
       std::vector<std::int32_t> targets(rows);
       Rng rng(rows);
       for (auto& t : targets) t = static_cast<std::int32_t>(rng.next_u64() % classes);
+      for (std::size_t r = 2; r < rows; r += 3) targets[r] = ignore_index;  // zero rows, no loss
       const float scale = 1.0f / static_cast<float>(rows);
       bf16* z = dev.put(logits, offset);
       bf16* in_place = dev.put(logits, offset);
@@ -625,22 +633,38 @@ TEST_CASE_TEMPLATE_DEFINE("Embedding's weight gradient is the host's, bit for bi
                           kernels_embedding) {
   // The device sorts the rows by id and adds each id's rows in row order: the host's order, so
   // the float sums are equal, not close. Ids: random, all one id (one long run), ids past 2^16
-  // (the sort's third digit); rows over several sort chunks and not a whole number of them.
+  // (the sort's third digit); rows over several sort chunks and not a whole number of them. With
+  // document ids (runs of 1 to 40 rows, ids that come back) the positions restart at each run,
+  // T past 256 (two digits of position): forward's gather and dwpe's sums are the host's too.
   using namespace gpipe;
   using namespace gpipe::test::conformance;
   Device dev;
   struct Shape {
     std::size_t rows, tokens, width, vocab;
-    bool one_id;
+    bool one_id, documents;
   };
-  for (const Shape& s : {Shape{4, 4, 3, 7, false}, Shape{600, 300, 33, 50, false},
-                         Shape{600, 200, 16, 50, true}, Shape{515, 515, 8, 70000, false}}) {
+  for (const Shape& s :
+       {Shape{4, 4, 3, 7, false, false}, Shape{600, 300, 33, 50, false, false},
+        Shape{600, 200, 16, 50, true, false}, Shape{515, 515, 8, 70000, false, false},
+        Shape{4, 4, 3, 7, false, true}, Shape{600, 300, 33, 50, false, true},
+        Shape{1200, 600, 8, 50, true, true}}) {
     CAPTURE(s.rows);
     CAPTURE(s.vocab);
     CAPTURE(s.one_id);
+    CAPTURE(s.documents);
     Rng rng(s.rows + s.vocab);
     std::vector<float> ids(s.rows);
     for (float& id : ids) id = s.one_id ? 3.0f : static_cast<float>(rng.next_u64() % s.vocab);
+    std::vector<std::int32_t> documents;
+    if (s.documents) {
+      std::int32_t id = 0;
+      for (std::size_t r = 0; r < s.rows; ++r) {
+        if (rng.next_u64() % 40 == 0) id = static_cast<std::int32_t>(rng.next_u64() % 3);
+        documents.push_back(id);
+      }
+    }
+    const std::int32_t* host_document = s.documents ? documents.data() : nullptr;
+    const std::int32_t* ddocument = s.documents ? dev.put(documents) : nullptr;
     const auto dy = random_floats(s.rows * s.width, 5);
     const auto wte0 = random_floats(s.vocab * s.width, 6),
                wpe0 = random_floats(s.tokens * s.width, 7);
@@ -649,14 +673,22 @@ TEST_CASE_TEMPLATE_DEFINE("Embedding's weight gradient is the host's, bit for bi
     float* ddy = dev.put(dy);
     float* dwte = dev.put(wte0);
     float* dwpe = dev.put(wpe0);
+    float* dout = dev.make(s.rows * s.width);
     dev.run([&](auto& k) {
+      gpipe::test::layer_kernels<EmbeddingOp>(k).forward(k, s.rows, s.tokens, s.width, did, dwte,
+                                                         dwpe, dout, ddocument);
       gpipe::test::layer_kernels<EmbeddingOp>(k).backward_weight(k, s.rows, s.tokens, s.width, did,
-                                                                 ddy, dwte, dwpe);
+                                                                 ddy, dwte, dwpe, ddocument);
     });
-    std::vector<float> wte = wte0, wpe = wpe0;
+    std::vector<float> wte = wte0, wpe = wpe0, out(s.rows * s.width);
     host::Kernels<float> host_k;
+    gpipe::test::layer_kernels<EmbeddingOp>(host_k).forward(host_k, s.rows, s.tokens, s.width,
+                                                            ids.data(), wte.data(), wpe.data(),
+                                                            out.data(), host_document);
     gpipe::test::layer_kernels<EmbeddingOp>(host_k).backward_weight(
-        host_k, s.rows, s.tokens, s.width, ids.data(), dy.data(), wte.data(), wpe.data());
+        host_k, s.rows, s.tokens, s.width, ids.data(), dy.data(), wte.data(), wpe.data(),
+        host_document);
+    CHECK(dev.get(dout, out.size()) == out);
     CHECK(dev.get(dwte, wte.size()) == wte);
     CHECK(dev.get(dwpe, wpe.size()) == wpe);
     if (s.vocab > 65536) continue;  // bf16 activations carry ids in 16 bits
@@ -671,14 +703,15 @@ TEST_CASE_TEMPLATE_DEFINE("Embedding's weight gradient is the host's, bit for bi
     dwpe = dev.put(wpe0);
     dev.run([&](auto& k) {
       auto& k16 = k.bf16_context();
-      gpipe::test::layer_kernels<EmbeddingOp>(k16).backward_weight(k16, s.rows, s.tokens, s.width,
-                                                                   did16, ddy16, dwte, dwpe);
+      gpipe::test::layer_kernels<EmbeddingOp>(k16).backward_weight(
+          k16, s.rows, s.tokens, s.width, did16, ddy16, dwte, dwpe, ddocument);
     });
     wte = wte0;
     wpe = wpe0;
     host::Kernels<bf16> host16;
     gpipe::test::layer_kernels<EmbeddingOp>(host16).backward_weight(
-        host16, s.rows, s.tokens, s.width, ids16.data(), dy16.data(), wte.data(), wpe.data());
+        host16, s.rows, s.tokens, s.width, ids16.data(), dy16.data(), wte.data(), wpe.data(),
+        host_document);
     CHECK(dev.get(dwte, wte.size()) == wte);
     CHECK(dev.get(dwpe, wpe.size()) == wpe);
   }

@@ -4,7 +4,8 @@
 // and gradients are stored as T (float, or gpipe::bf16 under gpipe::MixedBf16: widened on load,
 // rounded once on store); the math, the targets and the loss are float. Host reference:
 // gpipe/backend/host/kernels/loss.hpp (which computes in double; these in float). Sums run in
-// fixed trees and a final single-block pass, so results do not depend on timing.
+// fixed trees and a final single-block pass, so results do not depend on timing. A target of
+// gpipe::ignore_index (-100) adds 0 to the loss and gets a zero gradient row, as on the host.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/kernels/loss.cuh is CUDA code: compile it with nvcc"
@@ -19,6 +20,7 @@
 
 #include "gpipe/backend/cuda/kernels/common.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
+#include "gpipe/model/loss.hpp"
 
 namespace gpipe::cuda {
 
@@ -45,8 +47,9 @@ inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t st
 ///   dlogits_r = grad_scale * (softmax(z_r) - onehot(t))     (dlogits may be logits)
 /// The row's max and sum of exponentials come from one online pass; the second pass reads the
 /// row again (from L1/L2 where it is still there) and writes the gradient. V-wide packs
-/// (classes % V == 0, rows aligned). A target outside [0, classes) (the Trainer rejects those
-/// before) gives a NaN loss rather than a wild read.
+/// (classes % V == 0, rows aligned). An ignored target (ignore_index) gives loss 0 and a zero
+/// row of dlogits without reading the logits; any other target outside [0, classes) (the Trainer
+/// rejects those before) gives a NaN loss rather than a wild read.
 template <int V, class T>
 __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size_t classes,
                                                      const T* logits, const std::int32_t* targets,
@@ -56,6 +59,15 @@ __global__ void softmax_cross_entropy_forward_kernel(std::size_t rows, std::size
   if (row >= rows) return;  // the whole block leaves together
   const T* z = logits + row * classes;
   const std::int32_t t = targets[row];
+  if (t == ignore_index) {  // the whole block leaves together here too
+    detail::Pack<float, V> zero;
+#pragma unroll
+    for (int j = 0; j < V; ++j) zero.v[j] = 0.0f;
+    for (std::size_t p = threadIdx.x; p < classes / V; p += blockDim.x)
+      detail::store_narrowed<V>(dlogits + row * classes + p * V, zero);
+    if (threadIdx.x == 0) partial[row] = 0.0f;
+    return;
+  }
   const bool valid = t >= 0 && static_cast<std::size_t>(t) < classes;
   // read before the barriers of block_max: dlogits may be logits, written after them
   const float z_target = threadIdx.x == 0 && valid ? detail::widen(z[t]) : 0.0f;

@@ -8,6 +8,11 @@
 //   2. dwte: one block per run of equal ids in the sorted order, a thread per column adding the
 //      run's rows of dy in row order;
 //   3. dwpe: a thread per (position, column) adding its rows r = s T + p in order of s.
+// With document ids (packed documents) a row's position p_r is its distance from the first row
+// of its run of equal ids in its sample: a thread per row finds it (walking back over its run,
+// so a row costs its position), forward reads wpe at p_r, and dwpe is done as dwte is, the rows
+// sorted stably by position (enough 8-bit passes for positions below T) and each position's rows
+// added in row order, the host's order again.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/layers/embedding.cuh is CUDA code: compile it with nvcc"
@@ -38,24 +43,60 @@ __device__ __forceinline__ std::size_t token_id(float id) {
 __device__ __forceinline__ std::size_t token_id(bf16 id) { return id.bits; }
 }  // namespace detail
 
-/// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), summed in float and stored as T; ids are
-/// floats holding whole numbers, or for bf16 activations the 16 bits of each bf16
+/// position(rows) = each row's distance from the first row of its run of equal ids in
+/// document(rows) within its sample of `tokens` rows (EmbeddingOp's positions): a thread per row,
+/// walking back over its run.
+__global__ void embedding_positions_kernel(std::size_t rows, std::size_t tokens,
+                                           const std::int32_t* document, std::uint32_t* position) {
+  for (std::size_t r = detail::global_thread(); r < rows; r += detail::grid_threads()) {
+    std::size_t first = r;
+    while (first % tokens != 0 && document[first - 1] == document[r]) --first;
+    position[r] = static_cast<std::uint32_t>(r - first);
+  }
+}
+
+/// y(rows, width) = wte(id_r, :) + wpe(p_r, :), summed in float and stored as T; ids are floats
+/// holding whole numbers, or for bf16 activations the 16 bits of each bf16; p_r = position[r], or
+/// r % tokens where position is null
 template <class T>
 __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, std::size_t width,
-                                         const T* ids, const float* wte, const float* wpe, T* y) {
+                                         const T* ids, const float* wte, const float* wpe,
+                                         const std::uint32_t* position, T* y) {
   for (std::size_t i = detail::global_thread(); i < rows * width; i += detail::grid_threads()) {
     const std::size_t r = i / width, c = i % width;
     const std::size_t id = detail::token_id(ids[r]);
-    y[i] = detail::narrow<T>(wte[id * width + c] + wpe[(r % tokens) * width + c]);
+    const std::size_t p = position == nullptr ? r % tokens : position[r];
+    y[i] = detail::narrow<T>(wte[id * width + c] + wpe[p * width + c]);
   }
 }
 
 namespace detail {
+// The keys the rows are sorted by: their token ids (dwte) ...
+template <class T>
+struct TokenKeys {
+  const T* ids;
+  __device__ __forceinline__ std::size_t operator()(std::size_t r) const {
+    return token_id(ids[r]);
+  }
+};
+// ... or their positions (dwpe with documents).
+struct PositionKeys {
+  const std::uint32_t* position;
+  __device__ __forceinline__ std::size_t operator()(std::size_t r) const { return position[r]; }
+};
+
 // The radix sort of step 1 (see the top of this file): digits of radix_bits, chunks of
 // sort_chunk rows (a block of radix threads each), enough passes for ids below 2^24.
 inline constexpr unsigned radix_bits = 8, radix = 1u << radix_bits, radix_passes = 3;
 inline constexpr std::size_t sort_chunk = radix;
 static_assert(radix_bits * radix_passes >= 24, "gpipe: the id sort covers ids below 2^24");
+
+// The passes that sort keys below `bound` (at least one).
+inline unsigned passes_below(std::size_t bound) {
+  unsigned passes = 1;
+  while (passes * radix_bits < 64 && (bound - 1) >> (passes * radix_bits) != 0) ++passes;
+  return passes;
+}
 
 inline std::size_t sort_chunks(std::size_t rows) { return (rows + sort_chunk - 1) / sort_chunk; }
 
@@ -65,26 +106,25 @@ __device__ __forceinline__ std::uint32_t row_at(const std::uint32_t* order, std:
 }
 
 // Chunk blockIdx.x's digits at `shift` into digits[]: row i of the chunk's, 0xffff past the end.
-template <class T>
-__device__ void load_chunk_digits(std::size_t rows, const T* ids, const std::uint32_t* order,
+template <class Keys>
+__device__ void load_chunk_digits(std::size_t rows, Keys keys, const std::uint32_t* order,
                                   unsigned shift, std::uint16_t* digits) {
   const std::size_t i = blockIdx.x * sort_chunk + threadIdx.x;
   digits[threadIdx.x] =
-      i < rows
-          ? static_cast<std::uint16_t>((token_id(ids[row_at(order, i)]) >> shift) & (radix - 1))
-          : std::uint16_t{0xffff};
+      i < rows ? static_cast<std::uint16_t>((keys(row_at(order, i)) >> shift) & (radix - 1))
+               : std::uint16_t{0xffff};
   __syncthreads();
 }
 }  // namespace detail
 
 /// count(radix, chunks): count[d chunks + j] = rows of chunk j (rows j sort_chunk ..) of `order`
-/// whose id has digit d at `shift`; a block of radix threads per chunk, thread d counting d.
-template <class T>
+/// whose key has digit d at `shift`; a block of radix threads per chunk, thread d counting d.
+template <class Keys>
 __global__ void __launch_bounds__(detail::radix)
-    embedding_digit_count_kernel(std::size_t rows, const T* ids, const std::uint32_t* order,
+    embedding_digit_count_kernel(std::size_t rows, Keys keys, const std::uint32_t* order,
                                  unsigned shift, std::uint32_t* count) {
   __shared__ std::uint16_t digits[detail::sort_chunk];
-  detail::load_chunk_digits(rows, ids, order, shift, digits);
+  detail::load_chunk_digits(rows, keys, order, shift, digits);
   std::uint32_t n = 0;
   for (std::size_t i = 0; i < detail::sort_chunk; ++i) n += digits[i] == threadIdx.x;
   count[threadIdx.x * gridDim.x + blockIdx.x] = n;
@@ -119,34 +159,35 @@ __global__ void __launch_bounds__(1024) exclusive_scan_kernel(std::size_t n, std
 
 /// sorted(rows) = `order` (identity where null) stably sorted by the digit at `shift`: thread d
 /// of chunk j's block writes the chunk's rows with digit d, in order, from offset[d chunks + j].
-template <class T>
+template <class Keys>
 __global__ void __launch_bounds__(detail::radix)
-    embedding_digit_scatter_kernel(std::size_t rows, const T* ids, const std::uint32_t* order,
+    embedding_digit_scatter_kernel(std::size_t rows, Keys keys, const std::uint32_t* order,
                                    unsigned shift, const std::uint32_t* offset,
                                    std::uint32_t* sorted) {
   __shared__ std::uint16_t digits[detail::sort_chunk];
-  detail::load_chunk_digits(rows, ids, order, shift, digits);
+  detail::load_chunk_digits(rows, keys, order, shift, digits);
   std::uint32_t at = offset[threadIdx.x * gridDim.x + blockIdx.x];
   for (std::size_t i = 0; i < detail::sort_chunk; ++i)
     if (digits[i] == threadIdx.x)
       sorted[at++] = detail::row_at(order, blockIdx.x * detail::sort_chunk + i);
 }
 
-/// dwte(id, c) += dy(r, c) for the rows r of each run of one id in `sorted` (rows sorted by id,
-/// stably), in float: a block per run start, a thread per column, the run's rows in order.
-template <class T>
-__global__ void embedding_backward_wte_kernel(std::size_t rows, std::size_t width, const T* ids,
+/// table(key, c) += dy(r, c) for the rows r of each run of one key in `sorted` (rows sorted by
+/// key, stably), in float: a block per run start, a thread per column, the run's rows in order.
+/// Keys are token ids (table dwte) or positions (dwpe with documents).
+template <class Keys, class T>
+__global__ void embedding_backward_wte_kernel(std::size_t rows, std::size_t width, Keys keys,
                                               const std::uint32_t* sorted, const T* dy,
-                                              float* dwte) {
+                                              float* table) {
   for (std::size_t i = blockIdx.x; i < rows; i += gridDim.x) {
-    const std::size_t id = detail::token_id(ids[sorted[i]]);
-    if (i > 0 && detail::token_id(ids[sorted[i - 1]]) == id) continue;  // not a run's start
+    const std::size_t key = keys(sorted[i]);
+    if (i > 0 && keys(sorted[i - 1]) == key) continue;  // not a run's start
     std::size_t end = i + 1;
-    while (end < rows && detail::token_id(ids[sorted[end]]) == id) ++end;
+    while (end < rows && keys(sorted[end]) == key) ++end;
     for (std::size_t c = threadIdx.x; c < width; c += blockDim.x) {
-      float acc = dwte[id * width + c];
+      float acc = table[key * width + c];
       for (std::size_t k = i; k < end; ++k) acc += detail::widen(dy[sorted[k] * width + c]);
-      dwte[id * width + c] = acc;
+      table[key * width + c] = acc;
     }
   }
 }
@@ -173,69 +214,76 @@ namespace gpipe {
 /// deterministic, in the host's order, over every SM. There is
 /// no input gradient: the ids are constant. On bf16 activations (gpipe::MixedBf16) the ids are in
 /// the 16 bits of each bf16 (the executor stores them so), wte + wpe is summed in float and
-/// rounded once, and dy is widened to float.
+/// rounded once, and dy is widened to float. With document ids (rows, device memory) each row's
+/// position restarts at 0 where its run of equal ids starts (EmbeddingOp's contract).
 template <class T>
 struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
-  /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), overwritten; ids (rows) are token ids,
-  /// which the Trainer has checked against the vocabulary (not checked again here).
+  /// y(rows, width) = wte(id_r, :) + wpe(p_r, :), overwritten; ids (rows) are token ids, which
+  /// the Trainer has checked against the vocabulary (not checked again here); p_r = r % tokens,
+  /// or with document (rows) the row's place in its run.
   static void forward(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
-                      std::size_t width, const T* ids, const float* wte, const float* wpe, T* y) {
+                      std::size_t width, const T* ids, const float* wte, const float* wpe, T* y,
+                      const std::int32_t* document = nullptr) {
     if (rows == 0) return;
     namespace d = cuda::detail;
+    const std::uint32_t* position = nullptr;
+    if (document != nullptr) {
+      auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(rows));
+      launch_positions(k, rows, tokens, document, words);
+      position = words;
+    }
     d::record_kernel("embedding_forward_kernel", {rows, width, 0},
                      static_cast<double>(rows * width),
-                     d::bytes_of<T>(rows) + d::bytes_of<float>(rows * width + tokens * width),
+                     d::bytes_of<T>(rows) + d::bytes_of<float>(rows * width + tokens * width) +
+                         (position != nullptr ? d::bytes_of<std::uint32_t>(rows) : 0.0),
                      d::bytes_of<T>(rows * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel<T>, cuda::detail::grid_for(rows * width),
                       cuda::detail::block_size, k.stream())
-    (rows, tokens, width, ids, wte, wpe, y);
+    (rows, tokens, width, ids, wte, wpe, position, y);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   }
-  /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row r % tokens,
-  /// for every row r of dy(rows, width), in order of r.
+  /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row p_r (r %
+  /// tokens, or with document the row's place in its run), for every row r of dy(rows, width),
+  /// in order of r.
   static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
                               std::size_t width, const T* ids, const T* dy, float* dwte,
-                              float* dwpe) {
+                              float* dwpe, const std::int32_t* document = nullptr) {
     if (rows == 0) return;
     if (rows > std::numeric_limits<std::uint32_t>::max())
       throw Error("gpipe: Embedding's backward sorts at most 2^32 - 1 rows, got " +
                   std::to_string(rows));
     namespace d = cuda::detail;
     const std::size_t chunks = d::sort_chunks(rows), counts = d::radix * chunks;
-    // scratch: two orders (rows each) and the (digit, chunk) counts, as 32-bit words
-    auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(2 * rows + counts));
-    std::uint32_t* order[2] = {words, words + rows};
+    // scratch: two orders (rows each), the (digit, chunk) counts and with documents the rows'
+    // positions, as 32-bit words
+    const std::size_t position_words = document != nullptr ? rows : 0;
+    auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(2 * rows + counts + position_words));
     std::uint32_t* count = words + 2 * rows;
-    const std::uint32_t* in = nullptr;  // the identity
-    for (unsigned pass = 0; pass < d::radix_passes; ++pass) {
-      const unsigned shift = pass * d::radix_bits;
-      std::uint32_t* out = order[pass % 2];
-      record_sort_pass(k, rows, counts, in != nullptr);
-      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_count_kernel<T>, static_cast<unsigned>(chunks),
-                        d::radix, k.stream())
-      (rows, ids, in, shift, count);
-      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_count_kernel");
-      GPIPE_CUDA_LAUNCH(cuda::exclusive_scan_kernel, 1, 1024, k.stream())(counts, count);
-      GPIPE_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
-      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_scatter_kernel<T>, static_cast<unsigned>(chunks),
-                        d::radix, k.stream())
-      (rows, ids, in, shift, count, out);
-      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_scatter_kernel");
-      in = out;
-    }
+    const std::uint32_t* by_id =
+        sort_rows(k, rows, cuda::detail::TokenKeys<T>{ids}, d::radix_passes, words, count);
     // each row's dy added to its id's row of dwte (read and written), dwpe likewise per position
-    d::record_kernel("embedding_backward_wte_kernel", {rows, width, 0},
-                     static_cast<double>(rows * width),
-                     d::bytes_of<T>(rows * width + rows) + d::bytes_of<std::uint32_t>(rows) +
-                         d::bytes_of<float>(rows * width),
-                     d::bytes_of<float>(rows * width), k.stream());
+    record_table(k, "embedding_backward_wte_kernel", rows, width, rows * width);
+    constexpr auto by_ids = &cuda::embedding_backward_wte_kernel<d::TokenKeys<T>, T>;
+    GPIPE_CUDA_LAUNCH(by_ids, d::grid_for(rows, 1), 128, k.stream())
+    (rows, width, d::TokenKeys<T>{ids}, by_id, dy, dwte);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+    if (document != nullptr) {
+      // the orders are free again: the launches above read them first (one stream)
+      std::uint32_t* position = count + counts;
+      launch_positions(k, rows, tokens, document, position);
+      const std::uint32_t* by_position =
+          sort_rows(k, rows, d::PositionKeys{position}, d::passes_below(tokens), words, count);
+      record_table(k, "embedding_backward_wte_kernel", rows, width, tokens * width);
+      constexpr auto by_positions = &cuda::embedding_backward_wte_kernel<d::PositionKeys, T>;
+      GPIPE_CUDA_LAUNCH(by_positions, d::grid_for(rows, 1), 128, k.stream())
+      (rows, width, d::PositionKeys{position}, by_position, dy, dwpe);
+      GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+      return;
+    }
     d::record_kernel("embedding_backward_wpe_kernel", {rows, tokens, width},
                      static_cast<double>(rows * width),
                      d::bytes_of<T>(rows * width) + d::bytes_of<float>(tokens * width),
                      d::bytes_of<float>(tokens * width), k.stream());
-    GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wte_kernel<T>, d::grid_for(rows, 1), 128, k.stream())
-    (rows, width, ids, in, dy, dwte);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
     GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wpe_kernel<T>, d::grid_for(tokens * width),
                       d::block_size, k.stream())
     (rows, tokens, width, dy, dwpe);
@@ -243,6 +291,57 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   }
 
  private:
+  // position (rows) <- each row's place in its document run (embedding_positions_kernel).
+  static void launch_positions(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
+                               const std::int32_t* document, std::uint32_t* position) {
+    namespace d = cuda::detail;
+    d::record_kernel("embedding_positions_kernel", {rows, tokens, 0}, 0,
+                     d::bytes_of<std::int32_t>(rows), d::bytes_of<std::uint32_t>(rows), k.stream());
+    GPIPE_CUDA_LAUNCH(cuda::embedding_positions_kernel, d::grid_for(rows), d::block_size,
+                      k.stream())
+    (rows, tokens, document, position);
+    GPIPE_CUDA_CHECK_LAUNCH("embedding_positions_kernel");
+  }
+
+  // The rows stably sorted by `keys` in `passes` 8-bit passes through two orders, orders(2 rows),
+  // and the (digit, chunk) counts; returns the order that holds the result.
+  template <class Keys>
+  static const std::uint32_t* sort_rows(cuda::KernelContext<T>& k, std::size_t rows, Keys keys,
+                                        unsigned passes, std::uint32_t* orders,
+                                        std::uint32_t* count) {
+    namespace d = cuda::detail;
+    std::uint32_t* order[2] = {orders, orders + rows};
+    const std::size_t chunks = d::sort_chunks(rows), counts = d::radix * chunks;
+    const std::uint32_t* in = nullptr;  // the identity
+    for (unsigned pass = 0; pass < passes; ++pass) {
+      const unsigned shift = pass * d::radix_bits;
+      std::uint32_t* out = order[pass % 2];
+      record_sort_pass(k, rows, counts, in != nullptr);
+      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_count_kernel<Keys>, static_cast<unsigned>(chunks),
+                        d::radix, k.stream())
+      (rows, keys, in, shift, count);
+      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_count_kernel");
+      GPIPE_CUDA_LAUNCH(cuda::exclusive_scan_kernel, 1, 1024, k.stream())(counts, count);
+      GPIPE_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
+      GPIPE_CUDA_LAUNCH(cuda::embedding_digit_scatter_kernel<Keys>, static_cast<unsigned>(chunks),
+                        d::radix, k.stream())
+      (rows, keys, in, shift, count, out);
+      GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_scatter_kernel");
+      in = out;
+    }
+    return in;
+  }
+
+  // The launch record of one scatter-add of dy's rows into a table of `table` floats.
+  static void record_table(cuda::KernelContext<T>& k, const char* kernel, std::size_t rows,
+                           std::size_t width, std::size_t table) {
+    namespace d = cuda::detail;
+    d::record_kernel(kernel, {rows, width, 0}, static_cast<double>(rows * width),
+                     d::bytes_of<T>(rows * width + rows) + d::bytes_of<std::uint32_t>(rows) +
+                         d::bytes_of<float>(table),
+                     d::bytes_of<float>(table), k.stream());
+  }
+
   // The launch records of one radix pass: digit counts, their scan, the scatter (`ordered`: the
   // pass reads the previous pass's order).
   static void record_sort_pass(cuda::KernelContext<T>& k, std::size_t rows, std::size_t counts,
