@@ -4,7 +4,8 @@
 // the same step in Fp32 within bf16's bound (the derivation is
 // tests/runtime/test_mixed_precision.cpp's), and against the host backend's MixedBf16 step;
 // remat's recomputation gives the same bits; peak activations equal predict_memory's and half of
-// Fp32's; inference and an MLP with MSE against Fp32. tests/backend/cuda/
+// Fp32's; inference and an MLP with MSE against Fp32; packed documents and ignored targets within
+// the same bounds. tests/backend/cuda/
 // test_mixed_precision_emulated.cpp runs this file on the CPU emulator.
 
 #include <doctest/doctest.h>
@@ -38,6 +39,7 @@ constexpr std::size_t n_ops = 1 + 2 * 10 + 2, n_gemm = 2 * 4 + 1;
 
 struct Batch {
   std::vector<std::int32_t> tokens, targets;
+  std::vector<std::int32_t> documents = {};  // empty: one document per sample
 };
 Batch batch(std::size_t samples, std::uint64_t seed) {
   Rng rng(seed);
@@ -69,7 +71,8 @@ StepResult run_step(const Batch& b, std::size_t m, Remat remat = Remat::never) {
   Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB, Precision> trainer(
       backend, {.micro_batches = m, .remat = remat, .seed = 3});
   StepResult out;
-  out.loss = trainer.forward_backward(b.tokens, b.targets);
+  out.loss = b.documents.empty() ? trainer.forward_backward(b.tokens, b.targets)
+                                 : trainer.forward_backward(b.tokens, b.targets, b.documents);
   for (const ParameterInfo& info : trainer.parameter_info()) {
     out.names.push_back(info.name);
     out.gradients.push_back(trainer.gradient(info.name));
@@ -307,6 +310,31 @@ TEST_CASE("MixedBf16 on CUDA: a GPT step's loss and gradients are Fp32's within 
   MESSAGE("loss fp32 " << fp32.loss << ", bf16 " << bf16.loss << ", host bf16 " << host16.loss
                        << "; worst gradient difference from fp32 " << worst << ", from the host's "
                        << "bf16 " << worst_host << " (bound " << (2 * n_ops + n_gemm) * u << ")");
+}
+
+TEST_CASE("MixedBf16 on CUDA with documents and ignored targets: Fp32's and the host's, in bound") {
+  Batch b = batch(3, 14);
+  Rng rng(15);
+  std::int32_t id = 0;
+  for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+    if (rng.next_u64() % 3 == 0) id = static_cast<std::int32_t>(rng.next_u64() % 3);
+    b.documents.push_back(id);
+    if (rng.next_u64() % 4 == 0) b.targets[i] = -100;
+  }
+  const StepResult fp32 = run_step<Gpt2, cuda::Backend, Fp32>(b, 3);
+  const StepResult bf16 = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3);
+  const StepResult host16 = run_step<Gpt2, host::Backend, MixedBf16>(b, 3);
+  const StepResult always = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3, Remat::always);
+  CHECK(std::abs(bf16.loss - fp32.loss) <= (n_ops + n_gemm) * u * std::abs(fp32.loss));
+  CHECK(std::abs(bf16.loss - host16.loss) <= (n_ops + n_gemm) * u * std::abs(fp32.loss));
+  CHECK(always.loss == bf16.loss);
+  REQUIRE(bf16.names == fp32.names);
+  for (std::size_t i = 0; i < fp32.names.size(); ++i) {
+    CAPTURE(fp32.names[i]);
+    CHECK(relative_difference(bf16.gradients[i], fp32.gradients[i]) <= (2 * n_ops + n_gemm) * u);
+    CHECK(relative_difference(bf16.gradients[i], host16.gradients[i]) <= (2 * n_ops + n_gemm) * u);
+    CHECK(always.gradients[i] == bf16.gradients[i]);
+  }
 }
 
 TEST_CASE("MixedBf16 on CUDA: remat recomputes the same bits; one stage or two, within bound") {

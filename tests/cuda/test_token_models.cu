@@ -2,7 +2,9 @@
 // GELUTanh, LayerNorm, head) on K = 1, 2 and 4 virtual devices, M = 1 and 3, remat never and
 // always, against the double-precision unpipelined reference: loss and every gradient, so every
 // LayerKernels specialization of gpipe/backend/cuda/layers/ is checked against the host's maths;
-// a tied head; predict against the host backend's logits; the launch records of a step
+// a tied head; packed documents and ignored (-100) targets against the reference too (the
+// attention mask, Embedding's restarted positions and the loss's count on the device); predict
+// against the host backend's logits, with documents too; the launch records of a step
 // (gpipe/backend/cuda/launch_log.cuh). tests/backend/cuda/test_token_models_emulated.cpp runs this
 // file on the CPU emulator.
 
@@ -11,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,18 +45,34 @@ std::vector<std::int32_t> random_tokens(std::uint64_t seed) {
   return out;
 }
 
+// Packed documents of the 3 samples: runs ending inside a sample, an id back after another (two
+// documents), a run going on across a sample border (a new document all the same).
+const std::vector<std::int32_t> documents{0, 0, 1, 1, 1, 2, 1, 1, 2, 2, 2, 3};
+// Targets with -100 (ignored): sample 0 whole (micro-batch 0 of M = 3 counts none) and two more.
+std::vector<std::int32_t> ignored_targets() {
+  std::vector<std::int32_t> y = random_tokens(2);
+  for (std::size_t i : {0u, 1u, 2u, 3u, 6u, 9u}) y[i] = -100;
+  return y;
+}
+
+// packed: with documents and ignored targets.
 template <class Model, class Reference = Model>
-void check_against_reference(std::size_t m, Remat remat, std::vector<Tie> ties = {}) {
+void check_against_reference(std::size_t m, Remat remat, std::vector<Tie> ties = {},
+                             bool packed = false) {
   CAPTURE(Model::num_stages);
   CAPTURE(m);
   CAPTURE(to_string(remat));
-  const std::vector<std::int32_t> tokens = random_tokens(1), targets = random_tokens(2);
+  CAPTURE(packed);
+  const std::vector<std::int32_t> tokens = random_tokens(1),
+                                  targets = packed ? ignored_targets() : random_tokens(2);
   cuda::Backend backend(Model::num_stages);
   Trainer<Model, SoftmaxCrossEntropy, cuda::Backend, OneFOneB> trainer(
       backend, {.micro_batches = m, .remat = remat, .seed = 5, .ties = std::move(ties)});
-  const float loss = trainer.forward_backward(tokens, targets);
+  const float loss = packed ? trainer.forward_backward(tokens, targets, documents)
+                            : trainer.forward_backward(tokens, targets);
   const ReferenceResult ref = reference_step<Reference, SoftmaxCrossEntropy>(
-      parameters_of(trainer), std::vector<float>(tokens.begin(), tokens.end()), targets);
+      parameters_of(trainer), std::vector<float>(tokens.begin(), tokens.end()), targets,
+      packed ? std::span<const std::int32_t>(documents) : std::span<const std::int32_t>());
   CHECK(loss == doctest::Approx(ref.loss).epsilon(CudaTolerances::loss_tolerance));
   NamedTensors grads = gradients_of(trainer);
   if constexpr (!std::is_same_v<Model, Reference>) {  // tied: both hold the sum
@@ -163,6 +182,17 @@ TEST_SUITE("token models on the CUDA backend") {
     }
   }
 
+  TEST_CASE(
+      "a GPT step with documents and ignored targets on the CUDA backend is the reference's") {
+    for (std::size_t m : {1u, 3u}) {
+      for (Remat remat : {Remat::never, Remat::always}) {
+        check_against_reference<Gpt1>(m, remat, {}, true);
+        check_against_reference<Gpt2>(m, remat, {}, true);
+        check_against_reference<Gpt4>(m, remat, {}, true);
+      }
+    }
+  }
+
   TEST_CASE("a tied LM head on the CUDA backend holds the sum of both gradients") {
     check_against_reference<TiedGpt4, TiedGpt1>(3, Remat::never,
                                                 {{.parameter = "4.weight", .to = "0.wte.weight"}});
@@ -178,5 +208,11 @@ TEST_SUITE("token models on the CUDA backend") {
     const std::vector<float> got = trainer.predict(tokens), want = host_trainer.predict(tokens);
     CHECK(relative_error(std::vector<double>(got.begin(), got.end()),
                          std::vector<double>(want.begin(), want.end())) < 1e-5);
+    const std::vector<float> packed = trainer.predict(tokens, documents),
+                             host_packed = host_trainer.predict(tokens, documents);
+    CHECK(relative_error(std::vector<double>(packed.begin(), packed.end()),
+                         std::vector<double>(host_packed.begin(), host_packed.end())) < 1e-5);
+    CHECK(relative_error(std::vector<double>(packed.begin(), packed.end()),
+                         std::vector<double>(want.begin(), want.end())) > 1e-3);
   }
 }
