@@ -14,7 +14,8 @@
 // after its sender ended) and shows each rank's gradient sum over the replicas after its stage's
 // last W; every rank's last_step() is the whole pipeline's. ZeRO-1 (shard_optimizer) gives the
 // unsharded parameters bit for bit with half the optimizer state per rank and the same
-// checkpoint files. A rank whose threads_per_device exceed its cores says so on stderr. With
+// checkpoint files. Packed documents and ignored targets give the one-process step, with replicas
+// too. A rank whose threads_per_device exceed its cores says so on stderr. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
 // CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
 //
@@ -215,6 +216,11 @@ TEST_CASE(
         std::string::npos);
   CHECK(std::count(too_many.begin(), too_many.end(), '\n') == 1);
   CHECK(stderr_of(1).empty());
+}
+
+TEST_CASE("packed documents and ignored targets over MPI give the one-process step") {
+  mpi::Backend backend;
+  check_packed_documents<mpi::Backend, host::Backend>(backend);
 }
 
 TEST_CASE("data-parallel replicas of a pipeline give the one-process step on the whole batch") {

@@ -14,7 +14,8 @@
 // the ranks, and the next step is one process's (check_checkpoints_on_ranks); bad input on one
 // rank alone ends the step on every rank with that rank's Error (check_inputs_refused_on_one_rank);
 // a training step's wall time is the same on every rank and spans them all
-// (check_step_wall_times).
+// (check_step_wall_times); packed documents and ignored targets give one process's step, with
+// one rank per device and with replicas (check_packed_documents).
 //
 // CHECK only (no REQUIRE): a rank that left a test case early would leave the others waiting in a
 // collective.
@@ -632,6 +633,119 @@ void check_replicas() {
     check_data_parallel<Model4, Interleaved<2>, Backend, OneProcess>(2);
   }
   check_data_parallel<Model1, GPipe, Backend, OneProcess>(static_cast<std::size_t>(size));
+}
+
+// Packed documents and ignored targets over the ranks: each rank gets the whole batch's token,
+// target and document spans and uploads the ids of its own stages' micro-batches; the loss's
+// normalizer is the whole batch's count of targets not ignored, on every rank and replica.
+using PackedGpt1 = Pipeline<Stage<Emb, Block, LayerNorm<width>, Linear<width, vocab>>>;
+using PackedGpt2 =
+    Pipeline<Stage<Emb, Block>, Stage<Block, LayerNorm<width>, Linear<width, vocab>>>;
+using PackedGpt3 =
+    Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block, LayerNorm<width>, Linear<width, vocab>>>;
+using PackedGpt4 = Pipeline<Stage<Emb, Block>, Stage<Block>, Stage<Block>,
+                            Stage<LayerNorm<width>, Linear<width, vocab>>>;
+
+// 6 samples of `context` tokens: documents with runs inside samples, an id back after another
+// and a run across a sample border; targets -100 on sample 0 whole and on every third token.
+struct PackedBatch {
+  std::vector<std::int32_t> tokens, targets, documents;
+};
+inline PackedBatch packed_batch() {
+  PackedBatch b{random_classes(6 * context, vocab, 31),
+                random_classes(6 * context, vocab, 32),
+                {0, 0, 1, 1, 1, 2, 1, 1, 2, 2, 2, 2, 2, 0, 0, 3, 3, 3, 3, 0, 4, 5, 5, 4}};
+  for (std::size_t i = 0; i < b.targets.size(); ++i)
+    if (i < context || i % 3 == 0) b.targets[i] = -100;
+  return b;
+}
+
+// One rank per device: the loss, this rank's gradients and the predictions of one process, bit
+// for bit, for M 1 and 3 and remat never and always.
+template <class Model, class Backend, class OneProcess>
+void check_packed_against_one_process(Backend& backend) {
+  constexpr std::size_t devices = Model::num_stages;
+  CHECK(backend.num_devices() == devices);
+  const PackedBatch b = packed_batch();
+  for (std::size_t m : {1u, 3u}) {
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(backend.rank());
+      OneProcess one_process = one_process_like<OneProcess>(backend, devices);
+      Trainer<Model, SoftmaxCrossEntropy, OneProcess, OneFOneB> reference(
+          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
+      Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+      CHECK(trainer.forward_backward(b.tokens, b.targets, b.documents) ==
+            reference.forward_backward(b.tokens, b.targets, b.documents));
+      std::size_t mine = 0;
+      for (const ParameterInfo& info : trainer.parameter_info()) {
+        if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
+        CAPTURE(info.name);
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+        ++mine;
+      }
+      CHECK(mine > 0);
+      CHECK(trainer.predict(b.tokens, b.documents) == reference.predict(b.tokens, b.documents));
+      // a wrong length is refused on every rank with the same Error, and the next step is right
+      const std::vector<std::int32_t> short_ids(b.documents.begin(), b.documents.end() - 1);
+      const std::string message =
+          error_of([&] { (void)trainer.forward_backward(b.tokens, b.targets, short_ids); });
+      CHECK(message.find("document_ids has 23 ids, expected 24") != std::string::npos);
+    }
+  }
+}
+
+// Data-parallel replicas of Model (each a share of the samples, the normalizer the whole
+// batch's): two steps as one process's on the whole batch, to float rounding.
+template <class Model, class Backend, class OneProcess>
+void check_packed_replicas(std::size_t replicas) {
+  Backend backend(MPI_COMM_WORLD, {.data_parallel = replicas});
+  const PackedBatch b = packed_batch();
+  CAPTURE(replicas);
+  CAPTURE(backend.rank());
+  OneProcess one_process = one_process_like<OneProcess>(backend, Model::num_stages);
+  Trainer<Model, SoftmaxCrossEntropy, OneProcess, OneFOneB> reference(
+      one_process, {.micro_batches = 1, .seed = seed});
+  Trainer<Model, SoftmaxCrossEntropy, Backend, OneFOneB> trainer(
+      backend, {.micro_batches = 1, .seed = seed});
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    const float loss = trainer.forward_backward(b.tokens, b.targets, b.documents);
+    const float expected = reference.forward_backward(b.tokens, b.targets, b.documents);
+    CHECK(std::abs(loss - expected) <= 1e-6 * std::abs(expected));
+  }
+  for (const ParameterInfo& info : trainer.parameter_info()) {
+    if (!backend.is_local(trainer.device_of_stage(info.stage))) continue;
+    CAPTURE(info.name);
+    CHECK(relative_error(trainer.gradient(info.name), reference.gradient(info.name)) < 1e-6);
+  }
+}
+
+template <class Backend, class OneProcess>
+void check_packed_documents(Backend& backend) {
+  switch (backend.num_devices()) {
+    case 1:
+      check_packed_against_one_process<PackedGpt1, Backend, OneProcess>(backend);
+      break;
+    case 2:
+      check_packed_against_one_process<PackedGpt2, Backend, OneProcess>(backend);
+      break;
+    case 3:
+      check_packed_against_one_process<PackedGpt3, Backend, OneProcess>(backend);
+      break;
+    case 4:
+      check_packed_against_one_process<PackedGpt4, Backend, OneProcess>(backend);
+      break;
+    default:
+      FAIL("run with 1, 2, 3 or 4 ranks, got " << backend.num_devices());
+  }
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 4) check_packed_replicas<PackedGpt2, Backend, OneProcess>(2);
+  if (size == 2 || size == 3)  // 6 samples: a share of 3 or 2 each
+    check_packed_replicas<PackedGpt1, Backend, OneProcess>(static_cast<std::size_t>(size));
 }
 
 // Identity that kills its process (rank 1's) in the forward of micro-batch 2.

@@ -174,10 +174,11 @@ class KernelContext<float> {
     });
   }
 
-  /// logits (rows, classes), targets (rows) class ids in [0, classes): loss_sum[0] = sum over rows
-  /// of -log softmax(logits_r)[t_r] (one float of device memory, overwritten), dlogits (rows,
-  /// classes) = grad_scale (softmax - onehot(t)), overwritten. Float throughout (the host sums in
-  /// double); a target out of range gives a NaN loss.
+  /// logits (rows, classes), targets (rows) class ids in [0, classes) or ignore_index (-100):
+  /// loss_sum[0] = sum over the rows not ignored of -log softmax(logits_r)[t_r] (one float of
+  /// device memory, overwritten), dlogits (rows, classes) = grad_scale (softmax - onehot(t)), 0 on
+  /// an ignored row, overwritten. Float throughout (the host sums in double); any other target out
+  /// of range gives a NaN loss.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const float* logits,
                              const std::int32_t* targets, float grad_scale, float* dlogits,
                              float* loss_sum) {

@@ -183,9 +183,9 @@ class KernelContext<bf16> {
   }
 
   /// loss_sum[0] (float, device memory) = the summed loss, dlogits = grad_scale (softmax -
-  /// onehot) rounded to bf16, dlogits may be logits: one kernel on the bf16 logits, a block per
-  /// row, float math (cuda::softmax_cross_entropy_forward), the rows' losses summed in a fixed
-  /// order.
+  /// onehot) rounded to bf16 (0 on a row whose target is ignore_index), dlogits may be logits: one
+  /// kernel on the bf16 logits, a block per row, float math (cuda::softmax_cross_entropy_forward),
+  /// the rows' losses summed in a fixed order.
   void softmax_cross_entropy(std::size_t rows, std::size_t classes, const bf16* logits,
                              const std::int32_t* targets, float grad_scale, bf16* dlogits,
                              float* loss_sum) {
