@@ -8,7 +8,9 @@ its children are named "i.j" as in gpipe), loads gpipe's parameters with load_st
 two steps of torch.optim.AdamW / SGD against gpipe's parameters after the same two steps.
 The same for a GPT against a nanoGPT-style model (token + position embedding, pre-norm blocks
 with causal self-attention and a tanh-GELU MLP, final LayerNorm, linear head), for every split,
-schedule, micro-batch count and remat policy that pytorch_dump_step writes.
+schedule, micro-batch count and remat policy that pytorch_dump_step writes; and the same GPT with
+packed documents (the mask and position restarts written in nanogpt.py from the document ids) and
+ignored (-100) targets.
 Exits 77 (CTest: skipped) when torch is not installed. safetensors files are read with the
 safetensors package where it is installed, else by the small reader below.
 """
@@ -177,6 +179,51 @@ def check_gpt(tmp):
     return failures
 
 
+def check_packed_gpt(tmp):
+    """The GPT with packed documents and ignored targets: gpipe's loss and gradients of every
+    configuration against the float64 model whose attention masks other runs and whose positions
+    restart at each run, with cross_entropy's ignore_index -100. Returns the failures."""
+    V, T, D, H = 11, 5, 12, 3
+    nn = torch.nn
+    layers = [Embedding(V, T, D), Block(D, H), Block(D, H), Block(D, H), nn.LayerNorm(D, eps=1e-5),
+              nn.Linear(D, V)]
+    model = nn.Sequential(*layers)
+    model.load_state_dict(load_file(f"{tmp}/params_gpt.safetensors"), strict=True)
+    model = model.double()
+    batch = load_file(f"{tmp}/batch_packed_gpt.safetensors")
+    x, y, d = batch["x"].long(), batch["y"].long(), batch["d"].long()
+    h = model[0](x, d)
+    for block in model[1:4]:
+        h = block(h, d)
+    logits = model[5](model[4](h))
+    loss = nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=-100)
+    loss.backward()
+    # the documents and ignored targets matter: the plain model's loss is another
+    plain = nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1), ignore_index=-100)
+    failures = int(abs(plain.item() - loss.item()) < 1e-3 * abs(loss.item()))
+    runs = sorted(glob.glob(f"{tmp}/grads_packed_gpt_*.safetensors"))
+    worst_loss = worst_grad = 0.0
+    for path in runs:
+        tag = os.path.basename(path)[len("grads_"):-len(".safetensors")]
+        gpipe_loss = float(open(f"{tmp}/loss_{tag}.txt").read())
+        loss_error = abs(gpipe_loss - loss.item()) / abs(loss.item())
+        grads = load_file(path)
+        grad_error = 0.0
+        for pname, p in model.named_parameters():
+            scale = p.grad.abs().max().item() or 1.0
+            grad_error = max(grad_error, (grads[pname].double() - p.grad).abs().max().item() / scale)
+        ok = loss_error < 1e-6 and grad_error < 2e-5
+        failures += not ok
+        worst_loss, worst_grad = max(worst_loss, loss_error), max(worst_grad, grad_error)
+        if not ok:
+            print(f"  {tag}: loss rel error {loss_error:.1e}, worst gradient {grad_error:.1e}  FAILED")
+    print(f"packed gpt: {len(runs)} configurations, loss torch {loss.item():.7f} (without "
+          f"documents {plain.item():.7f}); worst rel error: loss {worst_loss:.1e}, gradients "
+          f"{worst_grad:.1e}")
+    failures += len(runs) != 24
+    return failures
+
+
 def main():
     dump = sys.argv[1]
     failures = 0
@@ -219,6 +266,7 @@ def main():
                       f"{'' if ok else '  FAILED'}")
         failures += check_gpt(tmp)
         failures += check_tied_gpt(tmp)
+        failures += check_packed_gpt(tmp)
     print("passed" if failures == 0 else f"{failures} FAILED")
     return 0 if failures == 0 else 1
 

@@ -11,7 +11,10 @@
 // grads_gpt_<K>_<schedule>_<M>_<remat>.safetensors and loss_gpt_<...>.txt, and
 // stepped_gpt.safetensors after two AdamW steps (K = 4, 1F1B, M = 3, remat always); and the same
 // for a GPT whose bias-free LM head is tied to the token embedding (*_tied_gpt.*), with two SGD
-// steps.
+// steps. With packed documents and ignored (-100) targets, from params_gpt.safetensors:
+// batch_packed_gpt.safetensors (x, y and the document ids d, as floats) and, for K in {1, 2, 4},
+// 1F1B and ZB-H1, M in {1, 3} and remat never / always, grads_packed_gpt_<...>.safetensors and
+// loss_packed_gpt_<...>.txt.
 // Usage: pytorch_dump_step <dir>
 
 #include <cstdint>
@@ -49,16 +52,22 @@ void write_loss(const std::filesystem::path& path, float loss) {
   std::ofstream(path) << text;
 }
 
+// documents: empty, or each token's document id (then the files are named packed_gpt_...).
 template <class Model, class Schedule>
 void dump_gpt_step(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
-                   const std::vector<std::int32_t>& targets, const char* schedule) {
-  for (std::size_t m : {1u, 2u, 3u}) {
+                   const std::vector<std::int32_t>& targets, const char* schedule,
+                   const std::vector<std::int32_t>& documents = {}) {
+  const bool packed = !documents.empty();
+  for (std::size_t m :
+       packed ? std::vector<std::size_t>{1, 3} : std::vector<std::size_t>{1, 2, 3}) {
     for (gpipe::Remat remat : {gpipe::Remat::never, gpipe::Remat::always}) {
       gpipe::host::Backend backend(Model::num_stages);
       gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, Schedule> trainer(
           backend, {.micro_batches = m, .remat = remat, .seed = 13});
-      const float loss = trainer.forward_backward(tokens, targets);
-      const std::string tag = "gpt_" + std::to_string(Model::num_stages) + "_" + schedule + "_" +
+      const float loss = packed ? trainer.forward_backward(tokens, targets, documents)
+                                : trainer.forward_backward(tokens, targets);
+      const std::string tag = std::string(packed ? "packed_gpt_" : "gpt_") +
+                              std::to_string(Model::num_stages) + "_" + schedule + "_" +
                               std::to_string(m) + "_" + std::string(gpipe::to_string(remat));
       trainer.save_gradients(dir / ("grads_" + tag + ".safetensors"));
       write_loss(dir / ("loss_" + tag + ".txt"), loss);
@@ -100,6 +109,37 @@ void dump_tied_gpt(const std::filesystem::path& dir, const std::vector<std::int3
   trainer.save(dir / "stepped_tied_gpt.safetensors");
 }
 
+// Packed documents (runs that end inside a sample, an id back after another, a run across a
+// sample border) and targets of which every fourth and all of sample 0 are ignored.
+void dump_packed_gpt(const std::filesystem::path& dir, const std::vector<std::int32_t>& tokens,
+                     std::vector<std::int32_t> targets) {
+  gpipe::Rng rng(19);
+  std::vector<std::int32_t> documents(tokens.size());
+  std::int32_t id = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (rng.next_u64() % 3 == 0) id = static_cast<std::int32_t>(rng.next_u64() % 3);
+    documents[i] = id;
+    if (i < T || i % 4 == 1) targets[i] = gpipe::ignore_index;
+  }
+  const std::vector<float> x(tokens.begin(), tokens.end()), y(targets.begin(), targets.end()),
+      d(documents.begin(), documents.end());
+  const std::vector<gpipe::io::TensorView> batch{
+      {"x", {samples, T}, x}, {"y", {samples, T}, y}, {"d", {samples, T}, d}};
+  gpipe::io::save_safetensors(dir / "batch_packed_gpt.safetensors", batch);
+  for (const char* schedule : {"1f1b", "zbh1"}) {
+    const bool zb = std::string(schedule) == "zbh1";
+    auto dump = [&]<class Model>(Model*) {
+      if (zb)
+        dump_gpt_step<Model, gpipe::ZeroBubbleH1>(dir, tokens, targets, schedule, documents);
+      else
+        dump_gpt_step<Model, gpipe::OneFOneB>(dir, tokens, targets, schedule, documents);
+    };
+    dump(static_cast<Gpt1*>(nullptr));
+    dump(static_cast<Gpt2*>(nullptr));
+    dump(static_cast<Gpt4*>(nullptr));
+  }
+}
+
 void dump_gpt(const std::filesystem::path& dir) {
   gpipe::Rng rng(17);
   std::vector<std::int32_t> tokens(samples * T), targets(samples * T);
@@ -111,6 +151,7 @@ void dump_gpt(const std::filesystem::path& dir) {
   dump_gpt_schedules<Gpt1>(dir, tokens, targets);
   dump_gpt_schedules<Gpt2>(dir, tokens, targets);
   dump_gpt_schedules<Gpt4>(dir, tokens, targets);
+  dump_packed_gpt(dir, tokens, targets);
 
   gpipe::host::Backend backend(4);
   gpipe::Trainer<Gpt4, gpipe::SoftmaxCrossEntropy, gpipe::host::Backend, gpipe::OneFOneB> trainer(

@@ -1,10 +1,22 @@
 """nanoGPT's modules in PyTorch, the reference of tests/pytorch/: token + position embedding,
 pre-norm blocks of causal self-attention and a tanh-GELU MLP (module names as nanoGPT's), and
-nanoGPT's whole GPT (transformer.wte/wpe/h.{i}/ln_f, lm_head tied to wte). Imported by
-check_against_pytorch.py and check_training_run.py once they know torch is installed."""
+nanoGPT's whole GPT (transformer.wte/wpe/h.{i}/ln_f, lm_head tied to wte). With packed documents
+(a (B, T) tensor of document ids) a token attends only within its run of equal ids in its sample
+and positions restart at each run (runs(), below). Imported by check_against_pytorch.py and
+check_training_run.py once they know torch is installed."""
 import math
 
 import torch
+
+
+def runs(document):
+    """For document ids (B, T): each token's run (B, T), counted from 1 in its sample, a new run
+    where the id changes (a returning id starts a new one), and its position in that run (B, T)."""
+    starts = torch.ones_like(document, dtype=torch.bool)
+    starts[:, 1:] = document[:, 1:] != document[:, :-1]
+    t = torch.arange(document.shape[1]).expand_as(document)
+    first = torch.where(starts, t, torch.zeros_like(t)).cummax(dim=1).values
+    return starts.long().cumsum(dim=1), t - first
 
 
 class Embedding(torch.nn.Module):
@@ -15,8 +27,9 @@ class Embedding(torch.nn.Module):
         self.wte = torch.nn.Embedding(vocab, width)
         self.wpe = torch.nn.Embedding(tokens, width)
 
-    def forward(self, idx):
-        positions = torch.arange(idx.shape[1], device=idx.device)
+    def forward(self, idx, document=None):
+        positions = torch.arange(idx.shape[1], device=idx.device) if document is None else runs(
+            document)[1]
         return self.wte(idx) + self.wpe(positions)
 
 
@@ -32,13 +45,16 @@ class CausalSelfAttention(torch.nn.Module):
         if tokens is not None:
             self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens)).view(1, 1, tokens, tokens))
 
-    def forward(self, x):
+    def forward(self, x, document=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
         mask = self.bias[:, :, :T, :T] != 0 if hasattr(self, "bias") else torch.tril(
             torch.ones(T, T, dtype=torch.bool))
+        if document is not None:  # (B, 1, T, T): query and key in one run
+            run = runs(document)[0]
+            mask = mask & (run[:, None, :, None] == run[:, None, None, :])
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
@@ -62,8 +78,8 @@ class Block(torch.nn.Module):
         self.ln_2 = torch.nn.LayerNorm(width, eps=1e-5)
         self.mlp = Mlp(width)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, document=None):
+        x = x + self.attn(self.ln_1(x), document)
         return x + self.mlp(self.ln_2(x))
 
 
