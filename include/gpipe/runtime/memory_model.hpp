@@ -6,7 +6,9 @@
 // Activations (a stage's input and stash per micro-batch, and the loss gradient on the last
 // stage) are allocated and freed only by the device's own ops, so their peak is exact. Workspace
 // also holds outputs waiting for the next stage to receive them, which depends on timing; it is
-// given as an upper bound.
+// given as an upper bound. A step with packed documents also holds each live (stage,
+// micro-batch)'s document ids, 4 bytes a row from its F to its W, counted as MemoryKind::other and
+// not predicted here.
 //
 // GPipe's claim in these terms, for a stage of L layers of width d, micro-batch size n = N/M:
 //   never:  M n (d + L d) = N (L + 1) d                      O(N L)
