@@ -318,6 +318,23 @@ TEST_SUITE("token models: packed documents and ignored targets") {
       check_packed_against_reference<Gpt4, ZeroBubbleV>(3, remat);
   }
 
+  TEST_CASE("Checkpoint hands the document ids to the layers it recomputes") {
+    // the same names and parameters as Gpt2 (Checkpoint is transparent), so Gpt2's reference
+    using Checkpointed = Pipeline<Stage<Emb, Checkpoint<Block, Block>>,
+                                  Stage<Checkpoint<Block>, LayerNorm<D>, Head>>;
+    host::Backend backend(2);
+    Trainer<Checkpointed, SoftmaxCrossEntropy, host::Backend, OneFOneB> trainer(
+        backend, {.micro_batches = 2, .seed = 3});
+    const float loss = trainer.forward_backward(tokens, ignored_targets, documents);
+    const ReferenceResult ref = reference_step<Gpt2, SoftmaxCrossEntropy>(
+        parameters_of(trainer), as_rows(tokens), ignored_targets, documents);
+    CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
+    for (const auto& [name, g] : gradients_of(trainer)) {
+      CAPTURE(name);
+      CHECK(relative_error(g, ref.gradients.at(name)) < gradient_tolerance);
+    }
+  }
+
   TEST_CASE("each packed document gets the logits it has alone at the start of a sample") {
     host::Backend backend(2);
     Trainer<Gpt2, SoftmaxCrossEntropy, host::Backend> trainer(backend,

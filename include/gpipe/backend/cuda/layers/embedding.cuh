@@ -9,8 +9,8 @@
 //      run's rows of dy in row order;
 //   3. dwpe: a thread per (position, column) adding its rows r = s T + p in order of s.
 // With document ids (packed documents) a row's position p_r is its distance from the first row
-// of its run of equal ids in its sample: a thread per row finds it (walking back over its run,
-// so a row costs its position), forward reads wpe at p_r, and dwpe is done as dwte is, the rows
+// of its run of equal ids in its sample: a block per sample finds them (a scan of run starts over
+// segments of the sample), forward reads wpe at p_r, and dwpe is done as dwte is, the rows
 // sorted stably by position (enough 8-bit passes for positions below T) and each position's rows
 // added in row order, the host's order again.
 
@@ -43,15 +43,43 @@ __device__ __forceinline__ std::size_t token_id(float id) {
 __device__ __forceinline__ std::size_t token_id(bf16 id) { return id.bits; }
 }  // namespace detail
 
-/// position(rows) = each row's distance from the first row of its run of equal ids in
-/// document(rows) within its sample of `tokens` rows (EmbeddingOp's positions): a thread per row,
-/// walking back over its run.
-__global__ void embedding_positions_kernel(std::size_t rows, std::size_t tokens,
-                                           const std::int32_t* document, std::uint32_t* position) {
-  for (std::size_t r = detail::global_thread(); r < rows; r += detail::grid_threads()) {
-    std::size_t first = r;
-    while (first % tokens != 0 && document[first - 1] == document[r]) --first;
-    position[r] = static_cast<std::uint32_t>(r - first);
+namespace detail {
+// Threads of embedding_positions_kernel's block: each walks a contiguous segment of its sample.
+inline constexpr unsigned position_threads = 256;
+}  // namespace detail
+
+/// position(samples tokens) = each row's distance from the first row of its run of equal ids in
+/// document within its sample of `tokens` rows (EmbeddingOp's positions): a block per sample,
+/// each thread a contiguous segment of it, the run in effect at a segment's start being the last
+/// run start of the segments before it (a max-scan over the segments, run starts increasing).
+__global__ void __launch_bounds__(detail::position_threads)
+    embedding_positions_kernel(std::size_t tokens, const std::int32_t* document,
+                               std::uint32_t* position) {
+  __shared__ std::size_t last_start[detail::position_threads];
+  const std::int32_t* doc = document + blockIdx.x * tokens;
+  std::uint32_t* out = position + blockIdx.x * tokens;
+  const std::size_t per = (tokens + blockDim.x - 1) / blockDim.x;
+  const std::size_t begin = threadIdx.x * per < tokens ? threadIdx.x * per : tokens;
+  const std::size_t end = begin + per < tokens ? begin + per : tokens;
+  auto starts_run = [doc](std::size_t t) { return t == 0 || doc[t] != doc[t - 1]; };
+  std::size_t start = 0;  // the segment's last run start (token 0 starts one: 0 is neutral)
+  for (std::size_t t = begin; t < end; ++t)
+    if (starts_run(t)) start = t;
+  last_start[threadIdx.x] = start;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive max-scan: the start in effect before each segment
+    std::size_t run = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) {
+      const std::size_t own = last_start[i];
+      last_start[i] = run;
+      run = own > run ? own : run;
+    }
+  }
+  __syncthreads();
+  std::size_t current = last_start[threadIdx.x];
+  for (std::size_t t = begin; t < end; ++t) {
+    if (starts_run(t)) current = t;
+    out[t] = static_cast<std::uint32_t>(t - current);
   }
 }
 
@@ -291,15 +319,16 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   }
 
  private:
-  // position (rows) <- each row's place in its document run (embedding_positions_kernel).
+  // position (rows) <- each row's place in its document run (embedding_positions_kernel), rows a
+  // whole number of samples.
   static void launch_positions(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
                                const std::int32_t* document, std::uint32_t* position) {
     namespace d = cuda::detail;
     d::record_kernel("embedding_positions_kernel", {rows, tokens, 0}, 0,
                      d::bytes_of<std::int32_t>(rows), d::bytes_of<std::uint32_t>(rows), k.stream());
-    GPIPE_CUDA_LAUNCH(cuda::embedding_positions_kernel, d::grid_for(rows), d::block_size,
-                      k.stream())
-    (rows, tokens, document, position);
+    GPIPE_CUDA_LAUNCH(cuda::embedding_positions_kernel, static_cast<unsigned>(rows / tokens),
+                      d::position_threads, k.stream())
+    (tokens, document, position);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_positions_kernel");
   }
 
