@@ -9,8 +9,8 @@
 //      run's rows of dy in row order;
 //   3. dwpe: a thread per (position, column) adding its rows r = s T + p in order of s.
 // With document ids (packed documents) a row's position p_r is its distance from the first row
-// of its run of equal ids in its sample: a block per sample finds them (a scan of run starts over
-// segments of the sample), forward reads wpe at p_r, and dwpe is done as dwte is, the rows
+// of its run of equal ids in its sample (cuda::document_positions, kernels/positions.cuh),
+// forward reads wpe at p_r, and dwpe is done as dwte is, the rows
 // sorted stably by position (enough 8-bit passes for positions below T) and each position's rows
 // added in row order, the host's order again.
 
@@ -28,6 +28,7 @@
 #include "gpipe/backend/cuda/error.cuh"
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/kernels/positions.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
 #include "gpipe/error.hpp"
 #include "gpipe/model/embedding.hpp"
@@ -42,46 +43,6 @@ __device__ __forceinline__ std::size_t token_id(float id) {
 }
 __device__ __forceinline__ std::size_t token_id(bf16 id) { return id.bits; }
 }  // namespace detail
-
-namespace detail {
-// Threads of embedding_positions_kernel's block: each walks a contiguous segment of its sample.
-inline constexpr unsigned position_threads = 256;
-}  // namespace detail
-
-/// position(samples tokens) = each row's distance from the first row of its run of equal ids in
-/// document within its sample of `tokens` rows (EmbeddingOp's positions): a block per sample,
-/// each thread a contiguous segment of it, the run in effect at a segment's start being the last
-/// run start of the segments before it (a max-scan over the segments, run starts increasing).
-__global__ void __launch_bounds__(detail::position_threads)
-    embedding_positions_kernel(std::size_t tokens, const std::int32_t* document,
-                               std::uint32_t* position) {
-  __shared__ std::size_t last_start[detail::position_threads];
-  const std::int32_t* doc = document + blockIdx.x * tokens;
-  std::uint32_t* out = position + blockIdx.x * tokens;
-  const std::size_t per = (tokens + blockDim.x - 1) / blockDim.x;
-  const std::size_t begin = threadIdx.x * per < tokens ? threadIdx.x * per : tokens;
-  const std::size_t end = begin + per < tokens ? begin + per : tokens;
-  auto starts_run = [doc](std::size_t t) { return t == 0 || doc[t] != doc[t - 1]; };
-  std::size_t start = 0;  // the segment's last run start (token 0 starts one: 0 is neutral)
-  for (std::size_t t = begin; t < end; ++t)
-    if (starts_run(t)) start = t;
-  last_start[threadIdx.x] = start;
-  __syncthreads();
-  if (threadIdx.x == 0) {  // exclusive max-scan: the start in effect before each segment
-    std::size_t run = 0;
-    for (unsigned i = 0; i < blockDim.x; ++i) {
-      const std::size_t own = last_start[i];
-      last_start[i] = run;
-      run = own > run ? own : run;
-    }
-  }
-  __syncthreads();
-  std::size_t current = last_start[threadIdx.x];
-  for (std::size_t t = begin; t < end; ++t) {
-    if (starts_run(t)) current = t;
-    out[t] = static_cast<std::uint32_t>(t - current);
-  }
-}
 
 /// y(rows, width) = wte(id_r, :) + wpe(p_r, :), summed in float and stored as T; ids are floats
 /// holding whole numbers, or for bf16 activations the 16 bits of each bf16; p_r = position[r], or
@@ -257,7 +218,7 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     const std::uint32_t* position = nullptr;
     if (document != nullptr) {
       auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(rows));
-      launch_positions(k, rows, tokens, document, words);
+      cuda::document_positions(rows, tokens, document, words, k.stream());
       position = words;
     }
     d::record_kernel("embedding_forward_kernel", {rows, width, 0},
@@ -298,7 +259,7 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     if (document != nullptr) {
       // the orders are free again: the launches above read them first (one stream)
       std::uint32_t* position = count + counts;
-      launch_positions(k, rows, tokens, document, position);
+      cuda::document_positions(rows, tokens, document, position, k.stream());
       const std::uint32_t* by_position =
           sort_rows(k, rows, d::PositionKeys{position}, d::passes_below(tokens), words, count);
       record_table(k, "embedding_backward_wte_kernel", rows, width, tokens * width);
@@ -319,19 +280,6 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   }
 
  private:
-  // position (rows) <- each row's place in its document run (embedding_positions_kernel), rows a
-  // whole number of samples.
-  static void launch_positions(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
-                               const std::int32_t* document, std::uint32_t* position) {
-    namespace d = cuda::detail;
-    d::record_kernel("embedding_positions_kernel", {rows, tokens, 0}, 0,
-                     d::bytes_of<std::int32_t>(rows), d::bytes_of<std::uint32_t>(rows), k.stream());
-    GPIPE_CUDA_LAUNCH(cuda::embedding_positions_kernel, static_cast<unsigned>(rows / tokens),
-                      d::position_threads, k.stream())
-    (tokens, document, position);
-    GPIPE_CUDA_CHECK_LAUNCH("embedding_positions_kernel");
-  }
-
   // The rows stably sorted by `keys` in `passes` 8-bit passes through two orders, orders(2 rows),
   // and the (digit, chunk) counts; returns the order that holds the result.
   template <class Keys>

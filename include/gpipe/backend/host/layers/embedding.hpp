@@ -10,40 +10,24 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/positions.hpp"
 #include "gpipe/backend/host/kernels/simd.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/model/embedding.hpp"
 #include "gpipe/model/kernel_context.hpp"
 
 namespace gpipe {
-namespace host {
-
-/// position (rows) <- each row's row of wpe (EmbeddingOp's contract): r % tokens without
-/// documents, else r minus the first row of its run of equal ids in `document` (rows) within its
-/// sample of `tokens` rows. rows is a multiple of tokens.
-inline void embedding_positions(std::size_t rows, std::size_t tokens, const std::int32_t* document,
-                                std::vector<std::size_t>& position) {
-  position.resize(rows);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const bool starts_run =
-        r % tokens == 0 || (document != nullptr && document[r] != document[r - 1]);
-    position[r] = starts_run ? 0 : position[r - 1] + 1;
-  }
-}
-
-}  // namespace host
-
 /// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
 /// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
 template <class T>
 struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
   /// y(r, :) = wte(id_r, :) + wpe(p_r, :), y (rows, width) overwritten; p_r the row's position
-  /// (host::embedding_positions)
+  /// (host::document_positions)
   static void forward(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
                       std::size_t width, const T* ids, const T* wte, const T* wpe, T* y,
                       const std::int32_t* document = nullptr) {
     std::vector<std::size_t> position;
-    host::embedding_positions(rows, tokens, document, position);
+    host::document_positions(rows, tokens, document, position);
     for (std::size_t r = 0; r < rows; ++r)
       host::simd::transform(
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
@@ -54,7 +38,7 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
                               std::size_t width, const T* ids, const T* dy, T* dwte, T* dwpe,
                               const std::int32_t* document = nullptr) {
     std::vector<std::size_t> position;
-    host::embedding_positions(rows, tokens, document, position);
+    host::document_positions(rows, tokens, document, position);
     for (std::size_t r = 0; r < rows; ++r) {
       const T* g = dy + r * width;
       T* e = dwte + id(ids[r]) * width;
@@ -82,12 +66,12 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
 template <>
 struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
   /// y(r, :) = wte(id_r, :) + wpe(p_r, :), rounded to bf16; p_r the row's position
-  /// (host::embedding_positions)
+  /// (host::document_positions)
   static void forward(host::KernelContext<bf16>& k, std::size_t rows, std::size_t tokens,
                       std::size_t width, const bf16* ids, const float* wte, const float* wpe,
                       bf16* y, const std::int32_t* document = nullptr) {
     std::vector<std::size_t> position;
-    host::embedding_positions(rows, tokens, document, position);
+    host::document_positions(rows, tokens, document, position);
     k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(width);
       for (std::size_t r = first; r < first + count; ++r) {
@@ -101,7 +85,7 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
                               std::size_t width, const bf16* ids, const bf16* dy, float* dwte,
                               float* dwpe, const std::int32_t* document = nullptr) {
     std::vector<std::size_t> position;
-    host::embedding_positions(rows, tokens, document, position);
+    host::document_positions(rows, tokens, document, position);
     std::vector<float> g(width);
     for (std::size_t r = 0; r < rows; ++r) {
       host::from_bf16(width, dy + r * width, g.data());
