@@ -62,6 +62,11 @@ struct LayerRun {
   std::vector<T> grad_stash;     ///< (rows, grad_stash_per_row)
   std::vector<T> grads;          ///< (num_params), accumulated from zero
   std::vector<T> workspace;      ///< (rows, workspace_per_row), NaN before every op: scratch only
+  /// (rows) document ids passed to every op (ForwardArgs::document); empty: none (nullptr).
+  std::vector<std::int32_t> document;
+
+  /// document's data, or nullptr when it is empty.
+  const std::int32_t* document_ids() const { return document.empty() ? nullptr : document.data(); }
 
   /// y, stash <- L::forward(x, params); y, stash and workspace are NaN before it.
   void forward() {
@@ -69,7 +74,7 @@ struct LayerRun {
     std::ranges::fill(stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
     L::forward(ctx, ForwardArgs<T>{rows, x.data(), y.data(), params.data(), stash.data(),
-                                   workspace.data()});
+                                   workspace.data(), nullptr, document_ids()});
   }
   /// dx, grad_stash <- L::backward_input(x, dy, params, stash), with the forward's y kept
   /// (BackwardInputArgs::y); dx, grad_stash and workspace are NaN before it, so a layer that
@@ -78,24 +83,24 @@ struct LayerRun {
     std::ranges::fill(dx, nan_v<T>);
     std::ranges::fill(grad_stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(
-        ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(), stash.data(),
-                                  grad_stash.data(), workspace.data(), params.data(), y.data()});
+    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), dx.data(), params.data(),
+                                                stash.data(), grad_stash.data(), workspace.data(),
+                                                params.data(), y.data(), document_ids()});
   }
   /// backward_input with dx == nullptr, as the first stage runs it (L::skips_input_gradient).
   void backward_input_without_dx() {
     std::ranges::fill(grad_stash, nan_v<T>);
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_input(
-        ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(), stash.data(),
-                                  grad_stash.data(), workspace.data(), params.data(), y.data()});
+    L::backward_input(ctx, BackwardInputArgs<T>{rows, x.data(), dy.data(), nullptr, params.data(),
+                                                stash.data(), grad_stash.data(), workspace.data(),
+                                                params.data(), y.data(), document_ids()});
   }
   /// grads += L::backward_weight(x, dy, params, stash, grad_stash); workspace is NaN before it.
   void backward_weight() {
     std::ranges::fill(workspace, nan_v<T>);
-    L::backward_weight(ctx,
-                       BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(), stash.data(),
-                                             grad_stash.data(), grads.data(), workspace.data()});
+    L::backward_weight(ctx, BackwardWeightArgs<T>{rows, x.data(), dy.data(), params.data(),
+                                                  stash.data(), grad_stash.data(), grads.data(),
+                                                  workspace.data(), document_ids()});
   }
   /// forward, then both backward ops with the dy set.
   void forward_backward() {
@@ -105,11 +110,14 @@ struct LayerRun {
   }
 };
 
-/// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double.
+/// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double; `document`
+/// (rows, or empty for none) as the layer's document ids.
 template <layer L>
 double weighted_output(std::span<const double> x, std::span<const double> params,
-                       std::span<const double> c, std::size_t rows) {
+                       std::span<const double> c, std::size_t rows,
+                       std::span<const std::int32_t> document = {}) {
   LayerRun<L, double> run(rows);
+  run.document.assign(document.begin(), document.end());
   std::ranges::copy(x, run.x.begin());
   std::ranges::copy(params, run.params.begin());
   run.forward();
@@ -145,10 +153,13 @@ struct GradientCheck {
 /// L's gradients at (x, params) for f = sum_i c_i y_i against central differences of step `eps`:
 /// x (rows, in_features), params (num_params), c (rows, out_features). backward_weight runs
 /// twice from zero grads and half the sum is compared, so one that overwrites is off by 2.
+/// `document` (rows, or empty for none): the document ids every op gets.
 template <layer L>
 GradientCheck check_gradients(const std::vector<double>& x, const std::vector<double>& params,
-                              const std::vector<double>& c, std::size_t rows, double eps = 1e-6) {
+                              const std::vector<double>& c, std::size_t rows, double eps = 1e-6,
+                              std::span<const std::int32_t> document = {}) {
   LayerRun<L, double> run(rows);
+  run.document.assign(document.begin(), document.end());
   run.x = x;
   run.params = params;
   run.dy = c;
@@ -159,9 +170,13 @@ GradientCheck check_gradients(const std::vector<double>& x, const std::vector<do
   for (double& g : run.grads) g /= 2;
 
   const auto numeric_dx = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(v, params, c, rows); }, x, eps);
+      [&](const std::vector<double>& v) {
+        return weighted_output<L>(v, params, c, rows, document);
+      },
+      x, eps);
   const auto numeric_dp = central_difference(
-      [&](const std::vector<double>& v) { return weighted_output<L>(x, v, c, rows); }, params, eps);
+      [&](const std::vector<double>& v) { return weighted_output<L>(x, v, c, rows, document); },
+      params, eps);
   auto max_abs = [](const std::vector<double>& v) {
     double m = 0;
     for (double e : v) m = std::max(m, std::abs(e));

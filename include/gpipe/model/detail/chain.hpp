@@ -17,6 +17,8 @@
 //             dx = nullptr and B_0 does not run (for a first Linear that saves the GEMM dy W,
 //             whose result nobody reads);
 //   W:        W_i(a_i, g_{i+1}) for every i.
+// Every layer gets the chain's rows, workspace and document ids (ForwardArgs::document) as they
+// are.
 
 #include <array>
 #include <cstddef>
@@ -318,7 +320,7 @@ struct Chain {
                  ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
                                 act<I + 1>(x, a.y, a.stash, a.rows), a.params + param_offset[I],
                                 a.stash + stash_offset[I] * a.rows, a.workspace,
-                                compute_params_at(a.compute_params, param_offset[I])}),
+                                compute_params_at(a.compute_params, param_offset[I]), a.document}),
      ...);
   }
 
@@ -346,13 +348,13 @@ struct Chain {
         if (a.dx == nullptr) return;
       }
       L::backward_input(
-          ctx, BackwardInputArgs<T>{a.rows, act<i>(x, static_cast<T*>(nullptr), stash, a.rows),
-                                    grad(std::integral_constant<std::size_t, i + 1>{}),
-                                    grad(std::integral_constant<std::size_t, i>{}),
-                                    a.params + param_offset[i], stash + stash_offset[i] * a.rows,
-                                    a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
-                                    compute_params_at(a.compute_params, param_offset[i]),
-                                    act<i + 1>(x, static_cast<T*>(nullptr), stash, a.rows)});
+          ctx, BackwardInputArgs<T>{
+                   a.rows, act<i>(x, static_cast<T*>(nullptr), stash, a.rows),
+                   grad(std::integral_constant<std::size_t, i + 1>{}),
+                   grad(std::integral_constant<std::size_t, i>{}), a.params + param_offset[i],
+                   stash + stash_offset[i] * a.rows, a.grad_stash + grad_stash_offset[i] * a.rows,
+                   a.workspace, compute_params_at(a.compute_params, param_offset[i]),
+                   act<i + 1>(x, static_cast<T*>(nullptr), stash, a.rows), a.document});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
@@ -372,7 +374,7 @@ struct Chain {
                                     grad(I + 1), a.params + param_offset[I],
                                     stash + stash_offset[I] * a.rows,
                                     gstash + grad_stash_offset[I] * a.rows,
-                                    a.grads + param_offset[I], a.workspace}),
+                                    a.grads + param_offset[I], a.workspace, a.document}),
      ...);
   }
 };

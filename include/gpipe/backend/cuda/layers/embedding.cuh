@@ -39,14 +39,16 @@ __device__ __forceinline__ std::size_t token_id(bf16 id) { return id.bits; }
 }  // namespace detail
 
 /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), summed in float and stored as T; ids are
-/// floats holding whole numbers, or for bf16 activations the 16 bits of each bf16
+/// floats holding whole numbers, or for bf16 activations the 16 bits of each bf16; wpe null: no
+/// position table (TokenEmbedding)
 template <class T>
 __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, std::size_t width,
                                          const T* ids, const float* wte, const float* wpe, T* y) {
   for (std::size_t i = detail::global_thread(); i < rows * width; i += detail::grid_threads()) {
     const std::size_t r = i / width, c = i % width;
     const std::size_t id = detail::token_id(ids[r]);
-    y[i] = detail::narrow<T>(wte[id * width + c] + wpe[(r % tokens) * width + c]);
+    const float e = wte[id * width + c];
+    y[i] = detail::narrow<T>(wpe == nullptr ? e : e + wpe[(r % tokens) * width + c]);
   }
 }
 
@@ -177,14 +179,16 @@ namespace gpipe {
 template <class T>
 struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   /// y(rows, width) = wte(id_r, :) + wpe(r % tokens, :), overwritten; ids (rows) are token ids,
-  /// which the Trainer has checked against the vocabulary (not checked again here).
+  /// which the Trainer has checked against the vocabulary (not checked again here). wpe null:
+  /// y = wte(id_r, :) (TokenEmbedding).
   static void forward(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
                       std::size_t width, const T* ids, const float* wte, const float* wpe, T* y) {
     if (rows == 0) return;
     namespace d = cuda::detail;
     d::record_kernel("embedding_forward_kernel", {rows, width, 0},
                      static_cast<double>(rows * width),
-                     d::bytes_of<T>(rows) + d::bytes_of<float>(rows * width + tokens * width),
+                     d::bytes_of<T>(rows) +
+                         d::bytes_of<float>(rows * width + (wpe == nullptr ? 0 : tokens * width)),
                      d::bytes_of<T>(rows * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel<T>, cuda::detail::grid_for(rows * width),
                       cuda::detail::block_size, k.stream())
@@ -192,7 +196,7 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     GPIPE_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   }
   /// dwte(V, width) += dy(r, :) at row id_r and dwpe(tokens, width) += dy(r, :) at row r % tokens,
-  /// for every row r of dy(rows, width), in order of r.
+  /// for every row r of dy(rows, width), in order of r; dwpe null: wte's gradient only.
   static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t tokens,
                               std::size_t width, const T* ids, const T* dy, float* dwte,
                               float* dwpe) {
@@ -229,13 +233,15 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
                      d::bytes_of<T>(rows * width + rows) + d::bytes_of<std::uint32_t>(rows) +
                          d::bytes_of<float>(rows * width),
                      d::bytes_of<float>(rows * width), k.stream());
-    d::record_kernel("embedding_backward_wpe_kernel", {rows, tokens, width},
-                     static_cast<double>(rows * width),
-                     d::bytes_of<T>(rows * width) + d::bytes_of<float>(tokens * width),
-                     d::bytes_of<float>(tokens * width), k.stream());
+    if (dwpe != nullptr)
+      d::record_kernel("embedding_backward_wpe_kernel", {rows, tokens, width},
+                       static_cast<double>(rows * width),
+                       d::bytes_of<T>(rows * width) + d::bytes_of<float>(tokens * width),
+                       d::bytes_of<float>(tokens * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wte_kernel<T>, d::grid_for(rows, 1), 128, k.stream())
     (rows, width, ids, in, dy, dwte);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+    if (dwpe == nullptr) return;
     GPIPE_CUDA_LAUNCH(cuda::embedding_backward_wpe_kernel<T>, d::grid_for(tokens * width),
                       d::block_size, k.stream())
     (rows, tokens, width, dy, dwpe);

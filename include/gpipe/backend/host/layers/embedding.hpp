@@ -2,6 +2,7 @@
 // Embedding on the host: rows gather a row of wte and of wpe; W adds each row's dy into the
 // rows it read, in row order (deterministic: the same sums in the same order every step).
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -17,15 +18,21 @@ namespace gpipe {
 
 /// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
 /// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
+/// Without a position table (wpe and dwpe null: TokenEmbedding) only wte is read and written.
 template <class T>
 struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
   /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), y (rows, width) overwritten
   static void forward(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
                       std::size_t width, const T* ids, const T* wte, const T* wpe, T* y) {
-    for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (wpe == nullptr) {
+        std::copy_n(wte + id(ids[r]) * width, width, y + r * width);
+        continue;
+      }
       host::simd::transform(
           width, [](auto e, auto p) { return e + p; }, y + r * width, wte + id(ids[r]) * width,
           wpe + (r % tokens) * width);
+    }
   }
   /// dwte(id_r, :) += dy(r, :), dwpe(r % tokens, :) += dy(r, :), row by row in order
   static void backward_weight(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
@@ -33,9 +40,10 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
     for (std::size_t r = 0; r < rows; ++r) {
       const T* g = dy + r * width;
       T* e = dwte + id(ids[r]) * width;
-      T* p = dwpe + (r % tokens) * width;
       host::simd::transform(
           width, [](auto acc, auto v) { return acc + v; }, e, e, g);
+      if (dwpe == nullptr) continue;
+      T* p = dwpe + (r % tokens) * width;
       host::simd::transform(
           width, [](auto acc, auto v) { return acc + v; }, p, p, g);
     }
@@ -54,6 +62,7 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
 /// Embedding on bf16 activations: ids(rows) are token ids carried in a bf16's 16 bits as an
 /// unsigned integer (the executor stores them so: bf16 values hold integers exactly only up to
 /// 256); the sums wte + wpe are formed in float and rounded once; W adds dy widened to float.
+/// wpe and dwpe null: no position table (TokenEmbedding).
 template <>
 struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
   /// y(r, :) = wte(id_r, :) + wpe(r % tokens, :), rounded to bf16
@@ -63,6 +72,10 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
     k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(width);
       for (std::size_t r = first; r < first + count; ++r) {
+        if (wpe == nullptr) {
+          host::to_bf16(width, wte + ids[r].bits * width, y + r * width);
+          continue;
+        }
         host::add(width, wte + ids[r].bits * width, wpe + (r % tokens) * width, row.data());
         host::to_bf16(width, row.data(), y + r * width);
       }
@@ -76,7 +89,7 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
     for (std::size_t r = 0; r < rows; ++r) {
       host::from_bf16(width, dy + r * width, g.data());
       host::accumulate(width, g.data(), dwte + ids[r].bits * width);
-      host::accumulate(width, g.data(), dwpe + (r % tokens) * width);
+      if (dwpe != nullptr) host::accumulate(width, g.data(), dwpe + (r % tokens) * width);
     }
   }
 };

@@ -1,0 +1,73 @@
+#pragma once
+// RMSNorm on the host: one body for every activation type (float, bf16, double in the tests),
+// sums in double, each output rounded once; split over the context's team by rows (forward,
+// input gradient) or by columns (weight gradient).
+
+#include <cmath>
+#include <cstddef>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/precision.hpp"
+#include "gpipe/model/rms_norm.hpp"
+
+namespace gpipe {
+
+/// RMSNorm on the host over the last dimension of (rows, cols); weight, rstd and gradients in
+/// master_t<T> (float for bf16).
+template <class T>
+struct LayerKernels<RMSNormOp, host::KernelContext<T>> {
+  /// The master type: weight, rstd, gradients.
+  using M = master_t<T>;
+
+  /// Per row: rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd weight(cols); y and rstd overwritten.
+  static void forward(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                      const T* x, const M* weight, T* y, M* rstd) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      for (std::size_t r = first; r < first + count; ++r) {
+        const T* xr = x + r * cols;
+        double sq = 0;
+        for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
+        // rounded to M first, so that B and W use the very rstd that y was formed with
+        const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+        rstd[r] = s;
+        for (std::size_t c = 0; c < cols; ++c)
+          y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
+      }
+    });
+  }
+
+  /// dx(rows, cols) = rstd (g - xhat mean(g xhat)) per row, g = dy weight, xhat = x rstd.
+  static void backward_input(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                             const T* x, const T* dy, const M* weight, const M* rstd, T* dx) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      for (std::size_t r = first; r < first + count; ++r) {
+        const double s = rstd[r];
+        double sum_gx = 0;
+        for (std::size_t c = 0; c < cols; ++c)
+          sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
+        const double mean_gx = sum_gx / static_cast<double>(cols);
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
+          const double xhat = static_cast<double>(x[r * cols + c]) * s;
+          dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
+        }
+      }
+    });
+  }
+
+  /// dweight(cols) += the column sums of dy xhat, each column summed in row order.
+  static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                              const T* x, const T* dy, const M* rstd, M* dweight) {
+    k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+      for (std::size_t c = first; c < first + count; ++c) {
+        double sum = 0;
+        for (std::size_t r = 0; r < rows; ++r)
+          sum += static_cast<double>(dy[r * cols + c]) * x[r * cols + c] * rstd[r];
+        dweight[c] += static_cast<M>(sum);
+      }
+    });
+  }
+};
+
+}  // namespace gpipe
