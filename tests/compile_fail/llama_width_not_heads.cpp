@@ -1,4 +1,4 @@
-// expect: llama_heads_check<gpipe::detail::width<20>, gpipe::detail::heads<8>.*width D must be a multiple of its heads H
+// expect: llama_heads_check<.*width<20>.*heads<8>.*width D must be a multiple of its heads H
 // A LlamaBlock's head size is D / H: D = 20 over H = 8 heads is refused, the error naming them.
 #include <gpipe/model.hpp>
 
