@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/precision.hpp"
 #include "gpipe/model/rms_norm.hpp"
@@ -14,7 +15,7 @@
 namespace gpipe {
 
 /// RMSNorm on the host over the last dimension of (rows, cols); weight, rstd and gradients in
-/// master_t<T> (float for bf16).
+/// master_t<T> (float for bf16), bf16 activations widened exactly and the results rounded once.
 template <class T>
 struct LayerKernels<RMSNormOp, host::KernelContext<T>> {
   /// The master type: weight, rstd, gradients.
@@ -22,52 +23,75 @@ struct LayerKernels<RMSNormOp, host::KernelContext<T>> {
 
   /// Per row: rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd weight(cols); y and rstd overwritten.
   static void forward(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
-                      const T* x, const M* weight, T* y, M* rstd) {
-    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
-      for (std::size_t r = first; r < first + count; ++r) {
-        const T* xr = x + r * cols;
-        double sq = 0;
-        for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
-        // rounded to M first, so that B and W use the very rstd that y was formed with
-        const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
-        rstd[r] = s;
-        for (std::size_t c = 0; c < cols; ++c)
-          y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
-      }
-    });
-  }
-
+                      const T* x, const M* weight, T* y, M* rstd);
   /// dx(rows, cols) = rstd (g - xhat mean(g xhat)) per row, g = dy weight, xhat = x rstd.
   static void backward_input(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
-                             const T* x, const T* dy, const M* weight, const M* rstd, T* dx) {
-    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
-      for (std::size_t r = first; r < first + count; ++r) {
-        const double s = rstd[r];
-        double sum_gx = 0;
-        for (std::size_t c = 0; c < cols; ++c)
-          sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
-        const double mean_gx = sum_gx / static_cast<double>(cols);
-        for (std::size_t c = 0; c < cols; ++c) {
-          const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
-          const double xhat = static_cast<double>(x[r * cols + c]) * s;
-          dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
-        }
-      }
-    });
-  }
-
+                             const T* x, const T* dy, const M* weight, const M* rstd, T* dx);
   /// dweight(cols) += the column sums of dy xhat, each column summed in row order.
   static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
-                              const T* x, const T* dy, const M* rstd, M* dweight) {
-    k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
-      for (std::size_t c = first; c < first + count; ++c) {
-        double sum = 0;
-        for (std::size_t r = 0; r < rows; ++r)
-          sum += static_cast<double>(dy[r * cols + c]) * x[r * cols + c] * rstd[r];
-        dweight[c] += static_cast<M>(sum);
-      }
-    });
-  }
+                              const T* x, const T* dy, const M* rstd, M* dweight);
 };
+
+// Defined out of the class, so that a program on gpipe::compiled compiles none of them (the
+// float ones are instantiated in the library: GPIPE_HOST_INSTANTIATION below).
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::forward(host::KernelContext<T>& k,
+                                                              std::size_t rows, std::size_t cols,
+                                                              double eps, const T* x,
+                                                              const M* weight, T* y, M* rstd) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    for (std::size_t r = first; r < first + count; ++r) {
+      const T* xr = x + r * cols;
+      double sq = 0;
+      for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
+      // rounded to M first, so that B and W use the very rstd that y was formed with
+      const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+      rstd[r] = s;
+      for (std::size_t c = 0; c < cols; ++c)
+        y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
+    }
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input(host::KernelContext<T>& k,
+                                                                     std::size_t rows,
+                                                                     std::size_t cols, const T* x,
+                                                                     const T* dy, const M* weight,
+                                                                     const M* rstd, T* dx) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    for (std::size_t r = first; r < first + count; ++r) {
+      const double s = rstd[r];
+      double sum_gx = 0;
+      for (std::size_t c = 0; c < cols; ++c)
+        sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
+      const double mean_gx = sum_gx / static_cast<double>(cols);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
+        const double xhat = static_cast<double>(x[r * cols + c]) * s;
+        dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
+      }
+    }
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_weight(host::KernelContext<T>& k,
+                                                                      std::size_t rows,
+                                                                      std::size_t cols, const T* x,
+                                                                      const T* dy, const M* rstd,
+                                                                      M* dweight) {
+  k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+    for (std::size_t c = first; c < first + count; ++c) {
+      double sum = 0;
+      for (std::size_t r = 0; r < rows; ++r)
+        sum += static_cast<double>(dy[r * cols + c]) * x[r * cols + c] * rstd[r];
+      dweight[c] += static_cast<M>(sum);
+    }
+  });
+}
+
+GPIPE_HOST_INSTANTIATION(struct LayerKernels<RMSNormOp, host::KernelContext<float>>);
 
 }  // namespace gpipe
