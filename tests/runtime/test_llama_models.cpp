@@ -1,8 +1,9 @@
 // A Llama on the pipeline (host backend), shaped as DESIGN.md's (TokenEmbedding, LlamaBlocks,
 // RMSNorm, a bias-free head): for K in {1, 2, 4} stages, several schedules, M in {1, 3} and remat
 // never / always, the loss and every gradient equal the unpipelined double-precision model;
-// MixedBf16 within bf16's bound of Fp32; the memory model predicts the activation peak; Hugging
-// Face's names save and load, skip rotary buffers and refuse a tensor of another shape.
+// MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
+// device gives the one-thread step; the memory model predicts the activation peak; Hugging Face's
+// names save and load, skip rotary buffers and refuse a tensor of another shape.
 
 #include <doctest/doctest.h>
 
@@ -159,6 +160,52 @@ TEST_SUITE("llama models") {
       const double e = relative_difference(bf16.second[i], fp32.second[i]);
       CHECK(e <= (2 * n_ops + n_gemm) * u);
       CHECK(e > 0);  // bf16 really rounds: the step is not fp32's
+    }
+  }
+
+  TEST_CASE("MixedBf16: a Llama step has the same bits for every split and remat policy") {
+    // one order of micro-batch backward passes (GPipe) makes the same computation whatever the
+    // split into stages and the remat policy (see test_mixed_precision.cpp)
+    auto run = [&]<class Model>(Remat remat) {
+      host::Backend backend(Model::num_stages);
+      Trainer<Model, SoftmaxCrossEntropy, host::Backend, GPipe, MixedBf16> trainer(
+          backend, {.micro_batches = 3, .remat = remat, .seed = 3});
+      std::pair<float, std::vector<std::vector<float>>> out;
+      out.first = trainer.forward_backward(tokens, targets);
+      for (const ParameterInfo& info : trainer.parameter_info())
+        out.second.push_back(trainer.gradient(info.name));
+      return out;
+    };
+    const auto want = run.operator()<Llama1>(Remat::never);
+    CHECK(run.operator()<Llama2>(Remat::never) == want);
+    CHECK(run.operator()<Llama4>(Remat::always) == want);
+  }
+
+  TEST_CASE("a Llama whose devices have a team of threads gives the one-thread step") {
+    // Large enough that a team of two splits the RMSNorms and SwiGLU (2^17 elements a
+    // micro-batch), RoPE (four samples a micro-batch), the attention core and the GEMMs.
+    constexpr std::size_t Vt = 256, Tt = 128, Dt = 256, Ht = 4, KVHt = 2, Ft = 512, n = 8;
+    using Llama = Pipeline<Stage<TokenEmbedding<Vt, Tt, Dt>, LlamaBlock<Dt, Ht, KVHt, Ft>>,
+                           Stage<LlamaBlock<Dt, Ht, KVHt, Ft>, RMSNorm<Dt>, Linear<Dt, Vt, false>>>;
+    host::Team pair(2);
+    REQUIRE(host::Kernels<float>(0, &pair).split(4 * Tt, Dt).parts == 2);
+    REQUIRE(host::Kernels<float>(0, &pair).split(4, Tt * (Ht + KVHt) * (Dt / Ht)).parts == 2);
+    Rng rng(4);
+    std::vector<std::int32_t> x(n * Tt), y(n * Tt);
+    for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
+    for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
+    host::Backend one(2), team(2, {.threads_per_device = 2});
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(to_string(remat));
+      Trainer<Llama, SoftmaxCrossEntropy, host::Backend, OneFOneB> alone(
+          one, {.micro_batches = 2, .remat = remat, .seed = 5}),
+          split(team, {.micro_batches = 2, .remat = remat, .seed = 5});
+      CHECK(split.forward_backward(x, y) ==
+            doctest::Approx(alone.forward_backward(x, y)).epsilon(1e-6));
+      for (const auto& info : alone.parameter_info()) {
+        CAPTURE(info.name);
+        CHECK(relative_error(split.gradient(info.name), alone.gradient(info.name)) < 1e-6);
+      }
     }
   }
 

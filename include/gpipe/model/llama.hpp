@@ -1,9 +1,8 @@
 #pragma once
 // LlamaBlock<D, H, KVH, F, RopeBase>: the decoder layer of Hugging Face's LlamaForCausalLM
 // (LlamaDecoderLayer), without biases or dropout, hd = D / H:
-//   x = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))),  n = input_layernorm(x)
-//   y = x + down_proj(silu(gate_proj(m)) * up_proj(m)),                  m =
-//   post_attention_layernorm(x)
+//   n = input_layernorm(x),          x = x + o_proj(attn(rope(q_proj n), rope(k_proj n), v_proj n))
+//   m = post_attention_layernorm(x), y = x + down_proj(silu(gate_proj m) * up_proj m)
 // Two residual chains of layers, each a fused piece of that formula:
 //   RMSNorm<D> | LlamaQKV (q, k, v in one GEMM, RoPE on q and k in place) | the attention core
 //   (grouped-query, kernels of CausalAttentionOp) | Linear<H hd, D, false>
@@ -21,6 +20,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
