@@ -34,23 +34,25 @@ __global__ void rope_positions_kernel(std::size_t rows, std::size_t tokens, cons
 }
 
 /// x (rows, ld)'s first `heads` heads of head_size (even) rotated in place (RopeOp), a thread per
-/// (row, head, frequency); position (rows) or, where null, row % tokens. `sign` -1 rotates back.
+/// (row, frequency), its angle's cos and sin shared by the row's heads; position (rows) or, where
+/// null, row % tokens. `sign` -1 rotates back.
 template <class T>
 __global__ void rope_kernel(std::size_t rows, std::size_t tokens, std::size_t heads,
                             std::size_t head_size, std::size_t ld, double base,
                             const std::int32_t* position, T* x, double sign) {
   const std::size_t half = head_size / 2;
-  for (std::size_t i = detail::global_thread(); i < rows * heads * half;
-       i += detail::grid_threads()) {
-    const std::size_t r = i / (heads * half), h = i / half % heads, f = i % half;
+  for (std::size_t i = detail::global_thread(); i < rows * half; i += detail::grid_threads()) {
+    const std::size_t r = i / half, f = i % half;
     const double p = static_cast<double>(position == nullptr ? r % tokens : position[r]);
     const double angle =
         p * pow(base, -2.0 * static_cast<double>(f) / static_cast<double>(head_size));
     const double c = cos(angle), s = sign * sin(angle);
-    T* head = x + r * ld + h * head_size;
-    const double a = detail::widen(head[f]), b = detail::widen(head[f + half]);
-    head[f] = detail::narrow<T>(static_cast<float>(a * c - b * s));
-    head[f + half] = detail::narrow<T>(static_cast<float>(b * c + a * s));
+    for (std::size_t h = 0; h < heads; ++h) {
+      T* head = x + r * ld + h * head_size;
+      const double a = detail::widen(head[f]), b = detail::widen(head[f + half]);
+      head[f] = detail::narrow<T>(static_cast<float>(a * c - b * s));
+      head[f + half] = detail::narrow<T>(static_cast<float>(b * c + a * s));
+    }
   }
 }
 
@@ -75,7 +77,8 @@ void rope(std::size_t rows, std::size_t tokens, std::size_t heads, std::size_t h
   const std::size_t n = rows * heads * head_size;
   detail::record_kernel("rope_kernel", {rows, heads, head_size}, 3.0 * static_cast<double>(n),
                         detail::bytes_of<T>(n), detail::bytes_of<T>(n), stream);
-  GPIPE_CUDA_LAUNCH(rope_kernel<T>, detail::grid_for(n / 2), detail::block_size, stream)
+  GPIPE_CUDA_LAUNCH(rope_kernel<T>, detail::grid_for(rows * (head_size / 2)), detail::block_size,
+                    stream)
   (rows, tokens, heads, head_size, ld, base, position, x, transpose ? -1.0 : 1.0);
   GPIPE_CUDA_CHECK_LAUNCH("rope_kernel");
 }
