@@ -3,7 +3,8 @@
 // never / always, the loss and every gradient equal the unpipelined double-precision model;
 // MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
 // device gives the one-thread step; the memory model predicts the activation peak; Hugging Face's
-// names save and load, skip rotary buffers and refuse a tensor of another shape.
+// names save and load, skip rotary buffers and refuse a tensor of another shape; a head tied to
+// the embedding.
 
 #include <doctest/doctest.h>
 
@@ -279,6 +280,38 @@ TEST_SUITE("llama models") {
     check_error([&] { third.load(bad_shape.path(), names); },
                 "model.layers.0.self_attn.k_proj.weight");
     CHECK(parameters_of(third) == before);
+  }
+
+  TEST_CASE("tied word embeddings (tie_word_embeddings, Llama 3.2's): lm_head is embed_tokens") {
+    // The head of Llama2 is "4.weight" (V, D), the embedding "0.weight" (V, D).
+    host::Backend backend(2);
+    const std::vector<Tie> ties{{.parameter = "4.weight", .to = "0.weight"}};
+    using Llama = Trainer<Llama2, SoftmaxCrossEntropy, host::Backend>;
+    Llama trainer(backend, {.micro_batches = 3, .seed = 3, .ties = ties});
+    const NamedTensors params = parameters_of(trainer);
+    REQUIRE(params.at("4.weight") == params.at("0.weight"));
+    const ReferenceResult ref = reference_step<Llama1, SoftmaxCrossEntropy>(
+        params, std::vector<float>(tokens.begin(), tokens.end()), targets);
+    CHECK(trainer.forward_backward(tokens, targets) ==
+          doctest::Approx(ref.loss).epsilon(loss_tolerance));
+    std::vector<double> shared = ref.gradients.at("0.weight");
+    for (std::size_t i = 0; i < shared.size(); ++i) shared[i] += ref.gradients.at("4.weight")[i];
+    CHECK(relative_error(gradients_of(trainer).at("0.weight"), shared) < gradient_tolerance);
+
+    // Saved under Hugging Face's names once, as the embedding; a file with both names loads too.
+    const TempPath saved("hf_tied"), both("hf_tied_both");
+    trainer.save(saved.path(), hf_llama_names<Llama2>());
+    auto file = io::load_safetensors(saved.path());
+    CHECK(file.count("model.embed_tokens.weight") == 1);
+    CHECK(file.count("lm_head.weight") == 0);
+    std::vector<io::TensorView> state;
+    for (const auto& [name, tensor] : file) state.push_back({name, tensor.shape, tensor.data});
+    state.push_back({"lm_head.weight", file.at("model.embed_tokens.weight").shape,
+                     file.at("model.embed_tokens.weight").data});
+    io::save_safetensors(both.path(), state);
+    Llama other(backend, {.seed = 4, .ties = ties});
+    other.load(both.path(), hf_llama_names<Llama2>());
+    CHECK(parameters_of(other) == params);
   }
 
   TEST_CASE("hf_llama_names refuses a model of another shape, naming the parameter") {
