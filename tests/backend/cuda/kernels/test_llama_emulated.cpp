@@ -76,13 +76,13 @@ void check_rms_norm(std::size_t rows, std::size_t cols) {
   gpipe::host::Kernels<T> host;
   const auto x = random<T>(rows * cols, 1), dy = random<T>(rows * cols, 2);
   const auto weight = random<float>(cols, 3, 0.5f, 1.5f);
-  std::vector<T> y(rows * cols), dx(rows * cols);
-  std::vector<float> rstd(rows), dweight = random<float>(cols, 4);
+  std::vector<T> y(rows * cols), dx(rows * cols), stats(2 * rows);
+  std::vector<float> dweight = random<float>(cols, 4);
   const std::vector<float> dweight0 = dweight;
-  Host::forward(host, rows, cols, 1e-5, x.data(), weight.data(), y.data(), rstd.data());
-  Host::backward_input(host, rows, cols, x.data(), dy.data(), weight.data(), rstd.data(),
+  Host::forward(host, rows, cols, 1e-5, x.data(), weight.data(), y.data(), stats.data());
+  Host::backward_input(host, rows, cols, x.data(), dy.data(), weight.data(), stats.data(),
                        dx.data());
-  Host::backward_weight(host, rows, cols, x.data(), dy.data(), rstd.data(), dweight.data());
+  Host::backward_weight(host, rows, cols, x.data(), dy.data(), stats.data(), dweight.data());
 
   Buffers mem;
   const T* dx_ = mem.put(x);
@@ -90,17 +90,22 @@ void check_rms_norm(std::size_t rows, std::size_t cols) {
   const float* dw = mem.put(weight);
   T* dy_out = mem.put(std::vector<T>(rows * cols, T(std::nanf(""))));
   T* ddx = mem.put(std::vector<T>(rows * cols, T(std::nanf(""))));
-  float* drstd = mem.put(std::vector<float>(rows, std::nanf("")));
+  T* dstats = mem.put(std::vector<T>(2 * rows, T(std::nanf(""))));
   float* ddw = mem.put(dweight0);
   std::vector<float> scratch(cu::rms_norm_backward_weight_scratch(rows, cols), std::nanf(""));
-  cu::rms_norm_forward(rows, cols, 1e-5, dx_, dw, dy_out, drstd, nullptr);
-  cu::rms_norm_backward_input(rows, cols, dx_, ddy, dw, drstd, ddx, nullptr);
-  cu::rms_norm_backward_weight(rows, cols, dx_, ddy, drstd, ddw,
+  cu::rms_norm_forward(rows, cols, 1e-5, dx_, dw, dy_out, dstats, nullptr);
+  cu::rms_norm_backward_input(rows, cols, dx_, ddy, dw, dstats, ddx, nullptr);
+  cu::rms_norm_backward_weight(rows, cols, dx_, ddy, dstats, ddw,
                                scratch.empty() ? nullptr : scratch.data(), nullptr);
   REQUIRE_MESSAGE(mem.intact(), "a kernel wrote past a buffer");
   CHECK(relative_error(widened(dy_out, rows * cols), widened(y.data(), rows * cols)) <
         tolerance<T>);
-  CHECK(relative_error(widened(drstd, rows), widened(rstd.data(), rows)) < 1e-6);
+  std::vector<double> got_rstd(rows), want_rstd(rows);
+  for (std::size_t r = 0; r < rows; ++r) {  // the stash's encoding is the host's
+    got_rstd[r] = gpipe::detail::rstd_of(dstats, r);
+    want_rstd[r] = gpipe::detail::rstd_of(stats.data(), r);
+  }
+  CHECK(relative_error(got_rstd, want_rstd) < 1e-6);
   CHECK(relative_error(widened(ddx, rows * cols), widened(dx.data(), rows * cols)) < tolerance<T>);
   CHECK(relative_error(widened(ddw, cols), widened(dweight.data(), cols)) < 1e-5);
 }

@@ -1,9 +1,11 @@
 #pragma once
 // RMSNorm over the last dimension, as Hugging Face's LlamaRMSNorm: y = x rstd weight, rstd =
 // 1 / sqrt(mean(x^2) + eps). x, y, dy and dx are stored as T (float, or gpipe::bf16 under
-// gpipe::MixedBf16: widened on load, float math, rounded once on store); weight, its gradient
-// and rstd (rows) are float. Host reference: gpipe/backend/host/layers/rms_norm.hpp (which
-// computes in double; these kernels in float).
+// gpipe::MixedBf16: widened on load, float math, rounded once on store); weight and its gradient
+// are float. Each row's rstd is kept for the backward kernels in stats (rows, 2) of T as
+// LayerNorm's (kernels/layer_norm.cuh: store_stats), the mean slot 0: (0, rstd) for float, rstd's
+// 32 bits for bf16. Host reference: gpipe/backend/host/layers/rms_norm.hpp (which computes in
+// double; these kernels in float).
 //
 // Forward and backward_input give each row to a warp (rows_per_block warps a block), which reads
 // the row twice: for its sum, then for the output (the second read from L1/L2). The weight
@@ -25,10 +27,11 @@
 
 namespace gpipe::cuda {
 
-/// y (rows, cols) = x rstd weight, rstd (rows) = 1 / sqrt(mean(x^2) + eps): a warp per row.
+/// y (rows, cols) = x rstd weight, rstd = 1 / sqrt(mean(x^2) + eps) into stats (rows, 2): a warp
+/// per row.
 template <class T>
 __global__ void rms_norm_forward_kernel(std::size_t rows, std::size_t cols, float eps, const T* x,
-                                        const float* weight, T* y, float* rstd) {
+                                        const float* weight, T* y, T* stats) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
   const unsigned lane = threadIdx.x % 32;
@@ -42,13 +45,13 @@ __global__ void rms_norm_forward_kernel(std::size_t rows, std::size_t cols, floa
   const float s = 1.0f / sqrtf(detail::warp_sum(sq) / static_cast<float>(cols) + eps);
   for (std::size_t c = lane; c < cols; c += 32)
     y[row * cols + c] = detail::narrow<T>(detail::widen(xr[c]) * s * weight[c]);
-  if (lane == 0) rstd[row] = s;
+  if (lane == 0) detail::store_stats(stats, row, 0.0f, s);
 }
 
 /// dx (rows, cols) = rstd (g - xhat mean(g xhat)), g = dy weight, xhat = x rstd: a warp per row.
 template <class T>
 __global__ void rms_norm_backward_input_kernel(std::size_t rows, std::size_t cols, const T* x,
-                                               const T* dy, const float* weight, const float* rstd,
+                                               const T* dy, const float* weight, const T* stats,
                                                T* dx) {
   const std::size_t row =
       static_cast<std::size_t>(blockIdx.x) * detail::rows_per_block + threadIdx.x / 32;
@@ -56,7 +59,7 @@ __global__ void rms_norm_backward_input_kernel(std::size_t rows, std::size_t col
   if (row >= rows) return;
   const T* xr = x + row * cols;
   const T* dr = dy + row * cols;
-  const float s = rstd[row];
+  const float s = detail::stored_rstd(stats, row);
   float gx = 0;
   for (std::size_t c = lane; c < cols; c += 32)
     gx += detail::widen(dr[c]) * weight[c] * (detail::widen(xr[c]) * s);
@@ -72,7 +75,7 @@ __global__ void rms_norm_backward_input_kernel(std::size_t rows, std::size_t col
 template <class T>
 __global__ void rms_norm_backward_weight_kernel(std::size_t rows, std::size_t cols,
                                                 std::size_t rows_per_chunk, const T* x, const T* dy,
-                                                const float* rstd, float* dweight, float* partial) {
+                                                const T* stats, float* dweight, float* partial) {
   __shared__ float buf[detail::column_lanes][detail::column_tile + 1];
   const std::size_t c = static_cast<std::size_t>(blockIdx.x) * detail::column_tile + threadIdx.x;
   const std::size_t begin = blockIdx.y * rows_per_chunk;
@@ -80,39 +83,41 @@ __global__ void rms_norm_backward_weight_kernel(std::size_t rows, std::size_t co
   float sum = 0;
   if (c < cols)
     for (std::size_t r = begin + threadIdx.y; r < end; r += detail::column_lanes)
-      sum += detail::widen(dy[r * cols + c]) * (detail::widen(x[r * cols + c]) * rstd[r]);
+      sum += detail::widen(dy[r * cols + c]) *
+             (detail::widen(x[r * cols + c]) * detail::stored_rstd(stats, r));
   sum = detail::lane_sum(sum, buf);
   if (threadIdx.y == 0 && c < cols) detail::store_column(sum, c, cols, dweight, partial);
 }
 
-/// rms_norm_forward_kernel on `stream`: y (rows, cols) and rstd (rows) from x and weight (cols).
+/// rms_norm_forward_kernel on `stream`: y (rows, cols) and stats (rows, 2) from x and weight
+/// (cols).
 template <class T>
 void rms_norm_forward(std::size_t rows, std::size_t cols, double eps, const T* x,
-                      const float* weight, T* y, float* rstd, cudaStream_t stream) {
+                      const float* weight, T* y, T* stats, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const std::size_t n = rows * cols;
   detail::record_kernel("rms_norm_forward_kernel", {rows, cols, 0}, 4.0 * static_cast<double>(n),
                         2 * detail::bytes_of<T>(n) + detail::bytes_of<float>(cols),
-                        detail::bytes_of<T>(n) + detail::bytes_of<float>(rows), stream);
+                        detail::bytes_of<T>(n + 2 * rows), stream);
   GPIPE_CUDA_LAUNCH(rms_norm_forward_kernel<T>, detail::row_grid(rows), 32 * detail::rows_per_block,
                     stream)
-  (rows, cols, static_cast<float>(eps), x, weight, y, rstd);
+  (rows, cols, static_cast<float>(eps), x, weight, y, stats);
   GPIPE_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
 }
 
 /// rms_norm_backward_input_kernel on `stream`: dx (rows, cols), overwritten.
 template <class T>
 void rms_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                             const float* weight, const float* rstd, T* dx, cudaStream_t stream) {
+                             const float* weight, const T* stats, T* dx, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const std::size_t n = rows * cols;
   detail::record_kernel("rms_norm_backward_input_kernel", {rows, cols, 0},
                         8.0 * static_cast<double>(n),
-                        4 * detail::bytes_of<T>(n) + detail::bytes_of<float>(cols + rows),
+                        4 * detail::bytes_of<T>(n + rows) + detail::bytes_of<float>(cols),
                         detail::bytes_of<T>(n), stream);
   GPIPE_CUDA_LAUNCH(rms_norm_backward_input_kernel<T>, detail::row_grid(rows),
                     32 * detail::rows_per_block, stream)
-  (rows, cols, x, dy, weight, rstd, dx);
+  (rows, cols, x, dy, weight, stats, dx);
   GPIPE_CUDA_CHECK_LAUNCH("rms_norm_backward_input_kernel");
 }
 
@@ -120,20 +125,20 @@ void rms_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, con
 inline std::size_t rms_norm_backward_weight_scratch(std::size_t rows, std::size_t cols) {
   return detail::ColumnSplit(rows, cols).scratch(cols);
 }
-/// dweight(cols) += sum over rows of dy x rstd, on `stream`, deterministic. `scratch` holds
-/// rms_norm_backward_weight_scratch(rows, cols) floats (null if 0) until the launches run.
+/// dweight(cols) += sum over rows of dy x rstd, on `stream`, deterministic; stats the forward's.
+/// `scratch` holds rms_norm_backward_weight_scratch(rows, cols) floats (null if 0) until the
+/// launches run.
 template <class T>
 void rms_norm_backward_weight(std::size_t rows, std::size_t cols, const T* x, const T* dy,
-                              const float* rstd, float* dweight, float* scratch,
-                              cudaStream_t stream) {
+                              const T* stats, float* dweight, float* scratch, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
   detail::record_kernel(
       "rms_norm_backward_weight_kernel", {rows, cols, 0}, 3.0 * static_cast<double>(rows * cols),
-      2 * detail::bytes_of<T>(rows * cols) + detail::bytes_of<float>(rows),
+      detail::bytes_of<T>(2 * rows * cols + 2 * rows),
       detail::bytes_of<float>(split.chunks > 1 ? split.chunks * cols : cols), stream);
   GPIPE_CUDA_LAUNCH(rms_norm_backward_weight_kernel<T>, split.grid(cols), split.block(), stream)
-  (rows, cols, split.rows_per_chunk, x, dy, rstd, dweight, scratch);
+  (rows, cols, split.rows_per_chunk, x, dy, stats, dweight, scratch);
   GPIPE_CUDA_CHECK_LAUNCH("rms_norm_backward_weight_kernel");
   if (split.chunks > 1) column_sum(split.chunks, cols, scratch, dweight, stream);
 }

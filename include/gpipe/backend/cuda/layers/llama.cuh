@@ -18,25 +18,24 @@
 
 namespace gpipe {
 
-/// RMSNorm's kernels on the CUDA backend, on (rows, cols) of float or bf16 activations; weight,
-/// its gradient and rstd (rows) in float.
+/// RMSNorm's kernels on the CUDA backend, on (rows, cols) of float or bf16 activations; weight and
+/// its gradient in float, rstd in stats (rows, 2) as RMSNormOp says.
 template <class T>
 struct LayerKernels<RMSNormOp, cuda::KernelContext<T>> {
-  /// y(rows, cols) = x rstd weight, rstd (rows) = 1 / sqrt(mean(x^2) + eps), both overwritten.
+  /// y(rows, cols) = x rstd weight, rstd = 1 / sqrt(mean(x^2) + eps) into stats; overwritten.
   static void forward(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
-                      const T* x, const float* weight, T* y, float* rstd) {
-    cuda::rms_norm_forward(rows, cols, eps, x, weight, y, rstd, k.stream());
+                      const T* x, const float* weight, T* y, T* stats) {
+    cuda::rms_norm_forward(rows, cols, eps, x, weight, y, stats, k.stream());
   }
-  /// dx(rows, cols), overwritten, from x, dy, weight and the forward's rstd.
+  /// dx(rows, cols), overwritten, from x, dy, weight and the forward's stats.
   static void backward_input(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
-                             const T* x, const T* dy, const float* weight, const float* rstd,
-                             T* dx) {
-    cuda::rms_norm_backward_input(rows, cols, x, dy, weight, rstd, dx, k.stream());
+                             const T* x, const T* dy, const float* weight, const T* stats, T* dx) {
+    cuda::rms_norm_backward_input(rows, cols, x, dy, weight, stats, dx, k.stream());
   }
   /// dweight(cols) += sum over rows of dy x rstd, in float, deterministic.
   static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
-                              const T* x, const T* dy, const float* rstd, float* dweight) {
-    cuda::rms_norm_backward_weight(rows, cols, x, dy, rstd, dweight,
+                              const T* x, const T* dy, const T* stats, float* dweight) {
+    cuda::rms_norm_backward_weight(rows, cols, x, dy, stats, dweight,
                                    k.scratch(cuda::rms_norm_backward_weight_scratch(rows, cols)),
                                    k.stream());
   }
