@@ -119,6 +119,67 @@ TEST_SUITE("llama layers") {
     CHECK(relative_error(f.grads, d.grads) <= 1e-5);
   }
 
+  TEST_CASE("the bf16 kernels are the float kernels on the rounded inputs, rounded once") {
+    using gpipe::bf16;
+    constexpr std::size_t n = 24, width = 2 * n, heads = 4, hd = 6;
+    Rng rng(8);
+    const auto values = gpipe::test::uniform_values(rng, rows * width, -2.0f, 2.0f);
+    std::vector<bf16> xb(values.size());
+    std::vector<float> xf(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      xb[i] = bf16(static_cast<float>(values[i]));
+      xf[i] = xb[i];
+    }
+    const std::vector<bf16> dyb(xb.begin(), xb.begin() + rows * n);
+    const std::vector<float> dyf(xf.begin(), xf.begin() + rows * n);
+    std::vector<float> weight(n);
+    for (std::size_t i = 0; i < n; ++i) weight[i] = 0.5f + static_cast<float>(i) / n;
+    gpipe::host::Kernels<bf16> kb;
+    gpipe::host::Kernels<float> kf;
+    // within one bf16 rounding of the float result (and the float kernels' own float rounding)
+    auto close = [](const std::vector<bf16>& got, const std::vector<float>& want) {
+      const std::vector<double> g(got.begin(), got.end()), w(want.begin(), want.end());
+      return relative_error(g, w) <= 1.0 / 256;
+    };
+    {  // RMSNorm on (rows, n): y, dx, and dweight (float either way)
+      using B = gpipe::LayerKernels<gpipe::RMSNormOp, gpipe::host::Kernels<bf16>>;
+      using F = gpipe::LayerKernels<gpipe::RMSNormOp, gpipe::host::Kernels<float>>;
+      std::vector<bf16> yb(rows * n), dxb(rows * n), sb(2 * rows);
+      std::vector<float> yf(rows * n), dxf(rows * n), sf(2 * rows), dwb(n), dwf(n);
+      B::forward(kb, rows, n, 1e-5, xb.data(), weight.data(), yb.data(), sb.data());
+      F::forward(kf, rows, n, 1e-5, xf.data(), weight.data(), yf.data(), sf.data());
+      B::backward_input(kb, rows, n, xb.data(), dyb.data(), weight.data(), sb.data(), dxb.data());
+      F::backward_input(kf, rows, n, xf.data(), dyf.data(), weight.data(), sf.data(), dxf.data());
+      B::backward_weight(kb, rows, n, xb.data(), dyb.data(), sb.data(), dwb.data());
+      F::backward_weight(kf, rows, n, xf.data(), dyf.data(), sf.data(), dwf.data());
+      CHECK(close(yb, yf));
+      CHECK(close(dxb, dxf));
+      CHECK(relative_error(std::vector<double>(dwb.begin(), dwb.end()),
+                           std::vector<double>(dwf.begin(), dwf.end())) <= 1e-6);
+    }
+    {  // SwiGLU on (rows, 2n)
+      using B = gpipe::LayerKernels<gpipe::SwiGLUOp, gpipe::host::Kernels<bf16>>;
+      using F = gpipe::LayerKernels<gpipe::SwiGLUOp, gpipe::host::Kernels<float>>;
+      std::vector<bf16> yb(rows * n), dxb(rows * width);
+      std::vector<float> yf(rows * n), dxf(rows * width);
+      B::forward(kb, rows, n, xb.data(), yb.data());
+      F::forward(kf, rows, n, xf.data(), yf.data());
+      B::backward(kb, rows, n, xb.data(), dyb.data(), dxb.data());
+      F::backward(kf, rows, n, xf.data(), dyf.data(), dxf.data());
+      CHECK(close(yb, yf));
+      CHECK(close(dxb, dxf));
+    }
+    {  // RoPE on the first 4 heads of 6 of rows of 48, with documents
+      std::vector<bf16> rb = xb;
+      std::vector<float> rf = xf;
+      gpipe::LayerKernels<gpipe::RopeOp, gpipe::host::Kernels<bf16>>::rotate(
+          kb, rows, T, heads, hd, width, 10000, documents.data(), rb.data(), false);
+      gpipe::LayerKernels<gpipe::RopeOp, gpipe::host::Kernels<float>>::rotate(
+          kf, rows, T, heads, hd, width, 10000, documents.data(), rf.data(), false);
+      CHECK(close(rb, rf));
+    }
+  }
+
   TEST_CASE("RMSNorm is x / sqrt(mean(x^2) + 1e-5) * weight") {
     const Problem<Norm> p(4);
     auto run = p.run<double>();
