@@ -20,6 +20,22 @@
 
 namespace gpipe::cuda {
 
+namespace detail {
+// s = sin(pi x), c = cos(pi x) in double: on the GPU sincospi, whose argument reduction is exact
+// (sin and cos of a large radian argument would take the slow reduction, with a stack frame);
+// elsewhere (the emulator) libm's on x reduced to [-1, 1] exactly.
+__host__ __device__ __forceinline__ void sincos_pi(double x, double* s, double* c) {
+#ifdef __CUDA_ARCH__
+  sincospi(x, s, c);
+#else
+  const double r = x - 2.0 * std::nearbyint(x / 2);
+  constexpr double pi = 3.14159265358979323846;
+  *s = std::sin(pi * r);
+  *c = std::cos(pi * r);
+#endif
+}
+}  // namespace detail
+
 /// position (rows) = each row's distance from the first row of its run of equal ids in
 /// document (rows), within its sample of `tokens` rows: a thread per row, walking back. (A
 /// template only so that the header defines it in every program that includes it.)
@@ -44,9 +60,13 @@ __global__ void rope_kernel(std::size_t rows, std::size_t tokens, std::size_t he
   for (std::size_t i = detail::global_thread(); i < rows * half; i += detail::grid_threads()) {
     const std::size_t r = i / half, f = i % half;
     const double p = static_cast<double>(position == nullptr ? r % tokens : position[r]);
-    const double angle =
-        p * pow(base, -2.0 * static_cast<double>(f) / static_cast<double>(head_size));
-    const double c = cos(angle), s = sign * sin(angle);
+    // angle / pi, the argument of sincos_pi
+    constexpr double inv_pi = 0.318309886183790671538;
+    const double turns =
+        p * pow(base, -2.0 * static_cast<double>(f) / static_cast<double>(head_size)) * inv_pi;
+    double s = 0, c = 0;
+    detail::sincos_pi(turns, &s, &c);
+    s *= sign;
     for (std::size_t h = 0; h < heads; ++h) {
       T* head = x + r * ld + h * head_size;
       const double a = detail::widen(head[f]), b = detail::widen(head[f + half]);
