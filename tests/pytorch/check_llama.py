@@ -6,7 +6,10 @@ Runs pytorch_llama_dump_step (the path is the first argument) into a scratch fol
 parameters it saved under Hugging Face's names (gpipe::hf_llama_names) into the PyTorch model with
 load_state_dict (strict), runs forward and backward in float64 on the same batch, and checks
 gpipe's loss and every gradient (renamed by the names_<model>.txt it wrote) within 1e-5 relative,
-for every split, schedule and remat policy that pytorch_llama_dump_step writes.
+for every split, schedule and remat policy that pytorch_llama_dump_step writes. And one
+LlamaBlock on packed documents, which pytorch_llama_dump_step ran in double: its output, input
+gradient and parameter gradients against the decoder layer's with the documents' mask and
+positions.
 Exits 77 (CTest: skipped) when torch is not installed.
 """
 import glob
@@ -21,7 +24,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     print(f"skipped: {e} (apt-get install python3-torch, or pip install torch, to run this check)")
     sys.exit(77)
 
-from llama import LlamaForCausalLM  # noqa: E402 (needs torch)
+from llama import DecoderLayer, LlamaForCausalLM  # noqa: E402 (needs torch)
 
 try:
     from safetensors.torch import load_file
@@ -79,6 +82,31 @@ def check(tmp, name, shape):
     return failures
 
 
+def check_block_with_documents(tmp):
+    """The LlamaBlock<32, 8, 2, 40> that pytorch_llama_dump_step ran in double on packed documents
+    (its results stored as float32: compared within 1e-6)."""
+    failures = []
+    saved = {k: v.double() for k, v in
+             load_file(os.path.join(tmp, "block_documents.safetensors")).items()}
+    layer = DecoderLayer(32, 8, 2, 40, 10000.0).double()
+    layer.load_state_dict({k: v for k, v in saved.items()
+                           if k not in ("x", "document", "dy", "y", "dx")
+                           and not k.startswith("grad.")}, strict=True)
+    x = saved["x"].clone().requires_grad_(True)
+    y = layer(x, saved["document"].long())
+    y.backward(saved["dy"])
+    checks = [("y", y.detach(), saved["y"]), ("dx", x.grad, saved["dx"])]
+    checks += [(name, p.grad, saved["grad." + name]) for name, p in layer.named_parameters()]
+    worst = 0.0
+    for name, want, got in checks:
+        e = relative(got, want)
+        worst = max(worst, e)
+        if e > 1e-6:
+            failures.append(f"block with documents: {name} off by {e:.3g} relative")
+    print(f"block with documents: worst difference {worst:.2e}")
+    return failures
+
+
 def main():
     if len(sys.argv) != 2:
         print(f"usage: {sys.argv[0]} <pytorch_llama_dump_step>")
@@ -88,6 +116,7 @@ def main():
         failures = []
         for name, shape in MODELS.items():
             failures += check(tmp, name, shape)
+        failures += check_block_with_documents(tmp)
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

@@ -5,7 +5,9 @@ lm_head), no biases, RMSNorm with eps 1e-5, rotary embeddings with rotate_half (
 pairs elements i and i + hd/2 of a head), grouped-query attention (each key/value head repeated
 for its H / KVH query heads), causal softmax with scale 1/sqrt(hd), SwiGLU MLP. The rotary angles
 are computed in the dtype of the model (float64 in the check), not in float32 as Hugging Face
-does. Imported by check_llama.py once it knows torch is installed."""
+does. With document ids (batch, tokens) a token attends only to the earlier tokens of its own run
+of equal ids in its sample, and its rotary position is its distance from the run's first token
+(packed documents). Imported by check_llama.py once it knows torch is installed."""
 import math
 
 import torch
@@ -28,12 +30,23 @@ def rotate_half(x):
 
 
 def rotary(head_size, positions, base, dtype):
-    """cos and sin of (tokens, head_size): angle = position * base^(-2i / head_size) for
-    frequency i, repeated for the two halves."""
+    """cos and sin of (..., tokens, head_size) for positions (..., tokens): angle = position *
+    base^(-2i / head_size) for frequency i, repeated for the two halves."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=dtype) / head_size))
-    freqs = positions.to(dtype)[:, None] * inv_freq[None, :]
+    freqs = positions.to(dtype)[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def document_runs(document):
+    """For ids (batch, tokens): each token's run (a counter that grows where the id changes) and
+    its position, the distance from the first token of its run."""
+    changes = torch.ones_like(document, dtype=torch.long)
+    changes[:, 1:] = (document[:, 1:] != document[:, :-1]).long()
+    run = changes.cumsum(dim=1)
+    index = torch.arange(document.shape[1]).expand_as(document)
+    start = torch.where(changes.bool(), index, torch.zeros_like(index)).cummax(dim=1).values
+    return run, index - start
 
 
 class Attention(torch.nn.Module):
@@ -47,20 +60,26 @@ class Attention(torch.nn.Module):
         self.v_proj = torch.nn.Linear(width, kv_heads * hd, bias=False)
         self.o_proj = torch.nn.Linear(heads * hd, width, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, document=None):
         b, t, _ = x.shape
         hd = self.head_size
         q = self.q_proj(x).view(b, t, self.heads, hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, hd).transpose(1, 2)
-        cos, sin = rotary(hd, torch.arange(t), self.base, x.dtype)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        if document is None:
+            cos, sin = rotary(hd, torch.arange(t), self.base, x.dtype)
+        else:
+            run, positions = document_runs(document)
+            cos, sin = rotary(hd, positions, self.base, x.dtype)  # (b, t, hd)
+            cos, sin = cos[:, None], sin[:, None]  # one for every head
+            mask = mask & (run[:, :, None] == run[:, None, :])[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         group = self.heads // self.kv_heads
         k = k.repeat_interleave(group, dim=1)  # query head h reads key/value head h // group
         v = v.repeat_interleave(group, dim=1)
         scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
         o = torch.softmax(scores, dim=-1) @ v
         return self.o_proj(o.transpose(1, 2).reshape(b, t, self.heads * hd))
@@ -85,8 +104,8 @@ class DecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = RMSNorm(width)
         self.mlp = Mlp(width, hidden)
 
-    def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x, document=None):
+        x = x + self.self_attn(self.input_layernorm(x), document)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -6,7 +6,10 @@
 // K in {1, 2}, schedule (GPipe, 1F1B) and remat never / always, with M = 3 micro-batches,
 // <dir>/grads_<name>_<K>_<schedule>_<remat>.safetensors (gpipe's names) and loss_<...>.txt.
 // Models: "gqa" (8 heads on 2 key/value heads, RoPE base 10000) and "mqa" (4 heads on one, base
-// 500000, Llama 3's).
+// 500000, Llama 3's). And one LlamaBlock alone in double (gpipe::testing::LayerRun) on packed
+// documents: <dir>/block_documents.safetensors with its input x, the document ids (as floats), its
+// parameters (Hugging Face's names within a layer), dy, and what it computed: y, dx and the
+// parameters' gradients ("grad.<name>").
 // Usage: pytorch_llama_dump_step <dir>
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <gpipe/gpipe.hpp>
+#include <gpipe/testing/gradient_check.hpp>
 #include <string>
 #include <vector>
 
@@ -79,6 +83,43 @@ void dump(const std::filesystem::path& dir, const std::string& name, std::uint64
   dump_step<typename L::K2, gpipe::OneFOneB>(dir, name, tokens, targets, "1f1b");
 }
 
+// One LlamaBlock<D, 8, 2, F> on 3 samples of T tokens with documents, in double.
+void dump_block_with_documents(const std::filesystem::path& dir) {
+  using Block = gpipe::LlamaBlock<D, 8, 2, F>::with_tokens<T>;
+  constexpr std::size_t rows = 3 * T;
+  gpipe::testing::LayerRun<Block, double> run(rows);
+  gpipe::Rng rng(41);
+  run.x = gpipe::testing::uniform_values(rng, rows * D, -1.0f, 1.0f);
+  run.params = gpipe::testing::perturbed_params<Block>(rng, 0.2f);
+  run.dy = gpipe::testing::uniform_values(rng, rows * D, -1.0f, 1.0f);
+  // runs of 5, 11 | 3, 3, 10 (the id of the run before again) | 16 (the last run's id again: a
+  // sample border ends a run)
+  const std::vector<std::int32_t> lengths{5, 11, 3, 3, 10, 16}, ids{1, 2, 3, 4, 3, 3};
+  for (std::size_t k = 0; k < lengths.size(); ++k)
+    run.document.insert(run.document.end(), static_cast<std::size_t>(lengths[k]), ids[k]);
+  run.forward_backward();
+
+  std::vector<std::vector<float>> keep;  // the tensors' floats, alive until the save
+  std::vector<gpipe::io::TensorView> out;
+  auto add = [&](std::string name, std::vector<std::size_t> shape, const double* p, std::size_t n) {
+    keep.emplace_back(p, p + n);
+    out.push_back({std::move(name), std::move(shape), keep.back()});
+  };
+  keep.reserve(32);
+  const std::vector<double> document(run.document.begin(), run.document.end());
+  add("x", {3, T, D}, run.x.data(), run.x.size());
+  add("document", {3, T}, document.data(), document.size());
+  add("dy", {3, T, D}, run.dy.data(), run.dy.size());
+  add("y", {3, T, D}, run.y.data(), run.y.size());
+  add("dx", {3, T, D}, run.dx.data(), run.dx.size());
+  for (const gpipe::ParamSpec& spec : Block::param_specs()) {
+    std::vector<std::size_t> shape(spec.shape.begin(), spec.shape.begin() + spec.rank);
+    add(std::string(spec.name), shape, run.params.data() + spec.offset, spec.size());
+    add("grad." + std::string(spec.name), shape, run.grads.data() + spec.offset, spec.size());
+  }
+  gpipe::io::save_safetensors(dir / "block_documents.safetensors", out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -90,6 +131,7 @@ int main(int argc, char** argv) try {
   std::filesystem::create_directories(dir);
   dump<Llama<8, 2, 10000>>(dir, "gqa", 31);
   dump<Llama<4, 1, 500000>>(dir, "mqa", 32);
+  dump_block_with_documents(dir);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
