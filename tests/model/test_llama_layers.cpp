@@ -31,6 +31,7 @@ using Gate = gpipe::detail::SwiGLU<5>;
 using Block = gpipe::LlamaBlock<16, 4, 2, 24>::with_tokens<T>;
 using BlockMha = gpipe::LlamaBlock<16, 4, 4, 24>::with_tokens<T>;
 using BlockMqa = gpipe::LlamaBlock<16, 4, 1, 24, 500000>::with_tokens<T>;
+using CheckpointedBlock = gpipe::Checkpoint<gpipe::LlamaBlock<16, 4, 2, 24>>::with_shape<16, T>;
 
 static_assert(gpipe::layer_for<Block, gpipe::host::Kernels<double>>);
 static_assert(gpipe::layer_for<Block, gpipe::host::Kernels<gpipe::bf16>>);
@@ -73,6 +74,7 @@ TYPE_TO_STRING_AS("SwiGLU<5>", Gate);
 TYPE_TO_STRING_AS("LlamaBlock<16, 4, 2, 24> at T = 8", Block);
 TYPE_TO_STRING_AS("LlamaBlock<16, 4, 4, 24> at T = 8", BlockMha);
 TYPE_TO_STRING_AS("LlamaBlock<16, 4, 1, 24, 500000> at T = 8", BlockMqa);
+TYPE_TO_STRING_AS("Checkpoint<LlamaBlock<16, 4, 2, 24>> at T = 8", CheckpointedBlock);
 
 #define GPIPE_LLAMA_LAYERS Norm, Gate, Block, BlockMha, BlockMqa
 
@@ -274,6 +276,21 @@ TEST_SUITE("llama layers") {
     one_run.document = {1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2};
     one_run.forward();
     CHECK(one_run.y == whole.y);
+  }
+
+  TEST_CASE("a checkpointed LlamaBlock hands the document ids on: the block's step, bit for bit") {
+    const Problem<Block> p(7);
+    auto plain = p.run<double>();
+    LayerRun<CheckpointedBlock, double> checkpointed(rows);
+    checkpointed.x = p.x;
+    checkpointed.params = p.params;
+    checkpointed.dy = p.c;
+    plain.document = checkpointed.document = documents;
+    plain.forward_backward();
+    checkpointed.forward_backward();
+    CHECK(checkpointed.y == plain.y);
+    CHECK(checkpointed.dx == plain.dx);
+    CHECK(checkpointed.grads == plain.grads);
   }
 
   TEST_CASE("LlamaBlock names and shapes its parameters as Hugging Face's LlamaDecoderLayer") {

@@ -44,7 +44,7 @@ struct CheckpointOf {
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
     auto* body_stash = a.workspace;
     Body::forward(ctx, {a.rows, a.x, a.y, a.params, body_stash,
-                        a.workspace + workspace_offset(a.rows), a.compute_params});
+                        a.workspace + workspace_offset(a.rows), a.compute_params, a.document});
   }
 
   template <class Ctx>
@@ -52,17 +52,17 @@ struct CheckpointOf {
     auto* body_stash = a.grad_stash;
     auto* body_grad_stash = a.grad_stash + Body::stash_per_row * a.rows;
     auto* body_workspace = a.workspace + workspace_offset(a.rows);
-    Body::forward(
-        ctx, {a.rows, a.x, a.workspace, a.params, body_stash, body_workspace, a.compute_params});
+    Body::forward(ctx, {a.rows, a.x, a.workspace, a.params, body_stash, body_workspace,
+                        a.compute_params, a.document});
     Body::backward_input(ctx, {a.rows, a.x, a.dy, a.dx, a.params, body_stash, body_grad_stash,
-                               body_workspace, a.compute_params});
+                               body_workspace, a.compute_params, nullptr, a.document});
   }
 
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     Body::backward_weight(ctx, {a.rows, a.x, a.dy, a.params, a.grad_stash,
                                 a.grad_stash + Body::stash_per_row * a.rows, a.grads,
-                                a.workspace + workspace_offset(a.rows)});
+                                a.workspace + workspace_offset(a.rows), a.document});
   }
 
  private:
