@@ -2,7 +2,8 @@
 // bias-free head) on the CUDA backend: K = 1, 2 and 4 virtual devices, M = 1 and 3, remat never
 // and always, against the double-precision unpipelined reference (loss and every gradient, so
 // the CUDA kernels of RMSNorm, RoPE, SwiGLU and the grouped attention are checked against the
-// host's maths); MixedBf16 against Fp32 within bf16's bound; predict against the host backend.
+// host's maths); MixedBf16 against Fp32 within bf16's bound; peak activations as predict_memory
+// predicts them; predict against the host backend.
 // tests/backend/cuda/test_llama_models_emulated.cpp runs this file on the CPU emulator.
 
 #include <doctest/doctest.h>
@@ -15,6 +16,7 @@
 
 #include "gpipe/cuda.cuh"
 #include "gpipe/gpipe.hpp"  // the host backend, the reference
+#include "gpipe/runtime/memory_model.hpp"
 #include "support/cuda_factory.cuh"
 #include "support/reference_model.hpp"
 
@@ -88,6 +90,31 @@ TEST_SUITE("llama models on the CUDA backend") {
       const std::vector<float> a = bf16.gradient(info.name), b = fp32.gradient(info.name);
       CHECK(relative_error(std::vector<double>(a.begin(), a.end()),
                            std::vector<double>(b.begin(), b.end())) <= (2 * n_ops + n_gemm) * u);
+    }
+  }
+
+  TEST_CASE("a Llama's peak activations on the CUDA backend are predict_memory's") {
+    const std::vector<std::int32_t> tokens = llama_tokens(6), targets = llama_tokens(7);
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(to_string(remat));
+      auto measure = [&]<class Precision>() {
+        cuda::Backend backend(2);
+        Trainer<Llama2, SoftmaxCrossEntropy, cuda::Backend, OneFOneB, Precision> trainer(
+            backend, {.micro_batches = 3, .remat = remat});
+        const auto predicted =
+            predict_memory<Llama2, Precision>(trainer.schedule(), tokens.size(), remat);
+        backend.reset_peak();
+        trainer.forward_backward(tokens, targets);
+        for (std::size_t d = 0; d < 2; ++d) {
+          CAPTURE(d);
+          const MemoryStats stats = backend.memory_stats(d);
+          CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+          CHECK(stats.current_of(MemoryKind::parameters) == predicted[d].parameters);
+          CHECK(stats.peak <= predicted[d].total_bound());
+        }
+      };
+      measure.operator()<Fp32>();
+      measure.operator()<MixedBf16>();
     }
   }
 
