@@ -62,10 +62,11 @@ struct LayerRun {
   std::vector<T> grad_stash;     ///< (rows, grad_stash_per_row)
   std::vector<T> grads;          ///< (num_params), accumulated from zero
   std::vector<T> workspace;      ///< (rows, workspace_per_row), NaN before every op: scratch only
-  /// (rows) document ids passed to every op (ForwardArgs::document); empty: none (nullptr).
+  /// (rows) each row's document id (packed documents, the Args' `document`), or empty: every op
+  /// then gets nullptr, one document per sample.
   std::vector<std::int32_t> document;
 
-  /// document's data, or nullptr when it is empty.
+  /// The Args' `document`: document's ids, or nullptr when it is empty.
   const std::int32_t* document_ids() const { return document.empty() ? nullptr : document.data(); }
 
   /// y, stash <- L::forward(x, params); y, stash and workspace are NaN before it.
@@ -110,8 +111,8 @@ struct LayerRun {
   }
 };
 
-/// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double; `document`
-/// (rows, or empty for none) as the layer's document ids.
+/// f(x, params) = sum_i c_i L(x; params)_i, in double, accumulated in long double; document:
+/// the rows' document ids, or empty (LayerRun::document).
 template <layer L>
 double weighted_output(std::span<const double> x, std::span<const double> params,
                        std::span<const double> c, std::size_t rows,
@@ -151,9 +152,9 @@ struct GradientCheck {
 };
 
 /// L's gradients at (x, params) for f = sum_i c_i y_i against central differences of step `eps`:
-/// x (rows, in_features), params (num_params), c (rows, out_features). backward_weight runs
-/// twice from zero grads and half the sum is compared, so one that overwrites is off by 2.
-/// `document` (rows, or empty for none): the document ids every op gets.
+/// x (rows, in_features), params (num_params), c (rows, out_features); document: the rows'
+/// document ids for every op (packed documents), or empty. backward_weight runs twice from zero
+/// grads and half the sum is compared, so one that overwrites is off by 2.
 template <layer L>
 GradientCheck check_gradients(const std::vector<double>& x, const std::vector<double>& params,
                               const std::vector<double>& c, std::size_t rows, double eps = 1e-6,

@@ -17,8 +17,7 @@
 //             dx = nullptr and B_0 does not run (for a first Linear that saves the GEMM dy W,
 //             whose result nobody reads);
 //   W:        W_i(a_i, g_{i+1}) for every i.
-// Every layer gets the chain's rows, workspace and document ids (ForwardArgs::document) as they
-// are.
+// Every layer of the chain gets the chain's document ids (the Args' `document`) as they are.
 
 #include <array>
 #include <cstddef>
