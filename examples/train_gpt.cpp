@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/plan.hpp"
 #include "train_gpt/data.hpp"
 #include "train_gpt/report.hpp"
 #ifdef GPIPE_TRAIN_GPT_MPI
@@ -56,7 +57,9 @@ struct Options {
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
-  bool resume = false, quiet = false, bf16 = false;
+  double memory_limit_mib = 0;              // per device; 0: none
+  double skip_loss_z = 0, skip_norm_z = 0;  // spike guards' thresholds; 0: off
+  bool resume = false, quiet = false, bf16 = false, plan = false;
 };
 
 const char* const usage = R"(usage: example_train_gpt [options]
@@ -79,6 +82,14 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks)
   --quiet                no progress line per step (validation lines only)
   --bf16                 gpipe::MixedBf16: bf16 activations and GEMMs, fp32 master weights
+  --plan                 let gpipe::plan choose schedule, micro-batches and remat from costs it
+                         measures first (under --memory-limit); prints the plan and why
+  --memory-limit MIB     bytes each device may hold, in MiB (the host build also caps its
+                         devices at it); 0 = none (0)
+  --skip-loss-z Z        skip the update of a step whose loss scores a z-score above Z against
+                         the last 128 steps' (llm.c's outlier detector); 0 = off (0)
+  --skip-norm-z Z        the same for the gradient norm; 0 = off (0)
+                         (a step whose gradients hold a NaN or an inf is always skipped)
 )";
 
 Options parse(int argc, char** argv) {
@@ -97,8 +108,11 @@ Options parse(int argc, char** argv) {
       std::fputs(usage, stdout);
       std::exit(0);
     }
-    if (flag == "--resume" || flag == "--quiet" || flag == "--bf16") {
-      (flag == "--resume" ? o.resume : flag == "--quiet" ? o.quiet : o.bf16) = true;
+    if (flag == "--resume" || flag == "--quiet" || flag == "--bf16" || flag == "--plan") {
+      (flag == "--resume"  ? o.resume
+       : flag == "--quiet" ? o.quiet
+       : flag == "--bf16"  ? o.bf16
+                           : o.plan) = true;
       continue;
     }
     if (i + 1 >= argc) throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a value");
@@ -136,6 +150,12 @@ Options parse(int argc, char** argv) {
       o.seed = count();
     else if (flag == "--replicas")
       o.replicas = count();
+    else if (flag == "--memory-limit")
+      o.memory_limit_mib = number(flag, value);
+    else if (flag == "--skip-loss-z")
+      o.skip_loss_z = number(flag, value);
+    else if (flag == "--skip-norm-z")
+      o.skip_norm_z = number(flag, value);
     else
       throw gpipe::Error("train_gpt: unknown option " + std::string(flag) + "\n" + usage);
   }
@@ -164,14 +184,13 @@ class Run {
  public:
   static constexpr std::size_t V = Trainer::model_type::vocab_size;
 
-  Run(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints)
+  // `plan`: gpipe::plan's choice of schedule, micro-batches and remat (else 1F1B, o's M).
+  Run(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints,
+      const gpipe::Plan* plan)
       : o_(o),
         corpus_(corpus),
         prints_(prints),
-        trainer_(backend, {.micro_batches = o.micro_batches,
-                           .seed = o.seed,
-                           .ties = {{.parameter = std::to_string(head_layer) + ".weight",
-                                     .to = "0.wte.weight"}}}),
+        trainer_(backend, trainer_options(o, plan)),
         lr_({.max_lr = o.lr,
              .min_lr = std::min(o.min_lr, o.lr),
              .warmup_steps = std::min(o.warmup, o.steps - 1),
@@ -180,6 +199,18 @@ class Run {
                 .beta2 = 0.95,
                 .weight_decay = o.weight_decay,
                 .decay = gpipe::optim::Decay::matrices}) {}
+
+  static typename Trainer::Options trainer_options(const Options& o, const gpipe::Plan* plan) {
+    typename Trainer::Options options{};
+    if (plan != nullptr)
+      options = *plan;  // micro_batches, remat, schedule
+    else
+      options.micro_batches = o.micro_batches;
+    options.seed = o.seed;
+    options.skip_non_finite = true;
+    options.ties = {{.parameter = std::to_string(head_layer) + ".weight", .to = "0.wte.weight"}};
+    return options;
+  }
 
   int train() {
     std::filesystem::create_directories(o_.out);
@@ -207,7 +238,20 @@ class Run {
       if (o_.accumulate > 1) trainer_.scale_gradients(1.0 / accumulated);
       const double norm = trainer_.clip_grad_norm(o_.clip > 0 ? o_.clip : INFINITY);
       adamw_.options.lr = lr_(step);
-      trainer_.step(adamw_);
+      const double mean_loss = loss / static_cast<double>(o_.accumulate);
+      const bool spike = (o_.skip_loss_z > 0 && loss_guard_.z_score(mean_loss) > o_.skip_loss_z) ||
+                         (o_.skip_norm_z > 0 && norm_guard_.z_score(norm) > o_.skip_norm_z);
+      if (spike) {
+        trainer_.skip_step();
+      } else {
+        loss_guard_.add(mean_loss);
+        norm_guard_.add(norm);
+        trainer_.step(adamw_);  // skips it where a gradient is not finite
+      }
+      if (trainer_.last_step_skipped())
+        say("step %5zu: update skipped (loss z-score %.1f, norm z-score %.1f%s)\n", step + 1,
+            loss_guard_.z_score(mean_loss), norm_guard_.z_score(norm),
+            std::isfinite(norm) ? "" : ", a gradient is not finite");
       // the step over every rank: from the first forward_backward to the last rank's step()
       const double ms = 1e3 * trainer_.last_step_seconds();
       trainer_.zero_grad();
@@ -243,6 +287,8 @@ class Run {
                                       " parameters)");
       std::printf("wrote %s, %s and %s\n", log.c_str(), (o_.out / "loss.svg").c_str(),
                   (o_.out / "model.safetensors").c_str());
+      if (trainer_.skipped_steps() > 0)
+        std::printf("%zu of the updates skipped\n", trainer_.skipped_steps());
     }
     write_sample();
     // (a run resumed at its end has no step of its own; its log, if kept, has the last one)
@@ -340,20 +386,47 @@ class Run {
   Trainer trainer_;
   gpipe::optim::WarmupCosine lr_;
   gpipe::optim::AdamW adamw_;
+  // the last 128 updates' losses and norms, for --skip-loss-z and --skip-norm-z
+  gpipe::optim::SpikeGuard loss_guard_{{.window = 128, .threshold = 5}};
+  gpipe::optim::SpikeGuard norm_guard_{{.window = 128, .threshold = 5}};
   std::vector<train_gpt::LogRow> rows_;
 };
 
 template <std::size_t V, class Precision>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
-  using Trainer =
-      gpipe::Trainer<Gpt<V>, gpipe::SoftmaxCrossEntropy, Backend, gpipe::OneFOneB, Precision>;
-  if (prints)
+  using Loss = gpipe::SoftmaxCrossEntropy;
+  const auto limit = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20));
+  if (!o.plan) {
+    using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::OneFOneB, Precision>;
+    if (prints)
+      std::printf(
+          "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
+          "%zu x %zu samples per step, %s\n",
+          Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
+          std::string(Precision::name).c_str());
+    return Run<Trainer>(backend, o, corpus, prints, nullptr).train();
+  }
+  // the plan, from costs measured on a batch of the training data; every rank gets the same
+  std::vector<std::int32_t> x, y;
+  train_gpt::training_batch(corpus, o.seed, 0, 0, o.batch, T, x, y);
+  gpipe::PlanOptions options{.optimizer_state_per_param = 2};  // AdamW
+  if (limit > 0) options.device_limit = {limit};
+  const gpipe::Plan plan = gpipe::plan<Gpt<V>, Loss, Precision>(backend, x, y, options);
+  if (prints) {
     std::printf(
-        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
-        "%zu x %zu samples per step, %s\n",
-        Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
-        std::string(Precision::name).c_str());
-  return Run<Trainer>(backend, o, corpus, prints).train();
+        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, %zu x %zu "
+        "samples per step, %s\n",
+        Gpt<V>::num_params, V, T, D, o.accumulate, o.batch, std::string(Precision::name).c_str());
+    // the choice and the ten fastest candidates, with why each was not chosen
+    const std::string text = plan.describe();
+    std::size_t end = 0;
+    for (int line = 0; line < 12 && end != std::string::npos; ++line)
+      end = text.find('\n', end == 0 ? 0 : end + 1);
+    std::printf("%s\n  ... %zu candidates in all\n", text.substr(0, end).c_str(),
+                plan.candidates.size());
+  }
+  using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::SearchedSchedule, Precision>;
+  return Run<Trainer>(backend, o, corpus, prints, &plan).train();
 }
 
 template <std::size_t V>
@@ -372,7 +445,7 @@ int main(int argc, char** argv) try {
 #else
   if (o.replicas != 1)
     throw gpipe::Error("train_gpt: --replicas needs MPI: run example_train_gpt_mpi under mpirun");
-  Backend backend(4);
+  Backend backend(4, {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
   const bool prints = true;
 #endif
   const train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);

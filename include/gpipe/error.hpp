@@ -1,6 +1,7 @@
 #pragma once
 // gpipe::Error and its refinements: every failure the library reports to a user.
 
+#include <concepts>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,13 @@ namespace detail {
 // Throws Error(message) when `condition` is false; for checks of user input.
 inline void require(bool condition, const std::string& message) {
   if (!condition) throw Error("gpipe: " + message);
+}
+// The same, with the message built by `message()` only when `condition` is false: for checks on
+// paths that run per op, where building the string every time would cost more than the op's
+// bookkeeping.
+template <std::invocable Message>
+void require(bool condition, Message&& message) {
+  if (!condition) throw Error("gpipe: " + std::string(message()));
 }
 
 // Always false, but only once instantiated: a static_assert in a branch of `if constexpr` that

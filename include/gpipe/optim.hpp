@@ -6,3 +6,4 @@
 #include "gpipe/optim/lr_schedule.hpp"
 #include "gpipe/optim/optimizer.hpp"
 #include "gpipe/optim/sgd.hpp"
+#include "gpipe/optim/spike_guard.hpp"

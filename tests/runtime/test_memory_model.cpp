@@ -137,6 +137,18 @@ TEST_CASE("measured peak activation bytes equal the memory model on every device
   }
 }
 
+TEST_CASE("the bound holds where backward_weight runs long after B (zero-bubble schedules)") {
+  // ZB-H1 and ZB-H2 keep each micro-batch's gradient stash and received gradient from B to a
+  // late W: workspace that lives across ops, which the bound must replay, not take per op.
+  for (Remat remat : {Remat::never, Remat::always}) {
+    for (std::size_t m : {4u, 8u}) {
+      check_prediction<Model4, ZeroBubbleH1>(16, m, remat);
+      check_prediction<Model4, ZeroBubbleH2>(16, m, remat);
+      check_prediction<DeepModel, ZeroBubbleH1>(16, m, remat);
+    }
+  }
+}
+
 TEST_CASE("remat always keeps (M + L - 1) / (M L) of never's activations on a deep stage") {
   // Stage 0 keeps per micro-batch of n rows: its input (n d) and, without recompute, the outputs
   // of its first L - 1 layers ((L - 1) n d). With M micro-batches of N / M rows:

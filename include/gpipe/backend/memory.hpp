@@ -170,9 +170,10 @@ class DeviceMemory {
   std::size_t devices() const { return allocators_.size(); }
   /// Throws gpipe::Error unless `device` is one of the devices added.
   void check_device(std::size_t device) const {
-    require(device < allocators_.size(), "device " + std::to_string(device) +
-                                             " does not exist; the backend has " +
-                                             std::to_string(allocators_.size()) + " devices");
+    require(device < allocators_.size(), [&] {
+      return "device " + std::to_string(device) + " does not exist; the backend has " +
+             std::to_string(allocators_.size()) + " devices";
+    });
   }
   Allocator& allocator(std::size_t device) const {
     check_device(device);

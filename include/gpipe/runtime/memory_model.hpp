@@ -70,14 +70,16 @@ std::vector<StageSizes> stage_sizes() {
   return out;
 }
 
-// Device d's activations at their peak, in bytes of `a` an element: its ops' allocations and
-// frees replayed in list order, as the executor makes them.
-inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
-                                    const std::vector<StageSizes>& st, const MicroBatchSplit& split,
-                                    Remat remat, std::size_t a, bool in_place_loss) {
+// The peak of device d's slot buffers of memory kind `kind`, in bytes of `a` an element: its
+// ops' allocations and frees replayed in list order, as the executor makes them. Exact for
+// activations; for the workspace, a send's buffer is freed here at the send, where the executor
+// frees it once the receiver has copied it (workspace_bound adds them back).
+inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
+                             const std::vector<StageSizes>& st, const MicroBatchSplit& split,
+                             Remat remat, std::size_t a, bool in_place_loss, MemoryKind kind) {
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
   std::size_t current = 0, peak = 0;
-  // the activations' bytes each slot buffer holds now, as the executor allocates them
+  // the bytes of `kind` each slot buffer holds now, as the executor allocates them
   std::vector<std::array<std::size_t, num_slot_buffers>> held(S * M);
   for (const Op& op : schedule.ops[d]) {
     const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
@@ -86,7 +88,7 @@ inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
     auto& slot = held[s * M + mb];
     for (std::size_t i = 0; i < ops.num_allocates; ++i) {
       const Allocation& alloc = ops.allocates[i];
-      if (alloc.kind != MemoryKind::activations) continue;
+      if (alloc.kind != kind) continue;
       const std::size_t bytes = split.size(mb) * elements_per_row(st[s], alloc.buffer) * a;
       slot[static_cast<std::size_t>(alloc.buffer)] = bytes;
       peak = std::max(peak, current += bytes);
@@ -97,13 +99,19 @@ inline std::size_t activations_peak(const Schedule& schedule, std::size_t d,
   return peak;
 }
 
-// An upper bound on device d's workspace, in bytes, for micro-batches of at most `max_rows` of
-// the batch's `rows` rows and activations of `a` bytes an element (bf16 when a < 4).
+// An upper bound on device d's workspace, in bytes, for the batch's split and activations of
+// `a` bytes an element (bf16 when a < 4): the slot buffers counted as workspace replayed in list
+// order (outputs and input gradients until their send, gradient stashes and received gradients
+// until backward_weight, which zero-bubble schedules run long after B), plus what the replay
+// leaves out.
 inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
-                                   const std::vector<StageSizes>& st, std::size_t rows,
-                                   std::size_t max_rows, std::size_t a,
+                                   const std::vector<StageSizes>& st, const MicroBatchSplit& split,
+                                   Remat remat, std::size_t a, bool in_place_loss,
                                    std::size_t target_bytes_per_row) {
   constexpr std::size_t f = sizeof(float);
+  const std::size_t rows = split.rows, max_rows = split.size(0);
+  const std::size_t replayed =
+      slot_peak(schedule, d, st, split, remat, a, in_place_loss, MemoryKind::workspace);
   // Within one op at most an output or recompute scratch, the input and output gradients, the
   // grad stash, the stage's scratch and the targets.
   std::size_t within_op = 0;
@@ -115,13 +123,20 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
                                             a +
                                         max_rows * target_bytes_per_row);
   }
-  // Across ops, outputs and input gradients waiting for a neighbour (at most every micro-batch of
-  // every stage on the device) and the per-micro-batch losses.
+  // After their send, outputs and input gradients waiting for the neighbour to copy them (at most
+  // every micro-batch of every stage on the device; the last stage's output goes to the loss
+  // within its forward, and the first stage's input gradient, if any, is freed within its
+  // backward_input) and the per-micro-batch losses.
   std::size_t waiting = 0;
-  for (std::size_t s = 0; s < schedule.num_stages(); ++s)
-    if (schedule.device_of_stage(s) == d)
-      waiting += rows * (st[s].out_features + st[s].in_features) * a;
-  return within_op + waiting + schedule.num_micro_batches * f;
+  for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.device_of_stage(s) != d) continue;
+    const bool sends_output = s + 1 < schedule.num_stages();
+    const bool sends_gradient = s > 0;
+    waiting +=
+        rows *
+        ((sends_output ? st[s].out_features : 0) + (sends_gradient ? st[s].in_features : 0)) * a;
+  }
+  return replayed + within_op + waiting + schedule.num_micro_batches * f;
 }
 
 }  // namespace detail
@@ -155,9 +170,9 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
 
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
     out[d].activations_peak =
-        detail::activations_peak(schedule, d, st, split, remat, a, in_place_loss);
-    out[d].workspace_bound =
-        detail::workspace_bound(schedule, d, st, rows, split.size(0), a, target_bytes_per_row);
+        detail::slot_peak(schedule, d, st, split, remat, a, in_place_loss, MemoryKind::activations);
+    out[d].workspace_bound = detail::workspace_bound(schedule, d, st, split, remat, a,
+                                                     in_place_loss, target_bytes_per_row);
   }
   return out;
 }

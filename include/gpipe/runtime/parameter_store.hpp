@@ -105,9 +105,22 @@ class ParameterStore {
     backend_.synchronize();
   }
 
-  // Trainer::clip_grad_norm's contract: the gradients' L2 norm (a tied pair counted once), the
-  // same on every process; when max_norm / (norm + 1e-6) < 1 every gradient is scaled by it.
+  // The gradients' L2 norm (a tied pair counted once), the same on every process, summed in a
+  // fixed order (Trainer::clip_grad_norm's contract); keeps each tensor's sum of squares for
+  // non_finite_tensors().
+  double grad_norm();
+  // Trainer::clip_grad_norm's contract: grad_norm(); when it is finite and max_norm / (norm +
+  // 1e-6) < 1, every gradient is scaled by that factor.
   double clip_grad_norm(double max_norm);
+  // The tensors whose sum of squares was not finite at the last grad_norm(), in parameter order
+  // (a tied pair under its leader's name).
+  std::vector<std::string> non_finite_tensors() const {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < squares_.size(); ++i)
+      if (!std::isfinite(squares_[i]) && leader_of(infos_[i]) == &infos_[i])
+        out.push_back(infos_[i].name);
+    return out;
+  }
   // Trainer::scale_gradients's contract: every gradient of this process's stages *= factor (both
   // tensors of a tie hold the same sum, so both are scaled).
   void scale_gradients(float factor);
@@ -340,6 +353,7 @@ class ParameterStore {
   std::vector<Buffer<float>> params_, grads_;
   Bf16Weights<Backend> bf16_;  // MixedBf16: the parameters in bf16, per stage
   std::vector<TiePair> ties_;
+  std::vector<double> squares_;  // [parameter] its gradient's sum of squares at grad_norm()
 };
 
 template <class Backend>
@@ -402,6 +416,16 @@ void ParameterStore<Backend>::zero_grad() {
 template <class Backend>
 double ParameterStore<Backend>::clip_grad_norm(double max_norm) {
   require(max_norm >= 0, "clip_grad_norm's max_norm must be >= 0, got " + std::to_string(max_norm));
+  const double norm = grad_norm();
+  // a non-finite norm leaves the gradients as they are (an inf norm would zero them, inf times
+  // 0 being NaN): the caller decides (Trainer::Options::skip_non_finite)
+  const double factor = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && factor < 1) scale_gradients(static_cast<float>(factor));
+  return norm;
+}
+
+template <class Backend>
+double ParameterStore<Backend>::grad_norm() {
   // Per stage, the tensors whose squares count (a tied pair: its leader's) and their sums, each
   // on the stage's device in the fixed order of backend/common.hpp, then on every process.
   std::vector<std::vector<std::size_t>> counted(num_stages());
@@ -426,15 +450,12 @@ double ParameterStore<Backend>::clip_grad_norm(double max_norm) {
   for (std::size_t s = 0; s < num_stages(); ++s)
     transport_.broadcast(device_of_stage_[s], std::span<double>(sums[s]));
   // the tensors' sums added in parameter order: the same bits however the model is split
-  std::vector<double> squares(infos_.size(), 0.0);
+  squares_.assign(infos_.size(), 0.0);
   for (std::size_t s = 0; s < num_stages(); ++s)
-    for (std::size_t j = 0; j < counted[s].size(); ++j) squares[counted[s][j]] = sums[s][j];
+    for (std::size_t j = 0; j < counted[s].size(); ++j) squares_[counted[s][j]] = sums[s][j];
   double total = 0;
-  for (const double q : squares) total += q;
-  const double norm = std::sqrt(total);
-  const double factor = max_norm / (norm + 1e-6);
-  if (factor < 1) scale_gradients(static_cast<float>(factor));
-  return norm;
+  for (const double q : squares_) total += q;
+  return std::sqrt(total);
 }
 
 template <class Backend>

@@ -115,6 +115,12 @@ class Trainer {
     /// `micro_batches` micro-batches and chunks_per_device chunks (else `gpipe::Error`), and the
     /// validator proves it as it proves a generated one.
     std::optional<Schedule> schedule = std::nullopt;
+    /// step() skips the update when the gradients' total norm is not finite (a NaN or an inf in
+    /// any gradient of any stage, process or replica: every process decides alike): the
+    /// parameters and the optimizer's state and step count stay as they were, skipped_steps()
+    /// counts it. Costs one pass over the gradients per step unless clip_grad_norm ran since
+    /// the last change of the gradients.
+    bool skip_non_finite = false;
   };
 
   /// S, the model's stages.
@@ -198,7 +204,10 @@ class Trainer {
 
   /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
   /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
-  void zero_grad() { store_.zero_grad(); }
+  void zero_grad() {
+    store_.zero_grad();
+    known_norm_.reset();
+  }
 
   /// One optimizer update of every parameter from its accumulated gradient, on each stage's
   /// device. The optimizer's state is kept here, per stage, and restarts when the optimizer's
@@ -208,10 +217,35 @@ class Trainer {
     static_assert(detail::explain_optimizer_for<Optimizer, Kernels>(),
                   "gpipe: Trainer::step's argument is not an optimizer for this backend (named "
                   "above)");
+    last_step_skipped_ = false;
+    if (options_.skip_non_finite) {
+      const double norm = known_norm_ ? *known_norm_ : store_.grad_norm();
+      if (!std::isfinite(norm)) return skip_step();
+    }
     optimizer_.step(optimizer, store_, backend_);
-    const Clock::time_point end = Clock::now();
-    last_span_ = {step_start_.value_or(end), end};
-    step_start_.reset();
+    end_step();
+  }
+
+  /// Ends the training step without an update (the caller's decision, e.g. a loss spike; or
+  /// step()'s under skip_non_finite): parameters and optimizer state stay as they were,
+  /// skipped_steps() counts it, last_step_seconds() times it. The gradients are left as they are.
+  void skip_step() {
+    ++skipped_steps_;
+    last_step_skipped_ = true;
+    end_step();
+  }
+  /// Steps ended without an update since construction (skip_step, or step() under
+  /// Options::skip_non_finite).
+  std::size_t skipped_steps() const { return skipped_steps_; }
+  /// Whether the last step ended without an update.
+  bool last_step_skipped() const { return last_step_skipped_; }
+
+  /// The names of the gradients that hold a NaN or an inf now (a tied pair under the name `save`
+  /// writes), in parameter order; empty when every gradient is finite. One pass over the
+  /// gradients; collective with several processes (every process gets the same list).
+  std::vector<std::string> non_finite_gradients() {
+    known_norm_ = store_.grad_norm();
+    return store_.non_finite_tensors();
   }
 
   /// The wall time of the last training step over every process, in seconds: from the earliest
@@ -236,7 +270,10 @@ class Trainer {
   /// whatever the split into stages, devices and processes. Throws `gpipe::Error` for a negative
   /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
   float clip_grad_norm(double max_norm) {
-    return static_cast<float>(store_.clip_grad_norm(max_norm));
+    const double norm = store_.clip_grad_norm(max_norm);
+    // what step() under skip_non_finite asks (scaling by a factor below 1 keeps it finite)
+    known_norm_ = norm;
+    return static_cast<float>(norm);
   }
 
   /// Multiplies every gradient by `factor` (on every process, each its own stages). Gradient
@@ -248,6 +285,7 @@ class Trainer {
     detail::require(std::isfinite(factor),
                     "scale_gradients' factor must be finite, got " + std::to_string(factor));
     store_.scale_gradients(static_cast<float>(factor));
+    known_norm_.reset();
   }
 
   /// Writes a checkpoint to directory `dir`: the parameters, the optimizer's state under
@@ -312,6 +350,12 @@ class Trainer {
   // A training step starts with the first forward_backward after the last step().
   void begin_step() {
     if (!step_start_) step_start_ = Clock::now();
+    known_norm_.reset();
+  }
+  void end_step() {
+    const Clock::time_point end = Clock::now();
+    last_span_ = {step_start_.value_or(end), end};
+    step_start_.reset();
   }
 
   static constexpr detail::ModelShape shape() {
@@ -354,6 +398,11 @@ class Trainer {
   std::optional<Clock::time_point> step_start_;  // the open training step's start, if any
   // the last training step's start and end on this process (step())
   std::optional<std::pair<Clock::time_point, Clock::time_point>> last_span_;
+  // the gradients' norm when known since they last changed (clip_grad_norm,
+  // non_finite_gradients), for step() under skip_non_finite
+  std::optional<double> known_norm_;
+  std::size_t skipped_steps_ = 0;
+  bool last_step_skipped_ = false;
 };
 
 }  // namespace gpipe

@@ -107,13 +107,14 @@ class Transport<Backend> {
       backend_.receive(message.to, label, message.from, tag(message), dst, count, kind);
       return;
     }
-    detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
+    detail::require(box.sent != nullptr, "a receive was issued before its send");
     auto& src = *box.sent;
     const std::size_t device = message.to;
     backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
-      detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
-                                               " elements where " + std::to_string(count) +
-                                               " were expected");
+      detail::require(src.size() == count, [&] {
+        return "a message of " + std::to_string(src.size()) + " elements where " +
+               std::to_string(count) + " were expected";
+      });
       dst = backend_.template allocate<T>(device, count, kind);
       InProcessHandOver::receive(k, src.data(), dst.data(), count);
       src.reset();
@@ -221,9 +222,9 @@ class Transport<Backend> {
   void copy(WorkLabel label, std::size_t from, std::span<const float> src, std::size_t to,
             std::span<float> dst) const {
     detail::require(from == to && backend_.is_local(from),
-                    "gpipe: a copy between devices " + std::to_string(from) + " and " +
+                    "a copy between devices " + std::to_string(from) + " and " +
                         std::to_string(to) + ", where this rank runs one device");
-    detail::require(src.size() == dst.size(), "gpipe: a copy of " + std::to_string(src.size()) +
+    detail::require(src.size() == dst.size(), "a copy of " + std::to_string(src.size()) +
                                                   " floats into " + std::to_string(dst.size()));
     backend_.submit(to, label,
                     [src, dst](Kernels& k) { k.copy(src.size(), src.data(), dst.data()); });

@@ -199,14 +199,21 @@ class Transport {
   template <class T>
   void receive(WorkLabel label, const Message& message, typename Backend::template Buffer<T>& dst,
                std::size_t count, MemoryKind kind, Mailbox<T>& box) const {
-    detail::require(box.sent != nullptr, "gpipe: a receive was issued before its send");
+    detail::require(box.sent != nullptr, "a receive was issued before its send");
     const std::size_t device = message.to;
-    backend_.wait(device, box.ready);
+    // the send that records box.ready, named in a timeout's message
+    backend_.wait(
+        device, box.ready,
+        {.what = to_string(message.gradient ? OpKind::send_gradient : OpKind::send_activation),
+         .stage = message.stage,
+         .micro_batch = message.micro_batch},
+        message.from);
     auto& src = *box.sent;
     backend_.submit(device, label, [this, device, &src, &dst, count, kind](Kernels& k) {
-      detail::require(src.size() == count, "gpipe: a message of " + std::to_string(src.size()) +
-                                               " elements where " + std::to_string(count) +
-                                               " were expected");
+      detail::require(src.size() == count, [&] {
+        return "a message of " + std::to_string(src.size()) + " elements where " +
+               std::to_string(count) + " were expected";
+      });
       dst = backend_.template allocate<T>(device, count, kind);
       HandOver::receive(k, src.data(), dst.data(), count);
       src.reset();
@@ -215,7 +222,7 @@ class Transport {
 
   /// One replica: there is nothing to sum.
   void begin_gradient_sums(std::vector<std::span<float>> arrays) const {
-    detail::require(arrays.empty(), "gpipe: one process has no replicas to sum gradients over");
+    detail::require(arrays.empty(), "one process has no replicas to sum gradients over");
   }
   /// One replica: nothing to start.
   void start_gradient_sum(std::size_t, WorkLabel) const {}
@@ -278,7 +285,7 @@ class Transport {
   template <class T>
   void copy_array(WorkLabel label, std::size_t from, std::span<const T> src, std::size_t to,
                   std::span<T> dst) const {
-    detail::require(src.size() == dst.size(), "gpipe: a copy of " + std::to_string(src.size()) +
+    detail::require(src.size() == dst.size(), "a copy of " + std::to_string(src.size()) +
                                                   " elements into " + std::to_string(dst.size()));
     typename Backend::Event ready;  // lives until the synchronize below
     if (from != to) {

@@ -10,10 +10,10 @@ TEST_CASE("emulated: every kernel launch and GEMM of a GPT step has its launch r
   auto& counts = gpipe::test::cuda_emulation::counts();
   std::size_t kernels = 0, gemms = 0;  // what the emulator ran during the step
   auto counted = [&](const std::function<void()>& step) {
-    const std::size_t k0 = counts.kernels, g0 = counts.gemms;
+    const std::size_t k0 = counts.kernels(), g0 = counts.gemms();
     step();
-    kernels = counts.kernels - k0;
-    gemms = counts.gemms - g0;
+    kernels = counts.kernels() - k0;
+    gemms = counts.gemms() - g0;
   };
   auto check = [&](const std::vector<gpipe::cuda::LaunchRecord>& records) {
     std::size_t recorded_kernels = 0, recorded_gemms = 0;

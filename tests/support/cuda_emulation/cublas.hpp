@@ -118,7 +118,7 @@ inline cublasStatus_t sgemm_batched(const char* name, cublasHandle_t handle, cub
     return status;
   const float al = *alpha, be = *beta;
   const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
-  ++counts().gemms;
+  counts().add_gemm();
   if (dry_run()) return CUBLAS_STATUS_SUCCESS;
   run_on(handle->stream, [=, gpu = handle->gpu] {
     for (int i = 0; i < batch; ++i) {
@@ -188,7 +188,7 @@ inline cublasStatus_t gemm_ex(cublasHandle_t handle, cublasOperation_t ta, cubla
       status != CUBLAS_STATUS_SUCCESS)
     return status;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  ++counts().gemms;
+  counts().add_gemm();
   if (dry_run()) return CUBLAS_STATUS_SUCCESS;
   run_on(handle->stream, [=, gpu = handle->gpu] {
     for (const void* p : {a, b, static_cast<const void*>(c)})

@@ -252,7 +252,7 @@ inline cublasStatus_t lt_matmul(cublasLtHandle_t handle, const LtRun& run, const
   }
   ++lt_matmuls();
   if (run.s.m == 0 || run.s.n == 0) return CUBLAS_STATUS_SUCCESS;
-  ++counts().gemms;
+  counts().add_gemm();
   if (dry_run()) return CUBLAS_STATUS_SUCCESS;
   run_on(stream, [run, workspace, gpu = handle->gpu, ws = algo->workspace] {
     for (const void* p : {run.pa, run.pb, run.pc, static_cast<const void*>(run.pd)})

@@ -46,7 +46,6 @@
 #include <ucontext.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -450,11 +449,41 @@ inline int gpu_of_memory(const void* p);
 inline bool may_access(int gpu, int owner);
 inline int gpu_of_stream(cudaStream_t stream);
 
-// What the emulator has been asked to do so far: kernel launches and cuBLAS GEMM calls accepted
-// (valid configurations; a test compares them with the backend's launch records).
-struct Counts {
-  std::atomic<std::size_t> kernels{0};
-  std::atomic<std::size_t> gemms{0};
+// What the emulator has been asked to do so far: kernel launches, in all and per kernel (an
+// instantiation, e.g. convert_kernel<4, float, bf16>), and cuBLAS and cuBLASLt GEMM calls, each
+// accepted (a valid configuration). Tests count what an operation launches, and compare the
+// totals with the backend's launch records.
+class Counts {
+ public:
+  using Kernel = void (*)();  // any kernel, as one function pointer type
+
+  void add_kernel(Kernel kernel) {
+    const std::lock_guard lock(mutex_);
+    ++per_kernel_[kernel];
+    ++kernels_;
+  }
+  void add_gemm() {
+    const std::lock_guard lock(mutex_);
+    ++gemms_;
+  }
+  std::size_t kernels() const {
+    const std::lock_guard lock(mutex_);
+    return kernels_;
+  }
+  std::size_t gemms() const {
+    const std::lock_guard lock(mutex_);
+    return gemms_;
+  }
+  std::size_t of(Kernel kernel) const {
+    const std::lock_guard lock(mutex_);
+    const auto it = per_kernel_.find(kernel);
+    return it == per_kernel_.end() ? 0 : it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<Kernel, std::size_t> per_kernel_;
+  std::size_t kernels_ = 0, gemms_ = 0;
 };
 inline Counts& counts() {
   static Counts c;
@@ -487,33 +516,10 @@ inline bool valid_configuration(dim3 grid, dim3 block) {
          block.y <= 1024 && block.z <= 64 && threads <= 1024;
 }
 
-// The launches issued so far, per kernel: what a test counts to show how many launches an
-// operation takes (launches_of).
-class LaunchCounts {
- public:
-  using Kernel = void (*)();  // any kernel, as one function pointer type
-  static LaunchCounts& instance() {
-    static LaunchCounts counts;
-    return counts;
-  }
-  void add(Kernel kernel) {
-    const std::lock_guard lock(mutex_);
-    ++counts_[kernel];
-  }
-  std::size_t of(Kernel kernel) const {
-    const std::lock_guard lock(mutex_);
-    const auto it = counts_.find(kernel);
-    return it == counts_.end() ? 0 : it->second;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::map<Kernel, std::size_t> counts_;
-};
 // Launches of `kernel` (an instantiation, e.g. convert_kernel<4, float, bf16>) issued so far.
 template <class... Params>
 std::size_t launches_of(void (*kernel)(Params...)) {
-  return LaunchCounts::instance().of(reinterpret_cast<LaunchCounts::Kernel>(kernel));
+  return counts().of(reinterpret_cast<Counts::Kernel>(kernel));
 }
 
 // launch(kernel, grid, block, stream)(args...): the emulated kernel<<<grid, block, 0,
@@ -532,8 +538,7 @@ class Launch {
       last_error() = cudaErrorInvalidConfiguration;
       return;
     }
-    ++counts().kernels;
-    LaunchCounts::instance().add(reinterpret_cast<LaunchCounts::Kernel>(kernel_));
+    counts().add_kernel(reinterpret_cast<Counts::Kernel>(kernel_));
     if (dry_run()) return;
     enqueue_launch(stream_,
                    [kernel = kernel_, grid = grid_, block = block_, on_stream = stream_ != nullptr,

@@ -178,8 +178,10 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   }
   /// Makes the work submitted to `device` after this wait for `event`'s record on the GPU. A wait
   /// whose record has not been issued yet holds the device's later items back on the host until it
-  /// is; one that no record ever reaches makes synchronize() fail.
-  void wait(std::size_t device, const Event& event) {
+  /// is; one that no record ever reaches makes synchronize() fail. The awaited work's name (as
+  /// host::Backend::wait takes it) is not used: a wait on the GPU has no deadline.
+  void wait(std::size_t device, const Event& event, WorkLabel /*awaited*/ = {},
+            std::size_t /*awaited_device*/ = 0) {
     enqueue(device,
             {Item::Kind::wait, {.what = "wait event", .internal = true}, nullptr, event.state_});
   }

@@ -1,12 +1,12 @@
 #pragma once
-// Launch records: while a gpipe::cuda::LaunchRecorder is alive, each kernel launch, cuBLAS call
-// and device-to-device copy of the CUDA backend records what it does, as its launcher computes it
-// from its own arguments (no GPU counters): the kernel's name, its sizes, the floating-point
-// operations and the bytes it must read and write in global memory (each operand once: the
-// compulsory traffic; tiles that a kernel reads again are counted once, as if the L2 cache held
-// them). The same records come from a GPU and from the CUDA emulator, so a step's launches,
-// its bytes outside GEMMs and a roofline prediction (bench/cuda_gpt_step.cu) can be read on a
-// machine without a GPU.
+// Launch records: while a gpipe::cuda::LaunchRecorder is alive, each kernel launch, cuBLAS and
+// cuBLASLt call, device-to-device copy, upload, download and memset of the CUDA backend records
+// what it does (LaunchKind says which), as its launcher computes it from its own arguments (no
+// GPU counters): the kernel's name, its sizes, the floating-point operations and the bytes it
+// must read and write in global memory (each operand once: the compulsory traffic; tiles that a
+// kernel reads again are counted once, as if the L2 cache held them). The same records come from
+// a GPU and from the CUDA emulator, so a step's launches, its bytes outside GEMMs and a roofline
+// prediction (bench/cuda_gpt_step.cu) can be read on a machine without a GPU.
 //
 // Cost when no recorder is alive: one relaxed atomic load per launch.
 

@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -57,6 +58,11 @@ struct BackendOptions {
   /// uses cores that K devices would leave idle (K * threads_per_device up to the core count),
   /// the way PyTorch splits each kernel over its intra-op threads.
   std::size_t threads_per_device = 1;
+  /// How long a device waits for another device's event (a hand-over) before the step fails
+  /// with an Error that names what it waited for: a device stuck in its work ends the step
+  /// instead of hanging it (once that work returns; work that never returns cannot be
+  /// interrupted). Positive.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
 };
 
 /// K devices on the CPU, a `gpipe::backend` (backend/concepts.hpp): each device is a worker
@@ -118,8 +124,13 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// submitted there before it has run.
   void record(std::size_t device, const Event& event) { stream(device).record(event); }
   /// Enqueues on `device`'s stream a wait for `event`: the work submitted there after it starts
-  /// once `event` has been recorded (or once some work has failed, so nothing hangs).
-  void wait(std::size_t device, const Event& event) { stream(device).wait(event); }
+  /// once `event` has been recorded (or once some work has failed, so nothing hangs). After
+  /// Options::wait_timeout without a record the step fails with an Error naming the work that
+  /// should have recorded it: `awaited` on device `awaited_device`, when given.
+  void wait(std::size_t device, const Event& event, WorkLabel awaited = {},
+            std::size_t awaited_device = 0) {
+    stream(device).wait(event, awaited, awaited_device);
+  }
 
   /// Turns the tracing of every device's work on or off (see Stream::set_tracing); off at
   /// construction.
@@ -163,6 +174,10 @@ GPIPE_HOST_INLINE Backend::Backend(std::size_t num_devices, Options options) {
   detail::require(num_devices > 0, "host::Backend needs at least one device");
   detail::require(num_devices <= 1024, "host::Backend supports at most 1024 devices, got " +
                                            std::to_string(num_devices));
+  detail::require(options.wait_timeout.count() > 0,
+                  "host::Backend: wait_timeout must be positive, got " +
+                      std::to_string(options.wait_timeout.count()) + " ms");
+  group_.set_wait_timeout(options.wait_timeout);
   detail::require(
       options.threads_per_device >= 1 && options.threads_per_device <= Team::max_threads,
       "host::Backend: threads_per_device must be 1 to " + std::to_string(Team::max_threads) +

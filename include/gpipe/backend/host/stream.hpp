@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/failure.hpp"
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/error.hpp"
 
 namespace gpipe::host {
 
@@ -78,9 +80,13 @@ class StreamGroup {
   }
   /// Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
   /// Polls (yielding the core) for up to spin_time first: a hand-over between pipeline stages is
-  /// usually that close, and waking a blocked thread costs tens of microseconds.
-  void wait(EventState& event, std::condition_variable& cv) {
-    const auto give_up = std::chrono::steady_clock::now() + spin_time;
+  /// usually that close, and waking a blocked thread costs tens of microseconds. Throws
+  /// gpipe::Error naming the work that should have recorded it (`awaited` on `awaited_device`,
+  /// when it has a name) once wait_timeout() has passed without either.
+  void wait(EventState& event, std::condition_variable& cv, const WorkLabel& awaited,
+            std::size_t awaited_device) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto give_up = start + spin_time;
     do {
       if (event.recorded.load(std::memory_order_acquire) || failed()) return;
       std::this_thread::yield();
@@ -88,9 +94,19 @@ class StreamGroup {
     std::unique_lock lock(mu_);
     if (event.recorded || failed()) return;
     event.waiters.push_back(&cv);
-    cv.wait(lock, [&] { return event.recorded || failed(); });
+    const bool done =
+        cv.wait_until(lock, start + timeout_, [&] { return event.recorded || failed(); });
     std::erase(event.waiters, &cv);
+    if (!done)
+      throw Error(
+          "gpipe: waited " + std::to_string(timeout_.count()) + " ms for " +
+          (awaited.what.empty() ? std::string("an event") : describe(awaited, awaited_device)) +
+          " (host::BackendOptions::wait_timeout): is that device stuck in its work?");
   }
+  /// How long wait() waits before it throws.
+  std::chrono::milliseconds wait_timeout() const { return timeout_; }
+  /// Sets wait_timeout(); before any work is submitted.
+  void set_wait_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   /// How long wait() polls before it blocks.
   static constexpr std::chrono::microseconds spin_time{100};
@@ -99,6 +115,7 @@ class StreamGroup {
   gpipe::detail::FailureLatch latch_;
   std::mutex mu_;  ///< guards the event states and streams_
   std::vector<std::condition_variable*> streams_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(10)};
 };
 
 /// A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
@@ -167,10 +184,13 @@ class Stream {
            [this, state = event.state_](KernelContext<float>&) { group_.record(*state); });
   }
   /// Enqueues a wait for `event`: the work submitted after it runs once `event` is recorded, or
-  /// once the group has failed.
-  void wait(const Event& event) {
+  /// once the group has failed; after the group's wait_timeout() the group fails with an Error
+  /// naming the awaited work (`awaited` on device `awaited_device`, when it has a name).
+  void wait(const Event& event, WorkLabel awaited = {}, std::size_t awaited_device = 0) {
     submit({.what = "wait event", .internal = true},
-           [this, state = event.state_](KernelContext<float>&) { group_.wait(*state, event_cv_); });
+           [this, state = event.state_, awaited, awaited_device](KernelContext<float>&) {
+             group_.wait(*state, event_cv_, awaited, awaited_device);
+           });
   }
 
   /// Blocks until every piece of work submitted so far has run (or been skipped).

@@ -1,0 +1,166 @@
+// gpipe::plan against the configurations a user would try by hand, on the host backend: a
+// GPT-2-shaped model of 4 stages on 4 devices under a memory limit of a fraction of what 1F1B
+// with M = 2K and Remat::never needs (predict_memory's bound on its largest device).
+//   model     Embedding<512, 64, 128>, 4 TransformerBlock<128, 4> (one per stage), LayerNorm,
+//             the LM head; batch 16 samples (1024 tokens); SoftmaxCrossEntropy; fp32
+//   plan      gpipe::plan under the limit (its measuring included in plan_s), its trainer
+//             built from the plan, steps timed: plan_ms, beside predicted_ms
+//   by hand   1F1B, M = 2K = 8, Remat::always: always_ms (the usual answer to a memory limit)
+//   all       every built-in schedule of one stage per device (GPipe, 1F1B, ZB-H1, ZB-H2) x M in
+//             {1, 2, 4, 8, 16} x {never, except_last, always} whose bound fits the limit, each
+//             timed the same way: best_ms, and how many ran (configs)
+// Counters: plan_ms, predicted_ms, prediction_error_pct (|measured - predicted| / measured),
+// always_ms, speedup_vs_always (always_ms / plan_ms), best_ms, plan_vs_best (plan_ms / best_ms,
+// >= 1; 1 means the plan was the fastest found), configs, plan_s.
+// Each configuration: one warm-up step, then --steps timed steps (default 3), their median.
+//
+// Usage: bench_plan [--steps=N] [Google Benchmark flags]; Arg: the limit in percent of the
+// Remat::never bound (60 and 80).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <gpipe/gpipe.hpp>
+#include <gpipe/runtime/plan.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t V = 256, T = 128, D = 64, H = 4, samples = 32;
+using Emb = gpipe::Embedding<V, T, D>;
+using Block = gpipe::TransformerBlock<D, H>;
+using Gpt = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
+                            gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
+constexpr std::size_t K = Gpt::num_stages;
+using Loss = gpipe::SoftmaxCrossEntropy;
+
+long steps_flag = 3;
+
+struct Batch {
+  std::vector<std::int32_t> tokens, targets;
+};
+
+Batch make_batch() {
+  Batch b;
+  for (std::size_t i = 0; i < samples * T; ++i) {
+    b.tokens.push_back(static_cast<std::int32_t>((i * 7919) % V));
+    b.targets.push_back(static_cast<std::int32_t>((i * 104729 + 3) % V));
+  }
+  return b;
+}
+
+// Median milliseconds of steps_flag timed steps after one warm-up step.
+template <class TrainerT>
+double time_steps(TrainerT& trainer, const Batch& b) {
+  trainer.forward_backward(b.tokens, b.targets);
+  trainer.zero_grad();
+  std::vector<double> ms;
+  for (long i = 0; i < steps_flag; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(trainer.forward_backward(b.tokens, b.targets));
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+    trainer.zero_grad();
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The median step of Schedule with M and remat on `backend`.
+template <class Schedule>
+double time_config(gpipe::host::Backend& backend, const Batch& b, std::size_t m,
+                   gpipe::Remat remat) {
+  gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, Schedule> trainer(
+      backend, {.micro_batches = m, .remat = remat});
+  return time_steps(trainer, b);
+}
+
+void BM_Plan(benchmark::State& state) {
+  const Batch b = make_batch();
+  const std::size_t rows = samples * T;
+  const double fraction = static_cast<double>(state.range(0)) / 100;
+  std::size_t never_bound = 0;
+  for (const auto& p :
+       gpipe::predict_memory<Gpt>(gpipe::OneFOneB::make(K, 2 * K), rows, gpipe::Remat::never, 2))
+    never_bound = std::max(never_bound, p.total_bound());
+  const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(never_bound));
+  gpipe::host::Backend backend(K, {.device_capacity = limit});
+  const std::vector<std::size_t> counts = {1, 2, 4, 8, 16};
+
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    const gpipe::Plan plan = gpipe::plan<Gpt, Loss>(backend, b.tokens, b.targets,
+                                                    {.micro_batches = counts, .measure_steps = 2});
+    const double plan_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double plan_ms = 0;
+    {
+      gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, gpipe::SearchedSchedule> trainer(backend,
+                                                                                       plan);
+      plan_ms = time_steps(trainer, b);
+    }
+    double always_ms = 0;
+    try {
+      always_ms = time_config<gpipe::OneFOneB>(backend, b, 2 * K, gpipe::Remat::always);
+    } catch (const gpipe::OutOfMemory&) {
+      always_ms = NAN;  // even this does not fit
+    }
+    // every built-in candidate that fits, by the plan's own verdicts
+    double best_ms = plan_ms;
+    std::size_t configs = 0;
+    for (const gpipe::PlanCandidate& c : plan.candidates) {
+      if (!c.fits || c.schedule == "searched") continue;
+      double ms = 0;
+      if (c.schedule == "gpipe")
+        ms = time_config<gpipe::GPipe>(backend, b, c.micro_batches, c.remat);
+      else if (c.schedule == "1f1b")
+        ms = time_config<gpipe::OneFOneB>(backend, b, c.micro_batches, c.remat);
+      else if (c.schedule == "zb-h1")
+        ms = time_config<gpipe::ZeroBubbleH1>(backend, b, c.micro_batches, c.remat);
+      else
+        ms = time_config<gpipe::ZeroBubbleH2>(backend, b, c.micro_batches, c.remat);
+      best_ms = std::min(best_ms, ms);
+      ++configs;
+    }
+    state.counters["plan_ms"] = plan_ms;
+    state.counters["predicted_ms"] = plan.chosen.predicted_us / 1e3;
+    state.counters["prediction_error_pct"] =
+        100 * std::abs(plan_ms - plan.chosen.predicted_us / 1e3) / plan_ms;
+    state.counters["always_ms"] = always_ms;
+    state.counters["speedup_vs_always"] = always_ms / plan_ms;
+    state.counters["best_ms"] = best_ms;
+    state.counters["plan_vs_best"] = plan_ms / best_ms;
+    state.counters["configs"] = static_cast<double>(configs);
+    state.counters["plan_s"] = plan_s;
+    state.counters["limit_MiB"] = static_cast<double>(limit) / (1 << 20);
+    state.SetLabel(plan.chosen.schedule + " M " + std::to_string(plan.chosen.micro_batches) +
+                   " remat " + std::string(gpipe::to_string(plan.chosen.remat)));
+  }
+}
+BENCHMARK(BM_Plan)->ArgName("limit_pct")->Arg(60)->Arg(80)->Iterations(1)->Unit(benchmark::kSecond);
+
+}  // namespace
+
+// Called by the shared benchmark main before Google Benchmark sees the flags.
+extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    if (std::strncmp(argv[i], "--steps=", 8) == 0)
+      steps_flag = std::strtol(argv[i] + 8, nullptr, 10);
+    else
+      argv[out++] = argv[i];
+  }
+  *argc = out;
+  if (steps_flag < 1) {
+    std::fprintf(stderr, "%s: --steps must be at least 1\n", argv[0]);
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,399 @@
+#pragma once
+// gpipe::plan: the schedule, micro-batch count and remat policy that the simulator predicts
+// fastest for a model on a backend, among those whose predicted memory fits every device's
+// limit, from op costs measured on that backend.
+//
+//   gpipe::Plan plan = gpipe::plan<Model, Loss>(backend, x, y, {.device_limit = {6ull << 30}});
+//   std::cout << plan.describe();                 // the choice, and why not the others
+//   gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule> trainer(backend, plan);
+//
+// Two halves: measure_plan_costs times F, B and W per device for each micro-batch count, with
+// and without recompute (a 1F1B trainer per configuration, measure_op_costs); choose_plan, a pure
+// function of those costs, weighs every candidate (GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule
+// searched from the costs, each with every micro-batch count and remat policy): predict_memory's
+// bound (total_bound: exact parameters, gradients, optimizer state and activations, a bound on
+// the workspace) against the limit, simulate's makespan with the measured costs for the time.
+// Because memory is judged by a bound, a plan never exceeds a limit when run; a candidate whose
+// true peak would just fit may be turned away.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpipe/backend/common.hpp"
+#include "gpipe/error.hpp"
+#include "gpipe/model/precision.hpp"
+#include "gpipe/runtime/measure_costs.hpp"
+#include "gpipe/runtime/memory_model.hpp"
+#include "gpipe/runtime/remat.hpp"
+#include "gpipe/runtime/trainer.hpp"
+#include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/one_f_one_b.hpp"
+#include "gpipe/schedule/search.hpp"
+#include "gpipe/schedule/simulator.hpp"
+#include "gpipe/schedule/zero_bubble.hpp"
+#include "gpipe/transport/transport.hpp"
+
+namespace gpipe {
+
+/// What `plan` chooses among and under which limits; an empty list takes its default.
+struct PlanOptions {
+  /// Bytes each pipeline device may hold at its peak: one entry per device, or one for all.
+  /// Empty: each device's cap as the backend has it (`memory_stats(d).capacity`; 0: no limit).
+  std::vector<std::size_t> device_limit = {};
+  /// Micro-batch counts to weigh. Empty: 1, 2, 4, ... up to the batch's samples, and the
+  /// samples themselves.
+  std::vector<std::size_t> micro_batches = {};
+  /// Remat policies to weigh.
+  std::vector<Remat> remat = {Remat::never, Remat::except_last, Remat::always};
+  /// Floats of optimizer state per parameter the run will keep (AdamW 2, SGD with momentum 1,
+  /// no optimizer state 0), counted in every device's memory.
+  std::size_t optimizer_state_per_param = 2;
+  /// Traced steps per measured configuration, after one warm-up step.
+  std::size_t measure_steps = 2;
+};
+
+/// F, B and W per device (microseconds) at one micro-batch count, measured without and with
+/// recompute: what choose_plan predicts step times from.
+struct PlanCosts {
+  std::size_t micro_batches = 0;  ///< M of the measurement
+  std::vector<OpCosts> never;     ///< [device] under Remat::never
+  std::vector<OpCosts> always;    ///< [device] under Remat::always (B recomputes the forward)
+  /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
+  /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
+  /// choose_plan adds it to every op's cost.
+  double overhead_us = 0;
+};
+
+/// One configuration the planner weighed, and its verdict.
+struct PlanCandidate {
+  std::string schedule;           ///< "gpipe", "1f1b", "zb-h1", "zb-h2" or "searched"
+  std::size_t micro_batches = 0;  ///< M
+  Remat remat = Remat::never;     ///< the remat policy
+  double predicted_us = 0;        ///< simulated step with the measured op costs, microseconds
+  std::vector<DeviceMemoryPrediction> memory;  ///< [device] predict_memory's prediction
+  std::size_t peak_bytes = 0;                  ///< the largest device's total_bound()
+  std::size_t peak_device = 0;                 ///< the device with that bound
+  bool fits = false;                           ///< every device's bound within its limit
+  std::string verdict;  ///< "chosen", or why not: "over memory: ...", "not faster: ..."
+};
+
+namespace detail {
+
+// The per-device costs of `remat` at costs.micro_batches (except_last recomputes every
+// micro-batch's forward but the last one's, so its B is the mean of the two measured B's), with
+// the executor's overhead per op added to every op.
+inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
+  std::vector<OpCosts> out = remat == Remat::always ? costs.always : costs.never;
+  const auto m = static_cast<double>(costs.micro_batches);
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    if (remat == Remat::except_last)
+      out[d].backward_input =
+          ((m - 1) * costs.always[d].backward_input + costs.never[d].backward_input) / m;
+    out[d].forward += costs.overhead_us;
+    out[d].backward_input += costs.overhead_us;
+    out[d].backward_weight += costs.overhead_us;
+  }
+  return out;
+}
+
+// "12.3 MiB", "45.6 KiB" or "789 B".
+inline std::string format_bytes(std::size_t bytes) {
+  char text[32];
+  if (bytes >= (1u << 20))
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1u << 20));
+  else if (bytes >= (1u << 10))
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / (1u << 10));
+  else
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  return text;
+}
+
+// `value` with `digits` decimals.
+inline std::string format_fixed(double value, int digits) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+// limits[d] for each of k devices from 1 or k entries (0: no limit).
+inline std::vector<std::size_t> limits_for(std::span<const std::size_t> given, std::size_t k) {
+  require(given.empty() || given.size() == 1 || given.size() == k, [&] {
+    return "plan needs a device limit for 1 or " + std::to_string(k) + " devices, got " +
+           std::to_string(given.size());
+  });
+  std::vector<std::size_t> out(k, 0);
+  for (std::size_t d = 0; d < k && !given.empty(); ++d) out[d] = given[given.size() == 1 ? 0 : d];
+  return out;
+}
+
+// The default micro-batch counts for `samples` samples: powers of two below it, and it.
+inline std::vector<std::size_t> default_micro_batches(std::size_t samples) {
+  std::vector<std::size_t> out;
+  for (std::size_t m = 1; m < samples; m *= 2) out.push_back(m);
+  out.push_back(samples);
+  return out;
+}
+
+}  // namespace detail
+
+/// What `plan` returns: the chosen configuration, its schedule (one stage per device), and every
+/// candidate with its verdict. It converts to the Options of any Trainer, so that a Trainer
+/// whose schedule kind has one chunk per device (`gpipe::SearchedSchedule` takes them all) is
+/// built from it in one line:
+///
+///     gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule> trainer(backend, plan);
+struct Plan {
+  Schedule schedule;                      ///< the chosen candidate's ops
+  PlanCandidate chosen;                   ///< the chosen candidate
+  std::vector<PlanCandidate> candidates;  ///< every candidate weighed, the chosen one included
+
+  /// Trainer options of the plan: micro_batches, remat and schedule set, the rest as given.
+  template <class Options>
+  requires requires(Options o) {
+    o.micro_batches;
+    o.remat;
+    o.schedule;
+  }
+  operator Options() const {
+    Options options{};
+    options.micro_batches = chosen.micro_batches;
+    options.remat = chosen.remat;
+    options.schedule = schedule;
+    return options;
+  }
+
+  /// The plan for a person: the choice with its prediction, then every candidate, fastest first.
+  std::string describe() const {
+    std::string out = "plan: " + line(chosen) + "\ncandidates (fastest first):\n";
+    std::vector<const PlanCandidate*> order;
+    for (const PlanCandidate& c : candidates) order.push_back(&c);
+    std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+      return a->predicted_us < b->predicted_us;
+    });
+    for (const PlanCandidate* c : order) out += "  " + line(*c) + ": " + c->verdict + "\n";
+    return out;
+  }
+
+ private:
+  static std::string line(const PlanCandidate& c) {
+    return c.schedule + ", M " + std::to_string(c.micro_batches) + ", remat " +
+           std::string(to_string(c.remat)) + ": " + detail::format_fixed(c.predicted_us / 1e3, 3) +
+           " ms, up to " + detail::format_bytes(c.peak_bytes) + " on device " +
+           std::to_string(c.peak_device);
+  }
+};
+
+/// Chooses among the candidates (see the top of this file) for Model on num_devices = S devices
+/// (one stage per device), a batch of `rows` rows (tokens in a token model), the measured
+/// `costs` (one entry per micro-batch count to weigh) and per-device `limits` (1 or S entries,
+/// 0 = none): the fastest predicted candidate whose predicted memory bound fits every device
+/// (ties: the smaller peak, then the earlier candidate: GPipe, 1F1B, ZB-H1, ZB-H2, searched).
+/// target_bytes_per_row as predict_memory's. Deterministic: the same inputs give the same plan,
+/// so processes that share costs share the plan. Throws gpipe::Error when no candidate fits,
+/// naming the smallest bound and its configuration, or for costs without entries.
+template <class Model, class Precision = Fp32>
+Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
+                 std::span<const std::size_t> limits, std::span<const Remat> policies,
+                 std::size_t optimizer_state_per_param = 2, std::size_t target_bytes_per_row = 4) {
+  constexpr std::size_t K = Model::num_stages;
+  detail::require(!costs.empty() && !policies.empty(),
+                  "plan needs op costs and a remat policy to weigh");
+  const std::vector<std::size_t> limit = detail::limits_for(limits, K);
+
+  Plan plan;
+  std::optional<std::size_t> best;
+  std::vector<Schedule> schedules;  // [candidate]
+  for (const PlanCosts& c : costs) {
+    detail::require(c.never.size() == K && c.always.size() == K,
+                    [&] { return "plan's costs are for " + std::to_string(K) + " devices"; });
+    const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
+    detail::require(m >= 1 && m <= samples, [&] {
+      return "plan: costs for " + std::to_string(m) + " micro-batches of a batch of " +
+             std::to_string(samples) + " samples";
+    });
+    for (const Remat remat : policies) {
+      const std::vector<OpCosts> op_costs = detail::costs_of(c, remat);
+      std::vector<std::pair<std::string, Schedule>> kinds = {
+          {"gpipe", GPipe::make(K, m)},
+          {"1f1b", OneFOneB::make(K, m)},
+          {"zb-h1", ZeroBubbleH1::make(K, m)},
+          {"zb-h2", ZeroBubbleH2::make(K, m)},
+          // from the measured costs, with 1F1B's memory (the built-ins cover more of it)
+          {"searched", search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}})}};
+      for (auto& [name, schedule] : kinds) {
+        PlanCandidate cand;
+        cand.schedule = name;
+        cand.micro_batches = m;
+        cand.remat = remat;
+        cand.predicted_us = simulate(schedule, op_costs).makespan;
+        cand.memory = predict_memory<Model, Precision>(
+            schedule, rows, remat, optimizer_state_per_param, target_bytes_per_row);
+        cand.fits = true;
+        std::string over;
+        for (std::size_t d = 0; d < K; ++d) {
+          const std::size_t bound = cand.memory[d].total_bound();
+          if (bound > cand.peak_bytes) {
+            cand.peak_bytes = bound;
+            cand.peak_device = d;
+          }
+          if (limit[d] != 0 && bound > limit[d] && over.empty()) {
+            cand.fits = false;
+            over = "over memory: device " + std::to_string(d) + " needs up to " +
+                   std::to_string(bound) + " bytes, its limit is " + std::to_string(limit[d]);
+          }
+        }
+        cand.verdict = over;
+        const std::size_t index = plan.candidates.size();
+        if (cand.fits) {
+          const PlanCandidate* b = best ? &plan.candidates[*best] : nullptr;
+          if (b == nullptr || cand.predicted_us < b->predicted_us ||
+              (cand.predicted_us == b->predicted_us && cand.peak_bytes < b->peak_bytes))
+            best = index;
+        }
+        plan.candidates.push_back(std::move(cand));
+        schedules.push_back(std::move(schedule));
+      }
+    }
+  }
+
+  if (!best) {
+    const auto smallest = std::min_element(
+        plan.candidates.begin(), plan.candidates.end(),
+        [](const PlanCandidate& a, const PlanCandidate& b) { return a.peak_bytes < b.peak_bytes; });
+    throw Error("gpipe: plan: no candidate fits the memory limits; the smallest, " +
+                smallest->schedule + " with M " + std::to_string(smallest->micro_batches) +
+                " and remat " + std::string(to_string(smallest->remat)) + ", needs up to " +
+                std::to_string(smallest->peak_bytes) + " bytes on device " +
+                std::to_string(smallest->peak_device) + " (" + smallest->verdict + ")");
+  }
+  const double fastest = plan.candidates[*best].predicted_us;
+  for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
+    PlanCandidate& c = plan.candidates[i];
+    if (i == *best)
+      c.verdict = "chosen";
+    else if (c.fits)
+      c.verdict = "not faster: " + detail::format_fixed(c.predicted_us / fastest, 2) +
+                  " times the chosen step";
+  }
+  plan.chosen = plan.candidates[*best];
+  plan.schedule = schedules[*best];
+  return plan;
+}
+
+/// Per micro-batch count in options.micro_batches (default: see PlanOptions), the op costs of
+/// Model on `backend` with the batch (x, y), measured with a 1F1B trainer under Remat::never and
+/// Remat::always (one warm-up step, then options.measure_steps traced steps each). Where
+/// Remat::never runs out of memory (OutOfMemory), its B is taken as Remat::always's less the
+/// forward it recomputes; a count at which Remat::always runs out of memory too is left out.
+/// With several processes every process gets every device's costs (each device's from the
+/// process that runs it). Throws gpipe::Error for a count of 0 or above the batch's samples.
+template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
+std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y& y,
+                                          const PlanOptions& options = {}) {
+  constexpr std::size_t K = Model::num_stages;
+  using TrainerT = Trainer<Model, Loss, Backend, OneFOneB, Precision>;
+  const std::size_t rows = Model::is_token_model ? std::size(x) : std::size(x) / Model::in_features;
+  const std::size_t samples = rows / Model::tokens_per_sample;
+  std::vector<std::size_t> counts = options.micro_batches.empty()
+                                        ? detail::default_micro_batches(samples)
+                                        : options.micro_batches;
+  for (std::size_t m : counts)
+    detail::require(m >= 1 && m <= samples, [&] {
+      return "plan: a micro-batch count of " + std::to_string(m) + " for a batch of " +
+             std::to_string(samples) + " samples";
+    });
+  transport::Transport<Backend> transport(backend);
+  std::vector<PlanCosts> out;
+  for (std::size_t m : counts) {
+    double overhead = -1;  // from the last configuration measured without running out
+    auto measure = [&](Remat remat) {
+      TrainerT trainer(backend, {.micro_batches = m, .remat = remat});
+      trainer.forward_backward(x, y);  // warm-up: first allocations, thread start-up
+      trainer.zero_grad();
+      const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<OpCosts> measured = measure_op_costs(trainer, x, y, steps);
+      const double wall =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count() /
+          static_cast<double>(steps);
+      // per op slot of the critical path: (wall - simulated) / (simulated / mean op)
+      const SimulationResult sim = simulate(trainer.schedule(), measured);
+      double busy = 0;
+      for (double b : sim.busy) busy += b;
+      const double ops = 3.0 * static_cast<double>(m * K);
+      if (busy > 0 && sim.makespan > 0)
+        overhead = std::max(0.0, (wall - sim.makespan) / (sim.makespan / (busy / ops)));
+      return measured;
+    };
+    PlanCosts c;
+    c.micro_batches = m;
+    try {
+      c.always = measure(Remat::always);
+    } catch (const OutOfMemory&) {
+      continue;
+    }
+    try {
+      c.never = measure(Remat::never);
+    } catch (const OutOfMemory&) {
+      c.never = c.always;
+      for (std::size_t d = 0; d < K; ++d)
+        c.never[d].backward_input = std::max(0.0, c.always[d].backward_input - c.always[d].forward);
+    }
+    c.overhead_us = std::max(overhead, 0.0);
+    // each device's costs as the process that runs it measured them (the overhead: rank 0's)
+    for (std::size_t d = 0; d < K; ++d) {
+      std::vector<double> v = {c.never[d].forward,         c.never[d].backward_input,
+                               c.never[d].backward_weight, c.always[d].forward,
+                               c.always[d].backward_input, c.always[d].backward_weight};
+      transport.broadcast(d, std::span<double>(v));
+      c.never[d] = {.forward = v[0], .backward_input = v[1], .backward_weight = v[2]};
+      c.always[d] = {.forward = v[3], .backward_input = v[4], .backward_weight = v[5]};
+    }
+    transport.broadcast(0, std::span<double>(&c.overhead_us, 1));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+/// The plan for training Model with Loss in Precision on `backend` with batches like (x, y):
+/// measure_plan_costs, then choose_plan under options.device_limit (default: each device's cap
+/// on the backend). Every process gets the same plan. Throws gpipe::Error when nothing fits
+/// (naming the smallest memory any candidate needs), or for options out of range.
+template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
+Plan plan(Backend& backend, const X& x, const Y& y, const PlanOptions& options = {}) {
+  constexpr std::size_t K = Model::num_stages;
+  detail::require(backend.num_devices() >= K, [&] {
+    return "plan: the model has " + std::to_string(K) +
+           " stages, one per device, and the backend " + std::to_string(backend.num_devices()) +
+           " devices";
+  });
+  std::vector<std::size_t> limits = options.device_limit;
+  if (limits.empty()) {
+    transport::Transport<Backend> transport(backend);
+    for (std::size_t d = 0; d < K; ++d) {
+      double cap =
+          transport.is_local(d) ? static_cast<double>(backend.memory_stats(d).capacity) : 0;
+      transport.broadcast(d, std::span<double>(&cap, 1));
+      limits.push_back(static_cast<std::size_t>(cap));
+    }
+  }
+  const std::vector<PlanCosts> costs =
+      measure_plan_costs<Model, Loss, Precision>(backend, x, y, options);
+  detail::require(!costs.empty(),
+                  "plan: every micro-batch count ran out of memory while measuring");
+  const std::size_t rows = Model::is_token_model ? std::size(x) : std::size(x) / Model::in_features;
+  const std::size_t target_bytes_per_row = std::size(y) * sizeof(*std::data(y)) / rows;
+  return choose_plan<Model, Precision>(rows, costs, limits, options.remat,
+                                       options.optimizer_state_per_param, target_bytes_per_row);
+}
+
+}  // namespace gpipe

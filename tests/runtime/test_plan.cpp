@@ -1,0 +1,168 @@
+// gpipe::plan: choose_plan on costs given by hand (the fastest candidate that fits, the limits
+// honoured, an Error naming the smallest bound when nothing fits), and the whole planner on the
+// host backend under a cap: the trainer built from the plan in one line stays within the
+// predicted bound, which stays within the limit.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpipe/gpipe.hpp"
+#include "gpipe/runtime/plan.hpp"
+#include "support/models.hpp"
+
+using namespace gpipe;
+using namespace gpipe::test;
+
+namespace {
+
+constexpr std::size_t rows = 32;
+const std::vector<Remat> all_policies = {Remat::never, Remat::except_last, Remat::always};
+
+// Costs that grow with the micro-batch's rows plus a fixed cost per op; recomputing adds the
+// forward to B. Device 1 is 50% slower, so that the searched schedule has something to find.
+std::vector<PlanCosts> hand_costs() {
+  std::vector<PlanCosts> out;
+  for (std::size_t m : {1, 2, 4, 8, 16}) {
+    PlanCosts c;
+    c.micro_batches = m;
+    for (std::size_t d = 0; d < Model3::num_stages; ++d) {
+      const double scale = d == 1 ? 1.5 : 1.0;
+      const double f = scale * (20.0 + 10.0 * static_cast<double>(rows / m));
+      c.never.push_back({.forward = f, .backward_input = f, .backward_weight = f});
+      c.always.push_back({.forward = f, .backward_input = 2 * f, .backward_weight = f});
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::size_t smallest_peak(const Plan& plan, bool (*keep)(const PlanCandidate&)) {
+  std::size_t best = std::numeric_limits<std::size_t>::max();
+  for (const PlanCandidate& c : plan.candidates)
+    if (keep(c)) best = std::min(best, c.peak_bytes);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("without a limit the plan is the fastest candidate, and every other one is slower") {
+  const std::vector<PlanCosts> costs = hand_costs();
+  const Plan plan = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  CHECK(plan.candidates.size() == costs.size() * all_policies.size() * 5);
+  CHECK(plan.chosen.verdict == "chosen");
+  CHECK(plan.chosen.remat == Remat::never);  // recomputing only costs time here
+  std::size_t chosen = 0;
+  for (const PlanCandidate& c : plan.candidates) {
+    CHECK(c.fits);
+    CHECK(c.predicted_us >= plan.chosen.predicted_us);
+    if (c.verdict == "chosen") {
+      ++chosen;
+    } else {
+      CHECK(c.verdict.starts_with("not faster: "));
+    }
+  }
+  CHECK(chosen == 1);
+  CHECK(plan.schedule.num_micro_batches == plan.chosen.micro_batches);
+  CHECK(validate(plan.schedule).ok);
+  // the prediction is the simulation of the chosen schedule with the costs of its policy
+  for (const PlanCosts& c : costs)
+    if (c.micro_batches == plan.chosen.micro_batches)
+      CHECK(plan.chosen.predicted_us == simulate(plan.schedule, c.never).makespan);
+  CHECK(plan.describe().starts_with("plan: "));
+}
+
+TEST_CASE("a limit below every Remat::never candidate makes the plan recompute, within the limit") {
+  const std::vector<PlanCosts> costs = hand_costs();
+  const Plan free = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  const std::size_t never_min =
+      smallest_peak(free, [](const PlanCandidate& c) { return c.remat == Remat::never; });
+  const std::size_t any_min = smallest_peak(free, [](const PlanCandidate&) { return true; });
+  REQUIRE(any_min < never_min);  // recomputing saves memory on this model
+  const std::vector<std::size_t> limit = {never_min - 1};
+  const Plan plan = choose_plan<Model3>(rows, costs, limit, all_policies);
+  CHECK(plan.chosen.remat != Remat::never);
+  CHECK(plan.chosen.peak_bytes <= limit[0]);
+  for (const PlanCandidate& c : plan.candidates) {
+    CHECK(c.fits == (c.peak_bytes <= limit[0]));
+    if (!c.fits) CHECK(c.verdict.starts_with("over memory: device "));
+    if (c.fits) CHECK(c.predicted_us >= plan.chosen.predicted_us);
+  }
+}
+
+TEST_CASE("a limit that nothing fits is an Error naming the smallest bound") {
+  const std::vector<PlanCosts> costs = hand_costs();
+  const Plan free = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  const std::size_t any_min = smallest_peak(free, [](const PlanCandidate&) { return true; });
+  const std::vector<std::size_t> limit = {any_min - 1};
+  try {
+    (void)choose_plan<Model3>(rows, costs, limit, all_policies);
+    FAIL("expected gpipe::Error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("needs up to " + std::to_string(any_min) + " bytes") !=
+          std::string::npos);
+  }
+  // costs for more micro-batches than the batch has samples
+  std::vector<PlanCosts> too_many = costs;
+  too_many.back().micro_batches = rows + 1;
+  CHECK_THROWS_AS(choose_plan<Model3>(rows, too_many, std::vector<std::size_t>{}, all_policies),
+                  Error);
+  // limits for neither 1 nor K devices
+  CHECK_THROWS_AS(choose_plan<Model3>(rows, costs, std::vector<std::size_t>{1, 2}, all_policies),
+                  Error);
+}
+
+TEST_CASE("the planner on a capped host backend: the plan's trainer stays within its bound") {
+  const std::vector<float> x = random_inputs(rows, Model3::in_features, 5);
+  const std::vector<std::int32_t> y = random_classes(rows, Model3::out_features, 6);
+  // the limit: below what Remat::never needs at M = 1 (the whole batch's activations at once)
+  const std::vector<PlanCosts> probe = hand_costs();
+  const Plan free = choose_plan<Model3>(rows, probe, std::vector<std::size_t>{}, all_policies);
+  std::size_t never_m1 = 0;
+  for (const PlanCandidate& c : free.candidates)
+    if (c.remat == Remat::never && c.micro_batches == 1 && c.schedule == "gpipe")
+      never_m1 = c.peak_bytes;
+  REQUIRE(never_m1 > 0);
+  const std::size_t limit = never_m1 - 1;
+  host::Backend backend(3, {.device_capacity = limit});
+
+  const Plan plan = gpipe::plan<Model3, SoftmaxCrossEntropy>(
+      backend, x, y, {.micro_batches = {1, 2, 4, 8}, .measure_steps = 1});
+  CAPTURE(plan.describe());
+  CHECK(plan.chosen.peak_bytes <= limit);
+  CHECK(plan.chosen.predicted_us > 0);
+  const bool never_m1_gpipe = plan.chosen.micro_batches == 1 && plan.chosen.remat == Remat::never &&
+                              plan.chosen.schedule == "gpipe";
+  CHECK_FALSE(never_m1_gpipe);
+
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend, SearchedSchedule> trainer(backend, plan);
+  CHECK(trainer.schedule() == plan.schedule);
+  backend.reset_peak();
+  const float loss = trainer.forward_backward(x, y);
+  CHECK(loss > 0);
+  for (std::size_t d = 0; d < 3; ++d) {
+    CAPTURE(d);
+    CHECK(backend.memory_stats(d).peak <= plan.chosen.memory[d].total_bound());
+    CHECK(plan.chosen.memory[d].total_bound() <= limit);
+  }
+  // the same loss as the unplanned GPipe trainer (the plan changes the order, not the math)
+  host::Backend plain_backend(3);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend> plain(plain_backend, {.micro_batches = 1});
+  CHECK(plain.forward_backward(x, y) == doctest::Approx(loss).epsilon(1e-5));
+}
+
+TEST_CASE("the planner refuses micro-batch counts the batch cannot split into") {
+  const std::vector<float> x = random_inputs(rows, Model3::in_features, 5);
+  const std::vector<std::int32_t> y = random_classes(rows, Model3::out_features, 6);
+  host::Backend backend(3);
+  auto plan_with = [&](std::size_t m) {
+    return gpipe::plan<Model3, SoftmaxCrossEntropy>(backend, x, y, {.micro_batches = {m}});
+  };
+  CHECK_THROWS_AS(plan_with(0), Error);
+  CHECK_THROWS_AS(plan_with(rows + 1), Error);
+}
