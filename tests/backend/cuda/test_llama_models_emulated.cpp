@@ -18,7 +18,7 @@ TEST_CASE("emulated: every kernel launch and GEMM of a Llama step has its launch
       Trainer<Llama4, SoftmaxCrossEntropy, cuda::Backend, OneFOneB, Precision> trainer(
           backend, {.micro_batches = 3, .seed = 5});
       cuda::LaunchRecorder recorder;
-      const std::size_t k0 = counts.kernels, g0 = counts.gemms;
+      const std::size_t k0 = counts.kernels(), g0 = counts.gemms();
       trainer.zero_grad();
       trainer.forward_backward(tokens, targets);
       trainer.step(optim::AdamW{});
@@ -29,8 +29,8 @@ TEST_CASE("emulated: every kernel launch and GEMM of a Llama step has its launch
         gemms += r.kind == cuda::LaunchKind::gemm ? 1 : 0;
       }
       CHECK(kernels > 0);
-      CHECK(kernels == counts.kernels - k0);
-      CHECK(gemms == counts.gemms - g0);
+      CHECK(kernels == counts.kernels() - k0);
+      CHECK(gemms == counts.gemms() - g0);
     };
     if (bf16)
       step.operator()<MixedBf16>();
