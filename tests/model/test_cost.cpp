@@ -71,6 +71,30 @@ TEST_CASE("layer_cost: GEMMs at 2 and 4 FLOPs per weight, attention 4 and 8 T D 
   static_assert(layer_cost<Ck>().backward == body.backward + body.forward);
 }
 
+TEST_CASE("layer_cost of the Llama layers: the block's GEMMs, its grouped core, the cheap rest") {
+  static_assert(layer_cost<TokenEmbedding<100, 8, 16>>().total() == 2 * 16);
+  static_assert(layer_cost<RMSNorm<16>>().total() == 3 * 32);
+  static_assert(layer_cost<detail::GroupedAttentionCore<4, 2, 4, 8>>().forward == 4 * 8 * 16);
+  static_assert(layer_cost<detail::GroupedAttentionCore<4, 1, 4, 8>>().backward == 8 * 8 * 16);
+  // a block: q, o (D^2 each), k, v (KVH hd D each), gate, up, down (F D each), the core, and the
+  // cheap rest (RMSNorms, RoPE, SwiGLU, sums)
+  constexpr std::size_t D = 16, H = 4, KVH = 2, F = 24, T = 8;
+  using Block = detail::bound_layer_t<LlamaBlock<D, H, KVH, F>, D, T>;
+  constexpr LayerCost block = layer_cost<Block>();
+  constexpr double weights = 2.0 * D * D + 2.0 * KVH * (D / H) * D + 3.0 * F * D;
+  constexpr double gemm = 6 * weights, attention = 12.0 * T * D;
+  static_assert(block.total() > gemm + attention);
+  static_assert(block.total() < gemm + attention + 3 * 40.0 * D);  // under 40 FLOPs per element
+  // a Llama's head (512 x 32000: about five blocks' worth of GEMM) takes a stage with the final
+  // norm, the six blocks the other
+  constexpr std::size_t V = 32000, Tl = 256, Dl = 512;
+  using B = LlamaBlock<Dl, 8, 2, 1408>;
+  using Llama2 = balanced_pipeline_t<2, TokenEmbedding<V, Tl, Dl>, B, B, B, B, B, B, RMSNorm<Dl>,
+                                     Linear<Dl, V, false>>;
+  static_assert(std::is_same_v<Llama2, Pipeline<Stage<TokenEmbedding<V, Tl, Dl>, B, B, B, B, B, B>,
+                                                Stage<RMSNorm<Dl>, Linear<Dl, V, false>>>>);
+}
+
 TEST_CASE("balanced_cut equals brute force over every cut: least largest stage, then squares") {
   Rng rng(7);
   for (int trial = 0; trial < 300; ++trial) {

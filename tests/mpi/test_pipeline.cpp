@@ -399,6 +399,56 @@ TEST_CASE("a model whose device count differs from the world size is a clear err
                        doctest::Contains("backend has only"), Error);
 }
 
+// A Llama (TokenEmbedding, LlamaBlocks, RMSNorm, a bias-free head) on 2 or 4 ranks: the loss and
+// each rank's gradients are one process's bit for bit, in Fp32 and MixedBf16, and the file saved
+// under Hugging Face's names is one process's byte for byte.
+template <class Model, class Precision>
+void check_llama_on_ranks(mpi::Backend& backend) {
+  constexpr std::size_t V = Model::vocab_size, T = Model::tokens_per_sample;
+  const std::vector<std::int32_t> tokens = random_classes(3 * T, V, 5);
+  const std::vector<std::int32_t> targets = random_classes(3 * T, V, 6);
+  for (Remat remat : {Remat::never, Remat::always}) {
+    CAPTURE(to_string(remat));
+    CAPTURE(backend.rank());
+    host::Backend one_process(Model::num_stages);
+    Trainer<Model, SoftmaxCrossEntropy, host::Backend, OneFOneB, Precision> reference(
+        one_process, {.micro_batches = 3, .remat = remat, .seed = seed});
+    Trainer<Model, SoftmaxCrossEntropy, mpi::Backend, OneFOneB, Precision> trainer(
+        backend, {.micro_batches = 3, .remat = remat, .seed = seed});
+    CHECK(trainer.forward_backward(tokens, targets) == reference.forward_backward(tokens, targets));
+    for (const ParameterInfo& info : trainer.parameter_info())
+      if (backend.is_local(trainer.device_of_stage(info.stage))) {
+        CAPTURE(info.name);
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+      }
+    const std::string name = "llama_" + std::to_string(Model::num_stages) + ".safetensors";
+    trainer.save(name, hf_llama_names<Model>());
+    if (backend.rank() == 0) {
+      reference.save("reference_" + name, hf_llama_names<Model>());
+      CHECK(file_bytes(name) == file_bytes("reference_" + name));
+    }
+    MPI_Barrier(backend.communicator());
+  }
+}
+
+TEST_CASE("a Llama over MPI gives the one-process step bit for bit, Fp32 and MixedBf16") {
+  constexpr std::size_t V = 11, T = 8, D = 16, H = 4, KVH = 2, F = 24;
+  using Emb = TokenEmbedding<V, T, D>;
+  using Block = LlamaBlock<D, H, KVH, F>;
+  using Tail = Stage<RMSNorm<D>, Linear<D, V, false>>;
+  using Llama2 = Pipeline<Stage<Emb, Block>, Stage<Block, RMSNorm<D>, Linear<D, V, false>>>;
+  using Llama4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Tail>;
+  mpi::Backend backend;
+  if (backend.num_devices() == 2) {
+    check_llama_on_ranks<Llama2, Fp32>(backend);
+    check_llama_on_ranks<Llama2, MixedBf16>(backend);
+  }
+  if (backend.num_devices() == 4) {
+    check_llama_on_ranks<Llama4, Fp32>(backend);
+    check_llama_on_ranks<Llama4, MixedBf16>(backend);
+  }
+}
+
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
   if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file

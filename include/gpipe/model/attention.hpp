@@ -112,7 +112,7 @@ auto* master_view(T* p, const char* what) {
   static_assert(sizeof(M) <= 2 * sizeof(T), "gpipe: 2 elements per value hold a master_t value");
   using View = std::conditional_t<std::is_const_v<T>, const M*, M*>;
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(M) != 0)
-    throw Error(std::string("gpipe: the attention core's ") + what + " is not aligned for its " +
+    throw Error(std::string("gpipe: a layer's ") + what + " is not aligned for its " +
                 std::to_string(sizeof(M)) +
                 "-byte values (a bf16 buffer at an odd offset: keep every width before it in its "
                 "chain even)");

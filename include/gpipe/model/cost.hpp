@@ -12,11 +12,15 @@
 //   - a weight matrix (a rank-2 parameter tensor) of E elements: 2 E forward (x W^T), 4 E backward
 //     (dx = dy W and dW += dy^T x); Linear<In, Out> so costs 2 In Out and 4 In Out per row;
 //   - Embedding: a lookup and a sum, D per row forward and 2 D backward ("about nothing");
+//     TokenEmbedding: a lookup, D forward and D backward;
 //   - the causal attention core (T tokens, width D): q k^T and P v, 4 T D per row forward, and
-//     the four products of backward, 8 T D (computed whole, as the kernels do);
+//     the four products of backward, 8 T D (computed whole, as the kernels do); the grouped core
+//     of LlamaBlock likewise with D = H hd, its query heads' width (key/value heads are shared,
+//     not fewer products);
 //   - every other layer: one FLOP per input and output element forward, two backward (LayerNorm,
 //     activations, residual sums: memory-bound work that is small beside the GEMMs);
-//   - composite layers (Chain, Residual, TransformerBlock, CausalSelfAttention) sum their
+//   - composite layers (Chain, Residual, TransformerBlock, CausalSelfAttention, LlamaBlock) sum
+//   their
 //     children, a Residual adds its sum; a Checkpoint adds its body's forward to its backward
 //     (recomputed there).
 // A layer of your own may declare `static constexpr gpipe::LayerCost cost_per_row()`, which
@@ -34,6 +38,7 @@
 #include "gpipe/model/detail/chain.hpp"
 #include "gpipe/model/embedding.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/llama.hpp"
 #include "gpipe/model/pipeline.hpp"
 #include "gpipe/model/residual.hpp"
 #include "gpipe/model/stage.hpp"
@@ -90,9 +95,18 @@ template <std::size_t V, std::size_t T, std::size_t D>
 struct LeafCost<Embedding<V, T, D>> {
   static constexpr LayerCost value{static_cast<double>(D), 2.0 * static_cast<double>(D)};
 };
+template <std::size_t V, std::size_t T, std::size_t D>
+struct LeafCost<TokenEmbedding<V, T, D>> {
+  static constexpr LayerCost value{static_cast<double>(D), static_cast<double>(D)};
+};
 template <std::size_t D, std::size_t H, std::size_t T>
 struct LeafCost<CausalAttentionCore<D, H, T>> {
   static constexpr double td = static_cast<double>(T) * static_cast<double>(D);
+  static constexpr LayerCost value{4 * td, 8 * td};
+};
+template <std::size_t H, std::size_t KVH, std::size_t hd, std::size_t T>
+struct LeafCost<GroupedAttentionCore<H, KVH, hd, T>> {
+  static constexpr double td = static_cast<double>(T) * static_cast<double>(H * hd);
   static constexpr LayerCost value{4 * td, 8 * td};
 };
 

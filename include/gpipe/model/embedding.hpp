@@ -10,7 +10,7 @@
 // that the ids name, in a deterministic order, and sums dy over samples into wpe.
 //
 // Fixing T makes the pipeline a token model (Pipeline::tokens_per_sample = T); it must be the
-// pipeline's first layer.
+// pipeline's first layer. TokenEmbedding<V, T, D> is Llama's: the token table alone.
 
 #include <array>
 #include <cmath>
@@ -19,6 +19,7 @@
 
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/precision.hpp"
 
 namespace gpipe {
 
@@ -83,6 +84,56 @@ struct Embedding {
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     LayerKernels<EmbeddingOp, Ctx>::backward_weight(ctx, a.rows, T, D, a.x, a.dy, a.grads,
                                                     a.grads + V * D, a.document);
+  }
+};
+
+/// Llama's token embedding, the first layer of a token model: V token ids, samples of T tokens,
+/// width D; the token table only, as Hugging Face's embed_tokens (positions enter later, by RoPE).
+/// Input rows are token ids carried as floats; the output row of a token is wte[id]. Fixes the
+/// model's tokens per sample to T. Runs on Embedding's kernels, without their position table.
+template <std::size_t V, std::size_t T, std::size_t D>
+struct TokenEmbedding {
+  static_assert(V > 0 && T > 0 && D > 0, "gpipe: TokenEmbedding needs positive sizes");
+  static_assert(V <= (std::size_t{1} << 24),
+                "gpipe: TokenEmbedding's token ids travel as floats, exact up to 2^24 = 16777216");
+
+  /// Token ids range over [0, V); Pipeline::vocab_size reports it.
+  static constexpr std::size_t vocab_size = V;
+  /// Rows per sample: T consecutive rows are one sample (micro-batches start at samples).
+  static constexpr std::size_t tokens_per_sample = T;
+  static constexpr std::size_t in_features = 1;         ///< the token id
+  static constexpr std::size_t out_features = D;        ///< The embedding width.
+  static constexpr std::size_t num_params = V * D;      ///< The table (V * D floats, row-major).
+  static constexpr std::size_t stash_per_row = 0;       ///< W needs only the ids x and dy.
+  static constexpr std::size_t grad_stash_per_row = 0;  ///< W needs nothing from B.
+
+  /// "weight" (V, D) at offset 0: Hugging Face's "model.embed_tokens.weight" under its own name.
+  static constexpr std::array<ParamSpec, 1> param_specs() {
+    return {ParamSpec{.name = "weight", .shape = {V, D}, .rank = 2, .offset = 0}};
+  }
+
+  /// Standard deviation 0.02, Llama's initializer_range (uniform in +-0.02 sqrt 3, as Rng draws
+  /// uniformly).
+  static void init(std::span<float> params, Rng& rng) { Embedding<V, T, D>::init(params, rng); }
+
+  /// y (rows, D): row r = wte[x[r], :].
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    LayerKernels<EmbeddingOp, Ctx>::forward(
+        ctx, a.rows, T, D, a.x, a.params,
+        static_cast<const master_t<typename Ctx::value_type>*>(nullptr), a.y);
+  }
+  /// d(loss)/d(id) = 0: y is piecewise constant in the id.
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.fill(a.rows, typename Ctx::value_type(0.0f), a.dx);
+  }
+  /// dwte (V, D) += dy rows scatter-added at their ids, in a deterministic order.
+  template <class Ctx>
+  static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
+    LayerKernels<EmbeddingOp, Ctx>::backward_weight(
+        ctx, a.rows, T, D, a.x, a.dy, a.grads,
+        static_cast<master_t<typename Ctx::value_type>*>(nullptr));
   }
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Names that files give a model's parameters when they are not the model's own nn.Sequential
-// names: a renaming (NameMap) and the one for nanoGPT's GPT state dict (nanogpt_names).
+// names: a renaming (NameMap), the one for nanoGPT's GPT state dict (nanogpt_names) and the one
+// for Hugging Face's LlamaForCausalLM (hf_llama_names).
 
 #include <algorithm>
 #include <cstddef>
@@ -112,6 +113,56 @@ NameMap nanogpt_names() {
   if (last < 2)
     throw Error("gpipe: nanogpt_names: the model has no LayerNorm and head after its Embedding");
   return names.skip(".attn.bias");
+}
+
+/// The names of Hugging Face's `LlamaForCausalLM` state dict for a `Model` of its shape: a
+/// `TokenEmbedding` first, then `LlamaBlock`s, a final `RMSNorm` and a `Linear<D, V, false>` head,
+/// over any split into stages:
+///   0.weight                       -> model.embed_tokens.weight
+///   i.X (block i = 1..n)           -> model.layers.(i-1).X (input_layernorm, self_attn.q_proj,
+///                                     k_proj, v_proj, o_proj, post_attention_layernorm,
+///                                     mlp.gate_proj, up_proj, down_proj: the names are HF's)
+///   n+1.weight                     -> model.norm.weight
+///   n+2.weight                     -> lm_head.weight
+/// and skips the rotary embeddings' buffers (`rotary_emb.inv_freq`, which older checkpoints keep
+/// per layer). A model of another shape is a `gpipe::Error` that names the first parameter that
+/// does not fit.
+template <class Model>
+NameMap hf_llama_names() {
+  const std::vector<ParameterInfo> infos = Model::parameters();
+  std::size_t last = 0;
+  for (const ParameterInfo& info : infos)
+    last = std::max(last, detail::split_layer_index(info.name).first);
+  NameMap names;
+  for (const ParameterInfo& info : infos) {
+    const auto [layer, rest] = detail::split_layer_index(info.name);
+    const auto refuse = [&name = info.name](const char* why) {
+      throw Error("gpipe: hf_llama_names: parameter \"" + name + "\" " + why +
+                  "; LlamaForCausalLM is a TokenEmbedding, LlamaBlocks, an RMSNorm and a "
+                  "Linear<D, V, false> head");
+    };
+    std::string file;
+    if (layer == 0) {
+      if (rest != "weight" || info.shape.size() != 2) refuse("is not a TokenEmbedding's");
+      file = "model.embed_tokens.weight";
+    } else if (layer == last) {
+      if (rest != "weight" || info.shape.size() != 2) refuse("is not a bias-free Linear head's");
+      file = "lm_head.weight";
+    } else if (layer + 1 == last) {
+      if (rest != "weight" || info.shape.size() != 1) refuse("is not the final RMSNorm's");
+      file = "model.norm.weight";
+    } else {
+      if (!rest.starts_with("input_layernorm.") && !rest.starts_with("self_attn.") &&
+          !rest.starts_with("post_attention_layernorm.") && !rest.starts_with("mlp."))
+        refuse("is not a LlamaBlock's");
+      file = "model.layers." + std::to_string(layer - 1) + "." + std::string(rest);
+    }
+    names.rename(info.name, std::move(file));
+  }
+  if (last < 2)
+    throw Error(
+        "gpipe: hf_llama_names: the model has no RMSNorm and head after its TokenEmbedding");
+  return names.skip("rotary_emb.inv_freq");
 }
 
 }  // namespace gpipe

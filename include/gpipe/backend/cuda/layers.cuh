@@ -11,3 +11,4 @@
 #include "gpipe/backend/cuda/layers/attention.cuh"
 #include "gpipe/backend/cuda/layers/embedding.cuh"
 #include "gpipe/backend/cuda/layers/gelu_tanh.cuh"
+#include "gpipe/backend/cuda/layers/llama.cuh"

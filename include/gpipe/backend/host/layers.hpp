@@ -7,3 +7,5 @@
 #include "gpipe/backend/host/layers/embedding.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/backend/host/layers/layer_norm.hpp"
+#include "gpipe/backend/host/layers/llama.hpp"
+#include "gpipe/backend/host/layers/rms_norm.hpp"

@@ -55,7 +55,8 @@ __global__ void embedding_forward_kernel(std::size_t rows, std::size_t tokens, s
     const std::size_t r = i / width, c = i % width;
     const std::size_t id = detail::token_id(ids[r]);
     const std::size_t p = position == nullptr ? r % tokens : position[r];
-    y[i] = detail::narrow<T>(wte[id * width + c] + wpe[p * width + c]);
+    const float e = wte[id * width + c];
+    y[i] = detail::narrow<T>(wpe == nullptr ? e : e + wpe[p * width + c]);
   }
 }
 
@@ -205,6 +206,7 @@ namespace gpipe {
 /// the 16 bits of each bf16 (the executor stores them so), wte + wpe is summed in float and
 /// rounded once, and dy is widened to float. With document ids (rows, device memory) each row's
 /// position restarts at 0 where its run of equal ids starts (EmbeddingOp's contract).
+/// Without a position table (wpe and dwpe null: TokenEmbedding) only wte is read and written.
 template <class T>
 struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
   /// y(rows, width) = wte(id_r, :) + wpe(p_r, :), overwritten; ids (rows) are token ids, which
@@ -216,14 +218,15 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     if (rows == 0) return;
     namespace d = cuda::detail;
     const std::uint32_t* position = nullptr;
-    if (document != nullptr) {
+    if (document != nullptr && wpe != nullptr) {
       auto* words = reinterpret_cast<std::uint32_t*>(k.scratch(rows));
       cuda::document_positions(rows, tokens, document, words, k.stream());
       position = words;
     }
     d::record_kernel("embedding_forward_kernel", {rows, width, 0},
                      static_cast<double>(rows * width),
-                     d::bytes_of<T>(rows) + d::bytes_of<float>(rows * width + tokens * width) +
+                     d::bytes_of<T>(rows) +
+                         d::bytes_of<float>(rows * width + (wpe == nullptr ? 0 : tokens * width)) +
                          (position != nullptr ? d::bytes_of<std::uint32_t>(rows) : 0.0),
                      d::bytes_of<T>(rows * width), k.stream());
     GPIPE_CUDA_LAUNCH(cuda::embedding_forward_kernel<T>, cuda::detail::grid_for(rows * width),
@@ -256,6 +259,7 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
     GPIPE_CUDA_LAUNCH(by_ids, d::grid_for(rows, 1), 128, k.stream())
     (rows, width, d::TokenKeys<T>{ids}, by_id, dy, dwte);
     GPIPE_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+    if (dwpe == nullptr) return;  // TokenEmbedding: no position table
     if (document != nullptr) {
       // the orders are free again: the launches above read them first (one stream)
       std::uint32_t* position = count + counts;

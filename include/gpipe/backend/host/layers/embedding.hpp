@@ -2,7 +2,9 @@
 // Embedding on the host: rows gather a row of wte and of wpe; W adds each row's dy into the
 // rows it read, in row order (deterministic: the same sums in the same order every step). With
 // document ids, each row's position (its row of wpe) is found first, in one pass over the rows.
+// Without a position table (wpe and dwpe null: TokenEmbedding) only wte is read and written.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +21,7 @@
 namespace gpipe {
 /// Embedding on the host, on rows = samples * tokens rows of width `width`: ids(rows) are token
 /// ids stored as T and rounded to the nearest integer; a negative one throws `gpipe::Error`.
+/// Without a position table (wpe and dwpe null: TokenEmbedding) only wte is read and written.
 template <class T>
 struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
   /// y(r, :) = wte(id_r, :) + wpe(p_r, :), y (rows, width) overwritten; p_r the row's position
@@ -26,6 +29,11 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
   static void forward(host::KernelContext<T>&, std::size_t rows, std::size_t tokens,
                       std::size_t width, const T* ids, const T* wte, const T* wpe, T* y,
                       const std::int32_t* document = nullptr) {
+    if (wpe == nullptr) {
+      for (std::size_t r = 0; r < rows; ++r)
+        std::copy_n(wte + id(ids[r]) * width, width, y + r * width);
+      return;
+    }
     std::vector<std::size_t> position;
     host::document_positions(rows, tokens, document, position);
     for (std::size_t r = 0; r < rows; ++r)
@@ -42,9 +50,10 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<T>> {
     for (std::size_t r = 0; r < rows; ++r) {
       const T* g = dy + r * width;
       T* e = dwte + id(ids[r]) * width;
-      T* p = dwpe + position[r] * width;
       host::simd::transform(
           width, [](auto acc, auto v) { return acc + v; }, e, e, g);
+      if (dwpe == nullptr) continue;
+      T* p = dwpe + position[r] * width;
       host::simd::transform(
           width, [](auto acc, auto v) { return acc + v; }, p, p, g);
     }
@@ -75,6 +84,10 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
     k.in_blocks(rows, width, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(width);
       for (std::size_t r = first; r < first + count; ++r) {
+        if (wpe == nullptr) {
+          host::to_bf16(width, wte + ids[r].bits * width, y + r * width);
+          continue;
+        }
         host::add(width, wte + ids[r].bits * width, wpe + position[r] * width, row.data());
         host::to_bf16(width, row.data(), y + r * width);
       }
@@ -90,7 +103,7 @@ struct LayerKernels<EmbeddingOp, host::KernelContext<bf16>> {
     for (std::size_t r = 0; r < rows; ++r) {
       host::from_bf16(width, dy + r * width, g.data());
       host::accumulate(width, g.data(), dwte + ids[r].bits * width);
-      host::accumulate(width, g.data(), dwpe + position[r] * width);
+      if (dwpe != nullptr) host::accumulate(width, g.data(), dwpe + position[r] * width);
     }
   }
 };

@@ -1,0 +1,131 @@
+#pragma once
+// RMSNorm on the host: one body for every activation type (float, bf16, double in the tests),
+// sums in double, each output rounded once; split over the context's team by rows (forward,
+// input gradient) or by columns (weight gradient).
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/linkage.hpp"
+#include "gpipe/model/kernel_context.hpp"
+#include "gpipe/model/precision.hpp"
+#include "gpipe/model/rms_norm.hpp"
+
+namespace gpipe {
+
+namespace detail {
+
+// Row r's rstd in stats (rows, 2) of T as RMSNormOp keeps it: (0, rstd) in float or double; a
+// float's bits, high half first, in bf16.
+template <class T>
+void put_rstd(T* stats, std::size_t r, master_t<T> rstd) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const auto bits = std::bit_cast<std::uint32_t>(rstd);
+    stats[2 * r] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
+    stats[2 * r + 1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+  } else {
+    stats[2 * r] = T(0);
+    stats[2 * r + 1] = rstd;
+  }
+}
+template <class T>
+master_t<T> rstd_of(const T* stats, std::size_t r) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return std::bit_cast<float>(static_cast<std::uint32_t>(stats[2 * r].bits) << 16 |
+                                stats[2 * r + 1].bits);
+  else
+    return stats[2 * r + 1];
+}
+
+}  // namespace detail
+
+/// RMSNorm on the host over the last dimension of (rows, cols); weight and gradients in
+/// master_t<T> (float for bf16), rstd kept in stats as RMSNormOp says, bf16 activations widened
+/// exactly and the results rounded once.
+template <class T>
+struct LayerKernels<RMSNormOp, host::KernelContext<T>> {
+  /// The master type: weight, rstd, gradients.
+  using M = master_t<T>;
+
+  /// Per row: rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd weight(cols); y and stats (rows, 2)
+  /// overwritten.
+  static void forward(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                      const T* x, const M* weight, T* y, T* stats);
+  /// dx(rows, cols) = rstd (g - xhat mean(g xhat)) per row, g = dy weight, xhat = x rstd.
+  static void backward_input(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                             const T* x, const T* dy, const M* weight, const T* stats, T* dx);
+  /// dweight(cols) += the column sums of dy xhat, each column summed in row order.
+  static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                              const T* x, const T* dy, const T* stats, M* dweight);
+};
+
+// Defined out of the class, so that a program on gpipe::compiled compiles none of them (the
+// float ones are instantiated in the library: GPIPE_HOST_INSTANTIATION below).
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::forward(host::KernelContext<T>& k,
+                                                              std::size_t rows, std::size_t cols,
+                                                              double eps, const T* x,
+                                                              const M* weight, T* y, T* stats) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    for (std::size_t r = first; r < first + count; ++r) {
+      const T* xr = x + r * cols;
+      double sq = 0;
+      for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
+      // rounded to M first, so that B and W use the very rstd that y was formed with
+      const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+      detail::put_rstd(stats, r, s);
+      for (std::size_t c = 0; c < cols; ++c)
+        y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
+    }
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input(host::KernelContext<T>& k,
+                                                                     std::size_t rows,
+                                                                     std::size_t cols, const T* x,
+                                                                     const T* dy, const M* weight,
+                                                                     const T* stats, T* dx) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    for (std::size_t r = first; r < first + count; ++r) {
+      const double s = detail::rstd_of(stats, r);
+      double sum_gx = 0;
+      for (std::size_t c = 0; c < cols; ++c)
+        sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
+      const double mean_gx = sum_gx / static_cast<double>(cols);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
+        const double xhat = static_cast<double>(x[r * cols + c]) * s;
+        dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
+      }
+    }
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_weight(host::KernelContext<T>& k,
+                                                                      std::size_t rows,
+                                                                      std::size_t cols, const T* x,
+                                                                      const T* dy, const T* stats,
+                                                                      M* dweight) {
+  std::vector<double> rstd(rows);
+  for (std::size_t r = 0; r < rows; ++r) rstd[r] = detail::rstd_of(stats, r);
+  k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
+    for (std::size_t c = first; c < first + count; ++c) {
+      double sum = 0;
+      for (std::size_t r = 0; r < rows; ++r)
+        sum += static_cast<double>(dy[r * cols + c]) * x[r * cols + c] * rstd[r];
+      dweight[c] += static_cast<M>(sum);
+    }
+  });
+}
+
+GPIPE_HOST_INSTANTIATION(struct LayerKernels<RMSNormOp, host::KernelContext<float>>);
+
+}  // namespace gpipe
