@@ -72,6 +72,28 @@ TEST_SUITE("llama models on the CUDA backend") {
     }
   }
 
+  TEST_CASE("a Llama step on packed documents on the CUDA backend equals the double reference") {
+    std::vector<std::int32_t> documents(samples * T);
+    for (std::size_t r = 0; r < documents.size(); ++r)
+      documents[r] = static_cast<std::int32_t>(r / 3 % 4);
+    const std::vector<std::int32_t> tokens = llama_tokens(1), targets = llama_tokens(2);
+    cuda::Backend backend(Llama4::num_stages);
+    for (Remat remat : {Remat::never, Remat::always}) {
+      CAPTURE(to_string(remat));
+      Trainer<Llama4, SoftmaxCrossEntropy, cuda::Backend, OneFOneB> trainer(
+          backend, {.micro_batches = 3, .remat = remat, .seed = 5});
+      const float loss = trainer.forward_backward(tokens, targets, documents);
+      const ReferenceResult ref = reference_step<Llama4, SoftmaxCrossEntropy>(
+          parameters_of(trainer), std::vector<float>(tokens.begin(), tokens.end()), targets,
+          documents);
+      CHECK(loss == doctest::Approx(ref.loss).epsilon(CudaTolerances::loss_tolerance));
+      for (const auto& [name, grad] : gradients_of(trainer)) {
+        CAPTURE(name);
+        CHECK(relative_error(grad, ref.gradients.at(name)) < CudaTolerances::gradient_tolerance);
+      }
+    }
+  }
+
   TEST_CASE("MixedBf16: a Llama step on the CUDA backend is Fp32's within bf16's bound") {
     // the bound of tests/runtime/test_llama_models.cpp: (2 n_ops + n_gemm) u for gradients
     constexpr double u = 1.0 / 256;
