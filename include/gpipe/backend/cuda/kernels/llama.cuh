@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/kernels/positions.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
@@ -36,26 +37,13 @@ __host__ __device__ __forceinline__ void sincos_pi(double x, double* s, double* 
 }
 }  // namespace detail
 
-/// position (rows) = each row's distance from the first row of its run of equal ids in
-/// document (rows), within its sample of `tokens` rows: a thread per row, walking back. (A
-/// template only so that the header defines it in every program that includes it.)
-template <class Id>
-__global__ void rope_positions_kernel(std::size_t rows, std::size_t tokens, const Id* document,
-                                      Id* position) {
-  for (std::size_t r = detail::global_thread(); r < rows; r += detail::grid_threads()) {
-    std::size_t t = r % tokens, p = 0;
-    while (t > 0 && document[r - p - 1] == document[r]) ++p, --t;
-    position[r] = static_cast<Id>(p);
-  }
-}
-
 /// x (rows, ld)'s first `heads` heads of head_size (even) rotated in place (RopeOp), a thread per
 /// (row, frequency), its angle's cos and sin shared by the row's heads; position (rows) or, where
 /// null, row % tokens. `sign` -1 rotates back.
 template <class T>
 __global__ void rope_kernel(std::size_t rows, std::size_t tokens, std::size_t heads,
                             std::size_t head_size, std::size_t ld, double base,
-                            const std::int32_t* position, T* x, double sign) {
+                            const std::uint32_t* position, T* x, double sign) {
   const std::size_t half = head_size / 2;
   for (std::size_t i = detail::global_thread(); i < rows * half; i += detail::grid_threads()) {
     const std::size_t r = i / half, f = i % half;
@@ -76,23 +64,18 @@ __global__ void rope_kernel(std::size_t rows, std::size_t tokens, std::size_t he
   }
 }
 
-/// RopeOp's rotate on `stream`; with document ids their positions first, into `scratch` (rows
-/// int32: rope_scratch(rows) floats), which stays in use until the launches run.
+/// RopeOp's rotate on `stream`; with document ids their positions first (document_positions),
+/// into `scratch` (rows uint32: rope_scratch(rows) floats), which stays in use until the launches
+/// run.
 template <class T>
 void rope(std::size_t rows, std::size_t tokens, std::size_t heads, std::size_t head_size,
           std::size_t ld, double base, const std::int32_t* document, T* x, bool transpose,
           float* scratch, cudaStream_t stream) {
   if (rows == 0 || heads == 0 || head_size < 2) return;
-  std::int32_t* position = nullptr;
+  std::uint32_t* position = nullptr;
   if (document != nullptr) {
-    position = reinterpret_cast<std::int32_t*>(scratch);
-    detail::record_kernel("rope_positions_kernel", {rows, tokens, 0}, 0,
-                          detail::bytes_of<std::int32_t>(rows),
-                          detail::bytes_of<std::int32_t>(rows), stream);
-    GPIPE_CUDA_LAUNCH(rope_positions_kernel<std::int32_t>, detail::grid_for(rows),
-                      detail::block_size, stream)
-    (rows, tokens, document, position);
-    GPIPE_CUDA_CHECK_LAUNCH("rope_positions_kernel");
+    position = reinterpret_cast<std::uint32_t*>(scratch);
+    document_positions(rows, tokens, document, position, stream);
   }
   const std::size_t n = rows * heads * head_size;
   detail::record_kernel("rope_kernel", {rows, heads, head_size}, 3.0 * static_cast<double>(n),

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
-#include "gpipe/backend/host/kernels/attention.hpp"
+#include "gpipe/backend/host/kernels/positions.hpp"
 #include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/llama.hpp"
@@ -17,8 +17,8 @@
 namespace gpipe {
 
 /// The rotary embedding on the host (RopeOp's contract), per sample: its positions from the
-/// document ids (host::document_starts) or the row's index, then per row hd/2 angles shared by
-/// its heads.
+/// document ids (host::document_positions; without them, the row's index in its sample), then per
+/// row hd/2 angles shared by its heads.
 template <class T>
 struct LayerKernels<RopeOp, host::KernelContext<T>> {
   /// x (rows, ld): its first `heads` heads rotated in place (RopeOp).
@@ -49,15 +49,16 @@ void LayerKernels<RopeOp, host::KernelContext<T>>::rotate(host::KernelContext<T>
                                                           bool transpose) {
   const std::size_t half = head_size / 2, samples = rows / tokens;
   k.in_blocks(samples, tokens * heads * head_size, [&](std::size_t first, std::size_t count) {
-    std::vector<std::size_t> start;
+    std::vector<std::size_t> position;
     std::vector<double> cos(half), sin(half);
     for (std::size_t b = first; b < first + count; ++b) {
-      if (document != nullptr) host::document_starts(document + b * tokens, tokens, start);
+      host::document_positions(tokens, tokens,
+                               document == nullptr ? nullptr : document + b * tokens, position);
       for (std::size_t t = 0; t < tokens; ++t) {
-        const double position = static_cast<double>(document == nullptr ? t : t - start[t]);
+        const auto p = static_cast<double>(position[t]);
         for (std::size_t i = 0; i < half; ++i) {
-          const double angle = position * std::pow(base, -2.0 * static_cast<double>(i) /
-                                                             static_cast<double>(head_size));
+          const double angle =
+              p * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
           cos[i] = std::cos(angle);
           sin[i] = transpose ? -std::sin(angle) : std::sin(angle);
         }
