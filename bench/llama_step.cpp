@@ -1,4 +1,4 @@
-// One training step of a small Llama (DESIGN.md's shapes) on the host backend, in tokens per
+// One training step of a small Llama (README's shapes) on the host backend, in tokens per
 // second, for K = 1 and 2 stages, in Fp32 and MixedBf16 (1F1B).
 //   model   V = 32000, T = 256, D = 512, H = 8 heads on KVH = 2 key/value heads, F = 1408, 4
 //           LlamaBlocks; batch 8 samples (2048 tokens); TokenEmbedding, 4 blocks, RMSNorm, a

@@ -1,4 +1,4 @@
-// A Llama on the pipeline (host backend), shaped as DESIGN.md's (TokenEmbedding, LlamaBlocks,
+// A Llama on the pipeline (host backend), shaped as the README's (TokenEmbedding, LlamaBlocks,
 // RMSNorm, a bias-free head): for K in {1, 2, 4} stages, several schedules, M in {1, 3} and remat
 // never / always, the loss and every gradient equal the unpipelined double-precision model;
 // MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
@@ -35,7 +35,7 @@ using Head = Linear<D, V, false>;
 
 // One layer sequence, split three ways: the same names and, from one seed, the same parameters.
 using Llama1 = Pipeline<Stage<Emb, Block, Block, RMSNorm<D>, Head>>;
-using Llama2 = Pipeline<Stage<Emb, Block>, Stage<Block, RMSNorm<D>, Head>>;  // DESIGN.md's
+using Llama2 = Pipeline<Stage<Emb, Block>, Stage<Block, RMSNorm<D>, Head>>;  // the README's
 using Llama4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Stage<RMSNorm<D>, Head>>;
 
 static_assert(Llama2::is_token_model && Llama2::tokens_per_sample == T && Llama2::vocab_size == V);

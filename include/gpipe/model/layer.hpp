@@ -77,7 +77,7 @@ struct ForwardArgs {
   /// (a bf16 context then rounds float operands at each use; see with_compute_params).
   const T* compute_params = nullptr;
   /// (rows) the document id of each row (token) when the step packs documents into its samples
-  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
 };
 
@@ -100,7 +100,7 @@ struct BackwardInputArgs {
   /// layer but the last), else nullptr. A layer that needs y and may not get it stashes it.
   const T* y = nullptr;
   /// (rows) the document id of each row (token) when the step packs documents into its samples
-  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
 };
 
@@ -118,7 +118,7 @@ struct BackwardWeightArgs {
   master_t<T>* grads;         ///< (num_params), accumulated: grads += d(loss)/d(params)
   T* workspace = nullptr;     ///< (rows, workspace_per_row), scratch for this op only
   /// (rows) the document id of each row (token) when the step packs documents into its samples
-  /// (DESIGN.md, "packed documents"), else nullptr: one document per sample.
+  /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
 // Token positions of packed documents on the host: each token's place in its run of equal
-// document ids within its sample (DESIGN.md, "packed documents"), for every layer whose positions
+// document ids within its sample (README, "packed documents"), for every layer whose positions
 // restart where a document starts (Embedding's learned positions; rotary ones likewise).
 // CUDA's counterpart: gpipe/backend/cuda/kernels/positions.cuh.
 
