@@ -3,6 +3,7 @@
 // by the host compiler under GPIPE_CUDA_EMULATION) runs its tests where there is no GPU:
 //   cuda_emulation/device.hpp   kernels: every CUDA thread a coroutine, barriers, warp shuffles
 //   cuda_emulation/runtime.hpp  the CUDA runtime: GPUs, streams, events, memory, copies
+//   cuda_emulation/graphs.hpp   CUDA Graphs: stream capture, instantiation, launch
 //   cuda_emulation/cublas.hpp   cuBLAS: cublasSgemm
 //   cuda_emulation/cublas_lt.hpp cuBLASLt: cublasLtMatmul with the bias epilogues
 //   cuda_emulation/nccl.hpp     NCCL: communicators, grouped send/receive
@@ -55,5 +56,6 @@
 // device.hpp first: it sets GPIPE_CUDA_EMULATION and the device vocabulary.
 #include "support/cuda_emulation/cublas.hpp"
 #include "support/cuda_emulation/cublas_lt.hpp"
+#include "support/cuda_emulation/graphs.hpp"
 #include "support/cuda_emulation/nccl.hpp"
 #include "support/cuda_emulation/runtime.hpp"

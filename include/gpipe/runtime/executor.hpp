@@ -18,11 +18,19 @@
 // bf16 context (Kernels::bf16_context()), and the GEMMs of all micro-batches read each local
 // stage's bf16 copy of its parameters (runtime/bf16_weights.hpp), rounded before the step's ops
 // where the optimizer's update did not write it.
+//
+// With a StepGraphs (runtime/step_graphs.hpp; the Trainer's steps have one, predict does not) a
+// backend may capture a step's work into a graph and launch it for later steps with the same key
+// (key_of): the step's host arrays are then where the graph copies from and to, and a capture
+// that fails is issued again op by op.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <span>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -33,6 +41,7 @@
 #include "gpipe/runtime/slot_buffers.hpp"
 #include "gpipe/runtime/stage_ops.hpp"
 #include "gpipe/runtime/stage_program.hpp"
+#include "gpipe/runtime/step_graphs.hpp"
 #include "gpipe/schedule/op.hpp"
 #include "gpipe/schedule/validator.hpp"
 #include "gpipe/transport/transport.hpp"
@@ -62,10 +71,12 @@ class Executor {
   // parameter and gradient arrays on its device; bf16: their bf16 copies (MixedBf16). order:
   // issue_order(schedule), computed once by the owner. All of them outlive the executor.
   // token_input: stage 0's rows are token ids (StageOps's constructor says how they travel).
+  // graphs: the owner's StepGraphs, which outlives the executor; null: every step issued op by op.
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
            std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
-           std::span<Buffer<float>> grads, Bf16Weights<Backend>& bf16, bool token_input = false)
+           std::span<Buffer<float>> grads, Bf16Weights<Backend>& bf16, bool token_input = false,
+           StepGraphs<Backend>* graphs = nullptr)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -74,35 +85,67 @@ class Executor {
         loss_program_(loss),
         num_stages_(stages.size()),
         sums_(backend, transport_, schedule, grads),
-        ops_(backend, stages, loss, params, grads, bf16, token_input) {}
+        ops_(backend, stages, loss, params, grads, bf16, token_input),
+        params_(params),
+        grads_(grads),
+        bf16_(bf16),
+        token_input_(token_input),
+        graphs_(graphs) {}
 
   // Runs the step (with a forward_only schedule: the inference into step.out); returns the summed
   // loss of every micro-batch (0 for inference). Throws (from the backend's
   // synchronize) the first failure of any stream, naming its stage, device and micro-batch.
-  double run(const Step& step) {
+  double run(const Step& given) {
+    const std::size_t M = given.split.micro_batches;
+    Step step = given;
+    std::span<float> losses;
+    std::vector<float> own_losses;
+    std::vector<bf16> own_bits;
+    StepMode mode = StepMode::eager;
+    const bool replayable = graphs_ != nullptr && !given.sum_over_replicas &&
+                            !schedule_.forward_only && all_devices_local();
+    if (replayable) {
+      step.x = graphs_->input(HostArray::x, given.x);
+      step.y = graphs_->input(HostArray::y, given.y);
+      step.document = graphs_->input(HostArray::document, given.document);
+      losses = graphs_->template output<float>(HostArray::losses, M);
+      if (token_bits_needed())
+        step.token_bits = token_bits(
+            step.x, graphs_->template output<bf16>(HostArray::token_bits, step.x.size()));
+    } else {
+      own_losses.resize(M);
+      losses = own_losses;
+      if (token_bits_needed()) {
+        own_bits.resize(step.x.size());
+        step.token_bits = token_bits(step.x, own_bits);
+      }
+    }
+    if (replayable) mode = graphs_->next(key_of(step));
     step_ = &step;
-    const std::size_t M = step.split.micro_batches;
-    slots_ = std::vector<Slot>(num_stages_ * M);
-    ops_.begin(num_stages_, M);
-    std::vector<float> losses(M);
+    begin_step(M);
     const std::size_t last_device = schedule_.device_of_stage(num_stages_ - 1);
     const bool has_loss = !schedule_.forward_only && transport_.is_local(last_device);
     try {
       if (step.sum_over_replicas) sums_.begin(M);
-      for (std::size_t st = 0; st < num_stages_; ++st)
-        if (transport_.is_local(schedule_.device_of_stage(st)))
-          ops_.prepare_weights(st, schedule_.device_of_stage(st));
-      if (has_loss)
-        loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
-      // Every record is issued before the waits for it: a CUDA stream that waits on an event
-      // not yet recorded does not wait at all.
-      for (const OpPlace& place : order_)
-        if (transport_.is_local(place.device))
-          issue(place.device, schedule_.ops[place.device][place.position]);
-      if (has_loss)
-        backend_.submit(last_device, {"read loss"}, [this, &losses, M](Kernels& k) {
-          k.download(M, loss_.data(), losses.data());
-        });
+      if (mode == StepMode::replay) {
+        for (std::size_t st = 0; st < num_stages_; ++st)
+          if (transport_.is_local(schedule_.device_of_stage(st))) ops_.rounded_by_graph(st);
+        graphs_->launch();
+      } else if (mode == StepMode::capture) {
+        graphs_->begin_capture();
+        issue_step(has_loss, last_device, losses);
+        std::string why;
+        if (graphs_->end_capture(why)) {
+          graphs_->launch();
+        } else {  // not capturable: the same step op by op
+          clear();
+          step_ = &step;
+          begin_step(M);
+          issue_step(has_loss, last_device, losses);
+        }
+      } else {
+        issue_step(has_loss, last_device, losses);
+      }
     } catch (...) {
       // Work already issued may wait for events that will now never be recorded: cancel it
       // before the slots it uses go away (and with several processes, end the step on all).
@@ -134,6 +177,79 @@ class Executor {
 
  private:
   using Slot = detail::Slot<Buffer<Activation>, typename Transport::template Mailbox<Activation>>;
+  static constexpr bool mixed = !std::is_same_v<Activation, float>;
+
+  void begin_step(std::size_t M) {
+    slots_ = std::vector<Slot>(num_stages_ * M);
+    ops_.begin(num_stages_, M);
+  }
+
+  // Issues the step's work: each local stage's bf16 weights where they are not current, every op
+  // of the schedule in issue order, and the download of the micro-batches' losses into `losses`
+  // (the loss buffer is freed by that work, so that the step frees all it allocates).
+  // Every record is issued before the waits for it: a CUDA stream that waits on an event not yet
+  // recorded does not wait at all.
+  void issue_step(bool has_loss, std::size_t last_device, std::span<float> losses) {
+    const std::size_t M = step_->split.micro_batches;
+    for (std::size_t st = 0; st < num_stages_; ++st)
+      if (transport_.is_local(schedule_.device_of_stage(st)))
+        ops_.prepare_weights(st, schedule_.device_of_stage(st));
+    if (has_loss) loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
+    for (const OpPlace& place : order_)
+      if (transport_.is_local(place.device))
+        issue(place.device, schedule_.ops[place.device][place.position]);
+    if (has_loss)
+      backend_.submit(last_device, {"read loss"}, [this, losses, M](Kernels& k) {
+        k.download(M, loss_.data(), losses.data());
+        loss_.reset();
+      });
+  }
+
+  bool all_devices_local() const {
+    for (std::size_t d = 0; d < schedule_.num_devices; ++d)
+      if (!transport_.is_local(d)) return false;
+    return true;
+  }
+
+  // Under MixedBf16 stage 0's token ids travel as the 16 bits of a bf16 (StageOps).
+  bool token_bits_needed() const { return mixed && token_input_; }
+  static std::span<const bf16> token_bits(std::span<const float> x, std::span<bf16> bits) {
+    for (std::size_t i = 0; i < x.size(); ++i)
+      bits[i] = bf16::from_bits(static_cast<std::uint16_t>(x[i]));
+    return bits;
+  }
+
+  // Everything that decides what a step issues, and on which memory (StepGraphs): the schedule
+  // and its issue order, the split, the remat policy, the host arrays and the stages' arrays, the
+  // loss's scale (a kernel argument), and which stages' bf16 weights are current.
+  StepKey key_of(const Step& s) const {
+    const auto address = [](const void* p) {
+      return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+    };
+    StepKey k{address(&schedule_),
+              address(order_.data()),
+              s.split.rows,
+              s.split.micro_batches,
+              s.split.sample_rows,
+              static_cast<std::uint64_t>(s.remat),
+              std::bit_cast<std::uint32_t>(s.loss_scale),
+              address(s.x.data()),
+              s.x.size(),
+              address(s.y.data()),
+              s.y.size(),
+              address(s.document.data()),
+              s.document.size(),
+              address(s.token_bits.data())};
+    for (std::size_t st = 0; st < num_stages_; ++st) {
+      k.push_back(address(params_[st].data()));
+      k.push_back(address(grads_[st].data()));
+      if constexpr (mixed) {
+        k.push_back(address(bf16_.data(st)));
+        k.push_back(bf16_.current(st) ? 1 : 0);
+      }
+    }
+    return k;
+  }
 
   Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
 
@@ -264,6 +380,10 @@ class Executor {
   Buffer<float> loss_;
   ReplicaGradientSums<Backend> sums_;         // with replicas: the step's gradient sums over them
   StageOps<Backend, Target, Precision> ops_;  // what the compute ops do
+  std::span<Buffer<float>> params_, grads_;
+  Bf16Weights<Backend>& bf16_;
+  bool token_input_;
+  StepGraphs<Backend>* graphs_;  // null: every step issued op by op
 };
 
 }  // namespace gpipe::detail

@@ -33,6 +33,8 @@ struct StepInput {
   // (N) each row's document id (packed documents: the layers' Args::document), host memory;
   // empty: one document per sample, and the layers get nullptr
   std::span<const std::int32_t> document = {};
+  // (N) under MixedBf16 with token rows: x's ids as the 16 bits of a bf16 (StageOps), host memory
+  std::span<const bf16> token_bits = {};
   MicroBatchSplit split;
   Remat remat = Remat::never;
   // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
@@ -93,6 +95,12 @@ class StageOps {
       rounded_.push_back(s);
     }
   }
+  // A graph of the step's work rounds what prepare_weights would have: stage s's copy where it is
+  // not current.
+  void rounded_by_graph(std::size_t s) {
+    if constexpr (mixed)
+      if (!weights_bf16_.current(s)) rounded_.push_back(s);
+  }
   // After the step's work has completed: the copies prepare_weights rounded are current.
   void commit_weights() {
     for (const std::size_t s : rounded_) weights_bf16_.mark_current(s);
@@ -138,17 +146,17 @@ class StageOps {
       return params_[s].data();
   }
 
-  // Stage 0's rows (n values at x, host memory) into its input buffer on the device.
-  void upload_input(OpContext& c, std::size_t n, const float* x, Activation* dst) const {
+  // Stage 0's rows of micro-batch mb (n values) into its input buffer on the device: x's, or
+  // with token ids under MixedBf16 the step's token_bits (ids in a bf16's 16 bits; the Trainer
+  // checked them against V).
+  void upload_input(OpContext& c, std::size_t n, const Step& step, std::size_t first,
+                    Activation* dst) const {
     if constexpr (mixed) {
-      if (token_input_) {  // ids in a bf16's 16 bits (the Trainer checked them against V)
-        std::vector<Activation> ids(n);
-        for (std::size_t i = 0; i < n; ++i)
-          ids[i] = Activation::from_bits(static_cast<std::uint16_t>(x[i]));
-        return c.upload(n, ids.data(), dst);
+      if (token_input_) {
+        return c.upload(n, step.token_bits.data() + first, dst);
       }
     }
-    c.upload(n, x, dst);
+    c.upload(n, step.x.data() + first, dst);
   }
 
   static constexpr bool mixed = !std::is_same_v<Activation, float>;
@@ -179,8 +187,7 @@ class StageOps {
     const bool in_place = sit.last_stage && sit.in_place_loss && !sit.forward_only;
     Activation* y = here[in_place ? SlotBuffer::grad_output : SlotBuffer::output].data();
     if (s == 0)
-      upload_input(k, rows * stage.in_features,
-                   step.x.data() + step.split.begin(mb) * stage.in_features,
+      upload_input(k, rows * stage.in_features, step, step.split.begin(mb) * stage.in_features,
                    here[SlotBuffer::input].data());
     {
       Buffer<Activation> ws = workspace(stage, device, rows);

@@ -20,6 +20,7 @@
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/stage_program.hpp"
+#include "gpipe/runtime/step_graphs.hpp"
 #include "gpipe/runtime/step_stats.hpp"
 #include "gpipe/schedule/inference.hpp"
 #include "gpipe/schedule/rendezvous.hpp"
@@ -130,7 +131,7 @@ class StepRunner {
     // every replica divides by the whole mini-batch's normalizer (every process has all of y)
     const double normalizer = loss_.normalizer(y, out);
 
-    auto executor = this->executor(schedule_, issue_order_, store);
+    auto executor = this->executor(schedule_, issue_order_, store, &graphs_);
     store.restart_tied_gradients();
     transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
@@ -206,10 +207,12 @@ class StepRunner {
 
   std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
 
-  // An executor of `program` (issued in `order`; both outlive it) over the store's arrays.
+  // An executor of `program` (issued in `order`; both outlive it) over the store's arrays; with
+  // `graphs`, the training steps' (a backend may replay them).
   Executor<Backend, Target, Precision> executor(const Schedule& program,
                                                 std::span<const OpPlace> order,
-                                                ParameterStore<Backend>& store) {
+                                                ParameterStore<Backend>& store,
+                                                StepGraphs<Backend>* graphs = nullptr) {
     return {backend_,
             program,
             order,
@@ -218,7 +221,8 @@ class StepRunner {
             store.params(),
             store.grads(),
             store.bf16_weights(),
-            shape_.takes_tokens()};
+            shape_.takes_tokens(),
+            graphs};
   }
 
   Backend& backend_;
@@ -231,6 +235,7 @@ class StepRunner {
   std::size_t micro_batches_;
   Remat remat_;
   StepStats last_step_;
+  StepGraphs<Backend> graphs_{backend_};  // the training steps' graphs, where the backend has them
 };
 
 // The members the Trainer calls are defined out of the class, so that a program that declares

@@ -49,9 +49,9 @@ struct Machine {
     int gpu;
   };
   std::mutex mutex;
-  std::map<std::uintptr_t, Allocation> device;  // start address -> allocation
-  std::set<void*> pinned;
-  std::set<std::pair<int, int>> peer_access;  // (owner, accessor): pool access granted
+  std::map<std::uintptr_t, Allocation> device;   // start address -> allocation
+  std::map<std::uintptr_t, std::size_t> pinned;  // start address -> bytes
+  std::set<std::pair<int, int>> peer_access;     // (owner, accessor): pool access granted
   std::vector<std::size_t> used = std::vector<std::size_t>(64, 0);  // bytes per GPU
 
   // The GPU whose memory holds p, or -1.
@@ -63,9 +63,14 @@ struct Machine {
     --it;
     return a < it->first + it->second.bytes ? it->second.gpu : -1;
   }
+  // p lies in pinned host memory (cudaHostAlloc).
   bool is_pinned(const void* p) {
     std::lock_guard lock(mutex);
-    return pinned.count(const_cast<void*>(p)) != 0;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = pinned.upper_bound(a);
+    if (it == pinned.begin()) return false;
+    --it;
+    return a < it->first + it->second;
   }
 };
 inline Machine& machine() {
@@ -76,6 +81,43 @@ inline Machine& machine() {
 inline int& current_gpu() {
   static thread_local int gpu = 0;
   return gpu;
+}
+
+// A stream capture (cudaStreamBeginCapture), then the graph it made: the operations that the
+// capturing streams were given, in the order the host issued them, which respects every
+// dependency among them (an operation can only depend on one issued before it), so a launch runs
+// them one after another on the launching stream. Waits and records inside the capture are
+// dependencies only; a record with cudaEventRecordExternal is a node of its own. Memory allocated
+// from a capturing stream belongs to the graph (CUDA's allocation nodes): it lives until the graph
+// and its instances are gone, is filled with 0xff bytes again before each launch, and must be freed
+// inside the graph by the time the graph is launched a second time.
+struct Capture {
+  struct Node {
+    std::function<void()> run;
+    std::shared_ptr<CUevent_st> external;  // a cudaEventRecordExternal record: completes `external`
+    bool bookkeeping = false;
+  };
+  struct Member {
+    std::size_t actions = 0;  // captured operations and waits issued to the stream so far
+    std::size_t joined = 0;   // how many of them the origin stream has waited for
+  };
+  cudaStream_t origin = nullptr;
+  bool open = true;
+  cudaError_t error = cudaSuccess;  // the first misuse: the capture is invalidated
+  std::vector<Node> nodes;
+  std::map<cudaStream_t, Member> members;
+  std::vector<void*> allocations;  // graph-owned
+  std::set<void*> freed;           // graph-owned allocations that a node of the graph frees
+
+  void invalidate(cudaError_t e) {
+    if (error == cudaSuccess) error = e;
+  }
+  ~Capture();
+};
+// Which capture owns a graph allocation.
+inline std::map<void*, Capture*>& graph_memory() {
+  static std::map<void*, Capture*> owners;
+  return owners;
 }
 
 }  // namespace gpipe::test::cuda_emulation
@@ -100,6 +142,11 @@ struct CUstream_st {
   // completions, frees, NCCL partners), so that other streams waiting on them do not hang; a
   // GPU would fail those waits instead.
   void submit(std::function<void()> op, bool bookkeeping = false) {
+    if (capture != nullptr) {
+      capture->nodes.push_back({std::move(op), nullptr, bookkeeping});
+      ++capture->members[this].actions;
+      return;
+    }
     {
       std::lock_guard lock(mutex);
       ops.push_back({std::move(op), bookkeeping});
@@ -120,19 +167,30 @@ struct CUstream_st {
   }
   // cudaStreamQuery: cudaErrorNotReady while work is pending, else the stream's error.
   cudaError_t query() {
+    if (capture != nullptr) return capture_misuse();
     std::lock_guard lock(mutex);
     return !ops.empty() || running ? cudaErrorNotReady : error;
   }
   // Waits until every operation submitted so far has run; the stream's error, if any.
   cudaError_t synchronize() {
+    if (capture != nullptr) return capture_misuse();
     std::unique_lock lock(mutex);
     idle.wait(lock, [this] { return ops.empty() && !running; });
     return error;
   }
 
   const int gpu;
+  // The capture this stream is part of (set and read by the issuing host thread only).
+  std::shared_ptr<gpipe::test::cuda_emulation::Capture> capture;
 
  private:
+  // What CUDA answers to a call that would wait for a capturing stream: an error, and the capture
+  // is invalidated.
+  cudaError_t capture_misuse() {
+    capture->invalidate(cudaErrorStreamCaptureUnsupported);
+    return cudaErrorStreamCaptureUnsupported;
+  }
+
   void loop() {
     std::unique_lock lock(mutex);
     for (;;) {
@@ -183,6 +241,11 @@ struct CUevent_st {
   std::uint64_t recorded = 0;   // records issued
   std::uint64_t completed = 0;  // the latest record that its stream has reached
   std::chrono::steady_clock::time_point when{};
+  // Its latest record was issued to a capturing stream: the capture, the stream and how many of
+  // the stream's captured actions precede it.
+  std::weak_ptr<gpipe::test::cuda_emulation::Capture> captured;
+  cudaStream_t captured_on = nullptr;
+  std::size_t captured_after = 0;
 
   // A new record; its generation.
   std::uint64_t record() {
@@ -417,6 +480,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   // "event and stream must be on the same device" (the null stream: the current device's)
   if (gpu_of_stream(stream) != e->gpu) return fail(cudaErrorInvalidResourceHandle);
+  if (stream != nullptr && stream->capture != nullptr) {  // a dependency inside the capture
+    e->captured = stream->capture;
+    e->captured_on = stream;
+    e->captured_after = stream->capture->members[stream].actions;
+    return cudaSuccess;
+  }
+  e->captured.reset();
   auto complete = [e, generation = e->record()] { e->complete(generation); };
   if (stream == nullptr) {
     complete();
@@ -429,6 +499,27 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (std::shared_ptr<Capture> c = e->captured.lock(); c != nullptr && c->open) {
+    // A wait for a record inside a capture: the stream joins that capture (CUDA's fork) or, as a
+    // member, depends on the record (the origin's wait is a join).
+    if (stream == nullptr) return fail(cudaErrorStreamCaptureImplicit);
+    if (stream->capture == nullptr) stream->capture = c;
+    if (stream->capture != c) {
+      c->invalidate(cudaErrorStreamCaptureMerge);
+      return fail(cudaErrorStreamCaptureMerge);
+    }
+    Capture::Member& m = c->members[stream];
+    ++m.actions;
+    if (stream == c->origin) {
+      Capture::Member& other = c->members[e->captured_on];
+      other.joined = std::max(other.joined, e->captured_after);
+    }
+    return cudaSuccess;
+  }
+  if (stream != nullptr && stream->capture != nullptr) {  // on work outside the capture
+    stream->capture->invalidate(cudaErrorStreamCaptureIsolation);
+    return fail(cudaErrorStreamCaptureIsolation);
+  }
   if (const std::uint64_t target = e->latest(); target != 0)
     run_on(stream, [e, target] { e->wait_for(target); });
   return cudaSuccess;
@@ -437,6 +528,10 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (std::shared_ptr<Capture> c = e->captured.lock(); c != nullptr && c->open) {
+    c->invalidate(cudaErrorStreamCaptureUnsupported);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
   std::lock_guard lock(e->mutex);
   return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
 }
@@ -444,6 +539,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   using namespace gpipe::test::cuda_emulation;
   std::shared_ptr<CUevent_st> e = event_of(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (std::shared_ptr<Capture> c = e->captured.lock(); c != nullptr && c->open) {
+    c->invalidate(cudaErrorStreamCaptureUnsupported);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
   e->wait_for(e->latest());
   return cudaSuccess;
 }
@@ -498,8 +597,14 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t bytes, cudaMemPool_t pool
                                     cudaStream_t stream) {
   using namespace gpipe::test::cuda_emulation;
   if (pool == nullptr || ptr == nullptr) return fail(cudaErrorInvalidValue);
-  (void)stream;  // memory exists from now on, which satisfies stream order
-  return allocate_device(ptr, bytes, pool->gpu);
+  // memory exists from now on, which satisfies stream order
+  const cudaError_t made = allocate_device(ptr, bytes, pool->gpu);
+  if (made == cudaSuccess && stream != nullptr && stream->capture != nullptr) {
+    stream->capture->allocations.push_back(*ptr);  // an allocation node: the graph's memory
+    std::lock_guard lock(machine().mutex);
+    graph_memory()[*ptr] = stream->capture.get();
+  }
+  return made;
 }
 // cudaMalloc: from the current GPU, at once.
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
@@ -514,6 +619,18 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
     std::lock_guard lock(m.mutex);
     if (m.device.count(reinterpret_cast<std::uintptr_t>(p)) == 0)
       return fail(cudaErrorInvalidValue);
+    // Graph memory is freed by a node of its own graph only, and lives as long as the graph.
+    const auto owner = graph_memory().find(p);
+    Capture* capturing = stream != nullptr ? stream->capture.get() : nullptr;
+    if (owner != graph_memory().end() || capturing != nullptr) {
+      if (owner == graph_memory().end() || owner->second != capturing) {
+        if (capturing != nullptr) capturing->invalidate(cudaErrorInvalidValue);
+        return fail(cudaErrorInvalidValue);
+      }
+      capturing->freed.insert(p);
+      ++capturing->members[stream].actions;
+      return cudaSuccess;
+    }
   }
   auto free = [p, &m] {
     Machine::Allocation a{};
@@ -553,14 +670,15 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   using namespace gpipe::test::cuda_emulation;
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   std::lock_guard lock(machine().mutex);
-  machine().pinned.insert(*p);
+  machine().pinned[reinterpret_cast<std::uintptr_t>(*p)] = bytes;
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
   using namespace gpipe::test::cuda_emulation;
   {
     std::lock_guard lock(machine().mutex);
-    if (machine().pinned.erase(p) == 0) return fail(cudaErrorInvalidValue);
+    if (machine().pinned.erase(reinterpret_cast<std::uintptr_t>(p)) == 0)
+      return fail(cudaErrorInvalidValue);
   }
   std::free(p);
   return cudaSuccess;
@@ -596,6 +714,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                  static_cast<int>(kind), dst_device ? "device" : "host",
                  src_device ? "device" : "host");
     return fail(cudaErrorInvalidValue);
+  }
+  if (stream != nullptr && stream->capture != nullptr &&
+      ((!dst_device && !machine().is_pinned(dst)) || (!src_device && !machine().is_pinned(src)))) {
+    // a copy from or to pageable memory would happen at capture, not at each launch
+    stream->capture->invalidate(cudaErrorStreamCaptureUnsupported);
+    return fail(cudaErrorStreamCaptureUnsupported);
   }
   if (dry_run() && dst_device && src_device) return cudaSuccess;
   run_on(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });

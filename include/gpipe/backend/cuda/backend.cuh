@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -51,6 +52,7 @@
 #include "gpipe/backend/cuda/kernels.cuh"
 #include "gpipe/backend/cuda/layers.cuh"
 #include "gpipe/backend/cuda/memory.cuh"
+#include "gpipe/backend/cuda/step_graph.cuh"
 #include "gpipe/backend/cuda/timing.cuh"
 #include "gpipe/backend/cuda/work_queue.cuh"
 #include "gpipe/backend/failure.hpp"
@@ -88,6 +90,11 @@ struct BackendOptions {
   /// The number that device 0 goes by in error messages (device d is first_device + d): a backend
   /// that runs one device of a larger pipeline (mpi::CudaBackend) names it as the pipeline does.
   std::size_t first_device = 0;
+  /// Capture a training step's work into a CUDA graph and launch the graph for later steps of
+  /// the same shape (README, "CUDA Graphs"): the host then issues one launch per step instead of
+  /// every op's kernels. Only where every virtual device is on one GPU; steps on several GPUs, or
+  /// with NCCL, are issued op by op. false: every step is issued op by op.
+  bool graphs = true;
 };
 
 /// K virtual devices on one or more NVIDIA GPUs, a `gpipe::backend` (backend/concepts.hpp) with the
@@ -189,6 +196,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Tracing of every piece of work (not event records and waits): a pair of timing events around
   /// it on its compute stream.
   void set_tracing(bool on) { timer_.set_tracing(on); }
+  /// Whether tracing is on (set_tracing).
+  bool tracing() const { return timer_.tracing(); }
   /// What ran since the last call, all devices, ordered by start time; microseconds since the
   /// backend's epoch (as the host backend's). Waits for the work.
   std::vector<TraceEvent> take_trace() { return timer_.take_trace(); }
@@ -201,11 +210,146 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Skips all work not yet issued and waits for the streams; the next synchronize() returns
   /// normally. For a caller that cannot finish issuing a step.
   void cancel() {
+    if (capture_ != nullptr) {
+      std::string ignored;
+      (void)end_capture(ignored);
+    }
     failure_.fail(nullptr, {});
     pump();
     queues_.clear();
     (void)devices_.wait_for_streams();
     failure_.take();
+  }
+
+  /// Whether steps may be captured into CUDA graphs: BackendOptions::graphs, with every virtual
+  /// device on one GPU and no NCCL.
+  bool graphs() const { return options_.graphs && !options_.nccl && one_gpu_; }
+
+  /// Graph launches since construction (launch()): how many steps were replayed.
+  std::size_t graph_launches() const { return graph_launches_; }
+  /// Why the latest capture gave no graph (end_capture's `why`); empty when it gave one, or
+  /// before any capture.
+  const std::string& graph_refusal() const { return graph_refusal_; }
+
+  /// Starts capturing the work submitted from now on, on every virtual device, into a CUDA graph
+  /// (cuda/step_graph.cuh): it is recorded, not run, until end_capture(). Meanwhile nothing may
+  /// wait for the GPU (synchronize, take_trace, take_timing). Needs graphs() and no capture under
+  /// way (else gpipe::Error).
+  void begin_capture() {
+    gpipe::detail::require(
+        graphs() && capture_ == nullptr,
+        "cuda::Backend::begin_capture: graphs are off, or a capture is under way");
+    pump();
+    detail::DeviceGuard guard(devices_[0].gpu->id);
+    make_capture_resources();
+    capture_ = std::unique_ptr<StepGraph>(new StepGraph(*this, num_devices()));
+    GPIPE_CUDA_CHECK(cudaStreamBeginCapture(origin_, cudaStreamCaptureModeRelaxed));
+    // every stream of every virtual device joins the capture
+    GPIPE_CUDA_CHECK(cudaEventRecord(fork_, origin_));
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(devices_[d].compute, fork_, 0));
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(devices_[d].copy, fork_, 0));
+      devices_[d].capturing = true;
+      allocator(d).set_log(&capture_->memory_[d]);
+    }
+    timer_.set_capture(&capture_->timed_);
+  }
+
+  /// Ends the capture that begin_capture() started: the graph of the work submitted since, or
+  /// null, with the reason in `why`, when that work could not be captured (a copy from host memory
+  /// that is not pinned, scratch that had to grow, memory allocated and not freed within it, a CUDA
+  /// call that capture does not allow) or failed. Then the work is dropped and its failure
+  /// cleared: the caller issues it again, op by op, which fails in the same way where it failed.
+  std::unique_ptr<StepGraph> end_capture(std::string& why) {
+    pump();
+    const bool held = !queues_.empty();
+    detail::DeviceGuard guard(devices_[0].gpu->id);
+    cudaError_t joined = cudaSuccess;
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      for (int i = 0; i < 2; ++i) {
+        const cudaStream_t stream = i == 0 ? devices_[d].compute : devices_[d].copy;
+        if (joined == cudaSuccess) joined = cudaEventRecord(joins_[2 * d + i], stream);
+        if (joined == cudaSuccess) joined = cudaStreamWaitEvent(origin_, joins_[2 * d + i], 0);
+      }
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(origin_, &graph);
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      devices_[d].capturing = false;
+      allocator(d).set_log(nullptr);
+    }
+    timer_.set_capture(nullptr);
+    std::unique_ptr<StepGraph> made = std::move(capture_);
+    const gpipe::detail::FailureLatch::Failure failure = failure_.take();
+    queues_.clear();
+    (void)cudaGetLastError();
+    why.clear();
+    if (failure.error) {
+      why = failure.where;
+      try {
+        std::rethrow_exception(failure.error);
+      } catch (const std::exception& e) {
+        why += std::string(why.empty() ? "" : ": ") + e.what();
+      } catch (...) {
+        why += " (an exception)";
+      }
+    } else if (held) {
+      why = "work waits for an event that the step never records";
+    } else if (joined != cudaSuccess || ended != cudaSuccess) {
+      why = std::string("CUDA stream capture failed: ") +
+            cudaGetErrorName(joined != cudaSuccess ? joined : ended);
+    } else {
+      for (std::size_t d = 0; d < num_devices() && why.empty(); ++d) {
+        std::ptrdiff_t net = 0;
+        for (const detail::MemoryChange& c : made->memory_[d]) net += c.bytes;
+        if (net != 0)
+          why = "device " + std::to_string(options_.first_device + d) + " keeps " +
+                std::to_string(net) + " bytes allocated in the step after it";
+      }
+    }
+    if (why.empty()) {
+      const cudaError_t instantiated = cudaGraphInstantiate(&made->exec_, graph, 0);
+      if (instantiated != cudaSuccess) {
+        made->exec_ = nullptr;
+        why = std::string("cudaGraphInstantiate failed: ") + cudaGetErrorName(instantiated);
+      }
+    }
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    if (!why.empty()) made.reset();
+    graph_refusal_ = why;
+    return made;
+  }
+
+  /// Runs `graph` once, after all work submitted before and before all work submitted after, and
+  /// counts its allocations and frees in memory_stats as its capture did. Throws OutOfMemory (and
+  /// launches nothing) when they no longer fit a device's capacity.
+  void launch(StepGraph& graph) {
+    pump();
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      try {
+        allocator(d).count(graph.memory_[d]);
+      } catch (...) {
+        while (d-- > 0) allocator(d).uncount(graph.memory_[d]);
+        throw;
+      }
+    }
+    detail::DeviceGuard guard(devices_[0].gpu->id);
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      GPIPE_CUDA_CHECK(cudaEventRecord(joins_[2 * d], devices_[d].compute));
+      GPIPE_CUDA_CHECK(cudaEventRecord(joins_[2 * d + 1], devices_[d].copy));
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(origin_, joins_[2 * d], 0));
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(origin_, joins_[2 * d + 1], 0));
+    }
+    timer_.launched(graph.timed_);
+    GPIPE_CUDA_CHECK(cudaGraphLaunch(graph.exec_, origin_));
+    ++graph.launches_;
+    ++graph_launches_;
+    GPIPE_CUDA_CHECK(cudaEventRecord(fork_, origin_));
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(devices_[d].compute, fork_, 0));
+      GPIPE_CUDA_CHECK(cudaStreamWaitEvent(devices_[d].copy, fork_, 0));
+    }
   }
 
   /// Blocks until all submitted work has finished on the GPUs; then, if any of it failed, throws
@@ -223,11 +367,33 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
  private:
   using Clock = std::chrono::steady_clock;
   using Item = detail::WorkQueues::Item;
+  friend class StepGraph;
+
+  // The stream that captures and launches graphs, on the backend's GPU, and the events that
+  // join every device's streams to it; made at the first capture.
+  void make_capture_resources() {
+    if (origin_ != nullptr) return;
+    GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&origin_, cudaStreamNonBlocking));
+    GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    joins_.resize(2 * num_devices(), nullptr);
+    for (cudaEvent_t& e : joins_)
+      GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+
+  // A StepGraph goes: once its launches are done, its graph and events. Never throws.
+  void release(StepGraph& graph) noexcept {
+    if (origin_ != nullptr) (void)cudaStreamSynchronize(origin_);
+    timer_.forget(graph.timed_);
+    if (graph.exec_ != nullptr) (void)cudaGraphExecDestroy(graph.exec_);
+    graph.exec_ = nullptr;
+    (void)cudaGetLastError();
+  }
 
   /// The devices' resources, then what the backend keeps per device over them: its allocator
   /// (ordered on the stream that order_ names), its kernel context; then the clocks of the GPUs.
   void create(const std::vector<int>& mapping) {
     devices_.create(mapping, options_.tf32, options_.nccl);
+    one_gpu_ = devices_.gpus().size() == 1;
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::DeviceState& s = devices_[d];
       order_.add_device(s.compute);
@@ -240,9 +406,24 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   /// Releases whatever create() made (also after a partial create()). Never throws.
   void destroy() noexcept {
+    if (capture_ != nullptr) {
+      std::string ignored;
+      try {
+        (void)end_capture(ignored);
+      } catch (...) {
+      }
+    }
     failure_.fail(nullptr, {});
     queues_.clear();  // drops work not yet run, and the buffers it holds
     (void)devices_.wait_for_streams();
+    if (origin_ != nullptr) {
+      (void)cudaStreamSynchronize(origin_);
+      for (cudaEvent_t e : joins_)
+        if (e != nullptr) (void)cudaEventDestroy(e);
+      if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
+      (void)cudaStreamDestroy(origin_);
+      origin_ = nullptr;
+    }
     timer_.release();
     kernels_.clear();
     devices_.release();
@@ -284,7 +465,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   }
 
   void run_work(std::size_t d, Item& item) {
-    const cudaStream_t compute = devices_[d].compute;
     const cudaEvent_t end = timer_.start(d, item.label);  // null: not timed
     // Allocations and frees inside the work are ordered on this device's compute stream.
     order_.set_current(d);
@@ -293,12 +473,12 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     } catch (...) {
       item.work = nullptr;
       order_.set_current(detail::StreamOrder::none);
-      if (end != nullptr) (void)cudaEventRecord(end, compute);
+      if (end != nullptr) timer_.stop(d, end);
       throw;
     }
     item.work = nullptr;  // buffers the work captured are freed in this stream's order too
     order_.set_current(detail::StreamOrder::none);
-    if (end != nullptr) GPIPE_CUDA_CHECK(cudaEventRecord(end, compute));
+    if (end != nullptr) timer_.stop(d, end);
   }
 
   Options options_;
@@ -310,8 +490,20 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   detail::WorkTimer timer_;
   detail::WorkQueues queues_;
   gpipe::detail::FailureLatch failure_;
+  bool one_gpu_ = false;                // every virtual device is on one GPU
+  cudaStream_t origin_ = nullptr;       // captures and launches graphs
+  cudaEvent_t fork_ = nullptr;          // origin -> every device's streams
+  std::vector<cudaEvent_t> joins_;      // device d's compute (2d) and copy (2d + 1) -> origin
+  std::unique_ptr<StepGraph> capture_;  // the graph being captured
+  std::size_t graph_launches_ = 0;
+  std::string graph_refusal_;
 };
+
+inline StepGraph::~StepGraph() { backend_->release(*this); }
 
 }  // namespace gpipe::cuda
 
 static_assert(gpipe::backend<gpipe::cuda::Backend>);
+
+// The executor's seam for CUDA Graphs, specialized for this backend.
+#include "gpipe/backend/cuda/step_graphs.cuh"

@@ -16,9 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/error.hpp"
 
 namespace gpipe::cuda::detail {
 
@@ -149,6 +151,9 @@ struct DeviceState {
   std::vector<LtAlgoChoice> lt_algos;  // cuBLASLt's algorithms chosen so far
   HostStaging staging;
   std::vector<GpuState>* gpus = nullptr;  // all of the backend's GPUs (for cross-GPU receives)
+  // The device's streams are being captured into a CUDA graph (cuda/step_graph.cuh): copies
+  // between host and device go straight to and from pinned memory, and scratch may not grow.
+  bool capturing = false;
 };
 
 // `block` (of `have` floats, in device `s`'s pool) grown to at least `floats`, in stream order:
@@ -157,6 +162,11 @@ struct DeviceState {
 inline float* grow_scratch(DeviceState& s, float*& block, std::size_t& have, std::size_t floats) {
   if (floats == 0) return nullptr;
   if (floats > have) {
+    // A graph would own the new block, which outlives the graph: the step runs eagerly instead.
+    if (s.capturing)
+      throw Error("gpipe: a CUDA graph cannot capture this step: device " +
+                  std::to_string(s.index) + "'s scratch must grow to " + std::to_string(floats) +
+                  " floats");
     const std::size_t grown = std::max(floats, have + have / 2);
     if (block != nullptr) GPIPE_CUDA_CHECK(cudaFreeAsync(block, s.compute));
     block = nullptr;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "gpipe/backend/cuda/device.cuh"
@@ -31,6 +32,7 @@
 #include "gpipe/backend/cuda/kernels/loss.cuh"
 #include "gpipe/backend/cuda/kernels/optimizer.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
+#include "gpipe/error.hpp"
 #include "gpipe/model/precision.hpp"
 
 #if GPIPE_CUDA_NCCL
@@ -144,12 +146,20 @@ class KernelContext<float> {
   }
 
   /// dst(n) on this device <- host_src(n) in host memory (pageable or not), in stream order,
-  /// through pinned staging blocks: host_src may be reused as soon as upload returns.
+  /// through pinned staging blocks: host_src may be reused as soon as upload returns. While the
+  /// device is captured into a CUDA graph, host_src must be pinned memory (cudaHostAlloc)
+  /// and is read by each launch of the graph instead.
   template <class U>
   void upload(std::size_t n, const U* host_src, U* dst) {
     const auto* src = reinterpret_cast<const unsigned char*>(host_src);
     auto* out = reinterpret_cast<unsigned char*>(dst);
     record_copy("upload", n * sizeof(U), LaunchKind::host_copy);
+    if (s_->capturing) {
+      require_pinned(host_src, "upload from");
+      GPIPE_CUDA_CHECK(
+          cudaMemcpyAsync(out, src, n * sizeof(U), cudaMemcpyHostToDevice, s_->compute));
+      return;
+    }
     through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
       std::memcpy(block, src + at, chunk);
       GPIPE_CUDA_CHECK(
@@ -158,12 +168,19 @@ class KernelContext<float> {
   }
   /// host_dst(n) in host memory <- src(n) on this device, in stream order: host_dst holds the data
   /// only once the backend has synchronized (a host function on the stream copies each staged block
-  /// there), so it must outlive that.
+  /// there), so it must outlive that. While the device is captured into a CUDA graph, host_dst
+  /// must be pinned memory, written by each launch of the graph.
   template <class U>
   void download(std::size_t n, const U* src, U* host_dst) {
     const auto* in = reinterpret_cast<const unsigned char*>(src);
     auto* out = reinterpret_cast<unsigned char*>(host_dst);
     record_copy("download", n * sizeof(U), LaunchKind::host_copy);
+    if (s_->capturing) {
+      require_pinned(host_dst, "download to");
+      GPIPE_CUDA_CHECK(
+          cudaMemcpyAsync(out, in, n * sizeof(U), cudaMemcpyDeviceToHost, s_->compute));
+      return;
+    }
     through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
       GPIPE_CUDA_CHECK(cudaMemcpyAsync(block, in + at, chunk, cudaMemcpyDeviceToHost, s_->compute));
       // The stream copies the block on to host_dst when it gets there.
@@ -261,6 +278,18 @@ class KernelContext<float> {
   }
   friend class Backend;
   explicit KernelContext(detail::DeviceState& state) : s_(&state) {}
+
+  // A graph replays a copy with the addresses it captured: host memory that is not pinned would
+  // be copied synchronously at capture, and not at launch.
+  static void require_pinned(const void* host, std::string_view what) {
+    cudaPointerAttributes attributes{};
+    const bool pinned = cudaPointerGetAttributes(&attributes, host) == cudaSuccess &&
+                        attributes.type == cudaMemoryTypeHost;
+    (void)cudaGetLastError();
+    if (!pinned)
+      throw Error("gpipe: a CUDA graph cannot capture an " + std::string(what) +
+                  " host memory that is not pinned");
+  }
 
   // The launch record of a copy of `bytes` (read once, written once) on the compute stream.
   void record_copy(std::string_view name, std::size_t bytes, LaunchKind kind) const {

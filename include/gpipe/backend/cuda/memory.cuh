@@ -50,6 +50,14 @@ class StreamOrder {
   std::size_t current_ = none;
 };
 
+// One change of a device's counted bytes: an allocation (bytes > 0) or a free, of a kind. A CUDA
+// graph keeps those of the step it captured and makes them again at each launch
+// (cuda/step_graph.cuh), so that memory_stats counts a replayed step as an eager one.
+struct MemoryChange {
+  std::ptrdiff_t bytes;
+  MemoryKind kind;
+};
+
 }  // namespace detail
 
 /// One virtual device's counted memory. Allocation and free are called on the caller's thread
@@ -71,6 +79,7 @@ class DeviceAllocator {
   void* allocate(std::size_t bytes, MemoryKind kind = MemoryKind::other) {
     if (bytes == 0) return nullptr;
     counter_.reserve(bytes, kind);
+    if (log_ != nullptr) log_->push_back({static_cast<std::ptrdiff_t>(bytes), kind});
     void* p = nullptr;
     const cudaError_t error =
         cudaMallocFromPoolAsync(&p, bytes, pool_, order_.stream_for(device()));
@@ -95,6 +104,26 @@ class DeviceAllocator {
     // A failure here can only come from a broken context, which the next synchronize reports.
     if (cudaFreeAsync(p, order_.stream_for(device())) != cudaSuccess) (void)cudaGetLastError();
     counter_.release(bytes, kind);
+    if (log_ != nullptr) log_->push_back({-static_cast<std::ptrdiff_t>(bytes), kind});
+  }
+
+  /// While `log` is not null, every allocation and free is also appended to it (a CUDA graph's
+  /// capture, cuda/step_graph.cuh).
+  void set_log(std::vector<detail::MemoryChange>* log) { log_ = log; }
+  /// Counts `changes` as if their allocations and frees were made now, in order (a CUDA graph's
+  /// launch); throws OutOfMemory, with none of them counted, where one would pass the capacity.
+  void count(const std::vector<detail::MemoryChange>& changes) {
+    std::size_t done = 0;
+    try {
+      for (; done < changes.size(); ++done) apply(changes[done]);
+    } catch (...) {
+      while (done-- > 0) apply({-changes[done].bytes, changes[done].kind});
+      throw;
+    }
+  }
+  /// Takes back a count(changes) that succeeded.
+  void uncount(const std::vector<detail::MemoryChange>& changes) {
+    for (std::size_t i = changes.size(); i-- > 0;) apply({-changes[i].bytes, changes[i].kind});
   }
 
   /// Bytes allocated now and at most since the last reset_peak(), in all and per MemoryKind, and
@@ -108,7 +137,16 @@ class DeviceAllocator {
   int gpu() const { return gpu_; }
 
  private:
+  // Undoing a release re-reserves bytes counted before it, so only a forward change can throw.
+  void apply(const detail::MemoryChange& c) {
+    if (c.bytes > 0)
+      counter_.reserve(static_cast<std::size_t>(c.bytes), c.kind);
+    else
+      counter_.release(static_cast<std::size_t>(-c.bytes), c.kind);
+  }
+
   gpipe::detail::MemoryCounter counter_;
+  std::vector<detail::MemoryChange>* log_ = nullptr;
   std::size_t named_;
   int gpu_;
   cudaMemPool_t pool_;

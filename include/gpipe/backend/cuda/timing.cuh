@@ -34,8 +34,23 @@ class WorkTimer {
   WorkTimer& operator=(const WorkTimer&) = delete;
   ~WorkTimer() { release(); }
 
+  // The events around one timed piece of work.
+  struct Timed {
+    std::size_t device;
+    WorkLabel label;
+    cudaEvent_t start, end;
+    bool traced, compute;
+    bool graph = false;  // a CUDA graph's: recorded by each launch, destroyed with the graph
+  };
+
   Clock::time_point epoch() const { return epoch_; }
   void set_tracing(bool on) { tracing_ = on; }
+  bool tracing() const { return tracing_; }
+
+  // While `captured` is not null, work is being captured into a CUDA graph: its events are new,
+  // recorded as the graph's own nodes (cudaEventRecordExternal) and kept in `captured` instead of
+  // pending, for launched() to time each launch.
+  void set_capture(std::vector<Timed>* captured) { captured_ = captured; }
 
   // Records the start of work `label` on device d's compute stream (its GPU current) when the
   // work is timed; returns the event to record at its end, or null when it is not timed.
@@ -43,10 +58,46 @@ class WorkTimer {
     const bool traced = tracing_ && !label.internal;
     if (!traced && !label.compute) return nullptr;
     DeviceState& s = devices_[d];
+    if (captured_ != nullptr) {
+      cudaEvent_t start = nullptr, end = nullptr;
+      GPIPE_CUDA_CHECK(cudaEventCreate(&start));
+      if (const cudaError_t made = cudaEventCreate(&end); made != cudaSuccess) {
+        (void)cudaEventDestroy(start);
+        GPIPE_CUDA_CHECK(made);
+      }
+      captured_->push_back({d, label, start, end, traced, label.compute, true});
+      GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(start, s.compute, cudaEventRecordExternal));
+      return end;
+    }
     const cudaEvent_t start = timing_event(*s.gpu), end = timing_event(*s.gpu);
     pending_.push_back({d, label, start, end, traced, label.compute});
     GPIPE_CUDA_CHECK(cudaEventRecord(start, s.compute));
     return end;
+  }
+  // Records `end`, as start() returned it, after the work on device d's compute stream.
+  void stop(std::size_t d, cudaEvent_t end) {
+    GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(end, devices_[d].compute,
+                                              captured_ != nullptr ? cudaEventRecordExternal : 0));
+  }
+
+  // A launch of a graph whose captured work is `timed`: its events are pending until taken. The
+  // events of an earlier launch are resolved first (each launch records the same events).
+  void launched(const std::vector<Timed>& timed) {
+    if (std::any_of(pending_.begin(), pending_.end(), [](const Timed& t) { return t.graph; }))
+      resolve();
+    pending_.insert(pending_.end(), timed.begin(), timed.end());
+  }
+  // Destroys a graph's events, once nothing pending refers to them (the caller waited for its
+  // launches). Never throws.
+  void forget(const std::vector<Timed>& timed) noexcept {
+    std::erase_if(pending_, [&](const Timed& p) {
+      return p.graph && std::any_of(timed.begin(), timed.end(),
+                                    [&](const Timed& t) { return t.start == p.start; });
+    });
+    for (const Timed& t : timed) {
+      (void)cudaEventDestroy(t.start);
+      (void)cudaEventDestroy(t.end);
+    }
   }
 
   // What was traced since the last call, ordered by start time. Waits for the work.
@@ -79,6 +130,7 @@ class WorkTimer {
   // Destroys the events of work not taken yet. Never throws.
   void release() noexcept {
     for (const Timed& t : pending_) {
+      if (t.graph) continue;  // the graph's owner destroys them
       (void)cudaEventDestroy(t.start);
       (void)cudaEventDestroy(t.end);
     }
@@ -86,13 +138,6 @@ class WorkTimer {
   }
 
  private:
-  struct Timed {
-    std::size_t device;
-    WorkLabel label;
-    cudaEvent_t start, end;
-    bool traced, compute;
-  };
-
   // An idle timing event of `g` (GpuState::timing), else a new one.
   static cudaEvent_t timing_event(GpuState& g) {
     if (!g.timing.empty()) {
@@ -137,6 +182,7 @@ class WorkTimer {
         c.busy_us += end_us - start_us;
         c.last_end_us = end_us;
       }
+      if (t.graph) continue;
       g.timing.push_back(t.start);
       g.timing.push_back(t.end);
     }
@@ -148,6 +194,7 @@ class WorkTimer {
   Clock::time_point epoch_;
   bool tracing_ = false;
   std::vector<Timed> pending_;
+  std::vector<Timed>* captured_ = nullptr;
   std::vector<TraceEvent> traces_;
   std::vector<ComputeTiming> timing_;
 };

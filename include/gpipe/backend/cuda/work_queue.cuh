@@ -128,6 +128,13 @@ class WorkQueues {
     }
   }
 
+  // No item is queued (after pump(): none is held by a wait).
+  bool empty() const {
+    for (const auto& q : queues_)
+      if (!q.empty()) return false;
+    return true;
+  }
+
   // Drops every item, and the buffers their work holds.
   void clear() {
     for (auto& q : queues_) q.clear();
