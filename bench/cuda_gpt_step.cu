@@ -7,6 +7,9 @@
 //                      MixedBf16 and Fp32
 //   gpt2_124M/block/... one Transformer block's launches and bytes: the launch records of a
 //                      1-block and a 2-block GPT-2 124M step (M 1) subtracted
+// Rows with graphs:1 replay each step from a CUDA graph (BackendOptions::graphs: captured on the
+// second step, launched from the third), graphs:0 issue every op: on the dry run their times are
+// the host's cost of issuing a step either way.
 // Reported: time per step (host clock around it; every step ends in the backend's synchronize),
 // tokens/s, MFU (llm.c's FLOPs per token against the GPU's dense bf16 peak: support/mfu.hpp; 0
 // where the GPU is not in its table) and peak memory (all K virtual devices together). From the
@@ -91,15 +94,16 @@ using Gpt2_124M_b2 = Shape<T124, samples124, 2>;
 template <class Model, class S, class Precision>
 struct StepRun {
   static constexpr std::size_t K = Model::num_stages;
-  gpipe::cuda::Backend backend{K, {.gpus = std::vector<int>(K, 0)}};
+  gpipe::cuda::Backend backend;
   gpipe::Trainer<Model, gpipe::SoftmaxCrossEntropy, gpipe::cuda::Backend, gpipe::OneFOneB,
                  Precision>
       trainer;
   std::vector<std::int32_t> x = tokens(2), y = tokens(3);
   gpipe::optim::AdamW adamw{{.lr = 1e-4}};
 
-  explicit StepRun(std::size_t M)
-      : trainer(backend, {.micro_batches = M,
+  explicit StepRun(std::size_t M, bool graphs = true)
+      : backend(K, {.gpus = std::vector<int>(K, 0), .graphs = graphs}),
+        trainer(backend, {.micro_batches = M,
                           .seed = 1,
                           .ties = {{.parameter = S::head_weight(), .to = "0.wte.weight"}}}) {}
   static std::vector<std::int32_t> tokens(std::uint64_t seed) {
@@ -132,10 +136,11 @@ bool first_print(const std::string& title) {
 template <class Model, class S = Small, class Precision = gpipe::Fp32>
 void BM_gpt_step(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0));
+  const bool graphs = state.range(1) != 0;
   constexpr std::size_t K = Model::num_stages;
-  StepRun<Model, S, Precision> run(M);
-  run.step();  // warm-up
-  const gpipe::bench::StepRecords records = run.recorded_step();
+  StepRun<Model, S, Precision> run(M, graphs);
+  run.step();  // warm-up (and with graphs the step before the capture)
+  const gpipe::bench::StepRecords records = run.recorded_step();  // with graphs: the capture
   double total_s = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
@@ -162,6 +167,7 @@ void BM_gpt_step(benchmark::State& state) {
   std::size_t peak = 0;
   for (std::size_t d = 0; d < K; ++d) peak += run.backend.memory_stats(d).peak;
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1 << 20);
+  state.counters["graph_launches"] = static_cast<double>(run.backend.graph_launches());
   // the launch records' step, beside the ideal and priced on an H200
   state.counters["launches"] = static_cast<double>(records.launches);
   state.counters["other_B/token"] = records.other_bytes / tokens;
@@ -170,6 +176,8 @@ void BM_gpt_step(benchmark::State& state) {
   state.counters["pred_ms"] = 1e3 * records.predicted_s();
   state.counters["pred_MFU_%"] = 100 * tokens * flops_per_token / records.predicted_s() /
                                  gpipe::bench::Roofline{}.tensor_flops;
+  if (graphs && run.backend.graph_launches() == 0)
+    state.SetLabel("no graph: " + run.backend.graph_refusal());
   const std::string title = std::to_string(S::blocks) + " blocks, T " + std::to_string(S::tokens) +
                             ", K " + std::to_string(K) + ", M " + std::to_string(M) +
                             (std::is_same_v<Precision, gpipe::MixedBf16> ? ", bf16" : ", fp32");
@@ -202,8 +210,9 @@ void BM_block_records(benchmark::State& state) {
 }
 
 void arguments(benchmark::internal::Benchmark* b) {
-  for (std::int64_t m : {1, 4}) b->Args({m});
-  b->ArgNames({"M"});
+  for (std::int64_t m : {1, 4})
+    for (std::int64_t graphs : {0, 1}) b->Args({m, graphs});
+  b->ArgNames({"M", "graphs"});
   b->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
@@ -220,24 +229,28 @@ BENCHMARK(BM_gpt_step<Model2, Small, gpipe::MixedBf16>)
 
 // GPT-2 124M beside llm.c (scripts/gpu-check runs both in one call).
 void one_micro_batch(benchmark::internal::Benchmark* b) {
-  b->Args({1})->ArgNames({"M"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  b->Args({1, 1})->ArgNames({"M", "graphs"})->UseManualTime()->Unit(benchmark::kMillisecond);
 }
-void eight_micro_batches(benchmark::internal::Benchmark* b) {
-  b->Args({8})->ArgNames({"M"})->UseManualTime()->Unit(benchmark::kMillisecond);
+// K 4 with M 8 and 16, graphs off and on (the issue cost of 4x the ops of K 1's step)
+void many_micro_batches(benchmark::internal::Benchmark* b) {
+  for (std::int64_t m : {8, 16})
+    for (std::int64_t graphs : {0, 1})
+      if (static_cast<std::size_t>(m) <= samples124) b->Args({m, graphs});
+  b->ArgNames({"M", "graphs"})->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M, gpipe::MixedBf16>)
     ->Name("gpt2_124M/K:1/bf16")
     ->Apply(one_micro_batch);
 BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M, gpipe::MixedBf16>)
     ->Name("gpt2_124M/K:4/bf16")
-    ->Apply(eight_micro_batches);
+    ->Apply(many_micro_batches);
 BENCHMARK(BM_block_records<gpipe::MixedBf16>)
     ->Name("gpt2_124M/block/bf16")
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
 BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M>)->Name("gpt2_124M/K:1")->Apply(one_micro_batch);
-BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M>)->Name("gpt2_124M/K:4")->Apply(eight_micro_batches);
+BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M>)->Name("gpt2_124M/K:4")->Apply(many_micro_batches);
 
 }  // namespace
 
