@@ -2,7 +2,7 @@
 // refuses, as CUDA does), then training steps that cuda::Backend replays from a graph against the
 // same steps issued op by op (BackendOptions::graphs = false): the same losses and parameters bit
 // for bit, every op still timed, the same memory counts, for several schedules, remat policies,
-// MixedBf16, packed documents, and steps whose shape changes.
+// MixedBf16, packed documents, one GPU and two, and steps whose shape changes.
 
 #include "support/cuda_emulation.hpp"
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
@@ -164,13 +164,18 @@ struct Run {
   std::string refusal;
 };
 
-// `steps` AdamW steps of Model on K virtual devices of GPU 0, with graphs on or off; step i's
-// batch has samples(i) samples (a change of shape), documents where `documents`.
+// How a case lays its virtual devices out: all on GPU 0, or device d on GPU d % 2.
+enum class Gpus { one, two };
+
+// `steps` AdamW steps of Model on K virtual devices, with graphs on or off; step i's batch has
+// samples(i) samples (a change of shape), documents where `documents`.
 template <class Model, class Schedule = GPipe, class Precision = Fp32>
-Run run(bool graphs, std::size_t micro_batches, Remat remat, bool documents, std::size_t steps,
-        std::size_t (*samples)(std::size_t)) {
+Run run(bool graphs, Gpus gpus, std::size_t micro_batches, Remat remat, bool documents,
+        std::size_t steps, std::size_t (*samples)(std::size_t)) {
   constexpr std::size_t K = Model::num_stages / Schedule::chunks_per_device;
-  cuda::Backend backend(K, {.gpus = std::vector<int>(K, 0), .graphs = graphs});
+  std::vector<int> mapping(K, 0);
+  for (std::size_t d = 0; d < K && gpus == Gpus::two; ++d) mapping[d] = static_cast<int>(d % 2);
+  cuda::Backend backend(K, {.gpus = mapping, .graphs = graphs});
   Trainer<Model, SoftmaxCrossEntropy, cuda::Backend, Schedule, Precision> trainer(
       backend, {.micro_batches = micro_batches, .remat = remat, .seed = 5});
   optim::AdamW optimizer({.lr = 1e-2});
@@ -203,12 +208,13 @@ std::size_t changing(std::size_t i) { return i == 3 || i == 4 ? 5 : 4; }
 
 template <class Model, class Schedule = GPipe, class Precision = Fp32>
 void check_replay(std::size_t micro_batches, Remat remat, bool documents,
-                  std::size_t (*samples)(std::size_t), std::size_t expected_launches) {
+                  std::size_t (*samples)(std::size_t), std::size_t expected_launches,
+                  Gpus gpus = Gpus::one) {
   constexpr std::size_t steps = 7;
   const Run eager =
-      run<Model, Schedule, Precision>(false, micro_batches, remat, documents, steps, samples);
+      run<Model, Schedule, Precision>(false, gpus, micro_batches, remat, documents, steps, samples);
   const Run graphs =
-      run<Model, Schedule, Precision>(true, micro_batches, remat, documents, steps, samples);
+      run<Model, Schedule, Precision>(true, gpus, micro_batches, remat, documents, steps, samples);
   CHECK(eager.launches == 0);
   INFO("why the last capture gave no graph: ", graphs.refusal);
   CHECK(graphs.launches == expected_launches);
@@ -234,6 +240,12 @@ TEST_CASE("emulated CUDA graphs: replayed steps equal steps issued op by op, bit
     // the first step rounds the initial weights to bf16, later ones use AdamW's fused copies:
     // another key, so the graph comes a step later
     check_replay<Gpt2, OneFOneB, MixedBf16>(2, Remat::never, false, always_4, 5);
+  }
+  SUBCASE("GPipe, K 4 on two GPUs: the peer copies between them in the graph") {
+    check_replay<Gpt4>(2, Remat::never, false, always_4, 6, Gpus::two);
+  }
+  SUBCASE("ZB-H1, K 2 on two GPUs, MixedBf16") {
+    check_replay<Gpt2, ZeroBubbleH1, MixedBf16>(2, Remat::always, false, always_4, 5, Gpus::two);
   }
   SUBCASE("a change of shape drops the graph; the new shape is captured on its second step") {
     // steps 0-2 of 4 samples: eager, capture, replay; 3-4 of 5: eager, capture; 5-6 of 4:

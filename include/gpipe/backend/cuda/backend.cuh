@@ -92,8 +92,8 @@ struct BackendOptions {
   std::size_t first_device = 0;
   /// Capture a training step's work into a CUDA graph and launch the graph for later steps of
   /// the same shape (README, "CUDA Graphs"): the host then issues one launch per step instead of
-  /// every op's kernels. Only where every virtual device is on one GPU; steps on several GPUs, or
-  /// with NCCL, are issued op by op. false: every step is issued op by op.
+  /// every op's kernels. Not with `nccl` (its steps are issued op by op). false: every step is
+  /// issued op by op.
   bool graphs = true;
 };
 
@@ -221,9 +221,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     failure_.take();
   }
 
-  /// Whether steps may be captured into CUDA graphs: BackendOptions::graphs, with every virtual
-  /// device on one GPU and no NCCL.
-  bool graphs() const { return options_.graphs && !options_.nccl && one_gpu_; }
+  /// Whether steps may be captured into CUDA graphs: BackendOptions::graphs, without NCCL.
+  bool graphs() const { return options_.graphs && !options_.nccl; }
 
   /// Graph launches since construction (launch()): how many steps were replayed.
   std::size_t graph_launches() const { return graph_launches_; }
@@ -369,15 +368,18 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   using Item = detail::WorkQueues::Item;
   friend class StepGraph;
 
-  // The stream that captures and launches graphs, on the backend's GPU, and the events that
-  // join every device's streams to it; made at the first capture.
+  // The stream that captures and launches graphs, on device 0's GPU (current), and the events
+  // that join every device's streams to it, each of its device's GPU; made at the first capture.
   void make_capture_resources() {
     if (origin_ != nullptr) return;
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&origin_, cudaStreamNonBlocking));
     GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     joins_.resize(2 * num_devices(), nullptr);
-    for (cudaEvent_t& e : joins_)
-      GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (std::size_t i = 0; i < joins_.size(); ++i) {
+      // recorded on device i / 2's streams: an event of its GPU
+      detail::DeviceGuard on(devices_[i / 2].gpu->id);
+      GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&joins_[i], cudaEventDisableTiming));
+    }
   }
 
   // A StepGraph goes: once its launches are done, its graph and events. Never throws.
@@ -393,7 +395,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// (ordered on the stream that order_ names), its kernel context; then the clocks of the GPUs.
   void create(const std::vector<int>& mapping) {
     devices_.create(mapping, options_.tf32, options_.nccl);
-    one_gpu_ = devices_.gpus().size() == 1;
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::DeviceState& s = devices_[d];
       order_.add_device(s.compute);
@@ -490,7 +491,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   detail::WorkTimer timer_;
   detail::WorkQueues queues_;
   gpipe::detail::FailureLatch failure_;
-  bool one_gpu_ = false;                // every virtual device is on one GPU
   cudaStream_t origin_ = nullptr;       // captures and launches graphs
   cudaEvent_t fork_ = nullptr;          // origin -> every device's streams
   std::vector<cudaEvent_t> joins_;      // device d's compute (2d) and copy (2d + 1) -> origin

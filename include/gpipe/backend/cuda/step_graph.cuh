@@ -1,6 +1,6 @@
 #pragma once
-// CUDA Graphs for the CUDA backend: a training step's work on every virtual device of one GPU,
-// captured once (cuda::Backend::begin_capture .. end_capture) and launched again for each later
+// CUDA Graphs for the CUDA backend: a training step's work on every virtual device (on one GPU or
+// several: peer copies between them are part of the graph), captured once (cuda::Backend::begin_capture .. end_capture) and launched again for each later
 // step of the same shape (cuda::Backend::launch), so that the host issues one graph instead of
 // every kernel of every op. What a launch repeats besides the kernels: the memory_stats counts of
 // the step's allocations and frees (each device's MemoryChanges, in capture order), and the timing
