@@ -131,8 +131,7 @@ class Executor {
         for (std::size_t st = 0; st < num_stages_; ++st)
           if (transport_.is_local(schedule_.device_of_stage(st))) ops_.rounded_by_graph(st);
         graphs_->launch();
-      } else if (mode == StepMode::capture) {
-        graphs_->begin_capture();
+      } else if (mode == StepMode::capture && graphs_->begin_capture()) {
         issue_step(has_loss, last_device, losses);
         std::string why;
         if (graphs_->end_capture(why)) {
@@ -149,6 +148,7 @@ class Executor {
     } catch (...) {
       // Work already issued may wait for events that will now never be recorded: cancel it
       // before the slots it uses go away (and with several processes, end the step on all).
+      if (replayable) graphs_->forget();
       abandon([this] { clear(); });
     }
     try {
@@ -156,6 +156,9 @@ class Executor {
       ops_.commit_weights();
       sums_.add_back_earlier();
     } catch (...) {
+      // a failed step starts its key afresh: issued, then captured (a capture it made failing
+      // with it says nothing about the steps to come)
+      if (replayable) graphs_->forget();
       clear();
       throw;
     }

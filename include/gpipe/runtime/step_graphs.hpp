@@ -46,10 +46,13 @@ class StepGraphs {
   }
   // How to run the step described by `key`: always issued.
   StepMode next(const StepKey&) { return StepMode::eager; }
-  // Never called here (next() never answers capture or replay).
-  void begin_capture() {}
+  // Never called here (next() never answers capture or replay). A backend's begin_capture() may
+  // decline (false): the step is then issued op by op.
+  bool begin_capture() { return false; }
   bool end_capture(std::string&) { return false; }
   void launch() {}
+  // After a step that failed: the next step is issued op by op, whatever its key.
+  void forget() {}
 
  private:
   std::vector<std::byte> arrays_[static_cast<std::size_t>(HostArray::count)];

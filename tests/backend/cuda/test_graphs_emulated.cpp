@@ -17,6 +17,7 @@
 
 #include "gpipe/cuda.cuh"
 #include "gpipe/optim/adamw.hpp"
+#include "support/faulty_layer.hpp"
 
 namespace {
 
@@ -252,6 +253,42 @@ TEST_CASE("emulated CUDA graphs: replayed steps equal steps issued op by op, bit
     // eager, capture
     check_replay<Gpt2, OneFOneB>(2, Remat::never, false, changing, 4);
   }
+}
+
+TEST_CASE("emulated CUDA graphs: a step that fails while captured fails as it does op by op") {
+  using test::Fault;
+  using test::injected_fault;
+  cuda::Backend backend(3, {.gpus = {0, 0, 0}});
+  Trainer<test::FaultyModel, SoftmaxCrossEntropy, cuda::Backend, OneFOneB> trainer(
+      backend, {.micro_batches = test::faulty_micro_batches, .seed = 1});
+  std::vector<float> x(test::faulty_batch * 4);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
+  const std::vector<std::int32_t> y{0, 1, 2, 0, 1};
+  const float first = trainer.forward_backward(x, y);  // issued op by op
+  for (Fault fault : {Fault::forward, Fault::backward_input}) {
+    CAPTURE(static_cast<int>(fault));
+    injected_fault = fault;  // the next step would be captured: its ops throw while captured
+    std::string message;
+    try {
+      (void)trainer.forward_backward(x, y);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    injected_fault = Fault::none;
+    // the error of the step issued op by op: the stage, device and micro-batch that failed
+    CHECK(message.find("stage 1") != std::string::npos);
+    CHECK(message.find("micro-batch 2") != std::string::npos);
+    CHECK(message.find(fault == Fault::forward ? "injected forward failure"
+                                               : "injected backward failure") != std::string::npos);
+    trainer.zero_grad();
+    CHECK(trainer.forward_backward(x, y) == first);  // and the trainer goes on
+  }
+  // a failed step starts its shape afresh: issued (above), captured, launched
+  for (int step = 0; step < 2; ++step) {
+    trainer.zero_grad();
+    CHECK(trainer.forward_backward(x, y) == first);
+  }
+  CHECK(backend.graph_launches() == 2);
 }
 
 }  // namespace

@@ -232,13 +232,15 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   /// Starts capturing the work submitted from now on, on every virtual device, into a CUDA graph
   /// (cuda/step_graph.cuh): it is recorded, not run, until end_capture(). Meanwhile nothing may
-  /// wait for the GPU (synchronize, take_trace, take_timing). Needs graphs() and no capture under
-  /// way (else gpipe::Error).
-  void begin_capture() {
+  /// wait for the GPU (synchronize, take_trace, take_timing). Returns false, and captures nothing,
+  /// while earlier work's failure waits for synchronize() (a capture would drop it). Needs graphs()
+  /// and no capture under way (else gpipe::Error).
+  bool begin_capture() {
     gpipe::detail::require(
         graphs() && capture_ == nullptr,
         "cuda::Backend::begin_capture: graphs are off, or a capture is under way");
     pump();
+    if (failure_.failed()) return false;
     detail::DeviceGuard guard(devices_[0].gpu->id);
     make_capture_resources();
     capture_ = std::unique_ptr<StepGraph>(new StepGraph(*this, num_devices()));
@@ -252,6 +254,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
       allocator(d).set_log(&capture_->memory_[d]);
     }
     timer_.set_capture(&capture_->timed_);
+    return true;
   }
 
   /// Ends the capture that begin_capture() started: the graph of the work submitted since, or

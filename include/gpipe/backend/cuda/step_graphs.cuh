@@ -51,7 +51,7 @@ class StepGraphs<cuda::Backend> {
     refused_ = false;
     return StepMode::eager;
   }
-  void begin_capture() { backend_.begin_capture(); }
+  bool begin_capture() { return backend_.begin_capture(); }
   // The graph of the step issued since begin_capture(), or false (and the step is to be issued
   // again, op by op): then the key is not captured again until it changes.
   bool end_capture(std::string& why) {
@@ -60,14 +60,15 @@ class StepGraphs<cuda::Backend> {
     return graph_ != nullptr;
   }
   void launch() { backend_.launch(*graph_); }
-
- private:
-  // The graph reads or writes an array that moved: it is captured again.
+  // After a failed step, or when the graph reads or writes an array that moved: the next step
+  // is issued op by op, and its key captured on the step after it.
   void forget() {
     graph_.reset();
     key_.clear();
+    refused_ = false;
   }
 
+ private:
   cuda::Backend& backend_;
   cuda::PinnedArray<std::byte> arrays_[static_cast<std::size_t>(HostArray::count)];
   StepKey key_;                             // the latest step's
