@@ -328,7 +328,8 @@ TEST_SUITE("model layers") {
   static_assert(StageChain::stash_per_row == 34 && StageChain::cheap_stash_per_row == 18);
   static_assert(ResidualMlp::cheap_stash_per_row == 6 && ResidualNorm::cheap_stash_per_row == 7);
   static_assert(Stage<Linear<4, 6>, ReLU>::bound<4>::cheap_stash_per_row == 0);
-  static_assert(gpipe::cheap_stash_per_row_v<CheckpointMlp> == 0 && CheckpointMlp::stash_per_row == 0);
+  static_assert(gpipe::cheap_stash_per_row_v<CheckpointMlp> == 0 &&
+                CheckpointMlp::stash_per_row == 0);
 
   TEST_CASE_TEMPLATE("recompute rebuilds the cheap part of the stash bit for bit", L, StageChain,
                      ResidualMlp, ResidualNorm, CheckpointedStage) {
@@ -340,7 +341,7 @@ TEST_SUITE("model layers") {
         const std::vector<T> stash = run.stash;
         run.recompute();
         CHECK(run.stash == stash);  // bitwise, and NaN left anywhere differs
-        if constexpr (gpipe::cheap_stash_per_row_v<L> > 0) {
+        if constexpr (gpipe::cheap_stash_per_row_v < L >> 0) {
           CHECK(std::ranges::none_of(run.stash, [](T v) { return std::isnan(v); }));
         }
       };

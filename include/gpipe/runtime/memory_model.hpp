@@ -13,7 +13,10 @@
 // GPipe's claim in these terms, for a stage of L layers of width d, micro-batch size n = N/M:
 //   never:  M n (d + L d) = N (L + 1) d                      O(N L)
 //   always: M n d + n L d = N d + (N/M) L d                   O(N + L N / M)
-// so `always` keeps about (M + L) / (M L) of `never` when L and M are large.
+// so `always` keeps about (M + L) / (M L) of `never` when L and M are large. `selective` keeps
+// the stash less its cheap part c per row, and rebuilds c for one micro-batch at a time between
+// its B and its W (several where a zero-bubble schedule delays W):
+//   selective: N (d + L d - c) + (N/M) c  (fill-drain)
 
 #include <algorithm>
 #include <array>
@@ -58,14 +61,9 @@ struct StageSizes {
 
 template <class S>
 StageSizes stage_size() {
-  return {S::in_features,
-          S::out_features,
-          S::stash_per_row - S::cheap_stash_per_row,
-          S::cheap_stash_per_row,
-          S::grad_stash_per_row,
-          workspace_per_row_v<S>,
-          S::num_params,
-          skips_input_gradient<S>};
+  return {S::in_features,         S::out_features,        S::stash_per_row - S::cheap_stash_per_row,
+          S::cheap_stash_per_row, S::grad_stash_per_row,  workspace_per_row_v<S>,
+          S::num_params,          skips_input_gradient<S>};
 }
 
 template <class Model>

@@ -185,10 +185,10 @@ class StageOps {
                    here[SlotBuffer::input].data());
     {
       Buffer<Activation> ws = workspace(stage, device, rows);
-      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y,
-                                               params_[s].data(), here[SlotBuffer::stash].data(),
-                                               ws.data(), compute_params(s), document,
-                                               here[SlotBuffer::cheap_stash].data()});
+      stage.forward(
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y, params_[s].data(),
+                                     here[SlotBuffer::stash].data(), ws.data(), compute_params(s),
+                                     document, here[SlotBuffer::cheap_stash].data()});
     }
     if (s + 1 < stages_.size()) return;
     if (sit.forward_only)
@@ -232,18 +232,11 @@ class StageOps {
                                                  ws.data(), compute_params(s), document,
                                                  here[SlotBuffer::cheap_stash].data()});
     stage.backward_input(
-        k, BackwardInputArgs<Activation>{rows,
-                                         here[SlotBuffer::input].data(),
-                                         here[SlotBuffer::grad_output].data(),
-                                         here[SlotBuffer::grad_input].data(),
-                                         params_[s].data(),
-                                         here[SlotBuffer::stash].data(),
-                                         here[SlotBuffer::grad_stash].data(),
-                                         ws.data(),
-                                         compute_params(s),
-                                         nullptr,
-                                         document,
-                                         here[SlotBuffer::cheap_stash].data()});
+        k, BackwardInputArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               here[SlotBuffer::grad_input].data(), params_[s].data(),
+               here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(), ws.data(),
+               compute_params(s), nullptr, document, here[SlotBuffer::cheap_stash].data()});
   }
 
   // W: the stage's parameter gradients accumulated into grads_[s].
@@ -252,11 +245,11 @@ class StageOps {
     const StageProgram<OpContext>& stage = stages_[s];
     Buffer<Activation> ws = workspace(stage, device, rows);
     stage.backward_weight(
-        k, BackwardWeightArgs<Activation>{
-               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
-               params_[s].data(), here[SlotBuffer::stash].data(),
-               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data(), document,
-               here[SlotBuffer::cheap_stash].data()});
+        k,
+        BackwardWeightArgs<Activation>{
+            rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+            params_[s].data(), here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(),
+            grads_[s].data(), ws.data(), document, here[SlotBuffer::cheap_stash].data()});
   }
 
   Backend& backend_;

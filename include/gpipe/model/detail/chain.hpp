@@ -244,7 +244,8 @@ struct Chain {
       if (dropped[i]) {
         l.stash[i] = std::exchange(l.cheap_width, l.cheap_width + layer_stash[i]);
       } else {
-        l.stash[i] = std::exchange(l.kept_width, l.kept_width + layer_stash[i] - layer_cheap_stash[i]);
+        l.stash[i] =
+            std::exchange(l.kept_width, l.kept_width + layer_stash[i] - layer_cheap_stash[i]);
         l.cheap[i] = std::exchange(l.cheap_width, l.cheap_width + layer_cheap_stash[i]);
       }
     }
@@ -439,18 +440,13 @@ struct Chain {
         if (a.dx == nullptr) return;
       }
       L::backward_input(
-          ctx, BackwardInputArgs<T>{a.rows,
-                                    act<i>(x, static_cast<T*>(nullptr), p),
-                                    grad(std::integral_constant<std::size_t, i + 1>{}),
-                                    grad(std::integral_constant<std::size_t, i>{}),
-                                    a.params + param_offset[i],
-                                    p.stash(i),
-                                    a.grad_stash + grad_stash_offset[i] * a.rows,
-                                    a.workspace,
-                                    compute_params_at(a.compute_params, param_offset[i]),
-                                    act<i + 1>(x, static_cast<T*>(nullptr), p),
-                                    a.document,
-                                    p.cheap_stash(i)});
+          ctx, BackwardInputArgs<T>{
+                   a.rows, act<i>(x, static_cast<T*>(nullptr), p),
+                   grad(std::integral_constant<std::size_t, i + 1>{}),
+                   grad(std::integral_constant<std::size_t, i>{}), a.params + param_offset[i],
+                   p.stash(i), a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
+                   compute_params_at(a.compute_params, param_offset[i]),
+                   act<i + 1>(x, static_cast<T*>(nullptr), p), a.document, p.cheap_stash(i)});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
@@ -466,11 +462,11 @@ struct Chain {
       return i == size ? a.dy : gstash + act_offset[i - 1] * a.rows;
     };
     (Bs::backward_weight(
-         ctx, BackwardWeightArgs<T>{a.rows, act<I>(x, static_cast<T*>(nullptr), p), grad(I + 1),
-                                    a.params + param_offset[I], p.stash(I),
-                                    gstash + grad_stash_offset[I] * a.rows,
-                                    a.grads + param_offset[I], a.workspace, a.document,
-                                    p.cheap_stash(I)}),
+         ctx,
+         BackwardWeightArgs<T>{a.rows, act<I>(x, static_cast<T*>(nullptr), p), grad(I + 1),
+                               a.params + param_offset[I], p.stash(I),
+                               gstash + grad_stash_offset[I] * a.rows, a.grads + param_offset[I],
+                               a.workspace, a.document, p.cheap_stash(I)}),
      ...);
   }
 };
