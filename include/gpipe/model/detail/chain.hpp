@@ -364,8 +364,8 @@ struct Chain {
   template <class Args>
   static auto parts(const Args& a) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(a.stash)>>;
-    T* kept = const_cast<T*>(a.stash);
-    return Parts<T>{kept, const_cast<T*>(cheap_stash_of(a, stash_layout.kept_width)), a.rows};
+    return Parts<T>{const_cast<T*>(a.stash),
+                    const_cast<T*>(cheap_stash_of(a, stash_layout.kept_width)), a.rows};
   }
   template <std::size_t I, class T>
   static T* act(T* x, T* y, const Parts<T>& p) {  // a_I
@@ -386,19 +386,21 @@ struct Chain {
     auto step = [&](auto i_const) {
       constexpr std::size_t i = decltype(i_const)::value;
       using L = std::tuple_element_t<i, std::tuple<Bs...>>;
-      const ForwardArgs<T> args{a.rows,
-                                act<i>(x, static_cast<T*>(nullptr), p),
-                                act<i + 1>(x, static_cast<T*>(nullptr), p),
-                                a.params + param_offset[i],
-                                p.stash(i),
-                                a.workspace,
-                                compute_params_at(a.compute_params, param_offset[i]),
-                                a.document,
-                                p.cheap_stash(i)};
-      if constexpr (dropped[i])
-        L::forward(ctx, args);
-      else if constexpr (layer_cheap_stash[i] > 0)
-        L::recompute(ctx, args);
+      if constexpr (dropped[i] || layer_cheap_stash[i] > 0) {
+        const ForwardArgs<T> args{a.rows,
+                                  act<i>(x, static_cast<T*>(nullptr), p),
+                                  act<i + 1>(x, static_cast<T*>(nullptr), p),
+                                  a.params + param_offset[i],
+                                  p.stash(i),
+                                  a.workspace,
+                                  compute_params_at(a.compute_params, param_offset[i]),
+                                  a.document,
+                                  p.cheap_stash(i)};
+        if constexpr (dropped[i])
+          L::forward(ctx, args);
+        else
+          L::recompute(ctx, args);
+      }
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
