@@ -1,18 +1,21 @@
 // gpipe::plan against the configurations a user would try by hand, on the host backend: a
 // GPT-2-shaped model of 4 stages on 4 devices under a memory limit of a fraction of what 1F1B
 // with M = 2K and Remat::never needs (predict_memory's bound on its largest device).
-//   model     Embedding<512, 64, 128>, 4 TransformerBlock<128, 4> (one per stage), LayerNorm,
-//             the LM head; batch 16 samples (1024 tokens); SoftmaxCrossEntropy; fp32
+//   model     Embedding<256, 128, 64>, 4 TransformerBlock<64, 4> (one per stage), LayerNorm,
+//             the LM head; batch 32 samples (4096 tokens); SoftmaxCrossEntropy; fp32
 //   plan      gpipe::plan under the limit (its measuring included in plan_s), its trainer
 //             built from the plan, steps timed: plan_ms, beside predicted_ms
 //   by hand   1F1B, M = 2K = 8, Remat::always: always_ms (the usual answer to a memory limit)
 //   all       every built-in schedule of one stage per device (GPipe, 1F1B, ZB-H1, ZB-H2) x M in
-//             {1, 2, 4, 8, 16} x {never, except_last, always} whose bound fits the limit, each
+//             {1, 2, 4, 8, 16} x {never, selective, except_last, always} whose bound fits, each
 //             timed the same way: best_ms, and how many ran (configs)
 // Counters: plan_ms, predicted_ms, prediction_error_pct (|measured - predicted| / measured),
 // always_ms, speedup_vs_always (always_ms / plan_ms), best_ms, plan_vs_best (plan_ms / best_ms,
 // >= 1; 1 means the plan was the fastest found), configs, plan_s.
 // Each configuration: one warm-up step, then --steps timed steps (default 3), their median.
+// BM_Remat: the same model under 1F1B with M = 2K and each remat policy, no limit: the step
+// (step_ms, its ratio to never's), the largest device's peak activations measured and predicted
+// (act_MiB, predicted_act_MiB, their ratio to never's) and its whole peak (peak_MiB).
 //
 // Usage: bench_plan [--steps=N] [Google Benchmark flags]; Arg: the limit in percent of the
 // Remat::never bound (60 and 80).
@@ -145,6 +148,54 @@ void BM_Plan(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Plan)->ArgName("limit_pct")->Arg(60)->Arg(80)->Iterations(1)->Unit(benchmark::kSecond);
+
+// (step ms, largest device's peak activation bytes, its predicted peak, largest whole peak)
+struct RematRun {
+  double ms = 0;
+  std::size_t activations = 0, predicted = 0, peak = 0;
+};
+RematRun run_remat(const Batch& b, gpipe::Remat remat) {
+  gpipe::host::Backend backend(K);
+  gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, gpipe::OneFOneB> trainer(
+      backend, {.micro_batches = 2 * K, .remat = remat});
+  RematRun r;
+  r.ms = time_steps(trainer, b);
+  backend.reset_peak();
+  trainer.forward_backward(b.tokens, b.targets);
+  const auto predicted = gpipe::predict_memory<Gpt>(trainer.schedule(), samples * T, remat);
+  for (std::size_t d = 0; d < K; ++d) {
+    const gpipe::MemoryStats stats = backend.memory_stats(d);
+    r.activations = std::max(r.activations, stats.peak_of(gpipe::MemoryKind::activations));
+    r.predicted = std::max(r.predicted, predicted[d].activations_peak);
+    r.peak = std::max(r.peak, stats.peak);
+  }
+  return r;
+}
+
+void BM_Remat(benchmark::State& state) {
+  const Batch b = make_batch();
+  const auto remat = static_cast<gpipe::Remat>(state.range(0));
+  for (auto _ : state) {
+    const RematRun never = run_remat(b, gpipe::Remat::never);
+    const RematRun r = remat == gpipe::Remat::never ? never : run_remat(b, remat);
+    constexpr double MiB = 1 << 20;
+    state.counters["step_ms"] = r.ms;
+    state.counters["step_vs_never"] = r.ms / never.ms;
+    state.counters["act_MiB"] = static_cast<double>(r.activations) / MiB;
+    state.counters["predicted_act_MiB"] = static_cast<double>(r.predicted) / MiB;
+    state.counters["act_vs_never"] =
+        static_cast<double>(r.activations) / static_cast<double>(never.activations);
+    state.counters["peak_MiB"] = static_cast<double>(r.peak) / MiB;
+  }
+  state.SetLabel(std::string(gpipe::to_string(remat)));
+}
+BENCHMARK(BM_Remat)
+    ->ArgName("remat")
+    ->Arg(static_cast<int>(gpipe::Remat::never))
+    ->Arg(static_cast<int>(gpipe::Remat::selective))
+    ->Arg(static_cast<int>(gpipe::Remat::always))
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

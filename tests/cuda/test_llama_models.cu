@@ -64,7 +64,7 @@ void check_llama_against_reference(std::size_t m, Remat remat) {
 TEST_SUITE("llama models on the CUDA backend") {
   TEST_CASE("a Llama step on the CUDA backend equals the unpipelined double reference") {
     for (std::size_t m : {1u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always}) {
+      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         check_llama_against_reference<Llama1>(m, remat);
         check_llama_against_reference<Llama2>(m, remat);
         check_llama_against_reference<Llama4>(m, remat);
@@ -117,7 +117,7 @@ TEST_SUITE("llama models on the CUDA backend") {
 
   TEST_CASE("a Llama's peak activations on the CUDA backend are predict_memory's") {
     const std::vector<std::int32_t> tokens = llama_tokens(6), targets = llama_tokens(7);
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
       CAPTURE(to_string(remat));
       auto measure = [&]<class Precision>() {
         cuda::Backend backend(2);

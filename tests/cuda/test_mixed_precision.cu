@@ -341,11 +341,14 @@ TEST_CASE("MixedBf16 on CUDA: remat recomputes the same bits; one stage or two, 
   const Batch b = batch(3, 12);
   const StepResult never = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3);
   const StepResult always = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3, Remat::always);
+  const StepResult selective = run_step<Gpt2, cuda::Backend, MixedBf16>(b, 3, Remat::selective);
   CHECK(always.loss == never.loss);
+  CHECK(selective.loss == never.loss);
   REQUIRE(always.names == never.names);
   for (std::size_t i = 0; i < never.names.size(); ++i) {
     CAPTURE(never.names[i]);
     CHECK(always.gradients[i] == never.gradients[i]);
+    CHECK(selective.gradients[i] == never.gradients[i]);
   }
   const StepResult one = run_step<Gpt1, cuda::Backend, MixedBf16>(b, 3);
   CHECK(std::abs(one.loss - never.loss) <= (n_ops + n_gemm) * u * std::abs(never.loss));
@@ -355,7 +358,7 @@ TEST_CASE("MixedBf16 on CUDA: remat recomputes the same bits; one stage or two, 
 
 TEST_CASE("MixedBf16 on CUDA: peak activations are predict_memory's and half of Fp32's") {
   const Batch b = batch(4, 13);
-  for (Remat remat : {Remat::never, Remat::always}) {
+  for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
     CAPTURE(to_string(remat));
     std::size_t peaks[2][2] = {};
     auto measure = [&]<class Precision>(int which) {

@@ -174,7 +174,7 @@ TEST_SUITE("launch records") {
 TEST_SUITE("token models on the CUDA backend") {
   TEST_CASE("a GPT step on the CUDA backend equals the unpipelined double reference") {
     for (std::size_t m : {1u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always}) {
+      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         check_against_reference<Gpt1>(m, remat);
         check_against_reference<Gpt2>(m, remat);
         check_against_reference<Gpt4>(m, remat);

@@ -319,3 +319,36 @@ TEST_SUITE("model layers") {
     CHECK(without_dx.grads == with_dx.grads);
   }
 }
+
+TEST_SUITE("model layers") {
+  // Stage<Linear<4, 8>, ReLU, LayerNorm<8>, Residual<Linear<8, 8>, GELU>>: of its stash
+  // (a_1..a_3 8 each, LayerNorm's 2 statistics, the residual body's a_1 8), ReLU's and
+  // LayerNorm's outputs and LayerNorm's statistics are cheap; the body's GELU is its last layer,
+  // whose output the chain does not keep.
+  static_assert(StageChain::stash_per_row == 34 && StageChain::cheap_stash_per_row == 18);
+  static_assert(ResidualMlp::cheap_stash_per_row == 6 && ResidualNorm::cheap_stash_per_row == 7);
+  static_assert(Stage<Linear<4, 6>, ReLU>::bound<4>::cheap_stash_per_row == 0);
+  static_assert(gpipe::cheap_stash_per_row_v<CheckpointMlp> == 0 &&
+                CheckpointMlp::stash_per_row == 0);
+
+  TEST_CASE_TEMPLATE("recompute rebuilds the cheap part of the stash bit for bit", L, StageChain,
+                     ResidualMlp, ResidualNorm, CheckpointedStage) {
+    const Problem<L> p(71);
+    for (bool as_float : {false, true}) {
+      CAPTURE(as_float);
+      auto check = [&]<class T>(LayerRun<L, T> run) {
+        run.forward();
+        const std::vector<T> stash = run.stash;
+        run.recompute();
+        CHECK(run.stash == stash);  // bitwise, and NaN left anywhere differs
+        if constexpr (gpipe::cheap_stash_per_row_v < L >> 0) {
+          CHECK(std::ranges::none_of(run.stash, [](T v) { return std::isnan(v); }));
+        }
+      };
+      if (as_float)
+        check(p.template run<float>());
+      else
+        check(p.template run<double>());
+    }
+  }
+}

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <vector>
 
@@ -352,5 +353,25 @@ TEST_SUITE("llama layers") {
     CHECK(check.dx_error == 0);
     CHECK(Emb::param_specs()[0].name == "weight");
     CHECK(Emb::num_params == 5 * 4);
+  }
+}
+
+TEST_SUITE("llama layers") {
+  // Of LlamaBlock<D, H, KVH, F>'s stash, Remat::selective drops both RMSNorms' outputs and rstd
+  // and SwiGLU's output, 2 D + F + 4 per row; it keeps qkv, o, the log-sum-exps, gate and up.
+  static_assert(Block::cheap_stash_per_row == 2 * 16 + 24 + 4);
+
+  TEST_CASE("LlamaBlock's recompute rebuilds its cheap stash bit for bit, with documents") {
+    const Problem<Block> p(89);
+    for (bool with_documents : {false, true}) {
+      CAPTURE(with_documents);
+      LayerRun<Block, float> run = p.run<float>();
+      if (with_documents) run.document = documents;
+      run.forward();
+      const std::vector<float> stash = run.stash;
+      run.recompute();
+      // bit for bit: NaN where nothing writes (the float log-sum-exps fill half their room)
+      CHECK(std::memcmp(run.stash.data(), stash.data(), stash.size() * sizeof(float)) == 0);
+    }
   }
 }

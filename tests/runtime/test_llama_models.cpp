@@ -80,7 +80,7 @@ void check_against_reference(std::size_t m, Remat remat) {
 template <class Schedule>
 void check_schedule() {
   for (std::size_t m : {1u, 3u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
       if constexpr (Schedule::chunks_per_device == 1) {
         check_against_reference<Llama1, Schedule>(m, remat);
         check_against_reference<Llama2, Schedule>(m, remat);
@@ -161,7 +161,7 @@ TEST_SUITE("llama models") {
       }
     };
     for (std::size_t m : {1u, 3u})
-      for (Remat remat : {Remat::never, Remat::always}) {
+      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         check.operator()<Llama1, OneFOneB>(m, remat);
         check.operator()<Llama2, ZeroBubbleH1>(m, remat);
         check.operator()<Llama4, Interleaved<2>>(m, remat);
@@ -268,7 +268,7 @@ TEST_SUITE("llama models") {
 
   TEST_CASE("the memory model predicts a Llama's activation peak exactly") {
     for (std::size_t m : {1u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always}) {
+      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         CAPTURE(m);
         CAPTURE(to_string(remat));
         host::Backend backend(4);

@@ -91,11 +91,13 @@ TEST_CASE("the executor and predict_memory read one table of what each op alloca
   // itself), whatever the stage's position and remat
   for (const bool first : {false, true})
     for (const bool last : {false, true})
-      for (const bool recomputed : {false, true}) {
+      for (const Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         const detail::OpSituation at{.first_stage = first,
                                      .last_stage = last,
-                                     .recomputed = recomputed,
+                                     .recomputed = recomputes(remat, 0, 2),
+                                     .cheap_recomputed = recomputes_cheap_part(remat, 0, 2),
                                      .has_stash = true,
+                                     .has_cheap_stash = true,
                                      .skips_input_gradient = true};
         int live[detail::num_slot_buffers] = {};
         for (const OpKind kind : {OpKind::recv_activation, OpKind::forward, OpKind::send_activation,
@@ -114,8 +116,8 @@ TEST_CASE("the executor and predict_memory read one table of what each op alloca
   // an inference forward leaves only the output on its way on
   const OpBuffers f =
       detail::buffers_of(OpKind::forward, {.first_stage = true, .forward_only = true});
-  CHECK(f.num_allocates == 3);
-  CHECK(f.num_frees == 2);
+  CHECK(f.num_allocates == 4);
+  CHECK(f.num_frees == 3);
 }
 
 TEST_CASE("predict's measured activations equal the memory model of its inference program") {
@@ -127,7 +129,7 @@ TEST_CASE("predict's measured activations equal the memory model of its inferenc
 }
 
 TEST_CASE("measured peak activation bytes equal the memory model on every device") {
-  for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
+  for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
     for (std::size_t m : {1u, 3u, 8u}) {
       check_prediction<Model2>(12, m, remat);
       check_prediction<Model4>(12, m, remat);
@@ -140,7 +142,7 @@ TEST_CASE("measured peak activation bytes equal the memory model on every device
 TEST_CASE("the bound holds where backward_weight runs long after B (zero-bubble schedules)") {
   // ZB-H1 and ZB-H2 keep each micro-batch's gradient stash and received gradient from B to a
   // late W: workspace that lives across ops, which the bound must replay, not take per op.
-  for (Remat remat : {Remat::never, Remat::always}) {
+  for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
     for (std::size_t m : {4u, 8u}) {
       check_prediction<Model4, ZeroBubbleH1>(16, m, remat);
       check_prediction<Model4, ZeroBubbleH2>(16, m, remat);
@@ -295,4 +297,54 @@ TEST_CASE(
     return measured;
   };
   CHECK(peak.template operator()<64>() == peak.template operator()<1024>());
+}
+
+TEST_CASE("remat selective keeps a GPT's GEMM outputs: N (1 + kept) + (N / M) cheap per device") {
+  // Stage 0 = Embedding, two TransformerBlocks: per row it keeps its input (a token id), the two
+  // hand-overs inside it (2 D) and each block's stash, of which selective drops 6 D + 4 (ln_1's,
+  // ln_2's and GELU's outputs, the norms' statistics) and keeps 9 D + 2 H. Fill-drain runs every
+  // forward first, then B and W of one micro-batch at a time, each B rebuilding the dropped part
+  // of its micro-batch's stash (N / M rows) and its W freeing it: the peak is at the first B.
+  constexpr std::size_t V = 16, T = 8, D = 16, H = 2, samples = 8, rows = samples * T;
+  using Gpt = Pipeline<Stage<Embedding<V, T, D>, TransformerBlock<D, H>, TransformerBlock<D, H>>,
+                       Stage<LayerNorm<D>, Linear<D, V>>>;
+  using S0 = Gpt::stage_t<0>;
+  constexpr std::size_t kept = 2 * D + 2 * (9 * D + 2 * H), cheap = 2 * (6 * D + 4);
+  static_assert(S0::stash_per_row == kept + cheap && S0::cheap_stash_per_row == cheap);
+  Rng rng(3);
+  std::vector<std::int32_t> x(rows), y(rows);
+  for (std::int32_t& t : x) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  for (std::int32_t& t : y) t = static_cast<std::int32_t>(rng.next_u64() % V);
+  auto run = [&]<class Precision, class Schedule>(Remat remat, std::size_t m) {
+    CAPTURE(to_string(remat));
+    CAPTURE(m);
+    host::Backend backend(2);
+    Trainer<Gpt, SoftmaxCrossEntropy, host::Backend, Schedule, Precision> trainer(
+        backend, {.micro_batches = m, .remat = remat});
+    const auto predicted = predict_memory<Gpt, Precision>(trainer.schedule(), rows, remat);
+    backend.reset_peak();
+    trainer.forward_backward(x, y);
+    for (std::size_t d = 0; d < 2; ++d) {
+      CAPTURE(d);
+      const MemoryStats stats = backend.memory_stats(d);
+      CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+      CHECK(stats.peak <= predicted[d].total_bound());
+    }
+    return backend.memory_stats(0).peak_of(MemoryKind::activations);
+  };
+  for (std::size_t m : {1u, 2u, 4u}) {
+    const std::size_t n = rows / m, f = sizeof(float);
+    const std::size_t never = run.template operator()<Fp32, GPipe>(Remat::never, m);
+    const std::size_t selective = run.template operator()<Fp32, GPipe>(Remat::selective, m);
+    const std::size_t always = run.template operator()<Fp32, GPipe>(Remat::always, m);
+    CHECK(never == rows * (1 + kept + cheap) * f);
+    CHECK(selective == (rows * (1 + kept) + n * cheap) * f);
+    CHECK(always == (rows + n * (kept + cheap)) * f);
+    // the bf16 stashes take half the bytes, as predicted; split B and W (the dropped part lives
+    // from B to the late W) and 1F1B are predicted exactly too
+    const std::size_t half = run.template operator()<MixedBf16, GPipe>(Remat::selective, m);
+    CHECK(half == (rows * (1 + kept) + n * cheap) * sizeof(bf16));
+    (void)run.template operator()<Fp32, ZeroBubbleH1>(Remat::selective, m);
+    (void)run.template operator()<MixedBf16, OneFOneB>(Remat::selective, m);
+  }
 }

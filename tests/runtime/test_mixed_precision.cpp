@@ -155,6 +155,8 @@ TEST_CASE("MixedBf16 with documents and ignored targets: the same bits for every
   const auto one_f_one_b = run_step<Gpt1, OneFOneB>(b, 2);
   same("K = 2, 1F1B", run_step<Gpt2, OneFOneB>(b, 2), one_f_one_b);
   same("K = 4, 1F1B, remat always", run_step<Gpt4, OneFOneB>(b, 2, Remat::always), one_f_one_b);
+  same("K = 4, 1F1B, remat selective", run_step<Gpt4, OneFOneB>(b, 2, Remat::selective),
+       one_f_one_b);
   const auto gpipe = run_step<Gpt1, GPipe>(b, 2);
   same("K = 4, GPipe, remat always", run_step<Gpt4, GPipe>(b, 2, Remat::always), gpipe);
 }
@@ -181,11 +183,14 @@ TEST_CASE("MixedBf16: the same bits for every split into stages and remat policy
   same("K = 4, 1F1B, remat always", run_step<Gpt4, OneFOneB>(b, 2, Remat::always), one_f_one_b);
   same("K = 4, 1F1B, remat except_last", run_step<Gpt4, OneFOneB>(b, 2, Remat::except_last),
        one_f_one_b);
+  same("K = 2, 1F1B, remat selective", run_step<Gpt2, OneFOneB>(b, 2, Remat::selective),
+       one_f_one_b);
+  same("K = 4, GPipe, remat selective", run_step<Gpt4, GPipe>(b, 2, Remat::selective), gpipe);
 }
 
 TEST_CASE("MixedBf16: peak activations are predict_memory's and half of Fp32's") {
   const Batch b = batch(8, 13);
-  for (Remat remat : {Remat::never, Remat::always}) {
+  for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
     CAPTURE(to_string(remat));
     std::size_t peaks[2][2] = {};
     auto measure = [&]<class Precision>(int which) {

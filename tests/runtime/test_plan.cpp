@@ -22,10 +22,12 @@ using namespace gpipe::test;
 namespace {
 
 constexpr std::size_t rows = 32;
-const std::vector<Remat> all_policies = {Remat::never, Remat::except_last, Remat::always};
+const std::vector<Remat> all_policies = {Remat::never, Remat::selective, Remat::except_last,
+                                         Remat::always};
 
 // Costs that grow with the micro-batch's rows plus a fixed cost per op; recomputing adds the
-// forward to B. Device 1 is 50% slower, so that the searched schedule has something to find.
+// forward to B, recomputing the cheap layers a quarter of it. Device 1 is 50% slower, so that the
+// searched schedule has something to find.
 std::vector<PlanCosts> hand_costs() {
   std::vector<PlanCosts> out;
   for (std::size_t m : {1, 2, 4, 8, 16}) {
@@ -36,6 +38,7 @@ std::vector<PlanCosts> hand_costs() {
       const double f = scale * (20.0 + 10.0 * static_cast<double>(rows / m));
       c.never.push_back({.forward = f, .backward_input = f, .backward_weight = f});
       c.always.push_back({.forward = f, .backward_input = 2 * f, .backward_weight = f});
+      c.selective.push_back({.forward = f, .backward_input = 1.25 * f, .backward_weight = f});
     }
     out.push_back(c);
   }
@@ -75,6 +78,58 @@ TEST_CASE("without a limit the plan is the fastest candidate, and every other on
     if (c.micro_batches == plan.chosen.micro_batches)
       CHECK(plan.chosen.predicted_us == simulate(plan.schedule, c.never).makespan);
   CHECK(plan.describe().starts_with("plan: "));
+  // each policy's candidates are simulated with its own costs: selective's B lies between
+  // never's and always's, and so does its step, schedule by schedule
+  auto step = [&](const PlanCandidate& like, Remat remat) {
+    for (const PlanCandidate& c : plan.candidates)
+      if (c.schedule == like.schedule && c.micro_batches == like.micro_batches && c.remat == remat)
+        return c.predicted_us;
+    FAIL("no such candidate");
+    return 0.0;
+  };
+  for (const PlanCandidate& c : plan.candidates) {
+    if (c.remat != Remat::selective || c.schedule == "searched") continue;
+    CAPTURE(c.schedule);
+    CAPTURE(c.micro_batches);
+    CHECK(step(c, Remat::never) < c.predicted_us);
+    CHECK(c.predicted_us < step(c, Remat::always));
+  }
+}
+
+TEST_CASE("selective keeps less than never and more than always; a limit between picks it") {
+  // Model3 has cheap layers in stages 1 and 2 (GELU, the residual body's GELU), not in stage 0,
+  // whose ReLU is its last layer.
+  static_assert(Model3::stage_t<0>::cheap_stash_per_row == 0);
+  static_assert(Model3::stage_t<1>::cheap_stash_per_row > 0);
+  const std::vector<PlanCosts> costs = hand_costs();
+  const Plan free = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  auto peak_of = [&](const std::string& schedule, std::size_t m, Remat remat) {
+    for (const PlanCandidate& c : free.candidates)
+      if (c.schedule == schedule && c.micro_batches == m && c.remat == remat)
+        return c.memory[1].activations_peak;
+    FAIL("no such candidate");
+    return std::size_t{0};
+  };
+  // (with M = 1 the one micro-batch rebuilds all it dropped before its B: no saving)
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"})
+    for (std::size_t m : {4u, 16u}) {
+      CAPTURE(schedule);
+      CAPTURE(m);
+      CHECK(peak_of(schedule, m, Remat::selective) < peak_of(schedule, m, Remat::never));
+      CHECK(peak_of(schedule, m, Remat::always) < peak_of(schedule, m, Remat::selective));
+    }
+  // only never and selective weighed, under a limit that no never candidate fits but a selective
+  // one does: the plan recomputes the cheap layers
+  const std::vector<Remat> two = {Remat::never, Remat::selective};
+  const Plan both = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, two);
+  const std::size_t never_min =
+      smallest_peak(both, [](const PlanCandidate& c) { return c.remat == Remat::never; });
+  const std::size_t selective_min =
+      smallest_peak(both, [](const PlanCandidate& c) { return c.remat == Remat::selective; });
+  REQUIRE(selective_min < never_min);
+  const Plan plan = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{never_min - 1}, two);
+  CHECK(plan.chosen.remat == Remat::selective);
+  CHECK(plan.chosen.peak_bytes < never_min);
 }
 
 TEST_CASE("a limit below every Remat::never candidate makes the plan recompute, within the limit") {

@@ -127,7 +127,7 @@ void check_packed_against_reference(std::size_t m, Remat remat) {
 template <class Schedule>
 void check_packed_schedule() {
   for (std::size_t m : {1u, 2u, 3u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
       if constexpr (Schedule::chunks_per_device == 1) {
         check_packed_against_reference<Gpt1, Schedule>(m, remat);
         check_packed_against_reference<Gpt2, Schedule>(m, remat);
@@ -140,7 +140,7 @@ void check_packed_schedule() {
 template <class Schedule>
 void check_schedule() {
   for (std::size_t m : {1u, 2u, 3u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
       if constexpr (Schedule::chunks_per_device == 1) {
         check_against_reference<Gpt1, Schedule>(m, remat);
         check_against_reference<Gpt2, Schedule>(m, remat);
@@ -235,7 +235,7 @@ TEST_SUITE("token models") {
 
   TEST_CASE("the memory model predicts a GPT's activation peak exactly") {
     for (std::size_t m : {1u, 2u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always}) {
+      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
         CAPTURE(m);
         CAPTURE(to_string(remat));
         host::Backend backend(4);
@@ -314,7 +314,7 @@ TEST_SUITE("token models: packed documents and ignored targets") {
     check_packed_schedule<Interleaved<2>>();
   }
   TEST_CASE("a pipelined GPT step with documents and ignored targets equals the reference: ZB-V") {
-    for (Remat remat : {Remat::never, Remat::always, Remat::except_last})
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective})
       check_packed_against_reference<Gpt4, ZeroBubbleV>(3, remat);
   }
 

@@ -104,7 +104,7 @@ void check_against_reference() {
   double worst_loss = std::abs(single_loss - ref.loss) / std::max(std::abs(ref.loss), 1e-12);
   Backend backend = Factory::make(Model::num_stages);
   for (std::size_t m : {1u, 2u, 3u, 8u}) {
-    for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
       CAPTURE(Model::num_stages);
       CAPTURE(m);
       CAPTURE(to_string(remat));
@@ -177,7 +177,7 @@ TEST_CASE_TEMPLATE_DEFINE("a step leaves only parameters and gradients on each d
   const std::vector<float> x = random_inputs(rows, Model4::in_features, 3);
   const auto y = targets<SoftmaxCrossEntropy>();
   Backend backend = Factory::make(4);
-  for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
+  for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
     Trainer<Model4, SoftmaxCrossEntropy, Backend> trainer(
         backend, {.micro_batches = 3, .remat = remat, .seed = seed});
     std::vector<std::size_t> before;

@@ -95,7 +95,7 @@ void check_schedule_matches_gpipe() {
   Backend gpipe_backend = Factory::make(Model::num_stages);
   Backend backend = Factory::make(num_devices);
   for (std::size_t m : {1u, 2u, 4u, 8u, 16u}) {
-    for (Remat remat : {Remat::never, Remat::always, Remat::except_last}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
       CAPTURE(Kind::name);
       CAPTURE(num_devices);
       CAPTURE(m);

@@ -18,6 +18,8 @@ struct Elementwise : ParameterFree {
   static constexpr std::size_t out_features = N;
   static constexpr std::size_t stash_per_row = 0;
   static constexpr std::size_t grad_stash_per_row = 0;
+  // one pass over its values: Remat::selective recomputes its output (model/layer.hpp)
+  static constexpr bool cheap_to_recompute = true;
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
@@ -55,7 +57,8 @@ struct GeluTanhOp : ElementwiseOp<GeluTanhOp> {};
 
 /// y = max(x, 0)
 struct ReLU {
-  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed; cheap to
+  /// recompute (Remat::selective drops its output inside a chain).
   template <std::size_t N>
   using with_features = detail::Elementwise<ReluOp, N>;
   /// Marks a width_generic_layer: the width comes from the layer before.
@@ -66,7 +69,8 @@ struct ReLU {
 
 /// y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 struct GELU {
-  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed; cheap to
+  /// recompute (Remat::selective drops its output inside a chain).
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluOp, N>;
   /// Marks a width_generic_layer: the width comes from the layer before.
@@ -77,7 +81,8 @@ struct GELU {
 
 /// y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
 struct GELUTanh {
-  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed.
+  /// The layer of width N: (rows, N) to (rows, N), no parameters, nothing stashed; cheap to
+  /// recompute (Remat::selective drops its output inside a chain).
   template <std::size_t N>
   using with_features = detail::Elementwise<GeluTanhOp, N>;
   /// Marks a width_generic_layer: the width comes from the layer before.

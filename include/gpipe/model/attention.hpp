@@ -9,7 +9,9 @@
 // It is a chain Linear<D, 3D>, the attention core, Linear<D, D>, so it keeps qkv (3D per row) and
 // o (D, c_proj's input); the core keeps only each head's log-sum-exp per row,
 //   L_t = log sum_{u <= t} e^(S_tu),
-// never P, so nothing it keeps grows with T. With Remat::always all of it is recomputed.
+// never P, so nothing it keeps grows with T. With Remat::always all of it is recomputed;
+// Remat::selective keeps all of it (the core is not cheap_to_recompute: o costs a whole attention
+// forward, and the probabilities Megatron's selective recomputation drops are never stored).
 // The core is flash attention (FlashAttention-2's order), per sample and head in tiles of query
 // rows by key rows, so no (T, T) matrix is ever whole:
 //   forward, per query tile, over its key tiles u <= t, an online softmax (m, l per row):

@@ -13,6 +13,13 @@
 // (BackwardInputArgs::y: the next layer's input, which the Chain keeps anyway). A layer that
 // needs scratch memory only while one of its ops runs declares workspace_per_row (optional,
 // default 0); its contents do not survive from one op to the next.
+// Selective recomputation (Remat::selective): a layer whose forward is cheap next to the memory
+// its output takes (a norm, an activation) declares `cheap_to_recompute = true`; inside a Chain
+// its output and its stash then go to the chain's cheap stash, which the policy drops after
+// forward and the chain's `recompute` rebuilds before backward from the rest. A composite layer
+// reports that part of its stash as cheap_stash_per_row (optional, default 0; part of
+// stash_per_row) and rebuilds it with `recompute(ctx, ForwardArgs)`; its ops find it at the
+// Args' `cheap_stash`.
 //
 // The operations are function templates over a kernel context Ctx (a backend's per-device kernel
 // set, e.g. gpipe::host::KernelContext<float>); pointers are that device's memory. Ctx::value_type
@@ -79,6 +86,10 @@ struct ForwardArgs {
   /// (rows) the document id of each row (token) when the step packs documents into its samples
   /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
+  /// (rows, cheap_stash_per_row): the part of the stash that `recompute` rebuilds (a composite
+  /// layer's, see the top of this file); nullptr: right after the rest of the stash in the same
+  /// buffer, at stash + (stash_per_row - cheap_stash_per_row) * rows.
+  T* cheap_stash = nullptr;
 };
 
 /// Arguments of a layer's `backward_input` (B): dx from dy, keeping in `grad_stash` what its
@@ -102,6 +113,8 @@ struct BackwardInputArgs {
   /// (rows) the document id of each row (token) when the step packs documents into its samples
   /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
+  /// (rows, cheap_stash_per_row), as in ForwardArgs::cheap_stash (nullptr: after the rest).
+  const T* cheap_stash = nullptr;
 };
 
 /// Arguments of a layer's `backward_weight` (W): adds d(loss)/d(params) into `grads`. Pointers are
@@ -120,6 +133,8 @@ struct BackwardWeightArgs {
   /// (rows) the document id of each row (token) when the step packs documents into its samples
   /// (README, "Packed documents"), else nullptr: one document per sample.
   const std::int32_t* document = nullptr;
+  /// (rows, cheap_stash_per_row), as in ForwardArgs::cheap_stash (nullptr: after the rest).
+  const T* cheap_stash = nullptr;
 };
 
 /// Calls f(w) with w a layer's parameters as GEMM operands: `a.compute_params + offset` where the
@@ -212,6 +227,33 @@ constexpr std::size_t workspace_per_row_v = 0;
 template <class L>
 requires requires { L::workspace_per_row; }
 constexpr std::size_t workspace_per_row_v<L> = L::workspace_per_row;
+
+/// cheap_to_recompute_v<L>: L declares `cheap_to_recompute = true`: its forward is cheap next to
+/// the memory its output takes, so that under Remat::selective a Chain drops its output and stash
+/// after forward and runs its forward again before backward (see the top of this file).
+template <class L>
+constexpr bool cheap_to_recompute_v = false;
+/// The case of an L that declares cheap_to_recompute.
+template <class L>
+requires requires { L::cheap_to_recompute; }
+constexpr bool cheap_to_recompute_v<L> = L::cheap_to_recompute;
+
+/// cheap_stash_per_row_v<L>: L::cheap_stash_per_row when L declares it (a composite layer: the
+/// part of its stash its `recompute` rebuilds), else 0.
+template <class L>
+constexpr std::size_t cheap_stash_per_row_v = 0;
+/// The case of an L that declares cheap_stash_per_row.
+template <class L>
+requires requires { L::cheap_stash_per_row; }
+constexpr std::size_t cheap_stash_per_row_v<L> = L::cheap_stash_per_row;
+
+/// Where the cheap part of a layer's stash lies for the Args `a` of one of its ops, the layer's
+/// stash keeping `kept_per_row` elements per row besides it: `a.cheap_stash`, or right after the
+/// kept part when the caller passed one buffer for all of it.
+template <class Args>
+constexpr auto* cheap_stash_of(const Args& a, std::size_t kept_per_row) {
+  return a.cheap_stash != nullptr ? a.cheap_stash : a.stash + kept_per_row * a.rows;
+}
 
 /// sequential_size_v<L>: how many entries of PyTorch's nn.Sequential the layer (or layer spec)
 /// stands for: 1, or L::sequential_size for a transparent wrapper such as Checkpoint<...>, whose

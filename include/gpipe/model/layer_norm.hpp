@@ -32,6 +32,9 @@ struct LayerNorm {
   static constexpr std::size_t stash_per_row = 2;  ///< (mean, rstd)
   /// B and W both use the forward's statistics; W needs nothing from B.
   static constexpr std::size_t grad_stash_per_row = 0;
+  /// Two passes over a row: Remat::selective drops its output and statistics after forward and
+  /// computes them again before backward (see gpipe/model/layer.hpp).
+  static constexpr bool cheap_to_recompute = true;
 
   /// "weight" (N) at offset 0, "bias" (N) at offset N.
   static constexpr std::array<ParamSpec, 2> param_specs() {

@@ -151,6 +151,8 @@ struct SwiGLU : ParameterFree {
   static constexpr std::size_t out_features = F;
   static constexpr std::size_t stash_per_row = 0;
   static constexpr std::size_t grad_stash_per_row = 0;
+  // one pass over its values: Remat::selective recomputes its output (model/layer.hpp)
+  static constexpr bool cheap_to_recompute = true;
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {

@@ -36,6 +36,9 @@ struct RMSNorm {
   static constexpr std::size_t stash_per_row = 2;
   /// B and W both use the forward's rstd; W needs nothing from B.
   static constexpr std::size_t grad_stash_per_row = 0;
+  /// Two passes over a row: Remat::selective drops its output and rstd after forward and
+  /// computes them again before backward (see gpipe/model/layer.hpp).
+  static constexpr bool cheap_to_recompute = true;
 
   /// "weight" (N) at offset 0.
   static constexpr std::array<ParamSpec, 1> param_specs() {

@@ -6,6 +6,9 @@
 // (3D, D), "i.attn.c_proj.weight" (D, D), "i.ln_2.weight", "i.mlp.c_fc.weight" (4D, D),
 // "i.mlp.c_proj.weight" (D, 4D), each with its ".bias". Parameters start as PyTorch's modules do
 // (Linear: uniform in +-1/sqrt(in); LayerNorm: 1 and 0).
+// Stash per row 15 D + 2 H + 4: the first residual's output (D), ln_1's and ln_2's outputs (D
+// each) and statistics (2 each), qkv (3 D), o (D), the log-sum-exps (2 H), c_fc's output (4 D),
+// GELU's (4 D). Remat::selective drops the norms' and GELU's, 6 D + 4 (the chain's cheap stash).
 
 #include <cstddef>
 

@@ -13,7 +13,10 @@
 // GPipe's claim in these terms, for a stage of L layers of width d, micro-batch size n = N/M:
 //   never:  M n (d + L d) = N (L + 1) d                      O(N L)
 //   always: M n d + n L d = N d + (N/M) L d                   O(N + L N / M)
-// so `always` keeps about (M + L) / (M L) of `never` when L and M are large.
+// so `always` keeps about (M + L) / (M L) of `never` when L and M are large. `selective` keeps
+// the stash less its cheap part c per row, and rebuilds c for one micro-batch at a time between
+// its B and its W (several where a zero-bubble schedule delays W):
+//   selective: N (d + L d - c) + (N/M) c  (fill-drain)
 
 #include <algorithm>
 #include <array>
@@ -51,22 +54,23 @@ namespace detail {
 
 // Per-stage sizes in elements per row (named as StageProgram names them), from the stage types.
 struct StageSizes {
-  std::size_t in_features = 0, out_features = 0, stash_per_row = 0, grad_stash_per_row = 0,
-              workspace_per_row = 0, num_params = 0;
+  std::size_t in_features = 0, out_features = 0, kept_stash_per_row = 0, cheap_stash_per_row = 0,
+              grad_stash_per_row = 0, workspace_per_row = 0, num_params = 0;
   bool skips_input_gradient = false;
 };
+
+template <class S>
+StageSizes stage_size() {
+  return {S::in_features,         S::out_features,        S::stash_per_row - S::cheap_stash_per_row,
+          S::cheap_stash_per_row, S::grad_stash_per_row,  workspace_per_row_v<S>,
+          S::num_params,          skips_input_gradient<S>};
+}
 
 template <class Model>
 std::vector<StageSizes> stage_sizes() {
   std::vector<StageSizes> out;
   [&]<std::size_t... S>(std::index_sequence<S...>) {
-    (out.push_back(
-         {Model::template stage_t<S>::in_features, Model::template stage_t<S>::out_features,
-          Model::template stage_t<S>::stash_per_row, Model::template stage_t<S>::grad_stash_per_row,
-          workspace_per_row_v<typename Model::template stage_t<S>>,
-          Model::template stage_t<S>::num_params,
-          skips_input_gradient<typename Model::template stage_t<S>>}),
-     ...);
+    (out.push_back(stage_size<typename Model::template stage_t<S>>()), ...);
   }
   (std::make_index_sequence<Model::num_stages>{});
   return out;

@@ -8,7 +8,8 @@
 //   gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule> trainer(backend, plan);
 //
 // Two halves: measure_plan_costs times F, B and W per device for each micro-batch count, with
-// and without recompute (a 1F1B trainer per configuration, measure_op_costs); choose_plan, a pure
+// and without recompute, and with selective recompute where the model has cheap layers (a 1F1B
+// trainer per configuration, measure_op_costs); choose_plan, a pure
 // function of those costs, weighs every candidate (GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule
 // searched from the costs, each with every micro-batch count and remat policy): predict_memory's
 // bound (total_bound: exact parameters, gradients, optimizer state and activations, a bound on
@@ -25,6 +26,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/common.hpp"
@@ -52,7 +54,7 @@ struct PlanOptions {
   /// samples themselves.
   std::vector<std::size_t> micro_batches = {};
   /// Remat policies to weigh.
-  std::vector<Remat> remat = {Remat::never, Remat::except_last, Remat::always};
+  std::vector<Remat> remat = {Remat::never, Remat::selective, Remat::except_last, Remat::always};
   /// Floats of optimizer state per parameter the run will keep (AdamW 2, SGD with momentum 1,
   /// no optimizer state 0), counted in every device's memory.
   std::size_t optimizer_state_per_param = 2;
@@ -66,6 +68,9 @@ struct PlanCosts {
   std::size_t micro_batches = 0;  ///< M of the measurement
   std::vector<OpCosts> never;     ///< [device] under Remat::never
   std::vector<OpCosts> always;    ///< [device] under Remat::always (B recomputes the forward)
+  /// [device] under Remat::selective (B recomputes the cheap layers); empty: taken as `never`'s
+  /// (a model without cheap layers recomputes nothing under selective).
+  std::vector<OpCosts> selective = {};
   /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
   /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
   /// choose_plan adds it to every op's cost.
@@ -91,7 +96,10 @@ namespace detail {
 // micro-batch's forward but the last one's, so its B is the mean of the two measured B's), with
 // the executor's overhead per op added to every op.
 inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
-  std::vector<OpCosts> out = remat == Remat::always ? costs.always : costs.never;
+  std::vector<OpCosts> out = remat == Remat::always ? costs.always
+                             : remat == Remat::selective && !costs.selective.empty()
+                                 ? costs.selective
+                                 : costs.never;
   const auto m = static_cast<double>(costs.micro_batches);
   for (std::size_t d = 0; d < out.size(); ++d) {
     if (remat == Remat::except_last)
@@ -212,7 +220,8 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   std::optional<std::size_t> best;
   std::vector<Schedule> schedules;  // [candidate]
   for (const PlanCosts& c : costs) {
-    detail::require(c.never.size() == K && c.always.size() == K,
+    detail::require(c.never.size() == K && c.always.size() == K &&
+                        (c.selective.empty() || c.selective.size() == K),
                     [&] { return "plan's costs are for " + std::to_string(K) + " devices"; });
     const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
     detail::require(m >= 1 && m <= samples, [&] {
@@ -290,9 +299,11 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
 
 /// Per micro-batch count in options.micro_batches (default: see PlanOptions), the op costs of
 /// Model on `backend` with the batch (x, y), measured with a 1F1B trainer under Remat::never and
-/// Remat::always (one warm-up step, then options.measure_steps traced steps each). Where
+/// Remat::always, and under Remat::selective where options.remat weighs it and a stage of Model
+/// has cheap layers (one warm-up step, then options.measure_steps traced steps each). Where
 /// Remat::never runs out of memory (OutOfMemory), its B is taken as Remat::always's less the
-/// forward it recomputes; a count at which Remat::always runs out of memory too is left out.
+/// forward it recomputes, and selective's (out of memory too) as Remat::always's; a count at
+/// which Remat::always runs out of memory too is left out.
 /// With several processes every process gets every device's costs (each device's from the
 /// process that runs it). Throws gpipe::Error for a count of 0 or above the batch's samples.
 template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
@@ -311,6 +322,13 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
              std::to_string(samples) + " samples";
     });
   transport::Transport<Backend> transport(backend);
+  // selective differs from never only where a stage has cheap layers
+  const bool weighs_selective =
+      std::ranges::find(options.remat, Remat::selective) !=
+      options.remat.end()&& [&]<std::size_t... S>(std::index_sequence<S...>) {
+    return ((Model::template stage_t<S>::cheap_stash_per_row > 0) || ...);
+  }
+  (std::make_index_sequence<K>{});
   std::vector<PlanCosts> out;
   for (std::size_t m : counts) {
     double overhead = -1;  // from the last configuration measured without running out
@@ -348,15 +366,26 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       for (std::size_t d = 0; d < K; ++d)
         c.never[d].backward_input = std::max(0.0, c.always[d].backward_input - c.always[d].forward);
     }
+    if (weighs_selective) {
+      try {
+        c.selective = measure(Remat::selective);
+      } catch (const OutOfMemory&) {
+        c.selective = c.always;
+      }
+    }
     c.overhead_us = std::max(overhead, 0.0);
     // each device's costs as the process that runs it measured them (the overhead: rank 0's)
     for (std::size_t d = 0; d < K; ++d) {
-      std::vector<double> v = {c.never[d].forward,         c.never[d].backward_input,
-                               c.never[d].backward_weight, c.always[d].forward,
-                               c.always[d].backward_input, c.always[d].backward_weight};
+      std::vector<std::vector<OpCosts>*> measured = {&c.never, &c.always};
+      if (weighs_selective) measured.push_back(&c.selective);
+      std::vector<double> v;
+      for (const auto* costs : measured)
+        v.insert(v.end(),
+                 {(*costs)[d].forward, (*costs)[d].backward_input, (*costs)[d].backward_weight});
       transport.broadcast(d, std::span<double>(v));
-      c.never[d] = {.forward = v[0], .backward_input = v[1], .backward_weight = v[2]};
-      c.always[d] = {.forward = v[3], .backward_input = v[4], .backward_weight = v[5]};
+      for (std::size_t i = 0; i < measured.size(); ++i)
+        (*measured[i])[d] = {
+            .forward = v[3 * i], .backward_input = v[3 * i + 1], .backward_weight = v[3 * i + 2]};
     }
     transport.broadcast(0, std::span<double>(&c.overhead_us, 1));
     out.push_back(std::move(c));

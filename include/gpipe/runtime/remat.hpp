@@ -1,11 +1,14 @@
 #pragma once
 // Re-materialization policy: which micro-batches keep their stage activations from forward to
-// backward, and which keep only the stage input and recompute the rest before backward.
+// backward, and which keep only the stage input (or, under selective, all but the cheap part of
+// the stash) and recompute the rest before backward.
 //
 //   never        keep everything: no recompute; stash of every micro-batch alive until its W
 //   always       keep only each stage's input; recompute the stage's forward before its B
 //   except_last  as always, but the last micro-batch (whose backward runs right after its
 //                forward in fill-drain) keeps its activations
+//   selective    keep the input and the stash but its cheap part (the outputs and stashes of the
+//                layers marked cheap_to_recompute: norms, activations); recompute those before B
 
 #include <cstddef>
 #include <string_view>
@@ -13,16 +16,22 @@
 namespace gpipe {
 
 /// Re-materialization policy (`Trainer::Options::remat`): which micro-batches keep their stage
-/// activations from forward to backward, and which keep only the stage input and recompute the
-/// rest before backward. Gradients are the same under every policy; memory and compute differ.
+/// activations from forward to backward, and which keep only the stage input (or, under
+/// `selective`, all but the cheap part) and recompute the rest before backward. Gradients are the
+/// same under every policy; memory and compute differ.
 enum class Remat {
-  never,       ///< keep everything: no recompute; every micro-batch's stash lives until its W
-  always,      ///< keep only each stage's input; recompute the stage's forward before its B
-  except_last  ///< as `always`, but the last micro-batch (backward right after its forward in
-               ///< fill-drain) keeps its activations
+  never,        ///< keep everything: no recompute; every micro-batch's stash lives until its W
+  always,       ///< keep only each stage's input; recompute the stage's forward before its B
+  except_last,  ///< as `always`, but the last micro-batch (backward right after its forward in
+                ///< fill-drain) keeps its activations
+  /// Megatron's selective recomputation: keep the GEMM outputs and drop only the stash's cheap
+  /// part, the outputs (and statistics) of the layers marked `cheap_to_recompute` (LayerNorm,
+  /// RMSNorm, ReLU, GELU, GELUTanh, SwiGLU) inside a stage; recompute just those before B
+  /// (README, "Memory and re-materialization").
+  selective
 };
 
-/// The policy's name as written in code: "never", "always", "except_last".
+/// The policy's name as written in code: "never", "always", "except_last", "selective".
 constexpr std::string_view to_string(Remat policy) {
   switch (policy) {
     case Remat::never:
@@ -31,14 +40,19 @@ constexpr std::string_view to_string(Remat policy) {
       return "always";
     case Remat::except_last:
       return "except_last";
+    case Remat::selective:
+      return "selective";
   }
   return "unknown";
 }
 
-/// Whether micro-batch mb of M drops its activations after forward and recomputes them.
+/// Whether micro-batch mb of M drops all its activations after forward and recomputes the
+/// stage's whole forward before its backward (`selective` drops only the cheap part:
+/// recomputes_cheap_part).
 constexpr bool recomputes(Remat policy, std::size_t micro_batch, std::size_t num_micro_batches) {
   switch (policy) {
     case Remat::never:
+    case Remat::selective:
       return false;
     case Remat::always:
       return true;
@@ -46,6 +60,13 @@ constexpr bool recomputes(Remat policy, std::size_t micro_batch, std::size_t num
       return micro_batch + 1 != num_micro_batches;
   }
   return false;
+}
+
+/// Whether micro-batch mb of M drops only the cheap part of its stash after forward and
+/// recomputes that part (the cheap layers' forward) before its backward: `selective`.
+constexpr bool recomputes_cheap_part(Remat policy, std::size_t /*micro_batch*/,
+                                     std::size_t /*num_micro_batches*/) {
+  return policy == Remat::selective;
 }
 
 }  // namespace gpipe

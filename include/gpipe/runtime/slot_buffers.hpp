@@ -6,9 +6,12 @@
 //   buffer       width per row      allocated by                          freed by
 //   input        in_features        forward (stage 0) or recv_activation  backward_weight
 //                                   (activations)                         (inference: forward)
-//   stash        stash_per_row      forward; again by backward_input      forward when remat drops
+//   stash        kept_stash_per_row forward; again by backward_input      forward when remat drops
 //                                   when remat dropped it (activations;   it, else backward_weight
 //                                   inference: workspace)                 (inference: forward)
+//   cheap_stash  cheap_stash_per_row as stash; also dropped by forward    as stash, and by forward
+//                                   and allocated again by backward_input under selective
+//                                   under selective
 //   output       out_features       forward (workspace), but the last     the last stage's forward
 //                                   stage's in training with an in-place  (after the loss, or the
 //                                   loss                                  download), else the
@@ -38,12 +41,20 @@
 namespace gpipe::detail {
 
 /// The buffers of one (stage, micro-batch) slot; see the table at the top of this file.
-enum class SlotBuffer : std::uint8_t { input, stash, output, grad_output, grad_input, grad_stash };
+enum class SlotBuffer : std::uint8_t {
+  input,
+  stash,
+  output,
+  grad_output,
+  grad_input,
+  grad_stash,
+  cheap_stash
+};
 /// Number of SlotBuffer values.
-inline constexpr std::size_t num_slot_buffers = 6;
+inline constexpr std::size_t num_slot_buffers = 7;
 
 /// A slot buffer's elements per row, of its stage's sizes.
-enum class Width : std::uint8_t { in, out, stash, grad_stash };
+enum class Width : std::uint8_t { in, out, stash, grad_stash, cheap_stash };
 
 /// width_of(b): the width the table gives buffer b.
 constexpr Width width_of(SlotBuffer b) {
@@ -58,12 +69,15 @@ constexpr Width width_of(SlotBuffer b) {
       return Width::stash;
     case SlotBuffer::grad_stash:
       return Width::grad_stash;
+    case SlotBuffer::cheap_stash:
+      return Width::cheap_stash;
   }
   return Width::in;
 }
 
 /// The elements per row of buffer b of a stage whose sizes are `stage` (a StageProgram, or the
-/// memory model's StageSizes: in_features, out_features, stash_per_row, grad_stash_per_row).
+/// memory model's StageSizes: in_features, out_features, kept_stash_per_row,
+/// cheap_stash_per_row, grad_stash_per_row).
 template <class Sizes>
 constexpr std::size_t elements_per_row(const Sizes& stage, SlotBuffer b) {
   switch (width_of(b)) {
@@ -72,9 +86,11 @@ constexpr std::size_t elements_per_row(const Sizes& stage, SlotBuffer b) {
     case Width::out:
       return stage.out_features;
     case Width::stash:
-      return stage.stash_per_row;
+      return stage.kept_stash_per_row;
     case Width::grad_stash:
       return stage.grad_stash_per_row;
+    case Width::cheap_stash:
+      return stage.cheap_stash_per_row;
   }
   return 0;
 }
@@ -109,15 +125,17 @@ struct OpSituation {
   bool last_stage = false;            ///< the last stage: the loss follows its forward
   bool forward_only = false;          ///< an inference program (Schedule::forward_only)
   bool recomputed = false;            ///< remat drops this micro-batch's stash after forward
-  bool has_stash = false;             ///< the stage stashes anything (stash_per_row > 0)
+  bool cheap_recomputed = false;      ///< remat drops only the cheap stash after forward
+  bool has_stash = false;             ///< the stage stashes anything (kept or cheap)
+  bool has_cheap_stash = false;       ///< the stage has a cheap stash (cheap_stash_per_row > 0)
   bool skips_input_gradient = false;  ///< stage 0's backward_input may leave dx out
   bool in_place_loss = false;         ///< the loss writes dy over y (loss_in_place)
 };
 
 /// The situation of stage s's ops on micro-batch mb of `schedule` under `remat`, for a stage
-/// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: stash_per_row,
-/// skips_input_gradient), with a loss that writes dy over y where in_place_loss: what the
-/// executor and the memory model both read buffers_of with.
+/// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: kept_stash_per_row,
+/// cheap_stash_per_row, skips_input_gradient), with a loss that writes dy over y where
+/// in_place_loss: what the executor and the memory model both read buffers_of with.
 template <class Sizes>
 constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::size_t s,
                                    std::size_t mb, const Sizes& stage, bool in_place_loss) {
@@ -125,7 +143,9 @@ constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::s
           .last_stage = s + 1 == schedule.num_stages(),
           .forward_only = schedule.forward_only,
           .recomputed = recomputes(remat, mb, schedule.num_micro_batches),
-          .has_stash = stage.stash_per_row > 0,
+          .cheap_recomputed = recomputes_cheap_part(remat, mb, schedule.num_micro_batches),
+          .has_stash = stage.kept_stash_per_row + stage.cheap_stash_per_row > 0,
+          .has_cheap_stash = stage.cheap_stash_per_row > 0,
           .skips_input_gradient = stage.skips_input_gradient,
           .in_place_loss = in_place_loss};
 }
@@ -133,9 +153,9 @@ constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::s
 /// What one op does to its slot: allocations before its kernels, frees after them, each in
 /// order. A send's free is the transport's, when the receiver has the data.
 struct OpBuffers {
-  std::array<Allocation, 4> allocates{};
+  std::array<Allocation, 6> allocates{};
   std::size_t num_allocates = 0;
-  std::array<SlotBuffer, 4> frees{};
+  std::array<SlotBuffer, 6> frees{};
   std::size_t num_frees = 0;
 
   constexpr void allocate(SlotBuffer b, MemoryKind kind) { allocates[num_allocates++] = {b, kind}; }
@@ -151,27 +171,35 @@ constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
       if (at.first_stage) b.allocate(SlotBuffer::input, activations);
       if (at.forward_only) {  // nothing outlives the op but the output on its way on
         b.allocate(SlotBuffer::stash, workspace);
+        b.allocate(SlotBuffer::cheap_stash, workspace);
         b.allocate(SlotBuffer::output, workspace);
         b.free(SlotBuffer::stash);
+        b.free(SlotBuffer::cheap_stash);
         b.free(SlotBuffer::input);
         if (at.last_stage) b.free(SlotBuffer::output);
         return b;
       }
       b.allocate(SlotBuffer::stash, activations);
+      b.allocate(SlotBuffer::cheap_stash, activations);
       if (at.last_stage && at.in_place_loss) {  // y, then dy over it
         b.allocate(SlotBuffer::grad_output, activations);
-        if (at.recomputed) b.free(SlotBuffer::stash);
-        return b;
-      }
-      b.allocate(SlotBuffer::output, workspace);
-      if (at.last_stage) {
-        b.allocate(SlotBuffer::grad_output, activations);
-        b.free(SlotBuffer::output);
+      } else {
+        b.allocate(SlotBuffer::output, workspace);
+        if (at.last_stage) {
+          b.allocate(SlotBuffer::grad_output, activations);
+          b.free(SlotBuffer::output);
+        }
       }
       if (at.recomputed) b.free(SlotBuffer::stash);
+      if (at.recomputed || at.cheap_recomputed) b.free(SlotBuffer::cheap_stash);
       return b;
     case OpKind::backward_input:
-      if (at.recomputed && at.has_stash) b.allocate(SlotBuffer::stash, activations);
+      if (at.recomputed && at.has_stash) {
+        b.allocate(SlotBuffer::stash, activations);
+        b.allocate(SlotBuffer::cheap_stash, activations);
+      }
+      if (at.cheap_recomputed && at.has_cheap_stash)
+        b.allocate(SlotBuffer::cheap_stash, activations);
       if (!(at.first_stage && at.skips_input_gradient))
         b.allocate(SlotBuffer::grad_input, workspace);
       b.allocate(SlotBuffer::grad_stash, workspace);
@@ -180,6 +208,7 @@ constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
     case OpKind::backward_weight:
       b.free(SlotBuffer::input);
       b.free(SlotBuffer::stash);
+      b.free(SlotBuffer::cheap_stash);
       b.free(SlotBuffer::grad_output);
       b.free(SlotBuffer::grad_stash);
       return b;

@@ -2,7 +2,8 @@
 // What a stage's compute ops do on their slot's buffers, on a device's context: F (stage 0 first
 // uploads its rows, every stage its micro-batch's document ids where the step has them; the last
 // stage then applies the loss, or in inference downloads its output),
-// B (first, where remat dropped the stash, the forward again from the kept input), W; each with
+// B (first, where remat dropped the stash, the forward again from the kept input; where it
+// dropped only the cheap stash, the stage's recompute of it), W; each with
 // the stage's scratch for that op. The executor issues them in the schedule's order and
 // allocates and frees the slot's buffers around them (runtime/slot_buffers.hpp).
 
@@ -191,9 +192,10 @@ class StageOps {
                    here[SlotBuffer::input].data());
     {
       Buffer<Activation> ws = workspace(stage, device, rows);
-      stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y,
-                                               params_[s].data(), here[SlotBuffer::stash].data(),
-                                               ws.data(), compute_params(s), document});
+      stage.forward(
+          k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), y, params_[s].data(),
+                                     here[SlotBuffer::stash].data(), ws.data(), compute_params(s),
+                                     document, here[SlotBuffer::cheap_stash].data()});
     }
     if (s + 1 < stages_.size()) return;
     if (sit.forward_only)
@@ -217,7 +219,8 @@ class StageOps {
                         here[SlotBuffer::grad_output].data(), loss + mb);
   }
 
-  // B: first, where remat dropped the stash, the stage's forward again from its kept input.
+  // B: first, where remat dropped the stash, the stage's forward again from its kept input, or
+  // where it dropped only the cheap stash, the stage's recompute of it.
   void backward_input(OpContext& k, std::size_t s, std::size_t device, std::size_t rows,
                       const OpSituation& at, Buffers& here, const std::int32_t* document) {
     const StageProgram<OpContext>& stage = stages_[s];
@@ -227,14 +230,20 @@ class StageOps {
                                                             MemoryKind::workspace);
       stage.forward(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), scratch.data(),
                                                params_[s].data(), here[SlotBuffer::stash].data(),
-                                               ws.data(), compute_params(s), document});
+                                               ws.data(), compute_params(s), document,
+                                               here[SlotBuffer::cheap_stash].data()});
     }
+    if (at.cheap_recomputed && at.has_cheap_stash)
+      stage.recompute(k, ForwardArgs<Activation>{rows, here[SlotBuffer::input].data(), nullptr,
+                                                 params_[s].data(), here[SlotBuffer::stash].data(),
+                                                 ws.data(), compute_params(s), document,
+                                                 here[SlotBuffer::cheap_stash].data()});
     stage.backward_input(
-        k,
-        BackwardInputArgs<Activation>{
-            rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
-            here[SlotBuffer::grad_input].data(), params_[s].data(), here[SlotBuffer::stash].data(),
-            here[SlotBuffer::grad_stash].data(), ws.data(), compute_params(s), nullptr, document});
+        k, BackwardInputArgs<Activation>{
+               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+               here[SlotBuffer::grad_input].data(), params_[s].data(),
+               here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(), ws.data(),
+               compute_params(s), nullptr, document, here[SlotBuffer::cheap_stash].data()});
   }
 
   // W: the stage's parameter gradients accumulated into grads_[s].
@@ -243,10 +252,11 @@ class StageOps {
     const StageProgram<OpContext>& stage = stages_[s];
     Buffer<Activation> ws = workspace(stage, device, rows);
     stage.backward_weight(
-        k, BackwardWeightArgs<Activation>{
-               rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
-               params_[s].data(), here[SlotBuffer::stash].data(),
-               here[SlotBuffer::grad_stash].data(), grads_[s].data(), ws.data(), document});
+        k,
+        BackwardWeightArgs<Activation>{
+            rows, here[SlotBuffer::input].data(), here[SlotBuffer::grad_output].data(),
+            params_[s].data(), here[SlotBuffer::stash].data(), here[SlotBuffer::grad_stash].data(),
+            grads_[s].data(), ws.data(), document, here[SlotBuffer::cheap_stash].data()});
   }
 
   Backend& backend_;

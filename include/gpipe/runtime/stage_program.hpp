@@ -38,15 +38,19 @@ struct ActivationContext<Kernels, bf16> {
 };
 
 // One stage (a bound Stage chain) for kernel context Kernels: sizes per row (in elements of
-// the context's value_type), and its ops.
+// the context's value_type), and its ops. Its stash is two buffers (the Args' stash and
+// cheap_stash): the part Remat::selective keeps, kept_stash_per_row, and the part it drops and
+// `recompute` rebuilds, cheap_stash_per_row; together the chain's stash_per_row.
 template <class Kernels>
 struct StageProgram {
   using T = typename Kernels::value_type;
   std::size_t in_features = 0, out_features = 0, num_params = 0;
-  std::size_t stash_per_row = 0, grad_stash_per_row = 0, workspace_per_row = 0;
+  std::size_t kept_stash_per_row = 0, cheap_stash_per_row = 0, grad_stash_per_row = 0,
+              workspace_per_row = 0;
   bool skips_input_gradient = false;  // backward_input takes dx == nullptr
   void (*init)(std::span<float>, Rng&) = nullptr;
   void (*forward)(Kernels&, const ForwardArgs<T>&) = nullptr;
+  void (*recompute)(Kernels&, const ForwardArgs<T>&) = nullptr;  // the cheap stash from the rest
   void (*backward_input)(Kernels&, const BackwardInputArgs<T>&) = nullptr;
   void (*backward_weight)(Kernels&, const BackwardWeightArgs<T>&) = nullptr;
 };
@@ -59,12 +63,14 @@ constexpr StageProgram<Kernels> stage_program() {
       .in_features = S::in_features,
       .out_features = S::out_features,
       .num_params = S::num_params,
-      .stash_per_row = S::stash_per_row,
+      .kept_stash_per_row = S::stash_per_row - S::cheap_stash_per_row,
+      .cheap_stash_per_row = S::cheap_stash_per_row,
       .grad_stash_per_row = S::grad_stash_per_row,
       .workspace_per_row = workspace_per_row_v<S>,
       .skips_input_gradient = skips_input_gradient<S>,
       .init = [](std::span<float> p, Rng& rng) { S::init(p, rng); },
       .forward = [](Kernels& k, const ForwardArgs<T>& a) { S::forward(k, a); },
+      .recompute = [](Kernels& k, const ForwardArgs<T>& a) { S::recompute(k, a); },
       .backward_input = [](Kernels& k, const BackwardInputArgs<T>& a) { S::backward_input(k, a); },
       .backward_weight = [](Kernels& k,
                             const BackwardWeightArgs<T>& a) { S::backward_weight(k, a); }};

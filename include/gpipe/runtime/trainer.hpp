@@ -101,8 +101,9 @@ class Trainer {
     /// M: micro-batches per mini-batch (per replica, with data parallelism), >= 1. A batch
     /// needs at least M samples; sizes differ by at most one sample (see `MicroBatchSplit`).
     std::size_t micro_batches = 1;
-    /// Which micro-batches drop their activations after forward and recompute them before
-    /// backward: less memory for more compute, the same gradients.
+    /// Which micro-batches drop their activations (or, `Remat::selective`, the cheap layers'
+    /// outputs) after forward and recompute them before backward: less memory for more
+    /// compute, the same gradients.
     Remat remat = Remat::never;
     /// Seed of the parameters' initialization (PyTorch's default distributions, in
     /// nn.Sequential order): the same seed gives the same model for every split into stages.

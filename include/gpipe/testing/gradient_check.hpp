@@ -103,6 +103,19 @@ struct LayerRun {
                                                   stash.data(), grad_stash.data(), grads.data(),
                                                   workspace.data(), document_ids()});
   }
+  /// The cheap part of the stash (its last cheap_stash_per_row_v<L> elements per row, where
+  /// LayerRun's one stash buffer keeps it) NaN, then L::recompute(x, params, the rest of the
+  /// stash) writes it again (Remat::selective); nothing for a layer without a cheap part. After a
+  /// forward, the stash is then as forward left it.
+  void recompute() {
+    constexpr std::size_t cheap = cheap_stash_per_row_v<L>;
+    if constexpr (cheap > 0) {
+      std::fill(stash.end() - static_cast<std::ptrdiff_t>(rows * cheap), stash.end(), nan_v<T>);
+      std::ranges::fill(workspace, nan_v<T>);
+      L::recompute(ctx, ForwardArgs<T>{rows, x.data(), nullptr, params.data(), stash.data(),
+                                       workspace.data(), nullptr, document_ids()});
+    }
+  }
   /// forward, then both backward ops with the dy set.
   void forward_backward() {
     forward();

@@ -16,7 +16,10 @@
 //             and skips_input_gradient holds (L_0 keeps no grad stash for its W), the caller passes
 //             dx = nullptr and B_0 does not run (for a first Linear that saves the GEMM dy W,
 //             whose result nobody reads);
-//   W:        W_i(a_i, g_{i+1}) for every i.
+//   W:        W_i(a_i, g_{i+1}) for every i;
+//   recompute (Remat::selective): the cheap part of the stash (the outputs and stashes of the
+//             layers marked cheap_to_recompute, but the last's, and the layers' own cheap
+//             parts) rebuilt from x and the rest, before B.
 // Every layer of the chain gets the chain's document ids (the Args' `document`) as they are.
 
 #include <array>
@@ -212,10 +215,42 @@ struct Chain {
   static constexpr std::array<std::size_t, size> param_counts{Bs::num_params...};
   static constexpr std::size_t num_params = (std::size_t{0} + ... + Bs::num_params);
 
-  // Per-row offsets into the stash: [a_1 | ... | a_{n-1} | stash_0 | ... | stash_{n-1}].
-  // Offsets are per row; the tensor at per-row offset o of a buffer for `rows` rows starts at
-  // o * rows.
+  // The stash is two parts (Args::stash and Args::cheap_stash), each
+  //   [the layers' outputs a_{i+1} it holds, in order | the layers' stashes it holds, in order];
+  // offsets are per row: the tensor at per-row offset o of a part for `rows` rows starts at
+  // o * rows. A layer i < n - 1 marked cheap_to_recompute is `dropped`: its output and its whole
+  // stash are in the cheap part. Every other layer's output is in the kept part, and so is its
+  // stash but for its own cheap part (cheap_stash_per_row_v), which is in the chain's. Without
+  // cheap layers the kept part is [a_1 | ... | a_{n-1} | stash_0 | ... | stash_{n-1}].
   static constexpr std::array<std::size_t, size> layer_stash{Bs::stash_per_row...};
+  static constexpr std::array<std::size_t, size> layer_cheap_stash{cheap_stash_per_row_v<Bs>...};
+  static constexpr std::array<bool, size> dropped = [] {
+    std::array<bool, size> out{cheap_to_recompute_v<Bs>...};
+    out[size - 1] = false;  // its output is the chain's y, which the chain does not keep
+    return out;
+  }();
+  struct StashLayout {
+    std::array<std::size_t, size> act{};    // a_{i+1} (i < n - 1), in its part
+    std::array<std::size_t, size> stash{};  // layer i's stash: its kept part, or all if dropped
+    std::array<std::size_t, size> cheap{};  // layer i's own cheap part (not dropped)
+    std::size_t kept_width = 0, cheap_width = 0;
+  };
+  static constexpr StashLayout stash_layout = [] {
+    StashLayout l;
+    for (std::size_t i = 0; i + 1 < size; ++i)
+      l.act[i] = std::exchange(dropped[i] ? l.cheap_width : l.kept_width,
+                               (dropped[i] ? l.cheap_width : l.kept_width) + outs[i]);
+    for (std::size_t i = 0; i < size; ++i) {
+      if (dropped[i]) {
+        l.stash[i] = std::exchange(l.cheap_width, l.cheap_width + layer_stash[i]);
+      } else {
+        l.stash[i] =
+            std::exchange(l.kept_width, l.kept_width + layer_stash[i] - layer_cheap_stash[i]);
+        l.cheap[i] = std::exchange(l.cheap_width, l.cheap_width + layer_cheap_stash[i]);
+      }
+    }
+    return l;
+  }();
   static constexpr std::array<std::size_t, size> layer_grad_stash{Bs::grad_stash_per_row...};
 
   static constexpr auto exclusive_sum(const std::array<std::size_t, size>& v, std::size_t start) {
@@ -229,10 +264,10 @@ struct Chain {
     for (std::size_t i = 0; i + 1 < size; ++i) w += outs[i];
     return w;
   }
-  // Per-row offset of a_{i+1} (i < size - 1) in the stash and of g_{i+1} in the grad stash.
+  // Per-row offset of g_{i+1} (i < size - 1) in the grad stash, [g_1 | ... | g_{n-1} |
+  // grad_stash_0 | ... | grad_stash_{n-1}].
   static constexpr auto act_offset = exclusive_sum(outs, 0);
   static constexpr auto param_offset = exclusive_sum(param_counts, 0);
-  static constexpr auto stash_offset = exclusive_sum(layer_stash, intermediate_width());
   static constexpr auto grad_stash_offset = exclusive_sum(layer_grad_stash, intermediate_width());
 
   // backward_input accepts dx == nullptr (see the top of this file).
@@ -240,6 +275,9 @@ struct Chain {
 
   static constexpr std::size_t stash_per_row =
       intermediate_width() + (std::size_t{0} + ... + Bs::stash_per_row);
+  // Of which Remat::selective drops and `recompute` rebuilds (see the layout above).
+  static constexpr std::size_t cheap_stash_per_row = stash_layout.cheap_width;
+  static_assert(stash_layout.kept_width + stash_layout.cheap_width == stash_per_row);
   static constexpr std::size_t grad_stash_per_row =
       intermediate_width() + (std::size_t{0} + ... + Bs::grad_stash_per_row);
 
@@ -298,16 +336,73 @@ struct Chain {
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
     backward_weight_impl(ctx, a, std::index_sequence_for<Bs...>{});
   }
+  // Rebuilds the cheap stash (a.cheap_stash, cheap_stash_per_row) from x, the kept stash and the
+  // parameters, as forward left it: in order, the dropped layers' forward and the other layers'
+  // own recompute. Writes nothing else; a.y is not read.
+  template <class Ctx>
+  static void recompute(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    recompute_impl(ctx, a, std::index_sequence_for<Bs...>{});
+  }
 
  private:
+  // Where the parts of the stash of one op's Args lie, and per layer where its pieces do.
+  template <class T>
+  struct Parts {
+    T* kept;
+    T* cheap;
+    std::size_t rows;
+    T* act(std::size_t i) const {  // a_{i+1}, i < size - 1
+      return (dropped[i] ? cheap : kept) + stash_layout.act[i] * rows;
+    }
+    T* stash(std::size_t i) const {
+      return (dropped[i] ? cheap : kept) + stash_layout.stash[i] * rows;
+    }
+    T* cheap_stash(std::size_t i) const {  // nullptr for a dropped layer: after its stash
+      return dropped[i] ? nullptr : cheap + stash_layout.cheap[i] * rows;
+    }
+  };
+  template <class Args>
+  static auto parts(const Args& a) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(a.stash)>>;
+    return Parts<T>{const_cast<T*>(a.stash),
+                    const_cast<T*>(cheap_stash_of(a, stash_layout.kept_width)), a.rows};
+  }
   template <std::size_t I, class T>
-  static T* act(T* x, T* y, T* stash, std::size_t rows) {  // a_I
+  static T* act(T* x, T* y, const Parts<T>& p) {  // a_I
     if constexpr (I == 0)
       return x;
     else if constexpr (I == size)
       return y;
     else
-      return stash + act_offset[I - 1] * rows;
+      return p.act(I - 1);
+  }
+
+  template <class Ctx, std::size_t... I>
+  static void recompute_impl(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                             std::index_sequence<I...>) {
+    using T = typename Ctx::value_type;
+    T* x = const_cast<T*>(a.x);
+    const Parts<T> p = parts(a);
+    auto step = [&](auto i_const) {
+      constexpr std::size_t i = decltype(i_const)::value;
+      using L = std::tuple_element_t<i, std::tuple<Bs...>>;
+      if constexpr (dropped[i] || layer_cheap_stash[i] > 0) {
+        const ForwardArgs<T> args{a.rows,
+                                  act<i>(x, static_cast<T*>(nullptr), p),
+                                  act<i + 1>(x, static_cast<T*>(nullptr), p),
+                                  a.params + param_offset[i],
+                                  p.stash(i),
+                                  a.workspace,
+                                  compute_params_at(a.compute_params, param_offset[i]),
+                                  a.document,
+                                  p.cheap_stash(i)};
+        if constexpr (dropped[i])
+          L::forward(ctx, args);
+        else
+          L::recompute(ctx, args);
+      }
+    };
+    (step(std::integral_constant<std::size_t, I>{}), ...);
   }
 
   template <class Ctx, std::size_t... I>
@@ -315,11 +410,11 @@ struct Chain {
                            std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);  // only read through the I == 0 path
-    (Bs::forward(ctx,
-                 ForwardArgs<T>{a.rows, act<I>(x, a.y, a.stash, a.rows),
-                                act<I + 1>(x, a.y, a.stash, a.rows), a.params + param_offset[I],
-                                a.stash + stash_offset[I] * a.rows, a.workspace,
-                                compute_params_at(a.compute_params, param_offset[I]), a.document}),
+    const Parts<T> p = parts(a);
+    (Bs::forward(ctx, ForwardArgs<T>{a.rows, act<I>(x, a.y, p), act<I + 1>(x, a.y, p),
+                                     a.params + param_offset[I], p.stash(I), a.workspace,
+                                     compute_params_at(a.compute_params, param_offset[I]),
+                                     a.document, p.cheap_stash(I)}),
      ...);
   }
 
@@ -328,7 +423,7 @@ struct Chain {
                                   std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);
-    T* stash = const_cast<T*>(a.stash);
+    const Parts<T> p = parts(a);
     T* dy = const_cast<T*>(a.dy);
     // Reverse order: layer size-1 first. g_I for I in (0, size) lives in the grad stash.
     auto grad = [&](auto i_const) -> T* {
@@ -348,12 +443,12 @@ struct Chain {
       }
       L::backward_input(
           ctx, BackwardInputArgs<T>{
-                   a.rows, act<i>(x, static_cast<T*>(nullptr), stash, a.rows),
+                   a.rows, act<i>(x, static_cast<T*>(nullptr), p),
                    grad(std::integral_constant<std::size_t, i + 1>{}),
                    grad(std::integral_constant<std::size_t, i>{}), a.params + param_offset[i],
-                   stash + stash_offset[i] * a.rows, a.grad_stash + grad_stash_offset[i] * a.rows,
-                   a.workspace, compute_params_at(a.compute_params, param_offset[i]),
-                   act<i + 1>(x, static_cast<T*>(nullptr), stash, a.rows), a.document});
+                   p.stash(i), a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
+                   compute_params_at(a.compute_params, param_offset[i]),
+                   act<i + 1>(x, static_cast<T*>(nullptr), p), a.document, p.cheap_stash(i)});
     };
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
@@ -363,17 +458,17 @@ struct Chain {
                                    std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);
-    T* stash = const_cast<T*>(a.stash);
+    const Parts<T> p = parts(a);
     const T* gstash = a.grad_stash;
     auto grad = [&](std::size_t i) -> const T* {
       return i == size ? a.dy : gstash + act_offset[i - 1] * a.rows;
     };
     (Bs::backward_weight(
-         ctx, BackwardWeightArgs<T>{a.rows, act<I>(x, static_cast<T*>(nullptr), stash, a.rows),
-                                    grad(I + 1), a.params + param_offset[I],
-                                    stash + stash_offset[I] * a.rows,
-                                    gstash + grad_stash_offset[I] * a.rows,
-                                    a.grads + param_offset[I], a.workspace, a.document}),
+         ctx,
+         BackwardWeightArgs<T>{a.rows, act<I>(x, static_cast<T*>(nullptr), p), grad(I + 1),
+                               a.params + param_offset[I], p.stash(I),
+                               gstash + grad_stash_offset[I] * a.rows, a.grads + param_offset[I],
+                               a.workspace, a.document, p.cheap_stash(I)}),
      ...);
   }
 };
