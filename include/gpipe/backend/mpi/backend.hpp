@@ -43,9 +43,13 @@ namespace gpipe::mpi {
 struct BackendOptions {
   std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
   std::size_t device_capacity = 0;  ///< bytes of this rank's device; 0 = no cap
-  /// How long a rank waits for a message before it fails the step: a peer that died (or hangs)
-  /// ends the step here within this time. A peer that throws ends it at once.
-  std::chrono::seconds peer_timeout{600};
+  /// How long a rank waits for its peers (a message, a gradient sum, a collective, the agreement
+  /// that ends a step) before it fails the step with an Error naming what it waited for (op,
+  /// stage, micro-batch and the rank that did not send): a peer that is stuck or dead ends the
+  /// step on every other rank within about twice this time. A peer that throws ends it at once.
+  /// When a collective passes it the ranks can run nothing more together (Backend::lost_peers()).
+  /// Positive.
+  std::chrono::milliseconds peer_timeout{std::chrono::minutes(10)};
   /// The threads this rank's device computes on (host::BackendOptions::threads_per_device): more
   /// than 1 where a rank has cores of its own to spare, e.g. one rank per machine.
   std::size_t threads_per_device = 1;
@@ -154,6 +158,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
             Buffer<T>& src) {
     const int message_tag = layout_.step_tag(peer, tag);
     submit(device, label, [this, peer, message_tag, &src](Kernels&) {
+      deadline_.require_together();
       std::lock_guard lock(mu_);
       sends_.start(src, static_cast<int>(peer), message_tag, layout_.pipeline());
       release_completed_sends();
@@ -165,26 +170,27 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
                Buffer<T>& dst, std::size_t count, MemoryKind kind) {
     const int message_tag = layout_.step_tag(peer, tag);
-    submit(device, label, [this, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
-      dst = allocate<T>(device, count, kind);
-      MPI_Request request = MPI_REQUEST_NULL;
-      detail::check_mpi(
-          MPI_Irecv(dst.data(), detail::mpi_count(count), detail::mpi_type<T>(),
-                    static_cast<int>(peer), message_tag, layout_.pipeline(), &request),
-          "MPI_Irecv");
-      const MPI_Status status =
-          agreement_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
-                                           std::to_string(tag) + ")");
-      int received = 0;
-      MPI_Get_count(&status, detail::mpi_type<T>(), &received);
-      if (static_cast<std::size_t>(received) != count)
-        throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
-                    std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
-                    " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-                    "), got " + std::to_string(received));
-      std::lock_guard lock(mu_);
-      release_completed_sends();
-    });
+    submit(
+        device, label, [this, label, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
+          dst = allocate<T>(device, count, kind);
+          MPI_Request request = MPI_REQUEST_NULL;
+          detail::check_mpi(
+              MPI_Irecv(dst.data(), detail::mpi_count(count), detail::mpi_type<T>(),
+                        static_cast<int>(peer), message_tag, layout_.pipeline(), &request),
+              "MPI_Irecv");
+          const std::size_t peer_rank = layout_.replica() * layout_.devices() + peer;
+          const MPI_Status status = agreement_.wait_for(
+              request, peer_rank, [&] { return detail::awaited_message(label, tag, peer_rank); });
+          int received = 0;
+          MPI_Get_count(&status, detail::mpi_type<T>(), &received);
+          if (static_cast<std::size_t>(received) != count)
+            throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
+                        std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
+                        " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                        "), got " + std::to_string(received));
+          std::lock_guard lock(mu_);
+          release_completed_sends();
+        });
   }
 
   /// Between steps, with `peer`'s rank of this replica (which calls it with this rank's device):
@@ -303,6 +309,10 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// a failure (here or elsewhere) a send may never be received: it is let go (MpiSends::abandon).
   void complete_sends() {
     std::lock_guard lock(mu_);
+    if (lost_peers()) {  // no MPI call may progress a collective past the deadline now
+      sends_.abandon();
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
       release_completed_sends();
@@ -315,9 +325,9 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     }
   }
 
-  std::mutex mu_;                          ///< sends_ and sums_: the worker's and the caller's
-  detail::MpiSends sends_;                 ///< in flight
-  detail::MpiGradientSums sums_{layout_};  ///< this step's gradient sums over the replicas
+  std::mutex mu_;           ///< sends_ and sums_: the worker's and the caller's
+  detail::MpiSends sends_;  ///< in flight
+  detail::MpiGradientSums sums_{layout_, deadline_};  ///< this step's sums over the replicas
   host::Backend local_;           ///< the rank's device; destroyed (workers joined) before sends_
   bool shard_optimizer_ = false;  ///< Options::shard_optimizer
 };
