@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -92,31 +93,35 @@ class FaultAgreement {
     fault_seen_ = true;
     return true;
   }
-  /// Waits for `request`, a receive from world rank `peer`, polling, until it completes, another
-  /// rank reports a failure, or peer_timeout() passes; the last two cancel it and throw an Error
-  /// that names `what()` (what it waits for). Past the deadline this rank's failure is first-hand
-  /// (the peer did not send): it tells the others at once, so that none waits for it in turn.
-  template <class What>
-  MPI_Status wait_for(MPI_Request& request, std::size_t peer, What&& what) {
+  /// Waits for `request`, a receive from world rank `peer`, polling (each poll holding `lock`,
+  /// which serializes the rank's MPI calls across its threads), until it completes, another rank
+  /// reports a failure, or peer_timeout() passes; the last two cancel it and throw an Error that
+  /// names `what()` (what it waits for). Past the deadline this rank's failure is first-hand (the
+  /// peer did not send): it tells the others at once, so that none waits for it in turn.
+  template <class Lock, class What>
+  MPI_Status wait_for(MPI_Request& request, std::size_t peer, Lock& lock, What&& what) {
     deadline_.require_together();
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
-      int done = 0;
-      MPI_Status status;
-      check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
-      if (done) return status;
-      const bool failed = peer_failed();
-      if (failed || timed_out(start)) {
-        MPI_Cancel(&request);
-        MPI_Wait(&request, MPI_STATUS_IGNORE);
-        if (failed) {
-          stopped_for_peer_ = true;
-          throw Error("stopped waiting for " + what() + ": another rank failed");
+      {
+        std::lock_guard held(lock);
+        int done = 0;
+        MPI_Status status;
+        check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
+        if (done) return status;
+        const bool failed = peer_failed();
+        if (failed || timed_out(start)) {
+          MPI_Cancel(&request);
+          MPI_Wait(&request, MPI_STATUS_IGNORE);
+          if (failed) {
+            stopped_for_peer_ = true;
+            throw Error("stopped waiting for " + what() + ": another rank failed");
+          }
+          announce_failure();
+          throw Error("waited " + std::to_string(peer_timeout().count()) + " ms for " + what() +
+                      " (Options::peer_timeout): rank " + std::to_string(peer) +
+                      " did not send it: is it stuck in its work, or dead?");
         }
-        announce_failure();
-        throw Error("waited " + std::to_string(peer_timeout().count()) + " ms for " + what() +
-                    " (Options::peer_timeout): rank " + std::to_string(peer) +
-                    " did not send it: is it stuck in its work, or dead?");
       }
       pause_between_polls(polls);
     }
