@@ -459,6 +459,20 @@ TEST_CASE(
                   Error);
 }
 
+TEST_CASE("a progress thread per rank (Progress::thread) gives the one-process steps bit for bit") {
+  mpi::Backend backend(MPI_COMM_WORLD, {.progress = mpi::Progress::thread});
+  CHECK(backend.progress_thread());
+  if (backend.num_devices() != 2) return;
+  const std::vector<float> x = random_inputs(rows, Model2::in_features, 31);
+  const std::vector<std::int32_t> y = random_classes(rows, Model2::out_features, 32);
+  Trainer<Model2, SoftmaxCrossEntropy, mpi::Backend, GPipe> trainer(
+      backend, {.micro_batches = 4, .seed = seed});
+  host::Backend one_process(2);
+  Trainer<Model2, SoftmaxCrossEntropy, host::Backend, GPipe> reference(
+      one_process, {.micro_batches = 4, .seed = seed});
+  check_two_steps(backend, trainer, reference, x, y);
+}
+
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
   if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file
