@@ -11,13 +11,14 @@
 //           0.1 on every tensor: torch.optim.AdamW(foreach=False) with those arguments)
 //   batch   the same (tokens, targets) every step: gpipe::Rng(2) and (3) draws modulo V, which the
 //           PyTorch script draws the same way
-// Rows, by world size: on 2 ranks GPipe and 1F1B at M = 4, ZB-H1 at M = 8; on 1 rank (one
+// Rows, by world size: on 2 ranks GPipe and 1F1B at M = 4 and 8, ZB-H1 at M = 8; on 1 rank (one
 // process, a device thread per stage, no MPI traffic) K = 1 M = 1, then K = 2 with the same three
 // schedules.
 // Each row: two steps whose losses it reports (first_loss before any update, second_loss after
 // one), gpipe::measure_op_costs over 2 traced forward_backward calls, one more step, then --steps
 // timed steps.
-// Usage: mpirun -n 2 bench_mpi_pipeline_compare [--weights=FILE] [--steps=5] [benchmark flags]
+// Usage: mpirun -n 2 bench_mpi_pipeline_compare [--weights=FILE] [--steps=5]
+//                   [--progress=automatic|thread|at_messages] [benchmark flags]
 //        bench_mpi_pipeline_compare [...]      (one process: the references)
 //   --weights: a safetensors file of the model's parameters under gpipe's names (the PyTorch
 //   script's --write-weights writes one); without it, gpipe's initialization from seed 1.
@@ -66,6 +67,7 @@ using Gpt2 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block, Block, Block>,
 std::unique_ptr<gpipe::mpi::Session> session;  // finalizes MPI after main returns
 long steps = 5;
 std::string weights;
+gpipe::mpi::Progress progress = gpipe::mpi::Progress::automatic;
 
 std::vector<std::int32_t> random_tokens(std::uint64_t seed) {
   gpipe::Rng rng(seed);
@@ -147,7 +149,8 @@ void run_steps(benchmark::State& state, Backend& backend) {
 
 template <class Schedule>
 void BM_TwoRanks(benchmark::State& state) {
-  gpipe::mpi::Backend backend;
+  gpipe::mpi::Backend backend(MPI_COMM_WORLD, {.progress = progress});
+  state.counters["progress_thread"] = backend.progress_thread() ? 1 : 0;
   run_steps<Gpt2, Schedule>(state, backend);
 }
 
@@ -157,20 +160,28 @@ void BM_OneProcess(benchmark::State& state) {
   run_steps<Model, Schedule>(state, backend);
 }
 
-// Takes --steps=N and --weights=FILE out of argv; false for a bad --steps.
+// Takes --steps=N, --weights=FILE and --progress=automatic|thread|at_messages out of argv;
+// false for a bad --steps or --progress.
 bool take_flags(int* argc, char** argv) {
   steps = gpipe::bench::take_count(argc, argv, "steps", steps);
   int out = 1;
+  bool good = true;
   for (int i = 1; i < *argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg.starts_with("--weights=")) {
       weights = std::string(arg.substr(10));
+    } else if (arg.starts_with("--progress=")) {
+      const std::string_view p = arg.substr(11);
+      progress = p == "thread"        ? gpipe::mpi::Progress::thread
+                 : p == "at_messages" ? gpipe::mpi::Progress::at_messages
+                                      : gpipe::mpi::Progress::automatic;
+      good = good && (p == "thread" || p == "at_messages" || p == "automatic");
     } else {
       argv[out++] = argv[i];
     }
   }
   *argc = out;
-  return steps > 0;
+  return steps > 0 && good;
 }
 
 void add(const char* name, void (*bench)(benchmark::State&), std::int64_t m) {
@@ -190,7 +201,10 @@ void add(const char* name, void (*bench)(benchmark::State&), std::int64_t m) {
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   session = std::make_unique<gpipe::mpi::Session>(*argc, argv);
   if (!take_flags(argc, argv)) {
-    std::fprintf(stderr, "%s: --steps must be a positive number\n", argv[0]);
+    std::fprintf(stderr,
+                 "%s: --steps must be a positive number, --progress automatic, thread or "
+                 "at_messages\n",
+                 argv[0]);
     return 1;
   }
   int rank = 0, size = 0;
@@ -200,6 +214,8 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   if (size == 2) {
     add("BM_TwoRanks<GPipe>", BM_TwoRanks<gpipe::GPipe>, 4);
     add("BM_TwoRanks<1F1B>", BM_TwoRanks<gpipe::OneFOneB>, 4);
+    add("BM_TwoRanks<GPipe>", BM_TwoRanks<gpipe::GPipe>, 8);
+    add("BM_TwoRanks<1F1B>", BM_TwoRanks<gpipe::OneFOneB>, 8);
     add("BM_TwoRanks<ZB-H1>", BM_TwoRanks<gpipe::ZeroBubbleH1>, 8);
   } else if (size == 1) {
     add("BM_OneProcess<K:1>", BM_OneProcess<Gpt1, gpipe::OneFOneB>, 1);

@@ -14,7 +14,8 @@
 // schedule ordered for NCCL's rendezvous sends; a failed step aborts the NCCL communicators where
 // a stream waits for a peer and makes new ones. With GPIPE_MPI_KILL_RANK=1 in the environment,
 // rank 1 kills itself in the middle of a step instead: CTest expects mpirun to end the job with
-// a failure, soon.
+// a failure, soon. A rank that stops sending, for a while or for good (GPIPE_MPI_STUCK_RANK=1):
+// support/mpi_deadlines.hpp.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -30,6 +31,7 @@
 #include "support/faulty_layer.hpp"
 #include "support/models.hpp"
 #include "support/mpi_conformance.hpp"
+#include "support/mpi_deadlines.hpp"
 
 namespace {
 
@@ -104,6 +106,12 @@ TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the nex
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages
   check_fault_ends_the_step_everywhere<GPipe, mpi::CudaBackend, cuda::Backend>(backend);
   check_fault_ends_the_step_everywhere<OneFOneB, mpi::CudaBackend, cuda::Backend>(backend);
+}
+
+TEST_CASE(
+    "a rank that stops sending mid-step past peer_timeout: every rank ends the step with an "
+    "Error naming what waited and the silent rank, and the next step runs") {
+  mpi_deadlines::check_stalled_rank<mpi::CudaBackend, cuda::Backend, OneFOneB>();
 }
 
 TEST_CASE("a training step's wall time over all ranks, from the trainer") {
@@ -240,5 +248,6 @@ int main(int argc, char** argv) {
     }
   }
   if (run_killed_rank_step<mpi::CudaBackend>()) return 0;  // see the top of this file
+  if (mpi_deadlines::run_stuck_rank_step<mpi::CudaBackend>()) return 0;
   return run_mpi_tests(argc, argv);
 }

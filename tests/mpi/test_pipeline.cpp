@@ -17,7 +17,8 @@
 // checkpoint files. Packed documents and ignored targets give the one-process step, with replicas
 // too. A rank whose threads_per_device exceed its cores says so on stderr. With
 // GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
-// CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt).
+// CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt). A rank that
+// stops sending, for a while or for good (GPIPE_MPI_STUCK_RANK=1): support/mpi_deadlines.hpp.
 //
 // Each rank runs the one-process reference itself (same seed, same data), so nothing but the
 // checked values crosses between ranks. CHECK only (no REQUIRE): a rank that left a test case
@@ -43,6 +44,7 @@
 #include "support/faulty_layer.hpp"
 #include "support/models.hpp"
 #include "support/mpi_conformance.hpp"
+#include "support/mpi_deadlines.hpp"
 #include "support/relative_error.hpp"
 
 namespace {
@@ -449,8 +451,31 @@ TEST_CASE("a Llama over MPI gives the one-process step bit for bit, Fp32 and Mix
   }
 }
 
+TEST_CASE(
+    "a rank that stops sending mid-step past peer_timeout: every rank ends the step with an "
+    "Error naming what waited and the silent rank, and the next step runs") {
+  mpi_deadlines::check_stalled_rank<mpi::Backend, host::Backend, OneFOneB>();
+  CHECK_THROWS_AS(mpi::Backend(MPI_COMM_WORLD, {.peer_timeout = std::chrono::milliseconds(0)}),
+                  Error);
+}
+
+TEST_CASE("a progress thread per rank (Progress::thread) gives the one-process steps bit for bit") {
+  mpi::Backend backend(MPI_COMM_WORLD, {.progress = mpi::Progress::thread});
+  CHECK(backend.progress_thread());
+  if (backend.num_devices() != 2) return;
+  const std::vector<float> x = random_inputs(rows, Model2::in_features, 31);
+  const std::vector<std::int32_t> y = random_classes(rows, Model2::out_features, 32);
+  Trainer<Model2, SoftmaxCrossEntropy, mpi::Backend, GPipe> trainer(
+      backend, {.micro_batches = 4, .seed = seed});
+  host::Backend one_process(2);
+  Trainer<Model2, SoftmaxCrossEntropy, host::Backend, GPipe> reference(
+      one_process, {.micro_batches = 4, .seed = seed});
+  check_two_steps(backend, trainer, reference, x, y);
+}
+
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
   if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file
+  if (mpi_deadlines::run_stuck_rank_step<mpi::Backend>()) return 0;
   return run_mpi_tests(argc, argv);
 }

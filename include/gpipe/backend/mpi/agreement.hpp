@@ -1,44 +1,54 @@
 #pragma once
 // The fault protocol of an MPI backend: a failing rank tells every other at once, waits give up
-// when one has failed or a peer is silent too long, and every step ends with an agreement that
-// makes all ranks throw the same Error.
+// when one has failed or a peer is silent past the deadline (deadline.hpp), and every step ends
+// with an agreement that makes all ranks throw the same Error.
 
 #include <mpi.h>
 
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
+#include "gpipe/backend/common.hpp"
 #include "gpipe/backend/mpi/check.hpp"
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 #include "gpipe/error.hpp"
 
 namespace gpipe::detail {
 
-/// Between the polls of a wait: spins for the first 100, then sleeps 50 us each.
-inline void pause_between_polls(int polls) {
-  if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+/// What a receive with `label` (its op, stage and micro-batch) waits for, from world rank `peer`:
+/// "stage 1's activation of micro-batch 2 from rank 1". An executor's tag is odd for a gradient.
+inline std::string awaited_message(const WorkLabel& label, std::size_t tag, std::size_t peer) {
+  const bool gradient = tag % 2 == 1;
+  std::string out;
+  if (label.stage != WorkLabel::none)
+    out = "stage " + std::to_string(gradient ? label.stage + 1 : label.stage - 1) + "'s ";
+  out += gradient ? "gradient" : "activation";
+  if (label.micro_batch != WorkLabel::none)
+    out += " of micro-batch " + std::to_string(label.micro_batch);
+  return out + " from rank " + std::to_string(peer);
 }
 
 /// A rank's side of the fault protocol (see the top of this file), over `layout`'s world. A rank
 /// that dies takes no part: it ends the job (mpirun).
 class FaultAgreement {
  public:
-  /// Over `layout`'s world (which must outlive this); a wait fails after `peer_timeout`.
-  FaultAgreement(MpiLayout& layout, std::chrono::seconds peer_timeout)
-      : layout_(layout), peer_timeout_(peer_timeout) {}
+  /// Over `layout`'s world; a wait fails past `deadline` (both must outlive this).
+  FaultAgreement(MpiLayout& layout, PeerDeadline& deadline)
+      : layout_(layout), deadline_(deadline) {}
   FaultAgreement(const FaultAgreement&) = delete;
   FaultAgreement& operator=(const FaultAgreement&) = delete;
 
   /// How long a rank waits for a peer before it fails the step.
-  std::chrono::seconds peer_timeout() const { return peer_timeout_; }
+  std::chrono::milliseconds peer_timeout() const { return deadline_.timeout(); }
   /// Whether `peer_timeout()` has passed since `start`.
   bool timed_out(std::chrono::steady_clock::time_point start) const {
-    return std::chrono::steady_clock::now() - start > peer_timeout_;
+    return deadline_.passed(start);
   }
   /// Whether this rank failed this step and told the others.
   bool announced() const { return announced_; }
@@ -83,23 +93,35 @@ class FaultAgreement {
     fault_seen_ = true;
     return true;
   }
-  /// Waits for `request`, polling, until it completes, another rank reports a failure, or
-  /// peer_timeout() passes; the last two cancel it and throw an Error that names `what`.
-  MPI_Status wait_for(MPI_Request& request, const std::string& what) {
+  /// Waits for `request`, a receive from world rank `peer`, polling (each poll holding `lock`,
+  /// which serializes the rank's MPI calls across its threads), until it completes, another rank
+  /// reports a failure, or peer_timeout() passes; the last two cancel it and throw an Error that
+  /// names `what()` (what it waits for). Past the deadline this rank's failure is first-hand (the
+  /// peer did not send): it tells the others at once, so that none waits for it in turn.
+  template <class Lock, class What>
+  MPI_Status wait_for(MPI_Request& request, std::size_t peer, Lock& lock, What&& what) {
+    deadline_.require_together();
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
-      int done = 0;
-      MPI_Status status;
-      check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
-      if (done) return status;
-      const bool failed = peer_failed();
-      if (failed || timed_out(start)) {
-        MPI_Cancel(&request);
-        MPI_Wait(&request, MPI_STATUS_IGNORE);
-        stopped_for_peer_ = true;
-        throw Error(failed ? "stopped waiting for " + what + ": another rank failed"
-                           : "no " + what + " within " + std::to_string(peer_timeout_.count()) +
-                                 " s (Options::peer_timeout): is that rank alive?");
+      {
+        std::lock_guard held(lock);
+        int done = 0;
+        MPI_Status status;
+        check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
+        if (done) return status;
+        const bool failed = peer_failed();
+        if (failed || timed_out(start)) {
+          MPI_Cancel(&request);
+          MPI_Wait(&request, MPI_STATUS_IGNORE);
+          if (failed) {
+            stopped_for_peer_ = true;
+            throw Error("stopped waiting for " + what() + ": another rank failed");
+          }
+          announce_failure();
+          throw Error("waited " + std::to_string(peer_timeout().count()) + " ms for " + what() +
+                      " (Options::peer_timeout): rank " + std::to_string(peer) +
+                      " did not send it: is it stuck in its work, or dead?");
+        }
       }
       pause_between_polls(polls);
     }
@@ -110,28 +132,42 @@ class FaultAgreement {
   /// the rank that failed first-hand (the lowest such rank), carrying its message. Either way the
   /// next step's messages take other tags.
   void agree(std::string message) {
-    // 2: this rank failed first-hand; 1: it stopped because another did
+    if (deadline_.lost()) lost_at_the_end(message, deadline_.lost_message());
+    // 2: this rank failed first-hand; 1: it stopped because another did. Members, not locals:
+    // a collective past the deadline may still write into them.
     const bool failed = !message.empty();
-    struct {
-      int failed;
-      int rank;
-    } mine{failed ? (stopped_for_peer_ ? 1 : 2) : 0, static_cast<int>(layout_.rank())}, worst{};
-    check_mpi(MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, layout_.comm()),
-              "MPI_Allreduce");
-    int announced = announced_ ? 1 : 0, announcements = 0;
-    check_mpi(MPI_Allreduce(&announced, &announcements, 1, MPI_INT, MPI_SUM, layout_.comm()),
-              "MPI_Allreduce");
-    drain_fault_messages(static_cast<std::size_t>(announcements - announced));
+    mine_ = {failed ? (stopped_for_peer_ ? 1 : 2) : 0, static_cast<int>(layout_.rank())};
+    announced_count_[0] = announced_ ? 1 : 0;
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check_mpi(
+        MPI_Iallreduce(&mine_, &worst_, 1, MPI_2INT, MPI_MAXLOC, layout_.comm(), &requests[0]),
+        "MPI_Iallreduce");
+    check_mpi(MPI_Iallreduce(&announced_count_[0], &announced_count_[1], 1, MPI_INT, MPI_SUM,
+                             layout_.comm(), &requests[1]),
+              "MPI_Iallreduce");
+    try {
+      deadline_.complete(requests, "the agreement that ends the step");
+    } catch (const Error& e) {
+      lost_at_the_end(message, e.what());
+    }
+    drain_fault_messages(static_cast<std::size_t>(announced_count_[1] - announced_count_[0]));
     layout_.next_step();
     stopped_for_peer_ = announced_ = false;
-    if (worst.failed == 0) return;
-    int length = static_cast<int>(message.size());
-    check_mpi(MPI_Bcast(&length, 1, MPI_INT, worst.rank, layout_.comm()), "MPI_Bcast");
-    message.resize(static_cast<std::size_t>(length));
-    check_mpi(MPI_Bcast(message.data(), length, MPI_CHAR, worst.rank, layout_.comm()), "MPI_Bcast");
+    if (worst_.failed == 0) return;
+    length_ = static_cast<int>(message.size());
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibcast(&length_, 1, MPI_INT, worst_.rank, layout_.comm(), &request),
+              "MPI_Ibcast");
+    deadline_.complete(request, "the agreement's message");
+    message_.assign(message);
+    message_.resize(static_cast<std::size_t>(length_));
+    check_mpi(MPI_Ibcast(message_.data(), length_, MPI_CHAR, worst_.rank, layout_.comm(), &request),
+              "MPI_Ibcast");
+    deadline_.complete(request, "the agreement's message");
     constexpr std::string_view prefix = "gpipe: ";
+    message = message_;
     if (message.starts_with(prefix)) message.erase(0, prefix.size());
-    throw Error("gpipe: rank " + std::to_string(worst.rank) + " failed: " + message);
+    throw Error("gpipe: rank " + std::to_string(worst_.rank) + " failed: " + message);
   }
 
   /// The message of `failure`, the one the agreement carries.
@@ -146,6 +182,15 @@ class FaultAgreement {
   }
 
  private:
+  // The agreement cannot complete (a rank never reached it, `lost` says so): throws this rank's
+  // own failure (`message`, "" if none) and that.
+  [[noreturn]] void lost_at_the_end(std::string message, std::string lost) const {
+    constexpr std::string_view prefix = "gpipe: ";
+    if (message.starts_with(prefix)) message.erase(0, prefix.size());
+    if (message.empty()) throw Error(lost);
+    throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " failed: " + message +
+                "; then " + lost.substr(prefix.size()));
+  }
   // Receives the fault messages of this step not yet consumed (`expected` in all).
   void drain_fault_messages(std::size_t expected) {
     for (; faults_received_ < expected; ++faults_received_)
@@ -156,11 +201,19 @@ class FaultAgreement {
   }
 
   MpiLayout& layout_;
-  std::chrono::seconds peer_timeout_;
+  PeerDeadline& deadline_;
   bool announced_ = false;         ///< this rank failed this step and told the others
   bool stopped_for_peer_ = false;  ///< this rank's work stopped because another rank failed
   bool fault_seen_ = false;        ///< a fault message arrived this step
   std::size_t faults_received_ = 0;
+  // agree()'s collective buffers
+  struct {
+    int failed = 0;
+    int rank = 0;
+  } mine_, worst_;
+  int announced_count_[2] = {0, 0};  ///< this rank's announcement, the world's
+  int length_ = 0;
+  std::string message_;
 };
 
 }  // namespace gpipe::detail

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdio>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -39,13 +41,32 @@
 
 namespace gpipe::mpi {
 
+/// How an mpi::Backend's rank moves its messages while its device computes. A large message
+/// (over the transport's eager limit: 64 KiB on Open MPI's tcp) is a rendezvous that moves only
+/// while the sender is inside MPI; a rank that computes several ops back to back (GPipe's
+/// forwards) would hold each hand-over until its next message.
+enum class Progress {
+  /// `thread` when the ranks span machines (TCP between them), `at_messages` when they share one
+  /// (shared memory, where the receiver copies the data itself).
+  automatic,
+  /// A thread of the rank's polls its sends in flight (and gradient sums) every 50 µs while any
+  /// is pending, under the lock that serializes the rank's MPI calls.
+  thread,
+  /// Only the rank's device worker calls MPI, at each send and receive.
+  at_messages,
+};
+
 /// Construction options of an mpi::Backend, the same on every rank.
 struct BackendOptions {
   std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
   std::size_t device_capacity = 0;  ///< bytes of this rank's device; 0 = no cap
-  /// How long a rank waits for a message before it fails the step: a peer that died (or hangs)
-  /// ends the step here within this time. A peer that throws ends it at once.
-  std::chrono::seconds peer_timeout{600};
+  /// How long a rank waits for its peers (a message, a gradient sum, a collective, the agreement
+  /// that ends a step) before it fails the step with an Error naming what it waited for (op,
+  /// stage, micro-batch and the rank that did not send): a peer that is stuck or dead ends the
+  /// step on every other rank within about twice this time. A peer that throws ends it at once.
+  /// When a collective passes it the ranks can run nothing more together (Backend::lost_peers()).
+  /// Positive.
+  std::chrono::milliseconds peer_timeout{std::chrono::minutes(10)};
   /// The threads this rank's device computes on (host::BackendOptions::threads_per_device): more
   /// than 1 where a rank has cores of its own to spare, e.g. one rank per machine.
   std::size_t threads_per_device = 1;
@@ -55,6 +76,8 @@ struct BackendOptions {
   /// per rank; checkpoints are written and read in the same format. The optimizer's update must
   /// treat each parameter on its own (SGD, AdamW: elementwise), as a share may cut a tensor.
   bool shard_optimizer = false;
+  /// How the rank moves its messages while its device computes (see Progress).
+  Progress progress = Progress::automatic;
 };
 
 /// One host device per MPI rank: a `gpipe::multi_process_backend` (backend/concepts.hpp) whose
@@ -91,6 +114,7 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         shard_optimizer_(options.shard_optimizer) {
     clocks_.align(local_.epoch());
     warn_if_team_shares_cores();
+    start_progress(options.progress);
   }
   /// On the caller's communicator, MPI initialized by the caller.
   explicit Backend(MPI_Comm comm = MPI_COMM_WORLD, Options options = {})
@@ -99,10 +123,12 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
         shard_optimizer_(options.shard_optimizer) {
     clocks_.align(local_.epoch());
     warn_if_team_shares_cores();
+    start_progress(options.progress);
   }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
   ~Backend() {
+    stop_progress();
     try {
       local_.cancel();
     } catch (...) {  // a destructor reports nothing
@@ -132,11 +158,28 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// by default; false when unknown). `busy` is 0 or 1: a rank runs one device.
   bool devices_share_cores(std::size_t busy) const { return local_.devices_share_cores(busy); }
 
+  /// Tells every other rank at once that this one failed (once a step), under the lock of the
+  /// rank's MPI calls: the worker and the progress thread may be calling MPI.
+  void announce_failure() {
+    std::lock_guard lock(mu_);
+    agreement_.announce_failure();
+  }
+  /// Whether a thread of this rank moves its messages while its device computes (Progress).
+  bool progress_thread() const { return progress_.joinable(); }
+
   /// Work that throws tells every other rank at once (a fault message), so that a rank waiting
   /// for this one's data stops waiting; the step then fails everywhere (the agreement).
   void submit(std::size_t device, WorkLabel label, Work work) {
     local_.submit(layout_.local(device), label, [this, work = std::move(work)](Kernels& k) {
-      agreement_.telling_failure([&] { work(k); });
+      try {
+        work(k);
+      } catch (...) {
+        if (!agreement_.stopped_for_peer()) {
+          std::lock_guard lock(mu_);
+          agreement_.announce_failure();
+        }
+        throw;
+      }
     });
   }
   /// As host::Backend::record, on this rank's device.
@@ -154,9 +197,11 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
             Buffer<T>& src) {
     const int message_tag = layout_.step_tag(peer, tag);
     submit(device, label, [this, peer, message_tag, &src](Kernels&) {
+      deadline_.require_together();
       std::lock_guard lock(mu_);
       sends_.start(src, static_cast<int>(peer), message_tag, layout_.pipeline());
       release_completed_sends();
+      if (progress_.joinable()) progress_wake_.notify_one();
     });
   }
   /// On `device`, after the work before it: dst <- `count` elements (float or bf16) from
@@ -165,26 +210,31 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   void receive(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
                Buffer<T>& dst, std::size_t count, MemoryKind kind) {
     const int message_tag = layout_.step_tag(peer, tag);
-    submit(device, label, [this, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
-      dst = allocate<T>(device, count, kind);
-      MPI_Request request = MPI_REQUEST_NULL;
-      detail::check_mpi(
-          MPI_Irecv(dst.data(), detail::mpi_count(count), detail::mpi_type<T>(),
-                    static_cast<int>(peer), message_tag, layout_.pipeline(), &request),
-          "MPI_Irecv");
-      const MPI_Status status =
-          agreement_.wait_for(request, "a message from device " + std::to_string(peer) + " (tag " +
-                                           std::to_string(tag) + ")");
-      int received = 0;
-      MPI_Get_count(&status, detail::mpi_type<T>(), &received);
-      if (static_cast<std::size_t>(received) != count)
-        throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
-                    std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
-                    " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-                    "), got " + std::to_string(received));
-      std::lock_guard lock(mu_);
-      release_completed_sends();
-    });
+    submit(
+        device, label, [this, label, device, peer, tag, message_tag, &dst, count, kind](Kernels&) {
+          dst = allocate<T>(device, count, kind);
+          MPI_Request request = MPI_REQUEST_NULL;
+          {
+            std::lock_guard lock(mu_);
+            detail::check_mpi(
+                MPI_Irecv(dst.data(), detail::mpi_count(count), detail::mpi_type<T>(),
+                          static_cast<int>(peer), message_tag, layout_.pipeline(), &request),
+                "MPI_Irecv");
+          }
+          const std::size_t peer_rank = layout_.replica() * layout_.devices() + peer;
+          const MPI_Status status = agreement_.wait_for(request, peer_rank, mu_, [&] {
+            return detail::awaited_message(label, tag, peer_rank);
+          });
+          int received = 0;
+          MPI_Get_count(&status, detail::mpi_type<T>(), &received);
+          if (static_cast<std::size_t>(received) != count)
+            throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " expected " +
+                        std::to_string(count) + (std::is_same_v<T, float> ? " floats" : " bf16") +
+                        " from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                        "), got " + std::to_string(received));
+          std::lock_guard lock(mu_);
+          release_completed_sends();
+        });
   }
 
   /// Between steps, with `peer`'s rank of this replica (which calls it with this rank's device):
@@ -293,6 +343,44 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
                                                      local_.epoch())
         .count();
   }
+  /// Starts the progress thread when `progress` asks for it (Progress::automatic: when the
+  /// ranks span machines).
+  void start_progress(Progress progress) {
+    const bool thread =
+        progress == Progress::thread || (progress == Progress::automatic && !layout_.one_machine());
+    if (thread) progress_ = std::thread([this] { progress_loop(); });
+  }
+  /// Stops and joins the progress thread, if any.
+  void stop_progress() {
+    if (!progress_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    progress_wake_.notify_one();
+    progress_.join();
+  }
+  /// The progress thread: while sends are in flight, polls them (and the gradient sums) every
+  /// progress_interval under mu_, so that MPI moves their data while the worker computes; sleeps
+  /// while none is. Between steps no send is in flight, so it makes no MPI call then.
+  void progress_loop() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (sends_.empty()) {  // also once the ranks are lost: complete_sends abandoned them
+        progress_wake_.wait(lock);
+        continue;
+      }
+      try {
+        release_completed_sends();
+      } catch (...) {  // the worker's next message reports MPI's failure
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(progress_interval);
+      lock.lock();
+    }
+  }
+  static constexpr std::chrono::microseconds progress_interval{50};
+
   /// Frees the buffers of sends that have completed and notes the completed gradient sums; called
   /// with mu_ held, at every message of the rank's worker.
   void release_completed_sends() {
@@ -303,6 +391,10 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
   /// a failure (here or elsewhere) a send may never be received: it is let go (MpiSends::abandon).
   void complete_sends() {
     std::lock_guard lock(mu_);
+    if (lost_peers()) {  // no MPI call may progress a collective past the deadline now
+      sends_.abandon();
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
       release_completed_sends();
@@ -315,11 +407,16 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     }
   }
 
-  std::mutex mu_;                          ///< sends_ and sums_: the worker's and the caller's
-  detail::MpiSends sends_;                 ///< in flight
-  detail::MpiGradientSums sums_{layout_};  ///< this step's gradient sums over the replicas
+  /// sends_, sums_ and the rank's MPI calls during a step: the worker's, the progress thread's
+  /// and the caller's
+  std::mutex mu_;
+  detail::MpiSends sends_;                            ///< in flight
+  detail::MpiGradientSums sums_{layout_, deadline_};  ///< this step's sums over the replicas
   host::Backend local_;           ///< the rank's device; destroyed (workers joined) before sends_
   bool shard_optimizer_ = false;  ///< Options::shard_optimizer
+  std::condition_variable progress_wake_;  ///< a send started, or stop_progress
+  bool stopping_ = false;                  ///< stop_progress (under mu_)
+  std::thread progress_;                   ///< Progress::thread's; joined before local_ goes
 };
 
 }  // namespace gpipe::mpi

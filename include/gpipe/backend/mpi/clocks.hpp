@@ -17,6 +17,7 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/mpi/check.hpp"
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 
 namespace gpipe::detail {
@@ -28,7 +29,9 @@ class RankClocks {
   using Clock = std::chrono::steady_clock;
 
   /// Over `layout`'s world, which must outlive this; offset_us() is 0 until align().
-  explicit RankClocks(const MpiLayout& layout) : layout_(layout) {}
+  /// Collectives after align() wait for the other ranks until `deadline` (which must outlive this).
+  RankClocks(const MpiLayout& layout, PeerDeadline& deadline)
+      : layout_(layout), deadline_(deadline) {}
   RankClocks(const RankClocks&) = delete;
   RankClocks& operator=(const RankClocks&) = delete;
 
@@ -68,10 +71,14 @@ class RankClocks {
     const auto us = [&](Clock::time_point t) {
       return std::chrono::duration<double, std::micro>(t - epoch).count() + offset_us_;
     };
-    const double mine[2] = {-us(start), us(end)};
-    double all[2] = {0, 0};
-    check_mpi(MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, layout_.comm()), "MPI_Allreduce");
-    return (all[1] + all[0]) / 1e6;
+    deadline_.require_together();
+    span_[0] = -us(start);
+    span_[1] = us(end);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(span_, span_ + 2, 2, MPI_DOUBLE, MPI_MAX, layout_.comm(), &request),
+              "MPI_Iallreduce");
+    deadline_.complete(request, "the step's wall time");
+    return (span_[3] + span_[2]) / 1e6;
   }
 
   /// Collective over the world: every rank gets every rank's `local` events, one merged trace
@@ -85,6 +92,7 @@ class RankClocks {
       e.end_us += offset_us_;
       put_event(mine, e);
     }
+    deadline_.require_together();
     const std::vector<char> all = all_gather(mine, layout_.comm());
     std::vector<TraceEvent> events;
     for (std::size_t at = 0; at < all.size();) events.push_back(get_event(all, at));
@@ -100,10 +108,16 @@ class RankClocks {
       t.last_end_us += offset_us_;
     }
     const std::size_t k = layout_.devices();
+    deadline_.require_together();
+    timing_.assign(4 * k + 4, 0.0);  // a member: a collective past the deadline may write it
     const double mine[4] = {t.busy_us, t.first_start_us, t.last_end_us, static_cast<double>(t.ops)};
-    std::vector<double> all(4 * k);
-    check_mpi(MPI_Allgather(mine, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, layout_.pipeline()),
-              "MPI_Allgather");
+    std::copy(mine, mine + 4, timing_.begin());
+    double* all = timing_.data() + 4;
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(timing_.data(), 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, layout_.pipeline(),
+                             &request),
+              "MPI_Iallgather");
+    deadline_.complete(request, "the step's timing");
     std::vector<ComputeTiming> out(k);
     for (std::size_t d = 0; d < k; ++d)
       out[d] = {.busy_us = all[4 * d],
@@ -186,26 +200,33 @@ class RankClocks {
             .end_us = times[1]};
   }
   // Collective over `comm`: every rank's bytes, concatenated in rank order.
-  static std::vector<char> all_gather(const std::vector<char>& mine, MPI_Comm comm) {
+  std::vector<char> all_gather(const std::vector<char>& mine, MPI_Comm comm) {
     int size = 0;
     MPI_Comm_size(comm, &size);
     const int count = mpi_count(mine.size());
     std::vector<int> counts(static_cast<std::size_t>(size)), offsets(counts.size());
-    check_mpi(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm), "MPI_Allgather");
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm, &request),
+              "MPI_Iallgather");
+    deadline_.complete(request, "a trace's gather");
     std::size_t total = 0;
     for (std::size_t r = 0; r < counts.size(); ++r) {
       offsets[r] = mpi_count(total);
       total += static_cast<std::size_t>(counts[r]);
     }
     std::vector<char> all(total);
-    check_mpi(MPI_Allgatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(),
-                             offsets.data(), MPI_CHAR, comm),
-              "MPI_Allgatherv");
+    check_mpi(MPI_Iallgatherv(mine.data(), count, MPI_CHAR, all.data(), counts.data(),
+                              offsets.data(), MPI_CHAR, comm, &request),
+              "MPI_Iallgatherv");
+    deadline_.complete(request, "a trace's gather");
     return all;
   }
 
   const MpiLayout& layout_;
-  double offset_us_ = 0;                       ///< see align
+  PeerDeadline& deadline_;
+  double span_[4] = {0, 0, 0, 0};  ///< span_seconds()'s, and timing_ gather_timing()'s: members,
+  std::vector<double> timing_;     ///< as a collective past the deadline may still write them
+  double offset_us_ = 0;           ///< see align
   std::set<std::string, std::less<>> labels_;  ///< the `what` of events from other ranks
 };
 

@@ -50,10 +50,12 @@ namespace gpipe::mpi {
 struct CudaBackendOptions {
   std::size_t data_parallel = 1;    ///< replicas of the pipeline: world size = data_parallel x K
   std::size_t device_capacity = 0;  ///< bytes this rank may hold on its GPU; 0 = no cap
-  /// How long a rank waits for its peers before it fails the step (and aborts its NCCL
-  /// communicators): a peer that died or hangs ends the step here within this time. A peer that
-  /// throws ends it at once.
-  std::chrono::seconds peer_timeout{600};
+  /// How long a rank waits for its peers (its transfers, the collectives, the agreement that
+  /// ends a step) before it fails the step (and aborts its NCCL communicators) with an Error
+  /// naming what it waited for (op, stage, micro-batch and the peer's rank): a peer that is stuck
+  /// or dead ends the step on every other rank within about twice this time. A peer that throws
+  /// ends it at once. As mpi::BackendOptions::peer_timeout; positive.
+  std::chrono::milliseconds peer_timeout{std::chrono::minutes(10)};
   /// CUDA device ordinal of this rank's GPU; -1: the rank's index among the ranks on its machine,
   /// modulo the GPUs there (one rank per GPU when launched with as many ranks per node as GPUs).
   int gpu = -1;
@@ -149,8 +151,9 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   void send(std::size_t device, WorkLabel label, std::size_t peer, std::size_t tag,
             Buffer<T>& src) {
     layout_.check_peer(peer, tag);
-    local_.submit(layout_.local(device), label, [this, peer, tag, &src](Kernels&) {
+    local_.submit(layout_.local(device), label, [this, label, peer, tag, &src](Kernels&) {
       detail::NcclTransfer t = detail::NcclTransfer::sending(peer, tag, src);
+      t.label = label;
       hashes_.sent(peer, tag, t.bytes());
       groups_.queue(std::move(t));
     });
@@ -162,9 +165,10 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
                Buffer<T>& dst, std::size_t count, MemoryKind kind) {
     layout_.check_peer(peer, tag);
     local_.submit(layout_.local(device), label,
-                  [this, device, peer, tag, &dst, count, kind](Kernels&) {
+                  [this, label, device, peer, tag, &dst, count, kind](Kernels&) {
                     dst = allocate<T>(device, count, kind);
                     detail::NcclTransfer t = detail::NcclTransfer::receiving(peer, tag, dst);
+                    t.label = label;
                     hashes_.received(peer, tag, t.bytes());
                     groups_.queue(std::move(t));
                   });
@@ -244,16 +248,20 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     // after a failure the ranks' messages differ anyway; the failure is what to report. A rank
     // may see the mismatch before it hears of another rank's failure (whose messages were never
     // posted): so a mismatch counts as second-hand, and a first-hand failure elsewhere wins.
-    std::string order = hashes_.check();
+    std::string order;
+    try {
+      order = hashes_.check();
+    } catch (const Error&) {  // past the deadline: the agreement reports it with `failure`
+    }
     if (failure.empty() && !nccl_.aborted() && !order.empty()) {
       failure = std::move(order);
       agreement_.stop_for_peer();
     }
     if (failure.empty() && nccl_.aborted())
       failure = abort_reason_ == silent_peer
-                    ? "gpipe: no message from a peer within " +
-                          std::to_string(agreement_.peer_timeout().count()) +
-                          " s (Options::peer_timeout): is every rank alive?"
+                    ? "gpipe: waited " + std::to_string(agreement_.peer_timeout().count()) +
+                          " ms for " + awaited_ + " (Options::peer_timeout): is that rank stuck " +
+                          "in its work, or dead?"
                     : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
                           abort_reason_;
     try {
@@ -261,7 +269,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     } catch (...) {
       abort_reason_ = "";
       nccl_.abort();
-      nccl_.make();
+      if (!lost_peers()) nccl_.make();  // collective: not with a rank lost
       throw;
     }
   }
@@ -335,7 +343,12 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     for (int polls = 0; streams_busy(); ++polls) {
       if (abort_on_failure && !nccl_.aborted()) {
         if (const char* reason = reason_to_abort(start)) {
-          if (!agreement_.announced()) agreement_.stop_for_peer();
+          if (reason == silent_peer) {  // first-hand: tell the others, who may wait for this one
+            awaited_ = groups_.awaited(layout_.replica() * layout_.devices());
+            agreement_.announce_failure();
+          } else if (!agreement_.announced()) {
+            agreement_.stop_for_peer();
+          }
           nccl_.abort();
           abort_reason_ = reason;
         }
@@ -349,11 +362,12 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   cuda::Backend local_;                                     ///< the rank's device
   detail::NcclCommunicators nccl_{layout_, local_.gpu(0)};  ///< between the ranks' GPUs
   detail::NcclGroups groups_{nccl_, local_.gpu(0)};         ///< sends and receives
-  detail::MessageHashes hashes_{layout_};                   ///< this step's messages, hashed
+  detail::MessageHashes hashes_{layout_, deadline_};        ///< this step's messages, hashed
   detail::SumOrder sums_;                                   ///< this step's gradient sums
   cudaStream_t compute_stream_ = nullptr;                   ///< local_'s compute stream
   cudaStream_t reduce_stream_ = nullptr;                    ///< NCCL gradient sums
   const char* abort_reason_ = "";  ///< why the communicators were aborted this step
+  std::string awaited_;            ///< the transfers a silent peer held up (NcclGroups::awaited)
   static constexpr const char* silent_peer = "a peer was silent too long";
 };
 

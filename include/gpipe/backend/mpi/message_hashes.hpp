@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 
 namespace gpipe::detail {
@@ -18,9 +19,13 @@ namespace gpipe::detail {
 /// comparison over `layout`'s pipeline.
 class MessageHashes {
  public:
-  /// Over `layout`'s pipeline, which must outlive this.
-  explicit MessageHashes(const MpiLayout& layout)
-      : layout_(layout), sent_(2 * layout.devices(), 0), received_(2 * layout.devices(), 0) {}
+  /// Over `layout`'s pipeline, waiting for it until `deadline`; both must outlive this.
+  MessageHashes(const MpiLayout& layout, PeerDeadline& deadline)
+      : layout_(layout),
+        deadline_(deadline),
+        sent_(2 * layout.devices(), 0),
+        received_(2 * layout.devices(), 0),
+        sent_to_me_(2 * layout.devices(), 0) {}
 
   /// This rank posted a send of `bytes` with `tag` to `peer`.
   void sent(std::size_t peer, std::size_t tag, std::size_t bytes) { fold(sent_, peer, tag, bytes); }
@@ -31,16 +36,20 @@ class MessageHashes {
 
   /// Collective over this replica's ranks: "" when every rank received from each peer exactly
   /// what that peer sent to it, in order, since the last check; else the first mismatch this rank
-  /// sees. Starts the next step's hashes.
+  /// sees. Starts the next step's hashes. Throws `gpipe::Error` past the deadline.
   std::string check() {
     const std::size_t k = layout_.devices();
-    std::vector<std::uint64_t> sent_to_me(2 * k, 0);
-    const int status = MPI_Alltoall(sent_.data(), 2, MPI_UINT64_T, sent_to_me.data(), 2,
-                                    MPI_UINT64_T, layout_.pipeline());
+    deadline_.require_together();
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int status = MPI_Ialltoall(sent_.data(), 2, MPI_UINT64_T, sent_to_me_.data(), 2,
+                                     MPI_UINT64_T, layout_.pipeline(), &request);
     std::string out;
-    if (status != MPI_SUCCESS) out = "gpipe: MPI_Alltoall failed while checking NCCL messages";
+    if (status != MPI_SUCCESS)
+      out = "gpipe: MPI_Ialltoall failed while checking NCCL messages";
+    else
+      deadline_.complete(request, "the check of the step's NCCL messages");
     for (std::size_t i = 0; i < 2 * k && out.empty(); ++i)
-      if (sent_to_me[i] != received_[i])
+      if (sent_to_me_[i] != received_[i])
         out = "gpipe: the NCCL " + std::string(i % 2 == 1 ? "gradients" : "activations") +
               " from device " + std::to_string(i / 2) + " to device " +
               std::to_string(layout_.device()) +
@@ -62,7 +71,10 @@ class MessageHashes {
   }
 
   const MpiLayout& layout_;
+  PeerDeadline& deadline_;
   std::vector<std::uint64_t> sent_, received_;  ///< [2 peer + direction]
+  std::vector<std::uint64_t>
+      sent_to_me_;  ///< check()'s: a collective past the deadline may write it
 };
 
 }  // namespace gpipe::detail

@@ -5,11 +5,13 @@
 // freed once its group has completed.
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpipe/backend/cuda/backend.cuh"
+#include "gpipe/backend/mpi/agreement.hpp"
 #include "gpipe/backend/mpi/nccl.cuh"
 #include "gpipe/error.hpp"
 #include "gpipe/model/precision.hpp"
@@ -29,6 +31,7 @@ inline void stream_waits_for(cudaStream_t waiting, cudaStream_t first) {
 struct NcclTransfer {
   bool send = false;
   std::size_t peer = 0, tag = 0, count = 0;
+  WorkLabel label = {};  ///< the send or receive op
   ncclDataType_t type = ncclFloat32;
   void* data = nullptr;
   cuda::Buffer<float> buffer = {};  ///< a send's data, kept until its group completes
@@ -102,14 +105,43 @@ class NcclGroups {
     GPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&posted.done, cudaEventDisableTiming));
     GPIPE_CUDA_CHECK(cudaEventRecord(posted.done, stream_));
     if (receives) GPIPE_CUDA_CHECK(cudaStreamWaitEvent(compute, posted.done, 0));
-    for (NcclTransfer& t : group)
+    for (NcclTransfer& t : group) {
+      NcclTransfer what;  // without its data
+      what.send = t.send;
+      what.peer = t.peer;
+      what.tag = t.tag;
+      what.label = t.label;
+      posted.transfers.push_back(std::move(what));
       if (t.send) posted.sends.push_back(std::move(t));
+    }
     pending_.push_back(std::move(posted));
     release_completed();
   }
   /// Frees the buffers of the groups that have completed.
   void release_completed() {
     std::erase_if(pending_, [](const Posted& p) { return cudaEventQuery(p.done) == cudaSuccess; });
+  }
+  /// What the first posted group not yet complete waits for, its pipeline devices' world ranks
+  /// being `first_rank` + device: "stage 1's activation of micro-batch 2 from rank 1
+  /// (recv_activation of stage 2, micro-batch 2)", its transfers joined by "; "; "" when none
+  /// waits.
+  std::string awaited(std::size_t first_rank) const {
+    for (const Posted& p : pending_) {
+      if (cudaEventQuery(p.done) == cudaSuccess) continue;
+      std::string out;
+      for (const NcclTransfer& t : p.transfers) {
+        if (!out.empty()) out += "; ";
+        const std::size_t rank = first_rank + t.peer;
+        out += t.send ? "rank " + std::to_string(rank) + " to receive " +
+                            std::string(t.tag % 2 == 1 ? "a gradient" : "an activation")
+                      : awaited_message(t.label, t.tag, rank);
+        if (!t.label.what.empty())
+          out += " (" + std::string(t.label.what) + " of stage " + std::to_string(t.label.stage) +
+                 ", micro-batch " + std::to_string(t.label.micro_batch) + ")";
+      }
+      return out;
+    }
+    return "";
   }
   /// Frees every posted group's buffers; the streams are idle, or the communicators aborted.
   void release_all() { pending_.clear(); }
@@ -123,14 +155,18 @@ class NcclGroups {
   // A posted group's sends, their buffers freed once it completes.
   struct Posted {
     std::vector<NcclTransfer> sends;
-    cudaEvent_t done = nullptr;  ///< recorded after the group on the communication stream
+    std::vector<NcclTransfer> transfers;  ///< the group's sends and receives, without data
+    cudaEvent_t done = nullptr;           ///< recorded after the group on the communication stream
     Posted() = default;
     Posted(Posted&& other) noexcept
-        : sends(std::move(other.sends)), done(std::exchange(other.done, nullptr)) {}
+        : sends(std::move(other.sends)),
+          transfers(std::move(other.transfers)),
+          done(std::exchange(other.done, nullptr)) {}
     Posted& operator=(Posted&& other) noexcept {
       if (this != &other) {
         release();
         sends = std::move(other.sends);
+        transfers = std::move(other.transfers);
         done = std::exchange(other.done, nullptr);
       }
       return *this;

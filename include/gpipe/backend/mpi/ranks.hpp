@@ -9,12 +9,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/mpi/agreement.hpp"
 #include "gpipe/backend/mpi/clocks.hpp"
 #include "gpipe/backend/mpi/collectives.hpp"
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 #include "gpipe/backend/mpi/session.hpp"
 #include "gpipe/backend/mpi/shares.hpp"
@@ -97,26 +99,38 @@ class MpiRanks {
   /// that failed first-hand and its message. The next step's messages carry other tags.
   void agree(std::string failure) { agreement_.agree(std::move(failure)); }
 
+  /// How long this rank waits for its peers (Options::peer_timeout).
+  std::chrono::milliseconds peer_timeout() const { return deadline_.timeout(); }
+  /// Whether a collective wait passed peer_timeout() (a rank stuck or dead): the ranks can run
+  /// nothing more together, every later step or collective throws `gpipe::Error` at once, and the
+  /// backend ends the job when it goes (MPI_Abort: MPI_Finalize would wait for the lost rank).
+  bool lost_peers() const { return deadline_.lost(); }
+
  protected:
   /// MPI_COMM_WORLD, initializing MPI (MPI_THREAD_SERIALIZED) unless the program did.
-  MpiRanks(int& argc, char**& argv, std::size_t data_parallel, std::chrono::seconds peer_timeout)
+  MpiRanks(int& argc, char**& argv, std::size_t data_parallel,
+           std::chrono::milliseconds peer_timeout)
       : session_(std::make_unique<mpi::Session>(argc, argv)),
         layout_(MPI_COMM_WORLD, data_parallel),
-        agreement_(layout_, peer_timeout) {}
+        deadline_(layout_, peer_timeout) {}
   /// On the caller's communicator, MPI initialized by the caller.
-  MpiRanks(MPI_Comm comm, std::size_t data_parallel, std::chrono::seconds peer_timeout)
-      : layout_(comm, data_parallel), agreement_(layout_, peer_timeout) {}
-  ~MpiRanks() = default;
+  MpiRanks(MPI_Comm comm, std::size_t data_parallel, std::chrono::milliseconds peer_timeout)
+      : layout_(comm, data_parallel), deadline_(layout_, peer_timeout) {}
+  /// Ends the job when the ranks lost each other (lost_peers()).
+  ~MpiRanks() {
+    if (deadline_.lost()) MPI_Abort(layout_.comm(), 1);
+  }
 
   Local& local() { return static_cast<Derived&>(*this).local_; }
   const Local& local() const { return static_cast<const Derived&>(*this).local_; }
 
-  std::unique_ptr<mpi::Session> session_;  ///< set when this initialized MPI: finalized last
-  MpiLayout layout_;                       ///< who is who, communicators, tags
-  FaultAgreement agreement_;               ///< the fault protocol
-  RankClocks clocks_{layout_};             ///< the common clock, merged traces and timings
-  MpiCollectives collectives_{layout_};    ///< between steps
-  OptimizerShares shares_{layout_};        ///< ZeRO-1
+  std::unique_ptr<mpi::Session> session_;         ///< set when this initialized MPI: finalized last
+  MpiLayout layout_;                              ///< who is who, communicators, tags
+  PeerDeadline deadline_;                         ///< of every wait for a peer
+  FaultAgreement agreement_{layout_, deadline_};  ///< the fault protocol
+  RankClocks clocks_{layout_, deadline_};         ///< one clock, traces and timings
+  MpiCollectives collectives_{layout_, deadline_};  ///< between steps
+  OptimizerShares shares_{layout_, deadline_};      ///< ZeRO-1
 };
 
 }  // namespace gpipe::detail

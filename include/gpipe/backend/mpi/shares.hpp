@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpipe/backend/mpi/check.hpp"
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 #include "gpipe/error.hpp"
 
@@ -27,16 +28,20 @@ constexpr std::pair<std::size_t, std::size_t> replica_share(std::size_t n, std::
 /// steps.
 class OptimizerShares {
  public:
-  /// Over `layout`'s replicas; `layout` must outlive this.
-  explicit OptimizerShares(const MpiLayout& layout) : layout_(layout) {}
+  /// Over `layout`'s replicas, waiting for them until `deadline`; both must outlive this.
+  OptimizerShares(const MpiLayout& layout, PeerDeadline& deadline)
+      : layout_(layout), deadline_(deadline) {}
 
   /// Collective over the replicas: `values` (n elements of host memory or of this rank's device)
   /// <- every replica's share of them (replica_share(n, R, r) from replica r), in place.
   void allgather(std::span<float> values) {
     const Shares s = shares_of(values.size());
-    check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), s.counts.data(),
-                             s.offsets.data(), MPI_FLOAT, layout_.replicas_comm()),
-              "MPI_Allgatherv");
+    deadline_.require_together();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), s.counts.data(),
+                              s.offsets.data(), MPI_FLOAT, layout_.replicas_comm(), &request),
+              "MPI_Iallgatherv");
+    deadline_.complete(request, "the optimizer shares' gather");
   }
   /// Collective over the replicas: the n elements of which each replica holds its share (`mine`,
   /// replica_share(n, R, r)'s size), whole on replica 0 and empty elsewhere.
@@ -47,9 +52,12 @@ class OptimizerShares {
             "a replica's share of " + std::to_string(n) + " elements has " +
                 std::to_string(s.counts[r]) + ", not " + std::to_string(mine.size()));
     std::vector<float> whole(r == 0 ? n : 0);
-    check_mpi(MPI_Gatherv(mine.data(), s.counts[r], MPI_FLOAT, whole.data(), s.counts.data(),
-                          s.offsets.data(), MPI_FLOAT, 0, layout_.replicas_comm()),
-              "MPI_Gatherv");
+    deadline_.require_together();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check_mpi(MPI_Igatherv(mine.data(), s.counts[r], MPI_FLOAT, whole.data(), s.counts.data(),
+                           s.offsets.data(), MPI_FLOAT, 0, layout_.replicas_comm(), &request),
+              "MPI_Igatherv");
+    deadline_.complete(request, "the optimizer shares' gather");
     return whole;
   }
 
@@ -69,6 +77,7 @@ class OptimizerShares {
   }
 
   const MpiLayout& layout_;
+  PeerDeadline& deadline_;
 };
 
 }  // namespace gpipe::detail

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -14,6 +15,7 @@
 
 #include "gpipe/backend/common.hpp"
 #include "gpipe/backend/mpi/check.hpp"
+#include "gpipe/backend/mpi/deadline.hpp"
 #include "gpipe/backend/mpi/layout.hpp"
 #include "gpipe/error.hpp"
 
@@ -55,8 +57,9 @@ class SumOrder {
 /// thread-safe: the backend holds its lock.
 class MpiGradientSums {
  public:
-  /// Over `layout`'s replicas, which must outlive this.
-  explicit MpiGradientSums(const MpiLayout& layout) : layout_(layout) {}
+  /// Over `layout`'s replicas, waiting for them until `deadline`; both must outlive this.
+  MpiGradientSums(const MpiLayout& layout, PeerDeadline& deadline)
+      : layout_(layout), deadline_(deadline) {}
 
   /// The step's arrays, in the order start_next() will start them (see SumOrder::expect).
   void expect(std::vector<std::span<float>> values) {
@@ -84,17 +87,19 @@ class MpiGradientSums {
     }
   }
   /// Between steps: starts the expected sums not started, then waits for all. Every rank of the
-  /// replicas starts the same sums, so the wait ends unless a rank died, which ends the job.
+  /// replicas starts the same sums, so the wait ends unless a rank is stuck or dead: then it
+  /// throws past the deadline, and the ranks are lost (deadline.hpp).
   template <class Now>
   void finish(Now now_us) {
+    deadline_.require_together();
     while (!order_.all_started()) start_next(WorkLabel::none, now_us());
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      int index = MPI_UNDEFINED;
-      check_mpi(MPI_Waitany(static_cast<int>(requests_.size()), requests_.data(), &index,
-                            MPI_STATUS_IGNORE),
-                "MPI_Waitany");
-      if (index == MPI_UNDEFINED) break;  // every one had completed before
-      completed(static_cast<std::size_t>(index), now_us());
+    const auto start = PeerDeadline::Clock::now();
+    for (int polls = 0;; ++polls) {
+      test(now_us());
+      if (std::ranges::all_of(requests_, [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+        break;
+      if (deadline_.passed(start)) deadline_.give_up("the gradient sums over the replicas");
+      pause_between_polls(polls);
     }
     requests_.clear();
     in_flight_.clear();
@@ -123,6 +128,7 @@ class MpiGradientSums {
     double start_us = 0;
   };
   const MpiLayout& layout_;
+  PeerDeadline& deadline_;
   SumOrder order_;
   std::vector<MPI_Request> requests_;
   std::vector<InFlight> in_flight_;  ///< [i] of requests_[i]
