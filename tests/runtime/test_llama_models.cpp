@@ -2,9 +2,9 @@
 // RMSNorm, a bias-free head): for K in {1, 2, 4} stages, several schedules, M in {1, 3} and remat
 // never / always, the loss and every gradient equal the unpipelined double-precision model;
 // MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
-// device gives the one-thread step; the memory model predicts the activation peak; Hugging Face's
-// names save and load, skip rotary buffers and refuse a tensor of another shape; a head tied to
-// the embedding.
+// device gives the one-thread step; the memory model predicts the activation and document-id peaks;
+// Hugging Face's names save and load, skip rotary buffers and refuse a tensor of another shape; a
+// head tied to the embedding.
 
 #include <doctest/doctest.h>
 
@@ -50,6 +50,13 @@ std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
 
 const std::vector<std::int32_t> tokens = random_tokens(samples * T, 1);
 const std::vector<std::int32_t> targets = random_tokens(samples * T, 2);
+// Packed documents: runs ending inside samples, an id that comes back after another, a run across
+// a border.
+const std::vector<std::int32_t> documents = [] {
+  std::vector<std::int32_t> out(samples * T);
+  for (std::size_t r = 0; r < out.size(); ++r) out[r] = static_cast<std::int32_t>(r / 3 % 4);
+  return out;
+}();
 
 // Float pipelined runs against the double reference: relative to each tensor's largest entry.
 constexpr double gradient_tolerance = 2e-6;
@@ -136,10 +143,6 @@ TEST_SUITE("llama models") {
   }
 
   TEST_CASE("a pipelined Llama step on packed documents equals the unpipelined model") {
-    // runs ending inside samples, an id that comes back after another, a run across a border
-    std::vector<std::int32_t> documents(samples * T);
-    for (std::size_t r = 0; r < documents.size(); ++r)
-      documents[r] = static_cast<std::int32_t>(r / 3 % 4);
     const std::vector<float> rows(tokens.begin(), tokens.end());
     auto check = [&]<class Model, class Schedule>(std::size_t m, Remat remat) {
       CAPTURE(Model::num_stages);
@@ -266,25 +269,40 @@ TEST_SUITE("llama models") {
     }
   }
 
-  TEST_CASE("the memory model predicts a Llama's activation peak exactly") {
-    for (std::size_t m : {1u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always}) {
-        CAPTURE(m);
-        CAPTURE(to_string(remat));
-        host::Backend backend(4);
-        Trainer<Llama4, SoftmaxCrossEntropy, host::Backend, OneFOneB> trainer(
-            backend, {.micro_batches = m, .remat = remat});
-        const auto predicted = predict_memory<Llama4>(trainer.schedule(), samples * T, remat);
-        backend.reset_peak();
+  TEST_CASE("the memory model predicts a Llama's activation and document-id peaks exactly") {
+    // document ids live per (stage, micro-batch) from F to W: ZB-H1 runs W long after B
+    auto check = [&]<class Schedule>(std::size_t m, Remat remat, bool packed) {
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(packed);
+      host::Backend backend(4);
+      Trainer<Llama4, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
+          backend, {.micro_batches = m, .remat = remat});
+      const auto predicted =
+          predict_memory<Llama4>(trainer.schedule(), samples * T, remat, 0, 4, true, packed);
+      backend.reset_peak();
+      if (packed)
+        trainer.forward_backward(tokens, targets, documents);
+      else
         trainer.forward_backward(tokens, targets);
-        for (std::size_t d = 0; d < 4; ++d) {
-          CAPTURE(d);
-          const MemoryStats stats = backend.memory_stats(d);
-          CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
-          CHECK(stats.peak <= predicted[d].total_bound());
-        }
+      for (std::size_t d = 0; d < 4; ++d) {
+        CAPTURE(d);
+        const MemoryStats stats = backend.memory_stats(d);
+        CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+        CHECK(stats.peak_of(MemoryKind::other) == predicted[d].documents_peak);
+        CHECK(stats.current_of(MemoryKind::other) == 0);
+        CHECK(stats.peak <= predicted[d].total_bound());
+        // each device holds at least one micro-batch's ids, and at most all of them
+        CHECK((predicted[d].documents_peak > 0) == packed);
+        CHECK(predicted[d].documents_peak <= samples * T * sizeof(std::int32_t));
       }
-    }
+    };
+    for (bool packed : {false, true})
+      for (std::size_t m : {1u, 3u})
+        for (Remat remat : {Remat::never, Remat::always}) {
+          check.template operator()<OneFOneB>(m, remat, packed);
+          check.template operator()<ZeroBubbleH1>(m, remat, packed);
+        }
   }
 
   TEST_CASE("Hugging Face's names: save writes them, load reads them and skips rotary buffers") {
