@@ -414,26 +414,39 @@ class Run {
   }
 
   // o_.sample tokens after a T-token prompt of held-out text, each drawn from softmax(logits /
-  // 0.8) at the last position. With documents the prompt starts where a held-out document does,
-  // and the context's tokens carry their documents (a generated separator ends one).
+  // 0.8) at the last position. With documents the prompt is the first half of a held-out
+  // document (the context's earlier tokens are other documents, which attention does not see),
+  // and the model writes until it ends that document with a separator: a document's first token
+  // is never a target, so what would follow one is not learned.
   void write_sample() {
     if (o_.sample == 0) return;
     const std::vector<std::int32_t>& held_out = corpus_.validation;
     const std::vector<std::int32_t>& held_out_documents = corpus_.validation_documents;
-    std::size_t first = 0;
+    std::size_t end = T, begin = 0;  // the prompt, held_out[begin, end)
     if (!held_out_documents.empty()) {
-      first = std::find(held_out_documents.begin(), held_out_documents.end(), 1) -
-              held_out_documents.begin();
-      if (first + T > held_out.size()) first = 0;
+      // the first document with T tokens before it: its first half (at least one token)
+      begin = static_cast<std::size_t>(
+          std::find_if(held_out_documents.begin() + static_cast<std::ptrdiff_t>(T),
+                       held_out_documents.end(), [&](std::int32_t d) { return d > 0; }) -
+          held_out_documents.begin());
+      begin = std::max<std::size_t>(T, begin);
+      if (begin >= held_out.size()) begin = T;  // (one document: the held-out text's middle)
+      std::size_t length = 1;
+      while (begin + length < held_out.size() &&
+             held_out_documents[begin + length] == held_out_documents[begin])
+        ++length;
+      end = begin + std::max<std::size_t>(1, length / 2);
     }
-    const auto begin = held_out.begin() + static_cast<std::ptrdiff_t>(first);
-    std::vector<std::int32_t> context(begin, begin + static_cast<std::ptrdiff_t>(T));
-    const std::vector<std::int32_t> prompt = context;
-    std::vector<std::int32_t> documents;  // the context's, counted from its first token's
+    const auto at = [&](std::size_t i) {
+      return held_out.begin() + static_cast<std::ptrdiff_t>(i);
+    };
+    std::vector<std::int32_t> context(at(end - T), at(end));
+    const std::vector<std::int32_t> prompt(at(begin), at(end));
+    std::vector<std::int32_t> documents;  // the context's
     if (!held_out_documents.empty())
-      for (std::size_t t = 0; t < T; ++t)
-        documents.push_back(held_out_documents[first + t] - held_out_documents[first]);
-    std::vector<std::int32_t> history = prompt;  // the prompt and what the model wrote
+      documents.assign(held_out_documents.begin() + static_cast<std::ptrdiff_t>(end - T),
+                       held_out_documents.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<std::int32_t> written = prompt;  // the document: the prompt, then the model's
     gpipe::Rng rng(o_.seed + 99);
     std::vector<std::int32_t> out;
     std::vector<double> p(V);
@@ -451,11 +464,10 @@ class Run {
       context.erase(context.begin());
       context.push_back(static_cast<std::int32_t>(next));
       if (documents.empty()) continue;
-      // the new token's document: the last one's, or the next where a separator just ended
-      const bool starts = train_gpt::ends_with(history, history.size(), corpus_.separator);
-      history.push_back(static_cast<std::int32_t>(next));
+      written.push_back(static_cast<std::int32_t>(next));
+      if (train_gpt::ends_with(written, written.size(), corpus_.separator)) break;  // its end
       documents.erase(documents.begin());
-      documents.push_back(documents.back() + (starts ? 1 : 0));
+      documents.push_back(documents.back());
     }
     if (!prints_) return;
     const auto text = [&](const std::vector<std::int32_t>& ids) {
