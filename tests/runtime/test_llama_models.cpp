@@ -21,6 +21,7 @@
 #include "support/errors.hpp"
 #include "support/reference_model.hpp"
 #include "support/temp_path.hpp"
+#include "support/token_models.hpp"
 
 namespace {
 
@@ -41,15 +42,8 @@ using Llama4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Stage<RMSNorm<D>
 static_assert(Llama2::is_token_model && Llama2::tokens_per_sample == T && Llama2::vocab_size == V);
 static_assert(Llama2::in_features == 1 && Llama2::out_features == V);
 
-std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> out(n);
-  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  return out;
-}
-
-const std::vector<std::int32_t> tokens = random_tokens(samples * T, 1);
-const std::vector<std::int32_t> targets = random_tokens(samples * T, 2);
+const std::vector<std::int32_t> tokens = random_tokens(samples * T, V, 1);
+const std::vector<std::int32_t> targets = random_tokens(samples * T, V, 2);
 // Packed documents: runs ending inside samples, an id that comes back after another, a run across
 // a border.
 const std::vector<std::int32_t> documents = [] {
@@ -58,30 +52,12 @@ const std::vector<std::int32_t> documents = [] {
   return out;
 }();
 
-// Float pipelined runs against the double reference: relative to each tensor's largest entry.
-constexpr double gradient_tolerance = 2e-6;
-constexpr double loss_tolerance = 1e-6;
+constexpr double gradient_tolerance = token_gradient_tolerance;
+constexpr double loss_tolerance = token_loss_tolerance;
 
 template <class Model, class Schedule>
 void check_against_reference(std::size_t m, Remat remat) {
-  CAPTURE(Model::num_stages);
-  CAPTURE(m);
-  CAPTURE(to_string(remat));
-  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m, .remat = remat, .seed = 3});
-  const float loss = trainer.forward_backward(tokens, targets);
-  const std::vector<float> rows(tokens.begin(), tokens.end());
-  const ReferenceResult ref =
-      reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), rows, targets);
-  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-  const NamedTensors grads = gradients_of(trainer);
-  REQUIRE(grads.size() == ref.gradients.size());
-  for (const auto& entry : grads) {
-    const std::string& name = entry.first;
-    CAPTURE(name);
-    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
-  }
+  check_token_step<Model, Schedule>(m, remat, tokens, targets);
 }
 
 template <class Schedule>
@@ -95,14 +71,6 @@ void check_schedule() {
       check_against_reference<Llama4, Schedule>(m, remat);
     }
   }
-}
-
-// f() throws a gpipe::Error whose message contains `part`.
-template <class F>
-void check_error(F&& f, std::string_view part) {
-  const std::string message = error_of(f);
-  CAPTURE(message);
-  CHECK(contains(message, part));
 }
 
 double relative_difference(const std::vector<float>& got, const std::vector<float>& want) {
@@ -143,31 +111,20 @@ TEST_SUITE("llama models") {
   }
 
   TEST_CASE("a pipelined Llama step on packed documents equals the unpipelined model") {
+    // the documents change the step
+    host::Backend one(1);
+    const NamedTensors params =
+        parameters_of(Trainer<Llama1, SoftmaxCrossEntropy, host::Backend>(one, {.seed = 3}));
     const std::vector<float> rows(tokens.begin(), tokens.end());
-    auto check = [&]<class Model, class Schedule>(std::size_t m, Remat remat) {
-      CAPTURE(Model::num_stages);
-      CAPTURE(m);
-      CAPTURE(to_string(remat));
-      host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-      Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = 3});
-      const float loss = trainer.forward_backward(tokens, targets, documents);
-      const ReferenceResult ref = reference_step<Model, SoftmaxCrossEntropy>(
-          parameters_of(trainer), rows, targets, documents);
-      const ReferenceResult whole =
-          reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), rows, targets);
-      CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-      CHECK(std::abs(ref.loss - whole.loss) > 1e-4);  // the documents change the step
-      for (const auto& [name, grad] : gradients_of(trainer)) {
-        CAPTURE(name);
-        CHECK(relative_error(grad, ref.gradients.at(name)) < gradient_tolerance);
-      }
-    };
+    const double packed =
+        reference_step<Llama1, SoftmaxCrossEntropy>(params, rows, targets, documents).loss;
+    CHECK(std::abs(packed -
+                   reference_step<Llama1, SoftmaxCrossEntropy>(params, rows, targets).loss) > 1e-4);
     for (std::size_t m : {1u, 3u})
       for (Remat remat : {Remat::never, Remat::always}) {
-        check.operator()<Llama1, OneFOneB>(m, remat);
-        check.operator()<Llama2, ZeroBubbleH1>(m, remat);
-        check.operator()<Llama4, Interleaved<2>>(m, remat);
+        check_token_step<Llama1, OneFOneB>(m, remat, tokens, targets, documents);
+        check_token_step<Llama2, ZeroBubbleH1>(m, remat, tokens, targets, documents);
+        check_token_step<Llama4, Interleaved<2>>(m, remat, tokens, targets, documents);
       }
   }
 
@@ -206,7 +163,8 @@ TEST_SUITE("llama models") {
     constexpr std::size_t To = 7, Fo = 25;
     using Odd = Pipeline<Stage<TokenEmbedding<V, To, D>, LlamaBlock<D, H, KVH, Fo>>,
                          Stage<RMSNorm<D>, Linear<D, V, false>>>;
-    const std::vector<std::int32_t> x = random_tokens(3 * To, 7), y = random_tokens(3 * To, 8);
+    const std::vector<std::int32_t> x = random_tokens(3 * To, V, 7),
+                                    y = random_tokens(3 * To, V, 8);
     host::Backend backend(2);
     Trainer<Odd, SoftmaxCrossEntropy, host::Backend, OneFOneB, Fp32> fp32(backend, {.seed = 3});
     Trainer<Odd, SoftmaxCrossEntropy, host::Backend, OneFOneB, MixedBf16> bf16(backend,
@@ -250,23 +208,8 @@ TEST_SUITE("llama models") {
     host::Team pair(2);
     REQUIRE(host::Kernels<float>(0, &pair).split(4 * Tt, Dt).parts == 2);
     REQUIRE(host::Kernels<float>(0, &pair).split(4, Tt * (Ht + KVHt) * (Dt / Ht)).parts == 2);
-    Rng rng(4);
-    std::vector<std::int32_t> x(n * Tt), y(n * Tt);
-    for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    host::Backend one(2), team(2, {.threads_per_device = 2});
-    for (Remat remat : {Remat::never, Remat::always}) {
-      CAPTURE(to_string(remat));
-      Trainer<Llama, SoftmaxCrossEntropy, host::Backend, OneFOneB> alone(
-          one, {.micro_batches = 2, .remat = remat, .seed = 5}),
-          split(team, {.micro_batches = 2, .remat = remat, .seed = 5});
-      CHECK(split.forward_backward(x, y) ==
-            doctest::Approx(alone.forward_backward(x, y)).epsilon(1e-6));
-      for (const auto& info : alone.parameter_info()) {
-        CAPTURE(info.name);
-        CHECK(relative_error(split.gradient(info.name), alone.gradient(info.name)) < 1e-6);
-      }
-    }
+    check_team_gives_one_thread_step<Llama>(random_tokens(n * Tt, Vt, 4),
+                                            random_tokens(n * Tt, Vt, 5));
   }
 
   TEST_CASE("the memory model predicts a Llama's activation and document-id peaks exactly") {

@@ -18,7 +18,8 @@ namespace gpipe {
 
 /// The rotary embedding on the host (RopeOp's contract), per sample: its positions from the
 /// document ids (host::document_positions; without them, the row's index in its sample), then per
-/// row hd/2 angles shared by its heads.
+/// row the hd/2 angles of its position (a table of every position's, computed once a call),
+/// shared by its heads.
 template <class T>
 struct LayerKernels<RopeOp, host::KernelContext<T>> {
   /// x (rows, ld): its first `heads` heads rotated in place (RopeOp).
@@ -48,27 +49,33 @@ void LayerKernels<RopeOp, host::KernelContext<T>>::rotate(host::KernelContext<T>
                                                           const std::int32_t* document, T* x,
                                                           bool transpose) {
   const std::size_t half = head_size / 2, samples = rows / tokens;
+  // cos and sin of every (position, frequency) once a call (positions are below `tokens`), not
+  // once a row: (tokens, half) each
+  std::vector<double> cos(tokens * half), sin(tokens * half);
+  for (std::size_t i = 0; i < half; ++i) {
+    const double inv_freq =
+        std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
+    for (std::size_t p = 0; p < tokens; ++p) {
+      const double angle = static_cast<double>(p) * inv_freq;
+      cos[p * half + i] = std::cos(angle);
+      sin[p * half + i] = transpose ? -std::sin(angle) : std::sin(angle);
+    }
+  }
   k.in_blocks(samples, tokens * heads * head_size, [&](std::size_t first, std::size_t count) {
     std::vector<std::size_t> position;
-    std::vector<double> cos(half), sin(half);
     for (std::size_t b = first; b < first + count; ++b) {
       host::document_positions(tokens, tokens,
                                document == nullptr ? nullptr : document + b * tokens, position);
       for (std::size_t t = 0; t < tokens; ++t) {
-        const auto p = static_cast<double>(position[t]);
-        for (std::size_t i = 0; i < half; ++i) {
-          const double angle =
-              p * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_size));
-          cos[i] = std::cos(angle);
-          sin[i] = transpose ? -std::sin(angle) : std::sin(angle);
-        }
+        const double* c_t = cos.data() + position[t] * half;
+        const double* s_t = sin.data() + position[t] * half;
         T* row = x + (b * tokens + t) * ld;
         for (std::size_t h = 0; h < heads; ++h) {
           T* head = row + h * head_size;
           for (std::size_t i = 0; i < half; ++i) {
             const double a = static_cast<double>(head[i]), c = static_cast<double>(head[i + half]);
-            head[i] = static_cast<T>(a * cos[i] - c * sin[i]);
-            head[i + half] = static_cast<T>(c * cos[i] + a * sin[i]);
+            head[i] = static_cast<T>(a * c_t[i] - c * s_t[i]);
+            head[i + half] = static_cast<T>(c * c_t[i] + a * s_t[i]);
           }
         }
       }
