@@ -19,22 +19,11 @@ Exits 0 with {"skipped": "..."} when torch cannot be imported, so callers can te
 import argparse
 import json
 import math
-import os
-import statistics
 import sys
-import time
+
+from pytorch_timing import loaded_blas, median_step_ms
 
 V, T, D, H, KVH, F, BLOCKS, B = 32000, 256, 384, 6, 2, 1024, 6, 8
-
-
-def loaded_blas():
-    """The BLAS libraries mapped into this process (resolved paths), or "unknown"."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line}
-    except OSError:
-        return "unknown"
-    return ", ".join(sorted({os.path.realpath(p) for p in paths})) or "unknown"
 
 
 def document_borders(documents):
@@ -139,14 +128,7 @@ def main():
 
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
-        step()  # faults in the activations' pages
-        times = []
-        start = time.perf_counter()
-        while not times or time.perf_counter() - start < args.min_time:
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-        ms = statistics.median(times)
+        ms, times = median_step_ms(step, args.min_time)
         print(json.dumps({"name": f"torch/threads:{threads}" +
                           (f"/docs:{args.documents}" if args.documents > 1 else ""),
                           "step_ms": ms, "tokens_per_s": B * T / (ms / 1e3), "steps": len(times),
