@@ -48,7 +48,8 @@ struct RopeOp {};
 /// The SwiGLU gate's kernels, per backend (LayerKernels<SwiGLUOp, Ctx>), x (rows, 2F) = [g | u]:
 ///   forward(ctx, rows, F, x, y (rows, F))              y = silu(g) u, silu(g) = g / (1 + e^-g)
 ///   backward(ctx, rows, F, x, dy, dx (rows, 2F))       dg = dy u silu'(g), du = dy silu(g)
-/// in double, each result rounded once; silu'(g) = s (1 + g (1 - s)), s = 1 / (1 + e^-g).
+/// in float or wider (at least master_t's precision), each result rounded once to the activation
+/// type; silu'(g) = s (1 + g (1 - s)), s = 1 / (1 + e^-g).
 struct SwiGLUOp {};
 
 namespace detail {
