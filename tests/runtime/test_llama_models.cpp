@@ -213,7 +213,8 @@ TEST_SUITE("llama models") {
   }
 
   TEST_CASE("the memory model predicts a Llama's activation and document-id peaks exactly") {
-    // document ids live per (stage, micro-batch) from F to W: ZB-H1 runs W long after B
+    // document ids live per (stage, micro-batch) from F to W (ZB-H1 runs W long after B), in
+    // predict's inference program for its F
     auto check = [&]<class Schedule>(std::size_t m, Remat remat, bool packed) {
       CAPTURE(m);
       CAPTURE(to_string(remat));
@@ -238,6 +239,21 @@ TEST_SUITE("llama models") {
         // each device holds at least one micro-batch's ids, and at most all of them
         CHECK((predicted[d].documents_peak > 0) == packed);
         CHECK(predicted[d].documents_peak <= samples * T * sizeof(std::int32_t));
+      }
+      // predict's inference program frees each micro-batch's ids at the end of its forward
+      const auto inference = predict_memory<Llama4>(inference_schedule_for(trainer.schedule(), m),
+                                                    samples * T, Remat::never, 0, 4, true, packed);
+      backend.reset_peak();
+      if (packed)
+        (void)trainer.predict(tokens, documents);
+      else
+        (void)trainer.predict(tokens);
+      for (std::size_t d = 0; d < 4; ++d) {
+        CAPTURE(d);
+        const MemoryStats stats = backend.memory_stats(d);
+        CHECK(stats.peak_of(MemoryKind::activations) == inference[d].activations_peak);
+        CHECK(stats.peak_of(MemoryKind::other) == inference[d].documents_peak);
+        CHECK(stats.current_of(MemoryKind::other) == 0);
       }
     };
     for (bool packed : {false, true})

@@ -105,13 +105,15 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
 }
 
 // The peak of device d's document ids, in bytes: 4 a row of each (stage, micro-batch) from its F
-// to its W, replayed in list order as the executor holds them.
+// to its W (to the F's end in an inference program), replayed in list order as the executor
+// holds them.
 inline std::size_t documents_peak(const Schedule& schedule, std::size_t d,
                                   const MicroBatchSplit& split) {
   std::size_t current = 0, peak = 0;
   for (const Op& op : schedule.ops[d]) {
     const std::size_t bytes = split.size(op.micro_batch) * sizeof(std::int32_t);
-    if (op.kind == OpKind::forward) peak = std::max(peak, current += bytes);
+    if (op.kind == OpKind::forward) peak = std::max(peak, current + bytes);
+    if (op.kind == OpKind::forward && !schedule.forward_only) current += bytes;
     if (op.kind == OpKind::backward_weight) current -= bytes;
   }
   return peak;
