@@ -145,6 +145,7 @@ const char* const usage = R"(usage: example_train_gpt [options]
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool separator_given = false;
   const auto number = [](std::string_view flag, const char* text) {
     char* end = nullptr;
     const double v = std::strtod(text, &end);
@@ -176,9 +177,10 @@ Options parse(int argc, char** argv) {
         throw gpipe::Error("train_gpt: --model is gpt or llama, got \"" + std::string(value) +
                            "\"");
       o.llama = std::string_view(value) == "llama";
-    } else if (flag == "--separator")
+    } else if (flag == "--separator") {
       o.separator = value;
-    else if (flag == "--out")
+      separator_given = true;
+    } else if (flag == "--out")
       o.out = value;
     else if (flag == "--steps")
       o.steps = count();
@@ -220,6 +222,10 @@ Options parse(int argc, char** argv) {
   if (o.steps == 0 || o.batch == 0 || o.accumulate == 0 || o.replicas == 0)
     throw gpipe::Error("train_gpt: --steps, --batch, --accumulate and --replicas must be >= 1");
   if (o.separator.empty()) throw gpipe::Error("train_gpt: --separator needs at least one byte");
+  if (separator_given && !o.llama)
+    throw gpipe::Error(
+        "train_gpt: --separator packs documents for --model llama; the GPT trains "
+        "on windows of the text as it is");
   if (o.data.empty()) o.data = train_gpt::fortune_files();
   return o;
 }
