@@ -31,14 +31,13 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <gpipe/gpipe.hpp>
 #include <gpipe/runtime/measure_costs.hpp>
 #include <optional>
 #include <type_traits>
 #include <vector>
+
+#include "support/warmup_steps.hpp"
 
 namespace {
 
@@ -198,21 +197,7 @@ void register_all() {
 
 }  // namespace
 
-// Takes --warmup_steps=N (N >= 0) out of argv before Google Benchmark parses it.
+// --warmup_steps=N (support/warmup_steps.hpp).
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strncmp(argv[i], "--warmup_steps=", 15) == 0) {
-      char* end = nullptr;
-      warmup_steps = std::strtol(argv[i] + 15, &end, 10);
-      if (end == argv[i] + 15 || *end != '\0' || warmup_steps < 0) {
-        std::fprintf(stderr, "bench_gpt_step: --warmup_steps needs a whole number >= 0\n");
-        return 1;
-      }
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return 0;
+  return gpipe::bench::take_warmup_steps(argc, argv, "bench_gpt_step", warmup_steps);
 }

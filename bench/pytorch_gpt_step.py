@@ -14,9 +14,9 @@ Exits 0 with {"skipped": "..."} when torch cannot be imported.
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
+
+from pytorch_timing import median_step_ms
 
 
 def main():
@@ -88,14 +88,7 @@ def main():
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         for name, run in [("torch", step)] + ([("torch-autocast-bf16", bf16_step)] if args.autocast else []):
-            run()
-            times = []
-            start = time.perf_counter()
-            while not times or time.perf_counter() - start < args.min_time:
-                t0 = time.perf_counter()
-                run()
-                times.append(1e3 * (time.perf_counter() - t0))
-            ms = statistics.median(times)
+            ms, times = median_step_ms(run, args.min_time)
             print(json.dumps({"name": f"{name}/threads:{threads}", "step_ms": ms,
                               "tokens_per_s": B * T / (ms / 1e3), "steps": times,
                               "torch": torch.__version__}), flush=True)

@@ -19,20 +19,11 @@ reference BLAS installed, `libblas3`, PyTorch runs about 20 times slower than wi
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-
-def loaded_blas():
-    """The BLAS libraries mapped into this process (resolved paths), or "unknown"."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line}
-    except OSError:
-        return "unknown"
-    return ", ".join(sorted({os.path.realpath(p) for p in paths})) or "unknown"
+from pytorch_timing import loaded_blas
 
 
 def main():

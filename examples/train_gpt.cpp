@@ -1,6 +1,8 @@
 // Trains a GPT-2-shaped model (token and position embeddings, pre-norm blocks, a final LayerNorm,
-// an LM head tied to the token embedding) in 4 pipeline stages: on 4 host devices (threads), or,
-// as example_train_gpt_mpi, on 4 x R MPI ranks (R data-parallel replicas). A training run as
+// an LM head tied to the token embedding), or with --model llama a Llama-shaped one (a token
+// table, LlamaBlocks, RMSNorm, an untied head) on packed documents, in 4 pipeline stages: on 4
+// host devices (threads), or, as example_train_gpt_mpi, on 4 x R MPI ranks (R data-parallel
+// replicas). A training run as
 // nanoGPT and llm.c do it: AdamW with nanoGPT's two groups (no weight decay on biases and
 // LayerNorms), a linear warmup and a cosine learning rate, global-norm gradient clipping,
 // gradient accumulation, validation every N steps, a checkpoint every N steps that --resume
@@ -44,6 +46,45 @@ using Gpt = gpipe::Pipeline<gpipe::Stage<gpipe::Embedding<V, T, D>, Block>, gpip
                             gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V, false>>>;
 constexpr std::size_t head_layer = 6;  // Embedding, 4 blocks, LayerNorm, head
 
+// Llama's shape at the same width: 4 query heads on 2 key/value heads, SwiGLU's F about 8/3 D.
+constexpr std::size_t KVH = 2, F = 352;
+using LlamaLayer = gpipe::LlamaBlock<D, H, KVH, F>;
+template <std::size_t V>
+using Llama =
+    gpipe::Pipeline<gpipe::Stage<gpipe::TokenEmbedding<V, T, D>, LlamaLayer>,
+                    gpipe::Stage<LlamaLayer>, gpipe::Stage<LlamaLayer>,
+                    gpipe::Stage<LlamaLayer, gpipe::RMSNorm<D>, gpipe::Linear<D, V, false>>>;
+
+// What a run needs to know of each model family: its pipeline for a vocabulary V, ties, file
+// names and the parameters nanoGPT's FLOP estimate leaves out. (Llama trains on packed
+// documents: main marks them in the corpus.)
+struct GptFamily {
+  template <std::size_t V>
+  using model = Gpt<V>;
+  static constexpr const char* name = "GPT";
+  static constexpr const char* shape = "4 blocks";
+  static std::vector<gpipe::Tie> ties() {
+    return {{.parameter = std::to_string(head_layer) + ".weight", .to = "0.wte.weight"}};
+  }
+  template <class Model>
+  static gpipe::NameMap names() {
+    return gpipe::nanogpt_names<Model>();  // nanoGPT's
+  }
+  static constexpr std::size_t embedding_params(std::size_t V) { return (V + T) * D; }
+};
+struct LlamaFamily {
+  template <std::size_t V>
+  using model = Llama<V>;
+  static constexpr const char* name = "Llama";
+  static constexpr const char* shape = "4 LlamaBlocks, 4 heads on 2 key/value heads, F 352";
+  static std::vector<gpipe::Tie> ties() { return {}; }
+  template <class Model>
+  static gpipe::NameMap names() {
+    return gpipe::hf_llama_names<Model>();  // Hugging Face's
+  }
+  static constexpr std::size_t embedding_params(std::size_t V) { return V * D; }
+};
+
 #ifdef GPIPE_TRAIN_GPT_MPI
 using Backend = gpipe::mpi::Backend;
 #else
@@ -60,12 +101,22 @@ struct Options {
   double memory_limit_mib = 0;              // per device; 0: none
   double skip_loss_z = 0, skip_norm_z = 0;  // spike guards' thresholds; 0: off
   bool resume = false, quiet = false, bf16 = false, plan = false;
+  bool llama = false;                 // --model llama
+  std::string separator = "\\n%\\n";  // --separator, C escapes not yet read
 };
 
 const char* const usage = R"(usage: example_train_gpt [options]
   --data PATH            a text file (read as bytes) or an llm.c token shard; repeat for more
                          (default: Debian's fortunes, /usr/share/games/fortunes)
   --out DIR              log.csv, loss.svg, checkpoint/, model.safetensors (default train_gpt_out)
+  --model gpt|llama      GPT-2's shape (gpt, the default) or Llama's (a token table, 4 LlamaBlocks
+                         of 4 heads on 2 key/value heads, RMSNorm, an untied head; saved under
+                         Hugging Face's names), which trains on packed documents: each sample's
+                         tokens carry their document (attention and positions stay inside it)
+                         and the targets across a border are ignored (-100)
+  --separator TEXT       where a document of text ends (--model llama; escapes \n, \t, \\):
+                         default "\n%\n", the line between fortune cookies; llm.c shards end
+                         documents with GPT-2's <|endoftext|> (50256)
   --steps N              optimizer steps (600)
   --batch B              samples of 64 tokens per forward_backward (16)
   --accumulate A         forward_backward calls per step, gradients averaged (1)
@@ -94,6 +145,7 @@ const char* const usage = R"(usage: example_train_gpt [options]
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool separator_given = false;
   const auto number = [](std::string_view flag, const char* text) {
     char* end = nullptr;
     const double v = std::strtod(text, &end);
@@ -120,7 +172,15 @@ Options parse(int argc, char** argv) {
     const auto count = [&] { return static_cast<std::size_t>(number(flag, value)); };
     if (flag == "--data")
       o.data.emplace_back(value);
-    else if (flag == "--out")
+    else if (flag == "--model") {
+      if (std::string_view(value) != "gpt" && std::string_view(value) != "llama")
+        throw gpipe::Error("train_gpt: --model is gpt or llama, got \"" + std::string(value) +
+                           "\"");
+      o.llama = std::string_view(value) == "llama";
+    } else if (flag == "--separator") {
+      o.separator = value;
+      separator_given = true;
+    } else if (flag == "--out")
       o.out = value;
     else if (flag == "--steps")
       o.steps = count();
@@ -161,25 +221,33 @@ Options parse(int argc, char** argv) {
   }
   if (o.steps == 0 || o.batch == 0 || o.accumulate == 0 || o.replicas == 0)
     throw gpipe::Error("train_gpt: --steps, --batch, --accumulate and --replicas must be >= 1");
+  if (o.separator.empty()) throw gpipe::Error("train_gpt: --separator needs at least one byte");
+  if (separator_given && !o.llama)
+    throw gpipe::Error(
+        "train_gpt: --separator packs documents for --model llama; the GPT trains "
+        "on windows of the text as it is");
   if (o.data.empty()) o.data = train_gpt::fortune_files();
   return o;
 }
 
-// Mean cross-entropy of logits (rows, V) against targets, in double.
+// Mean cross-entropy of logits (rows, V) against the targets not ignored, in double.
 double cross_entropy(const std::vector<float>& logits, const std::vector<std::int32_t>& targets,
                      std::size_t V) {
   double sum = 0;
+  std::size_t counted = 0;
   for (std::size_t r = 0; r < targets.size(); ++r) {
+    if (targets[r] == gpipe::ignore_index) continue;
+    ++counted;
     const float* row = logits.data() + r * V;
     const float max = *std::max_element(row, row + V);
     double z = 0;
     for (std::size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v] - max));
     sum += std::log(z) - (row[targets[r]] - max);
   }
-  return sum / static_cast<double>(targets.size());
+  return sum / static_cast<double>(counted);
 }
 
-template <class Trainer>
+template <class Family, class Trainer>
 class Run {
  public:
   static constexpr std::size_t V = Trainer::model_type::vocab_size;
@@ -208,7 +276,7 @@ class Run {
       options.micro_batches = o.micro_batches;
     options.seed = o.seed;
     options.skip_non_finite = true;
-    options.ties = {{.parameter = std::to_string(head_layer) + ".weight", .to = "0.wte.weight"}};
+    options.ties = Family::ties();
     return options;
   }
 
@@ -226,12 +294,14 @@ class Run {
     const double first_validation = validation_loss();
     say("step %5zu  validation loss %.4f (a uniform guess: %.4f)\n", first, first_validation,
         std::log(static_cast<double>(V)));
-    std::vector<std::int32_t> x, y;
+    train_gpt::Batch batch;
     for (std::size_t step = first; step < o_.steps; ++step) {
       double loss = 0, bubble = 0;
       for (std::size_t a = 0; a < o_.accumulate; ++a) {
-        train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, x, y);
-        loss += trainer_.forward_backward(x, y);
+        train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, batch);
+        loss += batch.documents.empty()
+                    ? trainer_.forward_backward(batch.x, batch.y)
+                    : trainer_.forward_backward(batch.x, batch.y, batch.documents);
         bubble += trainer_.last_step().bubble_fraction;
       }
       const double accumulated = static_cast<double>(o_.accumulate);
@@ -279,12 +349,12 @@ class Run {
         trainer_.save_checkpoint(checkpoint, {{"next_step", std::to_string(step + 1)}});
     }
     trainer_.save(o_.out / "model.safetensors",
-                  gpipe::nanogpt_names<typename Trainer::model_type>());
+                  Family::template names<typename Trainer::model_type>());
     if (prints_) {
-      train_gpt::write_loss_curve(o_.out / "loss.svg", rows_,
-                                  "gpipe train_gpt: loss per step (" +
-                                      std::to_string(Trainer::model_type::num_params) +
-                                      " parameters)");
+      train_gpt::write_loss_curve(
+          o_.out / "loss.svg", rows_,
+          "gpipe train_gpt: " + std::string(Family::name) + " loss per step (" +
+              std::to_string(Trainer::model_type::num_params) + " parameters)");
       std::printf("wrote %s, %s and %s\n", log.c_str(), (o_.out / "loss.svg").c_str(),
                   (o_.out / "model.safetensors").c_str());
       if (trainer_.skipped_steps() > 0)
@@ -307,10 +377,11 @@ class Run {
     std::fflush(stdout);
   }
 
-  // nanoGPT's estimate: 6 N + 12 L D T per token, N without the embeddings (the tied head's
+  // nanoGPT's estimate: 6 N + 12 L D T per token, N without the embeddings (GPT's tied head's
   // GEMM is counted once, as N holds the head's copy of the tensor).
   static double flops_per_token() {
-    const double n = static_cast<double>(Trainer::model_type::num_params - (V + T) * D);
+    const double n =
+        static_cast<double>(Trainer::model_type::num_params - Family::embedding_params(V));
     return 6 * n + 12.0 * 4 * D * T;
   }
   // The GEMM peak of the cores this run uses. Threads: one thread's measured rate times the
@@ -337,27 +408,57 @@ class Run {
   // Mean loss on eval_batches fixed batches of the held-out tokens (forward only).
   double validation_loss() {
     gpipe::Rng rng(o_.seed + 12345);
-    std::vector<std::int32_t> x, y;
+    train_gpt::Batch b;
     double sum = 0;
     for (std::size_t i = 0; i < o_.eval_batches; ++i) {
-      train_gpt::draw_batch(corpus_.validation, std::min<std::size_t>(o_.batch, 8), T, rng, x, y);
-      sum += cross_entropy(trainer_.predict(x), y, V);
+      train_gpt::draw_batch(corpus_.validation, corpus_.validation_documents,
+                            std::min<std::size_t>(o_.batch, 8), T, rng, b);
+      sum += cross_entropy(
+          b.documents.empty() ? trainer_.predict(b.x) : trainer_.predict(b.x, b.documents), b.y, V);
     }
     return sum / static_cast<double>(o_.eval_batches);
   }
 
   // o_.sample tokens after a T-token prompt of held-out text, each drawn from softmax(logits /
-  // 0.8) at the last position.
+  // 0.8) at the last position. With documents the prompt is the first half of a held-out
+  // document (the context's earlier tokens are other documents, which attention does not see),
+  // and the model writes until it ends that document with a separator: a document's first token
+  // is never a target, so what would follow one is not learned.
   void write_sample() {
     if (o_.sample == 0) return;
-    std::vector<std::int32_t> context(corpus_.validation.begin(),
-                                      corpus_.validation.begin() + static_cast<std::ptrdiff_t>(T));
-    const std::vector<std::int32_t> prompt = context;
+    const std::vector<std::int32_t>& held_out = corpus_.validation;
+    const std::vector<std::int32_t>& held_out_documents = corpus_.validation_documents;
+    std::size_t end = T, begin = 0;  // the prompt, held_out[begin, end)
+    if (!held_out_documents.empty()) {
+      // the first document with T tokens before it: its first half (at least one token)
+      begin = static_cast<std::size_t>(
+          std::find_if(held_out_documents.begin() + static_cast<std::ptrdiff_t>(T),
+                       held_out_documents.end(), [&](std::int32_t d) { return d > 0; }) -
+          held_out_documents.begin());
+      begin = std::max<std::size_t>(T, begin);
+      if (begin >= held_out.size()) begin = T;  // (one document: the held-out text's middle)
+      std::size_t length = 1;
+      while (begin + length < held_out.size() &&
+             held_out_documents[begin + length] == held_out_documents[begin])
+        ++length;
+      end = begin + std::max<std::size_t>(1, length / 2);
+    }
+    const auto at = [&](std::size_t i) {
+      return held_out.begin() + static_cast<std::ptrdiff_t>(i);
+    };
+    std::vector<std::int32_t> context(at(end - T), at(end));
+    const std::vector<std::int32_t> prompt(at(begin), at(end));
+    std::vector<std::int32_t> documents;  // the context's
+    if (!held_out_documents.empty())
+      documents.assign(held_out_documents.begin() + static_cast<std::ptrdiff_t>(end - T),
+                       held_out_documents.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<std::int32_t> written = prompt;  // the document: the prompt, then the model's
     gpipe::Rng rng(o_.seed + 99);
     std::vector<std::int32_t> out;
     std::vector<double> p(V);
     for (std::size_t i = 0; i < o_.sample; ++i) {
-      const std::vector<float> logits = trainer_.predict(context);
+      const std::vector<float> logits =
+          documents.empty() ? trainer_.predict(context) : trainer_.predict(context, documents);
       const float* row = logits.data() + (T - 1) * V;
       const float max = *std::max_element(row, row + V);
       double z = 0;
@@ -368,6 +469,11 @@ class Run {
       out.push_back(static_cast<std::int32_t>(next));
       context.erase(context.begin());
       context.push_back(static_cast<std::int32_t>(next));
+      if (documents.empty()) continue;
+      written.push_back(static_cast<std::int32_t>(next));
+      if (train_gpt::ends_with(written, written.size(), corpus_.separator)) break;  // its end
+      documents.erase(documents.begin());
+      documents.push_back(documents.back());
     }
     if (!prints_) return;
     const auto text = [&](const std::vector<std::int32_t>& ids) {
@@ -392,31 +498,33 @@ class Run {
   std::vector<train_gpt::LogRow> rows_;
 };
 
-template <std::size_t V, class Precision>
+template <class Family, std::size_t V, class Precision>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
   using Loss = gpipe::SoftmaxCrossEntropy;
+  using Model = typename Family::template model<V>;
   const auto limit = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20));
   if (!o.plan) {
-    using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::OneFOneB, Precision>;
+    using Trainer = gpipe::Trainer<Model, Loss, Backend, gpipe::OneFOneB, Precision>;
     if (prints)
       std::printf(
-          "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, 1F1B, M = %zu, "
-          "%zu x %zu samples per step, %s\n",
-          Gpt<V>::num_params, V, T, D, o.micro_batches, o.accumulate, o.batch,
-          std::string(Precision::name).c_str());
-    return Run<Trainer>(backend, o, corpus, prints, nullptr).train();
+          "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), 4 stages, 1F1B, M = %zu, %zu x "
+          "%zu samples per step, %s\n",
+          Family::name, Model::num_params, V, T, D, Family::shape, o.micro_batches, o.accumulate,
+          o.batch, std::string(Precision::name).c_str());
+    return Run<Family, Trainer>(backend, o, corpus, prints, nullptr).train();
   }
   // the plan, from costs measured on a batch of the training data; every rank gets the same
-  std::vector<std::int32_t> x, y;
-  train_gpt::training_batch(corpus, o.seed, 0, 0, o.batch, T, x, y);
+  train_gpt::Batch batch;
+  train_gpt::training_batch(corpus, o.seed, 0, 0, o.batch, T, batch);
   gpipe::PlanOptions options{.optimizer_state_per_param = 2};  // AdamW
   if (limit > 0) options.device_limit = {limit};
-  const gpipe::Plan plan = gpipe::plan<Gpt<V>, Loss, Precision>(backend, x, y, options);
+  const gpipe::Plan plan = gpipe::plan<Model, Loss, Precision>(backend, batch.x, batch.y, options);
   if (prints) {
     std::printf(
-        "GPT: %zu parameters (vocabulary %zu, T %zu, D %zu, 4 blocks), 4 stages, %zu x %zu "
-        "samples per step, %s\n",
-        Gpt<V>::num_params, V, T, D, o.accumulate, o.batch, std::string(Precision::name).c_str());
+        "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), 4 stages, %zu x %zu samples per "
+        "step, %s\n",
+        Family::name, Model::num_params, V, T, D, Family::shape, o.accumulate, o.batch,
+        std::string(Precision::name).c_str());
     // the choice and the ten fastest candidates, with why each was not chosen
     const std::string text = plan.describe();
     std::size_t end = 0;
@@ -425,14 +533,17 @@ int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, b
     std::printf("%s\n  ... %zu candidates in all\n", text.substr(0, end).c_str(),
                 plan.candidates.size());
   }
-  using Trainer = gpipe::Trainer<Gpt<V>, Loss, Backend, gpipe::SearchedSchedule, Precision>;
-  return Run<Trainer>(backend, o, corpus, prints, &plan).train();
+  using Trainer = gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule, Precision>;
+  return Run<Family, Trainer>(backend, o, corpus, prints, &plan).train();
 }
 
 template <std::size_t V>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
-  return o.bf16 ? train<V, gpipe::MixedBf16>(backend, o, corpus, prints)
-                : train<V, gpipe::Fp32>(backend, o, corpus, prints);
+  if (o.llama)
+    return o.bf16 ? train<LlamaFamily, V, gpipe::MixedBf16>(backend, o, corpus, prints)
+                  : train<LlamaFamily, V, gpipe::Fp32>(backend, o, corpus, prints);
+  return o.bf16 ? train<GptFamily, V, gpipe::MixedBf16>(backend, o, corpus, prints)
+                : train<GptFamily, V, gpipe::Fp32>(backend, o, corpus, prints);
 }
 
 }  // namespace
@@ -448,11 +559,20 @@ int main(int argc, char** argv) try {
   Backend backend(4, {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
   const bool prints = true;
 #endif
-  const train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);
+  train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);
   if (prints)
     std::printf("%zu training and %zu held-out tokens from %zu files (%s)\n", corpus.train.size(),
                 corpus.validation.size(), corpus.files,
                 corpus.bytes ? "text, as bytes" : "llm.c token shards");
+  if (o.llama) {
+    constexpr std::int32_t end_of_text = 50256;  // GPT-2's <|endoftext|>
+    train_gpt::mark_documents(corpus, corpus.bytes ? train_gpt::separator_bytes(o.separator)
+                                                   : std::vector<std::int32_t>{end_of_text});
+    if (prints)
+      std::printf("packed documents: %d training and %d held-out ones, ended by %s\n",
+                  corpus.train_documents.back() + 1, corpus.validation_documents.back() + 1,
+                  corpus.bytes ? ("\"" + o.separator + "\"").c_str() : "<|endoftext|> (50256)");
+  }
   return corpus.bytes ? train<256>(backend, o, corpus, prints)
                       : train<50304>(backend, o, corpus, prints);
 } catch (const std::exception& e) {

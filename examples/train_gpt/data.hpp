@@ -2,7 +2,8 @@
 // examples/train_gpt's data: text files read as bytes (vocabulary 256) or llm.c token shards
 // (GPT-2's ids), split into a training and a held-out part, and batches drawn from them as a
 // pure function of (seed, step, index), so that a run resumed from a checkpoint draws the
-// batches the uninterrupted run would have drawn.
+// batches the uninterrupted run would have drawn. With a separator the tokens are documents:
+// each batch then carries each token's document and ignores the targets across borders.
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -23,7 +25,53 @@ struct Corpus {
   bool bytes = true;  ///< text read as bytes (ids < 256); else llm.c token shards (GPT-2 ids)
   std::vector<std::int32_t> train, validation;
   std::size_t files = 0;
+  /// With documents (mark_documents): each token's document, counted from 0 in each part;
+  /// empty otherwise.
+  std::vector<std::int32_t> train_documents, validation_documents;
+  std::vector<std::int32_t> separator;  ///< what ends a document (mark_documents)
 };
+
+/// Whether tokens[0, end) ends with `separator` (never for an empty one).
+inline bool ends_with(const std::vector<std::int32_t>& tokens, std::size_t end,
+                      const std::vector<std::int32_t>& separator) {
+  return !separator.empty() && end >= separator.size() &&
+         std::equal(separator.begin(), separator.end(),
+                    tokens.begin() + static_cast<std::ptrdiff_t>(end - separator.size()));
+}
+
+/// Each token's document: a separator ends the document it closes (its tokens belong to it), and
+/// the token after it starts the next one.
+inline std::vector<std::int32_t> document_index(const std::vector<std::int32_t>& tokens,
+                                                const std::vector<std::int32_t>& separator) {
+  std::vector<std::int32_t> out(tokens.size());
+  std::int32_t document = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (i > 0 && ends_with(tokens, i, separator)) ++document;
+    out[i] = document;
+  }
+  return out;
+}
+
+/// Makes the corpus documents, split at `separator` (in both parts).
+inline void mark_documents(Corpus& corpus, const std::vector<std::int32_t>& separator) {
+  corpus.separator = separator;
+  corpus.train_documents = document_index(corpus.train, separator);
+  corpus.validation_documents = document_index(corpus.validation, separator);
+}
+
+/// A separator given as text with C's escapes \n, \t and \\, as bytes.
+inline std::vector<std::int32_t> separator_bytes(std::string_view text) {
+  std::vector<std::int32_t> out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '\\' && i + 1 < text.size()) {
+      const char next = text[++i];
+      c = next == 'n' ? '\n' : next == 't' ? '\t' : next;
+    }
+    out.push_back(static_cast<unsigned char>(c));
+  }
+  return out;
+}
 
 /// Whether `path` starts with llm.c's token-shard magic (int32 20240520).
 inline bool is_llmc_shard(const std::filesystem::path& path) {
@@ -91,27 +139,41 @@ inline Corpus load_corpus(const std::vector<std::filesystem::path>& files, std::
   return corpus;
 }
 
-/// `samples` windows of T + 1 tokens of `tokens`, at positions drawn from `rng`: inputs and
-/// next-token targets, (samples, T) row-major.
-inline void draw_batch(const std::vector<std::int32_t>& tokens, std::size_t samples, std::size_t T,
-                       gpipe::Rng& rng, std::vector<std::int32_t>& x,
-                       std::vector<std::int32_t>& y) {
-  x.resize(samples * T);
-  y.resize(samples * T);
+/// A batch: inputs and next-token targets, (samples, T) row-major, and with documents each
+/// input's document (empty without).
+struct Batch {
+  std::vector<std::int32_t> x, y, documents;
+};
+
+/// `samples` windows of T + 1 tokens of `tokens`, at positions drawn from `rng`. With
+/// `documents` (each token's, as document_index gives them; empty: none) the batch carries the
+/// inputs' documents, and a target in another document than its input (the first token after a
+/// separator) is gpipe::ignore_index: a document is not predicted from the one before it.
+inline void draw_batch(const std::vector<std::int32_t>& tokens,
+                       const std::vector<std::int32_t>& documents, std::size_t samples,
+                       std::size_t T, gpipe::Rng& rng, Batch& batch) {
+  batch.x.resize(samples * T);
+  batch.y.resize(samples * T);
+  batch.documents.resize(documents.empty() ? 0 : samples * T);
   for (std::size_t b = 0; b < samples; ++b) {
     const std::size_t start = rng.next_u64() % (tokens.size() - T);
-    std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start), T, x.begin() + b * T);
-    std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start + 1), T, y.begin() + b * T);
+    const auto at = static_cast<std::ptrdiff_t>(start);
+    std::copy_n(tokens.begin() + at, T, batch.x.begin() + b * T);
+    std::copy_n(tokens.begin() + at + 1, T, batch.y.begin() + b * T);
+    if (documents.empty()) continue;
+    std::copy_n(documents.begin() + at, T, batch.documents.begin() + b * T);
+    for (std::size_t t = 0; t < T; ++t)
+      if (documents[start + t + 1] != documents[start + t])
+        batch.y[b * T + t] = gpipe::ignore_index;
   }
 }
 
 /// The training batch `index` (0 .. accumulation - 1) of step `step`: the same for the same
 /// (seed, step, index), whatever ran before.
 inline void training_batch(const Corpus& corpus, std::uint64_t seed, std::size_t step,
-                           std::size_t index, std::size_t samples, std::size_t T,
-                           std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
+                           std::size_t index, std::size_t samples, std::size_t T, Batch& batch) {
   gpipe::Rng rng(seed * 0x9E3779B97F4A7C15ull + step * 1024 + index);
-  draw_batch(corpus.train, samples, T, rng, x, y);
+  draw_batch(corpus.train, corpus.train_documents, samples, T, rng, batch);
 }
 
 }  // namespace train_gpt

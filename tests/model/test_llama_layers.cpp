@@ -16,6 +16,7 @@
 #include "gpipe/backend/host.hpp"
 #include "gpipe/model.hpp"
 #include "support/finite_difference.hpp"
+#include "support/layer_problem.hpp"
 
 namespace {
 
@@ -46,26 +47,10 @@ static_assert(Block::num_params == 512 + 256 + 1152 + 32);
 // sample borders) and an id that comes back after another (two runs of one id: two documents).
 const std::vector<std::int32_t> documents{7, 7, 7, 9, 9, 9, 9, 9, 9, 9, 3, 3, 3, 9, 9, 9};
 
-// x and c uniform in [-1, 1), params from L::init plus a perturbation; all float-exact.
+// L's problem on `rows` rows, parameters perturbed by up to 0.2.
 template <class L>
-struct Problem {
-  std::vector<double> x, params, c;
-
-  explicit Problem(std::uint64_t seed) {
-    Rng rng(seed);
-    x = gpipe::test::uniform_values(rng, rows * L::in_features, -1.0f, 1.0f);
-    params = gpipe::test::perturbed_params<L>(rng, 0.2f);
-    c = gpipe::test::uniform_values(rng, rows * L::out_features, -1.0f, 1.0f);
-  }
-
-  template <class F>
-  LayerRun<L, F> run() const {
-    LayerRun<L, F> r(rows);
-    std::ranges::copy(x, r.x.begin());
-    std::ranges::copy(params, r.params.begin());
-    std::ranges::copy(c, r.dy.begin());
-    return r;
-  }
+struct Problem : gpipe::test::LayerProblem<L> {
+  explicit Problem(std::uint64_t seed) : gpipe::test::LayerProblem<L>(rows, seed, 0.2f) {}
 };
 
 }  // namespace
@@ -84,29 +69,13 @@ TEST_SUITE("llama layers") {
                      GPIPE_LLAMA_LAYERS) {
     for (std::uint64_t seed : {1u, 2u}) {
       CAPTURE(seed);
-      const Problem<L> p(seed);
-      const auto check = gpipe::test::check_gradients<L>(p.x, p.params, p.c, rows, 1e-6);
-      CAPTURE(check.dx_error);
-      CAPTURE(check.params_error);
-      CHECK(check.max_dx > 1e-2);  // the check is not vacuous
-      CHECK(check.dx_error <= 1e-8);
-      if constexpr (L::num_params > 0) {
-        CHECK(check.max_grad > 1e-2);
-        CHECK(check.params_error <= 1e-8);
-      }
+      gpipe::test::check_backward_against_differences(Problem<L>(seed));
     }
   }
 
   TEST_CASE_TEMPLATE("LlamaBlock's backward ops match central differences with documents", L, Block,
                      BlockMha, BlockMqa) {
-    const Problem<L> p(3);
-    const auto check = gpipe::test::check_gradients<L>(p.x, p.params, p.c, rows, 1e-6, documents);
-    CAPTURE(check.dx_error);
-    CAPTURE(check.params_error);
-    CHECK(check.max_dx > 1e-2);
-    CHECK(check.dx_error <= 1e-8);
-    CHECK(check.max_grad > 1e-2);
-    CHECK(check.params_error <= 1e-8);
+    gpipe::test::check_backward_against_differences(Problem<L>(3), documents);
   }
 
   TEST_CASE_TEMPLATE("a Llama layer's float kernels agree with its double kernels", L,

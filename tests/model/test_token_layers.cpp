@@ -18,6 +18,7 @@
 #include "gpipe/backend/host.hpp"
 #include "gpipe/model.hpp"
 #include "support/finite_difference.hpp"
+#include "support/layer_problem.hpp"
 
 namespace {
 
@@ -41,26 +42,10 @@ static_assert(gpipe::layer_for<Block, gpipe::host::Kernels<double>>);
 static_assert(gpipe::has_layer_kernels<gpipe::CausalAttentionOp, gpipe::host::Kernels<float>>);
 static_assert(!gpipe::has_layer_kernels<gpipe::CausalAttentionOp, int>);
 
-// x and c uniform in [-1, 1), params from L::init plus a perturbation; all float-exact.
+// L's problem on `rows` rows.
 template <class L>
-struct Problem {
-  std::vector<double> x, params, c;
-
-  explicit Problem(std::uint64_t seed) {
-    Rng rng(seed);
-    x = gpipe::test::uniform_values(rng, rows * L::in_features, -1.0f, 1.0f);
-    params = gpipe::test::perturbed_params<L>(rng);
-    c = gpipe::test::uniform_values(rng, rows * L::out_features, -1.0f, 1.0f);
-  }
-
-  template <class F>
-  LayerRun<L, F> run() const {
-    LayerRun<L, F> r(rows);
-    std::ranges::copy(x, r.x.begin());
-    std::ranges::copy(params, r.params.begin());
-    std::ranges::copy(c, r.dy.begin());
-    return r;
-  }
+struct Problem : gpipe::test::LayerProblem<L> {
+  explicit Problem(std::uint64_t seed) : gpipe::test::LayerProblem<L>(rows, seed) {}
 };
 
 // Document ids of the rows (2 samples of 3 tokens): sample 0 is runs {0, 1}, {2}; sample 1
@@ -128,16 +113,7 @@ TEST_SUITE("token model layers") {
                      GPIPE_TOKEN_LAYERS) {
     for (std::uint64_t seed : {1u, 2u, 3u}) {
       CAPTURE(seed);
-      const Problem<L> p(seed);
-      const auto check = gpipe::test::check_gradients<L>(p.x, p.params, p.c, rows, 1e-6);
-      CAPTURE(check.dx_error);
-      CAPTURE(check.params_error);
-      CHECK(check.max_dx > 1e-2);  // the check is not vacuous
-      CHECK(check.dx_error <= 1e-8);
-      if constexpr (L::num_params > 0) {
-        CHECK(check.max_grad > 1e-2);
-        CHECK(check.params_error <= 1e-8);
-      }
+      gpipe::test::check_backward_against_differences(Problem<L>(seed));
     }
   }
 
@@ -146,16 +122,7 @@ TEST_SUITE("token model layers") {
     for (const auto& ids : {documents, repeated_ids}) {
       for (std::uint64_t seed : {1u, 2u}) {
         CAPTURE(seed);
-        const Problem<L> p(seed);
-        const auto check = gpipe::test::check_gradients<L>(p.x, p.params, p.c, rows, 1e-6, ids);
-        CAPTURE(check.dx_error);
-        CAPTURE(check.params_error);
-        CHECK(check.max_dx > 1e-2);
-        CHECK(check.dx_error <= 1e-8);
-        if constexpr (L::num_params > 0) {
-          CHECK(check.max_grad > 1e-2);
-          CHECK(check.params_error <= 1e-8);
-        }
+        gpipe::test::check_backward_against_differences(Problem<L>(seed), ids);
       }
     }
   }

@@ -1,10 +1,10 @@
 // A Llama on the pipeline (host backend), shaped as the README's (TokenEmbedding, LlamaBlocks,
 // RMSNorm, a bias-free head): for K in {1, 2, 4} stages, several schedules, M in {1, 3} and remat
-// never / always, the loss and every gradient equal the unpipelined double-precision model;
+// never / always / selective, the loss and every gradient equal the unpipelined double-precision model;
 // MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
-// device gives the one-thread step; the memory model predicts the activation peak; Hugging Face's
-// names save and load, skip rotary buffers and refuse a tensor of another shape; a head tied to
-// the embedding.
+// device gives the one-thread step; the memory model predicts the activation and document-id peaks;
+// Hugging Face's names save and load, skip rotary buffers and refuse a tensor of another shape; a
+// head tied to the embedding.
 
 #include <doctest/doctest.h>
 
@@ -21,6 +21,7 @@
 #include "support/errors.hpp"
 #include "support/reference_model.hpp"
 #include "support/temp_path.hpp"
+#include "support/token_models.hpp"
 
 namespace {
 
@@ -41,40 +42,22 @@ using Llama4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Stage<RMSNorm<D>
 static_assert(Llama2::is_token_model && Llama2::tokens_per_sample == T && Llama2::vocab_size == V);
 static_assert(Llama2::in_features == 1 && Llama2::out_features == V);
 
-std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> out(n);
-  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
+const std::vector<std::int32_t> tokens = random_tokens(samples * T, V, 1);
+const std::vector<std::int32_t> targets = random_tokens(samples * T, V, 2);
+// Packed documents: runs ending inside samples, an id that comes back after another, a run across
+// a border.
+const std::vector<std::int32_t> documents = [] {
+  std::vector<std::int32_t> out(samples * T);
+  for (std::size_t r = 0; r < out.size(); ++r) out[r] = static_cast<std::int32_t>(r / 3 % 4);
   return out;
-}
+}();
 
-const std::vector<std::int32_t> tokens = random_tokens(samples * T, 1);
-const std::vector<std::int32_t> targets = random_tokens(samples * T, 2);
-
-// Float pipelined runs against the double reference: relative to each tensor's largest entry.
-constexpr double gradient_tolerance = 2e-6;
-constexpr double loss_tolerance = 1e-6;
+constexpr double gradient_tolerance = token_gradient_tolerance;
+constexpr double loss_tolerance = token_loss_tolerance;
 
 template <class Model, class Schedule>
 void check_against_reference(std::size_t m, Remat remat) {
-  CAPTURE(Model::num_stages);
-  CAPTURE(m);
-  CAPTURE(to_string(remat));
-  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m, .remat = remat, .seed = 3});
-  const float loss = trainer.forward_backward(tokens, targets);
-  const std::vector<float> rows(tokens.begin(), tokens.end());
-  const ReferenceResult ref =
-      reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), rows, targets);
-  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-  const NamedTensors grads = gradients_of(trainer);
-  REQUIRE(grads.size() == ref.gradients.size());
-  for (const auto& entry : grads) {
-    const std::string& name = entry.first;
-    CAPTURE(name);
-    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
-  }
+  check_token_step<Model, Schedule>(m, remat, tokens, targets);
 }
 
 template <class Schedule>
@@ -88,14 +71,6 @@ void check_schedule() {
       check_against_reference<Llama4, Schedule>(m, remat);
     }
   }
-}
-
-// f() throws a gpipe::Error whose message contains `part`.
-template <class F>
-void check_error(F&& f, std::string_view part) {
-  const std::string message = error_of(f);
-  CAPTURE(message);
-  CHECK(contains(message, part));
 }
 
 double relative_difference(const std::vector<float>& got, const std::vector<float>& want) {
@@ -136,35 +111,20 @@ TEST_SUITE("llama models") {
   }
 
   TEST_CASE("a pipelined Llama step on packed documents equals the unpipelined model") {
-    // runs ending inside samples, an id that comes back after another, a run across a border
-    std::vector<std::int32_t> documents(samples * T);
-    for (std::size_t r = 0; r < documents.size(); ++r)
-      documents[r] = static_cast<std::int32_t>(r / 3 % 4);
+    // the documents change the step
+    host::Backend one(1);
+    const NamedTensors params =
+        parameters_of(Trainer<Llama1, SoftmaxCrossEntropy, host::Backend>(one, {.seed = 3}));
     const std::vector<float> rows(tokens.begin(), tokens.end());
-    auto check = [&]<class Model, class Schedule>(std::size_t m, Remat remat) {
-      CAPTURE(Model::num_stages);
-      CAPTURE(m);
-      CAPTURE(to_string(remat));
-      host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-      Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = 3});
-      const float loss = trainer.forward_backward(tokens, targets, documents);
-      const ReferenceResult ref = reference_step<Model, SoftmaxCrossEntropy>(
-          parameters_of(trainer), rows, targets, documents);
-      const ReferenceResult whole =
-          reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), rows, targets);
-      CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-      CHECK(std::abs(ref.loss - whole.loss) > 1e-4);  // the documents change the step
-      for (const auto& [name, grad] : gradients_of(trainer)) {
-        CAPTURE(name);
-        CHECK(relative_error(grad, ref.gradients.at(name)) < gradient_tolerance);
-      }
-    };
+    const double packed =
+        reference_step<Llama1, SoftmaxCrossEntropy>(params, rows, targets, documents).loss;
+    CHECK(std::abs(packed -
+                   reference_step<Llama1, SoftmaxCrossEntropy>(params, rows, targets).loss) > 1e-4);
     for (std::size_t m : {1u, 3u})
       for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
-        check.operator()<Llama1, OneFOneB>(m, remat);
-        check.operator()<Llama2, ZeroBubbleH1>(m, remat);
-        check.operator()<Llama4, Interleaved<2>>(m, remat);
+        check_token_step<Llama1, OneFOneB>(m, remat, tokens, targets, documents);
+        check_token_step<Llama2, ZeroBubbleH1>(m, remat, tokens, targets, documents);
+        check_token_step<Llama4, Interleaved<2>>(m, remat, tokens, targets, documents);
       }
   }
 
@@ -203,7 +163,8 @@ TEST_SUITE("llama models") {
     constexpr std::size_t To = 7, Fo = 25;
     using Odd = Pipeline<Stage<TokenEmbedding<V, To, D>, LlamaBlock<D, H, KVH, Fo>>,
                          Stage<RMSNorm<D>, Linear<D, V, false>>>;
-    const std::vector<std::int32_t> x = random_tokens(3 * To, 7), y = random_tokens(3 * To, 8);
+    const std::vector<std::int32_t> x = random_tokens(3 * To, V, 7),
+                                    y = random_tokens(3 * To, V, 8);
     host::Backend backend(2);
     Trainer<Odd, SoftmaxCrossEntropy, host::Backend, OneFOneB, Fp32> fp32(backend, {.seed = 3});
     Trainer<Odd, SoftmaxCrossEntropy, host::Backend, OneFOneB, MixedBf16> bf16(backend,
@@ -247,44 +208,60 @@ TEST_SUITE("llama models") {
     host::Team pair(2);
     REQUIRE(host::Kernels<float>(0, &pair).split(4 * Tt, Dt).parts == 2);
     REQUIRE(host::Kernels<float>(0, &pair).split(4, Tt * (Ht + KVHt) * (Dt / Ht)).parts == 2);
-    Rng rng(4);
-    std::vector<std::int32_t> x(n * Tt), y(n * Tt);
-    for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    host::Backend one(2), team(2, {.threads_per_device = 2});
-    for (Remat remat : {Remat::never, Remat::always}) {
-      CAPTURE(to_string(remat));
-      Trainer<Llama, SoftmaxCrossEntropy, host::Backend, OneFOneB> alone(
-          one, {.micro_batches = 2, .remat = remat, .seed = 5}),
-          split(team, {.micro_batches = 2, .remat = remat, .seed = 5});
-      CHECK(split.forward_backward(x, y) ==
-            doctest::Approx(alone.forward_backward(x, y)).epsilon(1e-6));
-      for (const auto& info : alone.parameter_info()) {
-        CAPTURE(info.name);
-        CHECK(relative_error(split.gradient(info.name), alone.gradient(info.name)) < 1e-6);
-      }
-    }
+    check_team_gives_one_thread_step<Llama>(random_tokens(n * Tt, Vt, 4),
+                                            random_tokens(n * Tt, Vt, 5));
   }
 
-  TEST_CASE("the memory model predicts a Llama's activation peak exactly") {
-    for (std::size_t m : {1u, 3u}) {
-      for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
-        CAPTURE(m);
-        CAPTURE(to_string(remat));
-        host::Backend backend(4);
-        Trainer<Llama4, SoftmaxCrossEntropy, host::Backend, OneFOneB> trainer(
-            backend, {.micro_batches = m, .remat = remat});
-        const auto predicted = predict_memory<Llama4>(trainer.schedule(), samples * T, remat);
-        backend.reset_peak();
+  TEST_CASE("the memory model predicts a Llama's activation and document-id peaks exactly") {
+    // document ids live per (stage, micro-batch) from F to W (ZB-H1 runs W long after B), in
+    // predict's inference program for its F
+    auto check = [&]<class Schedule>(std::size_t m, Remat remat, bool packed) {
+      CAPTURE(m);
+      CAPTURE(to_string(remat));
+      CAPTURE(packed);
+      host::Backend backend(4);
+      Trainer<Llama4, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
+          backend, {.micro_batches = m, .remat = remat});
+      const auto predicted =
+          predict_memory<Llama4>(trainer.schedule(), samples * T, remat, 0, 4, true, packed);
+      backend.reset_peak();
+      if (packed)
+        trainer.forward_backward(tokens, targets, documents);
+      else
         trainer.forward_backward(tokens, targets);
-        for (std::size_t d = 0; d < 4; ++d) {
-          CAPTURE(d);
-          const MemoryStats stats = backend.memory_stats(d);
-          CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
-          CHECK(stats.peak <= predicted[d].total_bound());
-        }
+      for (std::size_t d = 0; d < 4; ++d) {
+        CAPTURE(d);
+        const MemoryStats stats = backend.memory_stats(d);
+        CHECK(stats.peak_of(MemoryKind::activations) == predicted[d].activations_peak);
+        CHECK(stats.peak_of(MemoryKind::other) == predicted[d].documents_peak);
+        CHECK(stats.current_of(MemoryKind::other) == 0);
+        CHECK(stats.peak <= predicted[d].total_bound());
+        // each device holds at least one micro-batch's ids, and at most all of them
+        CHECK((predicted[d].documents_peak > 0) == packed);
+        CHECK(predicted[d].documents_peak <= samples * T * sizeof(std::int32_t));
       }
-    }
+      // predict's inference program frees each micro-batch's ids at the end of its forward
+      const auto inference = predict_memory<Llama4>(inference_schedule_for(trainer.schedule(), m),
+                                                    samples * T, Remat::never, 0, 4, true, packed);
+      backend.reset_peak();
+      if (packed)
+        (void)trainer.predict(tokens, documents);
+      else
+        (void)trainer.predict(tokens);
+      for (std::size_t d = 0; d < 4; ++d) {
+        CAPTURE(d);
+        const MemoryStats stats = backend.memory_stats(d);
+        CHECK(stats.peak_of(MemoryKind::activations) == inference[d].activations_peak);
+        CHECK(stats.peak_of(MemoryKind::other) == inference[d].documents_peak);
+        CHECK(stats.current_of(MemoryKind::other) == 0);
+      }
+    };
+    for (bool packed : {false, true})
+      for (std::size_t m : {1u, 3u})
+        for (Remat remat : {Remat::never, Remat::always, Remat::selective}) {
+          check.template operator()<OneFOneB>(m, remat, packed);
+          check.template operator()<ZeroBubbleH1>(m, remat, packed);
+        }
   }
 
   TEST_CASE("Hugging Face's names: save writes them, load reads them and skips rotary buffers") {

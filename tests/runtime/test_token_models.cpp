@@ -25,6 +25,7 @@
 #include "gpipe/runtime/memory_model.hpp"
 #include "support/errors.hpp"
 #include "support/reference_model.hpp"
+#include "support/token_models.hpp"
 
 namespace {
 
@@ -46,43 +47,19 @@ static_assert(Gpt4::is_token_model && Gpt4::tokens_per_sample == T && Gpt4::voca
 static_assert(Gpt4::in_features == 1 && Gpt4::out_features == V);
 static_assert(!Pipeline<Stage<Linear<3, 4>>>::is_token_model);
 
-std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> out(n);
-  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  return out;
-}
-
 std::vector<float> as_rows(const std::vector<std::int32_t>& tokens) {
   return {tokens.begin(), tokens.end()};
 }
 
-const std::vector<std::int32_t> tokens = random_tokens(samples * T, 1);
-const std::vector<std::int32_t> targets = random_tokens(samples * T, 2);
+const std::vector<std::int32_t> tokens = random_tokens(samples * T, V, 1);
+const std::vector<std::int32_t> targets = random_tokens(samples * T, V, 2);
 
-// Float pipelined runs against the double reference: relative to each tensor's largest entry.
-constexpr double gradient_tolerance = 2e-6;
-constexpr double loss_tolerance = 1e-6;
+constexpr double gradient_tolerance = token_gradient_tolerance;
+constexpr double loss_tolerance = token_loss_tolerance;
 
 template <class Model, class Schedule>
 void check_against_reference(std::size_t m, Remat remat) {
-  CAPTURE(Model::num_stages);
-  CAPTURE(m);
-  CAPTURE(to_string(remat));
-  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m, .remat = remat, .seed = 3});
-  const float loss = trainer.forward_backward(tokens, targets);
-  const ReferenceResult ref =
-      reference_step<Model, SoftmaxCrossEntropy>(parameters_of(trainer), as_rows(tokens), targets);
-  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-  const NamedTensors grads = gradients_of(trainer);
-  REQUIRE(grads.size() == ref.gradients.size());
-  for (const auto& entry : grads) {
-    const std::string& name = entry.first;
-    CAPTURE(name);
-    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
-  }
+  check_token_step<Model, Schedule>(m, remat, tokens, targets);
 }
 
 // Packed documents, one row a sample: runs that end inside a sample, an id that comes back after
@@ -105,23 +82,7 @@ const std::vector<std::int32_t> ignored_targets = with_ignored(targets, 5);
 
 template <class Model, class Schedule>
 void check_packed_against_reference(std::size_t m, Remat remat) {
-  CAPTURE(Model::num_stages);
-  CAPTURE(m);
-  CAPTURE(to_string(remat));
-  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
-  Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m, .remat = remat, .seed = 3});
-  const float loss = trainer.forward_backward(tokens, ignored_targets, documents);
-  const ReferenceResult ref = reference_step<Model, SoftmaxCrossEntropy>(
-      parameters_of(trainer), as_rows(tokens), ignored_targets, documents);
-  CHECK(loss == doctest::Approx(ref.loss).epsilon(loss_tolerance));
-  const NamedTensors grads = gradients_of(trainer);
-  REQUIRE(grads.size() == ref.gradients.size());
-  for (const auto& entry : grads) {
-    const std::string& name = entry.first;
-    CAPTURE(name);
-    CHECK(relative_error(entry.second, ref.gradients.at(name)) < gradient_tolerance);
-  }
+  check_token_step<Model, Schedule>(m, remat, tokens, ignored_targets, documents);
 }
 
 template <class Schedule>
@@ -148,14 +109,6 @@ void check_schedule() {
       check_against_reference<Gpt4, Schedule>(m, remat);
     }
   }
-}
-
-// f() throws a gpipe::Error whose message contains `part`.
-template <class F>
-void check_error(F&& f, std::string_view part) {
-  const std::string message = error_of(f);
-  CAPTURE(message);
-  CHECK(contains(message, part));
 }
 
 }  // namespace
@@ -198,23 +151,8 @@ TEST_SUITE("token models") {
     REQUIRE(detail::attention_split(2, AttentionGeometry::packed(2, Tt, Ht, Dt / Ht), 2 * Ht, 2)
                 .parts == 2);
     REQUIRE(host::Kernels<float>(0, &pair).split(2 * Tt, Vt).parts == 2);
-    Rng rng(4);
-    std::vector<std::int32_t> x(n * Tt), y(n * Tt);
-    for (auto& t : x) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    for (auto& t : y) t = static_cast<std::int32_t>(rng.next_u64() % Vt);
-    host::Backend one(2), team(2, {.threads_per_device = 2});
-    for (Remat remat : {Remat::never, Remat::always}) {
-      CAPTURE(to_string(remat));
-      Trainer<Gpt, SoftmaxCrossEntropy, host::Backend, OneFOneB> alone(
-          one, {.micro_batches = 2, .remat = remat, .seed = 5}),
-          split(team, {.micro_batches = 2, .remat = remat, .seed = 5});
-      CHECK(split.forward_backward(x, y) ==
-            doctest::Approx(alone.forward_backward(x, y)).epsilon(1e-6));
-      for (const auto& info : alone.parameter_info()) {
-        CAPTURE(info.name);
-        CHECK(relative_error(split.gradient(info.name), alone.gradient(info.name)) < 1e-6);
-      }
-    }
+    check_team_gives_one_thread_step<Gpt>(random_tokens(n * Tt, Vt, 4),
+                                          random_tokens(n * Tt, Vt, 5));
   }
 
   TEST_CASE("predict returns the unpipelined model's logits for every token") {

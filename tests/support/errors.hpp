@@ -27,4 +27,12 @@ std::string error_of(F&& f) {
   return {};
 }
 
+// f() throws a gpipe::Error whose message contains `part`.
+template <class F>
+void check_error(F&& f, std::string_view part) {
+  const std::string message = error_of(f);
+  CAPTURE(message);
+  CHECK(contains(message, part));
+}
+
 }  // namespace gpipe::test

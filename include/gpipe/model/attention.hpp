@@ -121,11 +121,14 @@ auto* master_view(T* p, const char* what) {
   return reinterpret_cast<View>(p);
 }
 
-// The parameter-free core: (rows, 3D) qkv -> (rows, D) o.
-template <std::size_t D, std::size_t H, std::size_t T>
-struct CausalAttentionCore : ParameterFree {
-  static constexpr std::size_t in_features = 3 * D;
-  static constexpr std::size_t out_features = D;
+// The parameter-free core, grouped-query: qkv rows of (H + 2 KVH) hd = [q heads | k heads |
+// v heads] -> (rows, H hd) o, scale 1 / sqrt(hd), masked by the args' document ids; query head h
+// reads key/value head h / (H / KVH). GPT-2's is KVH = H (CausalAttentionCore), Llama's
+// LlamaBlock's KVH <= H.
+template <std::size_t H, std::size_t KVH, std::size_t hd, std::size_t T>
+struct GroupedAttentionCore : ParameterFree {
+  static constexpr std::size_t in_features = (H + 2 * KVH) * hd;
+  static constexpr std::size_t out_features = H * hd;
   // Each head's log-sum-exp L: H master_t values in 2H elements (detail::master_view).
   static constexpr std::size_t stash_per_row = 2 * H;
   static constexpr std::size_t grad_stash_per_row = 0;
@@ -133,7 +136,7 @@ struct CausalAttentionCore : ParameterFree {
   static constexpr std::size_t workspace_per_row = 2 * H;
 
   static constexpr AttentionGeometry geometry(std::size_t rows) {
-    return AttentionGeometry::packed(rows / T, T, H, D / H);
+    return {rows / T, T, H, KVH, hd, in_features, 0, H * hd, (H + KVH) * hd};
   }
 
   template <class Ctx>
@@ -151,6 +154,10 @@ struct CausalAttentionCore : ParameterFree {
         master_view(a.workspace, "workspace"), a.document);
   }
 };
+
+// GPT-2's core: (rows, 3D) qkv -> (rows, D) o, H heads of D / H (AttentionGeometry::packed).
+template <std::size_t D, std::size_t H, std::size_t T>
+using CausalAttentionCore = GroupedAttentionCore<H, H, D / H, T>;
 
 // Body's parameter tensors under the names of a fixed table (in Body's order), as one entry of
 // nn.Sequential: "i.<name>".

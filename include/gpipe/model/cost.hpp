@@ -99,11 +99,6 @@ template <std::size_t V, std::size_t T, std::size_t D>
 struct LeafCost<TokenEmbedding<V, T, D>> {
   static constexpr LayerCost value{static_cast<double>(D), static_cast<double>(D)};
 };
-template <std::size_t D, std::size_t H, std::size_t T>
-struct LeafCost<CausalAttentionCore<D, H, T>> {
-  static constexpr double td = static_cast<double>(T) * static_cast<double>(D);
-  static constexpr LayerCost value{4 * td, 8 * td};
-};
 template <std::size_t H, std::size_t KVH, std::size_t hd, std::size_t T>
 struct LeafCost<GroupedAttentionCore<H, KVH, hd, T>> {
   static constexpr double td = static_cast<double>(T) * static_cast<double>(H * hd);

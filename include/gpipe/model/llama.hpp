@@ -48,7 +48,8 @@ struct RopeOp {};
 /// The SwiGLU gate's kernels, per backend (LayerKernels<SwiGLUOp, Ctx>), x (rows, 2F) = [g | u]:
 ///   forward(ctx, rows, F, x, y (rows, F))              y = silu(g) u, silu(g) = g / (1 + e^-g)
 ///   backward(ctx, rows, F, x, dy, dx (rows, 2F))       dg = dy u silu'(g), du = dy silu(g)
-/// in double, each result rounded once; silu'(g) = s (1 + g (1 - s)), s = 1 / (1 + e^-g).
+/// in float or wider (at least master_t's precision), each result rounded once to the activation
+/// type; silu'(g) = s (1 + g (1 - s)), s = 1 / (1 + e^-g).
 struct SwiGLUOp {};
 
 namespace detail {
@@ -108,38 +109,6 @@ struct LlamaQKV : StackedLinear<D, H*(D / H), KVH*(D / H), KVH*(D / H)> {
     BackwardWeightArgs<typename Ctx::value_type> w = a;
     w.dy = a.workspace;
     Proj::backward_weight(ctx, w);
-  }
-};
-
-// Grouped-query causal attention over qkv rows laid out as LlamaQKV makes them: (rows,
-// (H + 2 KVH) hd) -> (rows, H hd), scale 1 / sqrt(hd), masked by the args' document ids.
-template <std::size_t H, std::size_t KVH, std::size_t hd, std::size_t T>
-struct GroupedAttentionCore : ParameterFree {
-  static constexpr std::size_t in_features = (H + 2 * KVH) * hd;
-  static constexpr std::size_t out_features = H * hd;
-  // Each head's log-sum-exp: H master_t values in 2H elements (detail::master_view).
-  static constexpr std::size_t stash_per_row = 2 * H;
-  static constexpr std::size_t grad_stash_per_row = 0;
-  // backward: rowsum(do .* o) per head, H master_t values in 2H elements.
-  static constexpr std::size_t workspace_per_row = 2 * H;
-
-  static constexpr AttentionGeometry geometry(std::size_t rows) {
-    return {rows / T, T, H, KVH, hd, in_features, 0, H * hd, (H + KVH) * hd};
-  }
-
-  template <class Ctx>
-  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    LayerKernels<CausalAttentionOp, Ctx>::forward(ctx, geometry(a.rows), a.x, a.y,
-                                                  master_view(a.stash, "stash"), a.document);
-  }
-  template <class Ctx>
-  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    require(a.y != nullptr,
-            "the attention core's backward needs its output o (BackwardInputArgs::y), which a "
-            "Chain passes to every layer but its last");
-    LayerKernels<CausalAttentionOp, Ctx>::backward(
-        ctx, geometry(a.rows), a.x, a.y, master_view(a.stash, "stash"), a.dy, a.dx,
-        master_view(a.workspace, "workspace"), a.document);
   }
 };
 

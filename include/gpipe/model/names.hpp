@@ -4,6 +4,7 @@
 // for Hugging Face's LlamaForCausalLM (hf_llama_names).
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -65,6 +66,41 @@ inline std::pair<std::size_t, std::string_view> split_layer_index(std::string_vi
   return {index, name.substr(dot + 1)};
 }
 
+// Where a parameter of a decoder-only model sits: layer 0 the embedding, 1..n the blocks, n + 1
+// the final norm, n + 2 the head.
+enum class DecoderPart { embedding, block, norm, head };
+
+// The walk that nanogpt_names and hf_llama_names share: every parameter of Model renamed to
+// `file_name(part, block, rest, rank)` (block: the block's index from 0; rest: the name after
+// the layer index; rank: the tensor's dimensions), or, where that is empty (the parameter does not
+// fit its part), a gpipe::Error naming `function`, the parameter, what its part should be
+// (`parts`, in DecoderPart's order) and what the model should be (`shape`).
+template <class Model, class FileName>
+NameMap decoder_names(std::string_view function, const std::array<std::string_view, 4>& parts,
+                      std::string_view shape, FileName file_name) {
+  const std::vector<ParameterInfo> infos = Model::parameters();
+  std::size_t last = 0;
+  for (const ParameterInfo& info : infos) last = std::max(last, split_layer_index(info.name).first);
+  const std::string context = "gpipe: " + std::string(function) + ": ";
+  if (last < 2)
+    throw Error(context + "the model has no final norm and head after its embedding; " +
+                std::string(shape));
+  NameMap names;
+  for (const ParameterInfo& info : infos) {
+    const auto [layer, rest] = split_layer_index(info.name);
+    const DecoderPart part = layer == 0          ? DecoderPart::embedding
+                             : layer == last     ? DecoderPart::head
+                             : layer + 1 == last ? DecoderPart::norm
+                                                 : DecoderPart::block;
+    std::string file = file_name(part, layer == 0 ? 0 : layer - 1, rest, info.shape.size());
+    if (file.empty())
+      throw Error(context + "parameter \"" + info.name + "\" is not " +
+                  std::string(parts[static_cast<std::size_t>(part)]) + "'s; " + std::string(shape));
+    names.rename(info.name, std::move(file));
+  }
+  return names;
+}
+
 }  // namespace detail
 
 /// The names of nanoGPT's `GPT` state dict (and so of GPT-2's weights as nanoGPT loads them) for
@@ -81,38 +117,30 @@ inline std::pair<std::size_t, std::string_view> split_layer_index(std::string_vi
 /// `gpipe::Error` that names the first parameter that does not fit.
 template <class Model>
 NameMap nanogpt_names() {
-  const std::vector<ParameterInfo> infos = Model::parameters();
-  std::size_t last = 0;
-  for (const ParameterInfo& info : infos)
-    last = std::max(last, detail::split_layer_index(info.name).first);
-  NameMap names;
-  for (const ParameterInfo& info : infos) {
-    const auto [layer, rest] = detail::split_layer_index(info.name);
-    const auto refuse = [&name = info.name](const char* why) {
-      throw Error("gpipe: nanogpt_names: parameter \"" + name + "\" " + why +
-                  "; nanoGPT's GPT is an Embedding, TransformerBlocks, a LayerNorm and a Linear "
-                  "head");
-    };
-    std::string file;
-    if (layer == 0) {
-      if (rest != "wte.weight" && rest != "wpe.weight") refuse("is not an Embedding's");
-      file = "transformer." + std::string(rest);
-    } else if (layer == last) {
-      if (rest != (info.shape.size() == 2 ? "weight" : "bias")) refuse("is not a Linear head's");
-      file = "lm_head." + std::string(rest);
-    } else if (layer + 1 == last) {
-      if (info.shape.size() != 1) refuse("is not the final LayerNorm's");
-      file = "transformer.ln_f." + std::string(rest);
-    } else {
-      if (!rest.starts_with("ln_") && !rest.starts_with("attn.") && !rest.starts_with("mlp."))
-        refuse("is not a TransformerBlock's");
-      file = "transformer.h." + std::to_string(layer - 1) + "." + std::string(rest);
+  using detail::DecoderPart;
+  const auto file = [](DecoderPart part, std::size_t block, std::string_view rest,
+                       std::size_t rank) -> std::string {
+    const std::string r(rest);
+    switch (part) {
+      case DecoderPart::embedding:
+        return rest == "wte.weight" || rest == "wpe.weight" ? "transformer." + r : "";
+      case DecoderPart::block:
+        return rest.starts_with("ln_") || rest.starts_with("attn.") || rest.starts_with("mlp.")
+                   ? "transformer.h." + std::to_string(block) + "." + r
+                   : "";
+      case DecoderPart::norm:
+        return rank == 1 ? "transformer.ln_f." + r : "";
+      case DecoderPart::head:
+        return rest == (rank == 2 ? "weight" : "bias") ? "lm_head." + r : "";
     }
-    names.rename(info.name, std::move(file));
-  }
-  if (last < 2)
-    throw Error("gpipe: nanogpt_names: the model has no LayerNorm and head after its Embedding");
-  return names.skip(".attn.bias");
+    return "";
+  };
+  return detail::decoder_names<Model>(
+             "nanogpt_names",
+             {"an Embedding", "a TransformerBlock", "the final LayerNorm", "a Linear head"},
+             "nanoGPT's GPT is an Embedding, TransformerBlocks, a LayerNorm and a Linear head",
+             file)
+      .skip(".attn.bias");
 }
 
 /// The names of Hugging Face's `LlamaForCausalLM` state dict for a `Model` of its shape: a
@@ -129,40 +157,32 @@ NameMap nanogpt_names() {
 /// does not fit.
 template <class Model>
 NameMap hf_llama_names() {
-  const std::vector<ParameterInfo> infos = Model::parameters();
-  std::size_t last = 0;
-  for (const ParameterInfo& info : infos)
-    last = std::max(last, detail::split_layer_index(info.name).first);
-  NameMap names;
-  for (const ParameterInfo& info : infos) {
-    const auto [layer, rest] = detail::split_layer_index(info.name);
-    const auto refuse = [&name = info.name](const char* why) {
-      throw Error("gpipe: hf_llama_names: parameter \"" + name + "\" " + why +
-                  "; LlamaForCausalLM is a TokenEmbedding, LlamaBlocks, an RMSNorm and a "
-                  "Linear<D, V, false> head");
-    };
-    std::string file;
-    if (layer == 0) {
-      if (rest != "weight" || info.shape.size() != 2) refuse("is not a TokenEmbedding's");
-      file = "model.embed_tokens.weight";
-    } else if (layer == last) {
-      if (rest != "weight" || info.shape.size() != 2) refuse("is not a bias-free Linear head's");
-      file = "lm_head.weight";
-    } else if (layer + 1 == last) {
-      if (rest != "weight" || info.shape.size() != 1) refuse("is not the final RMSNorm's");
-      file = "model.norm.weight";
-    } else {
-      if (!rest.starts_with("input_layernorm.") && !rest.starts_with("self_attn.") &&
-          !rest.starts_with("post_attention_layernorm.") && !rest.starts_with("mlp."))
-        refuse("is not a LlamaBlock's");
-      file = "model.layers." + std::to_string(layer - 1) + "." + std::string(rest);
+  using detail::DecoderPart;
+  const auto file = [](DecoderPart part, std::size_t block, std::string_view rest,
+                       std::size_t rank) -> std::string {
+    const bool matrix = rest == "weight" && rank == 2, vector = rest == "weight" && rank == 1;
+    switch (part) {
+      case DecoderPart::embedding:
+        return matrix ? "model.embed_tokens.weight" : "";
+      case DecoderPart::block:
+        return rest.starts_with("input_layernorm.") || rest.starts_with("self_attn.") ||
+                       rest.starts_with("post_attention_layernorm.") || rest.starts_with("mlp.")
+                   ? "model.layers." + std::to_string(block) + "." + std::string(rest)
+                   : "";
+      case DecoderPart::norm:
+        return vector ? "model.norm.weight" : "";
+      case DecoderPart::head:
+        return matrix ? "lm_head.weight" : "";
     }
-    names.rename(info.name, std::move(file));
-  }
-  if (last < 2)
-    throw Error(
-        "gpipe: hf_llama_names: the model has no RMSNorm and head after its TokenEmbedding");
-  return names.skip("rotary_emb.inv_freq");
+    return "";
+  };
+  return detail::decoder_names<Model>(
+             "hf_llama_names",
+             {"a TokenEmbedding", "a LlamaBlock", "the final RMSNorm", "a bias-free Linear head"},
+             "LlamaForCausalLM is a TokenEmbedding, LlamaBlocks, an "
+             "RMSNorm and a Linear<D, V, false> head",
+             file)
+      .skip("rotary_emb.inv_freq");
 }
 
 }  // namespace gpipe

@@ -7,8 +7,7 @@
 // stage) are allocated and freed only by the device's own ops, so their peak is exact. Workspace
 // also holds outputs waiting for the next stage to receive them, which depends on timing; it is
 // given as an upper bound. A step with packed documents also holds each live (stage,
-// micro-batch)'s document ids, 4 bytes a row from its F to its W, counted as MemoryKind::other and
-// not predicted here.
+// micro-batch)'s document ids, 4 bytes a row from its F to its W (MemoryKind::other), exactly.
 //
 // GPipe's claim in these terms, for a stage of L layers of width d, micro-batch size n = N/M:
 //   never:  M n (d + L d) = N (L + 1) d                      O(N L)
@@ -21,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -43,10 +43,13 @@ struct DeviceMemoryPrediction {
   std::size_t optimizer_state = 0;   ///< bytes, for the given floats of state per parameter
   std::size_t activations_peak = 0;  ///< bytes, exact
   std::size_t workspace_bound = 0;   ///< bytes, an upper bound on the workspace peak
+  /// bytes, exact: the packed documents' ids (MemoryKind::other) at their peak; 0 without them
+  std::size_t documents_peak = 0;
 
   /// An upper bound on the device's total peak.
   std::size_t total_bound() const {
-    return parameters + gradients + optimizer_state + activations_peak + workspace_bound;
+    return parameters + gradients + optimizer_state + activations_peak + workspace_bound +
+           documents_peak;
   }
 };
 
@@ -105,6 +108,21 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
   return peak;
 }
 
+// The peak of device d's document ids, in bytes: 4 a row of each (stage, micro-batch) from its F
+// to its W (to the F's end in an inference program), replayed in list order as the executor
+// holds them.
+inline std::size_t documents_peak(const Schedule& schedule, std::size_t d,
+                                  const MicroBatchSplit& split) {
+  std::size_t current = 0, peak = 0;
+  for (const Op& op : schedule.ops[d]) {
+    const std::size_t bytes = split.size(op.micro_batch) * sizeof(std::int32_t);
+    if (op.kind == OpKind::forward) peak = std::max(peak, current + bytes);
+    if (op.kind == OpKind::forward && !schedule.forward_only) current += bytes;
+    if (op.kind == OpKind::backward_weight) current -= bytes;
+  }
+  return peak;
+}
+
 // An upper bound on device d's workspace, in bytes, for the batch's split and activations of
 // `a` bytes an element (bf16 when a < 4): the slot buffers counted as workspace replayed in list
 // order (outputs and input gradients until their send, gradient stashes and received gradients
@@ -154,12 +172,15 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
 /// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
 /// in_place_loss: the loss writes its gradient over the last stage's output (loss_in_place: both
 /// built-in losses), which then holds one (rows, out_features) buffer where another loss needs two.
+/// document_ids: the step packs documents (forward_backward's third argument), whose ids each
+/// device holds per live (stage, micro-batch) (DeviceMemoryPrediction::documents_peak).
 template <class Model, class Precision = Fp32>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
                                                    Remat remat,
                                                    std::size_t optimizer_state_per_param = 0,
                                                    std::size_t target_bytes_per_row = 4,
-                                                   bool in_place_loss = true) {
+                                                   bool in_place_loss = true,
+                                                   bool document_ids = false) {
   constexpr std::size_t f = sizeof(float);                                // master arrays
   constexpr std::size_t a = sizeof(typename Precision::activation_type);  // activations
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
@@ -179,6 +200,7 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
         detail::slot_peak(schedule, d, st, split, remat, a, in_place_loss, MemoryKind::activations);
     out[d].workspace_bound = detail::workspace_bound(schedule, d, st, split, remat, a,
                                                      in_place_loss, target_bytes_per_row);
+    if (document_ids) out[d].documents_peak = detail::documents_peak(schedule, d, split);
   }
   return out;
 }

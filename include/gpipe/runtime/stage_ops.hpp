@@ -164,7 +164,7 @@ class StageOps {
 
   // The micro-batch's document ids onto the stage's device, once per (stage, micro-batch): its
   // F uploads them, B (with remat's recompute) and W read the same buffer, which W frees. They
-  // are counted as MemoryKind::other, 4 bytes a row, which predict_memory does not predict.
+  // are counted as MemoryKind::other, 4 bytes a row (predict_memory's documents_peak).
   void upload_document(OpContext& c, const OpPosition& at, const Step& step,
                        Buffer<std::int32_t>& ids) {
     ids = backend_.template allocate<std::int32_t>(at.device, at.rows, MemoryKind::other);

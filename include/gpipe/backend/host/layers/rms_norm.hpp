@@ -117,12 +117,15 @@ void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_weight(host::Kern
   std::vector<double> rstd(rows);
   for (std::size_t r = 0; r < rows; ++r) rstd[r] = detail::rstd_of(stats, r);
   k.in_blocks(cols, rows, [&](std::size_t first, std::size_t count) {  // column blocks
-    for (std::size_t c = first; c < first + count; ++c) {
-      double sum = 0;
-      for (std::size_t r = 0; r < rows; ++r)
-        sum += static_cast<double>(dy[r * cols + c]) * x[r * cols + c] * rstd[r];
-      dweight[c] += static_cast<M>(sum);
+    // rows outer, so that memory is read in order; each column is still summed in row order
+    std::vector<double> sum(count, 0.0);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* dyr = dy + r * cols + first;
+      const T* xr = x + r * cols + first;
+      const double s = rstd[r];
+      for (std::size_t j = 0; j < count; ++j) sum[j] += static_cast<double>(dyr[j]) * xr[j] * s;
     }
+    for (std::size_t j = 0; j < count; ++j) dweight[first + j] += static_cast<M>(sum[j]);
   });
 }
 
