@@ -1,10 +1,10 @@
 // A Llama on the pipeline (host backend), shaped as the README's (TokenEmbedding, LlamaBlocks,
 // RMSNorm, a bias-free head): for K in {1, 2, 4} stages, several schedules, M in {1, 3} and remat
-// never / always / selective, the loss and every gradient equal the unpipelined double-precision model;
-// MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads per
-// device gives the one-thread step; the memory model predicts the activation and document-id peaks;
-// Hugging Face's names save and load, skip rotary buffers and refuse a tensor of another shape; a
-// head tied to the embedding.
+// never / always / selective, the loss and every gradient equal the unpipelined double-precision
+// model; MixedBf16 within bf16's bound of Fp32 and the same bits for every split; a team of threads
+// per device gives the one-thread step; the memory model predicts the activation and document-id
+// peaks; Hugging Face's names save and load, skip rotary buffers and refuse a tensor of another
+// shape; a head tied to the embedding.
 
 #include <doctest/doctest.h>
 
