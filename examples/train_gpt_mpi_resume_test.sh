@@ -18,13 +18,13 @@ wrapper=$3
 source_text=$4
 seed=${GPIPE_KILL_SEED:-48}
 steps=40
+# a copy: every start of every run reads the same text, even if the file is edited meanwhile
+data=$PWD/data.txt
+cp "$source_text" "$data"
 args=(--data "$data" --steps "$steps" --batch 8 --warmup 4 --eval-every 0 --checkpoint-every 3
       --sample 0 --quiet)
 deadline_s=30  # from a kill to the job's end, and for a restarted job to log its step
 rm -rf whole killed resharded ./*.log
-# a copy: every start of every run reads the same text, even if the file is edited meanwhile
-data=$PWD/data.txt
-cp "$source_text" "$data"
 
 watched=""
 cleanup() {  # a wrapper still running (a failed check) ends with its job
