@@ -66,7 +66,9 @@ wait_for() {
   done
 }
 count_at_least() {  # count_at_least N PATTERN FILE
-  (($(grep -c -- "$2" "$3" 2>/dev/null || true) >= $1))
+  local n
+  n=$(grep -c -- "$2" "$3" 2>/dev/null) || true
+  ((${n:-0} >= $1))
 }
 logged() { grep -q "^$1," "$2/log.csv" 2>/dev/null; }
 
