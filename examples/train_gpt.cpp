@@ -94,7 +94,8 @@ using Backend = gpipe::host::Backend;
 struct Options {
   std::vector<std::filesystem::path> data;
   std::filesystem::path out = "train_gpt_out";
-  std::size_t steps = 600, batch = 16, accumulate = 1, micro_batches = 4, replicas = 1;
+  std::size_t steps = 600, batch = 16, accumulate = 1, micro_batches = 4;
+  std::size_t replicas = 0;  // 0: the MPI world's ranks / 4 (1 in one process)
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
@@ -130,7 +131,8 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --resume               continue from DIR/checkpoint when there is one
   --sample N             bytes (or tokens) generated at the end (300)
   --seed S               initialization and data order (1)
-  --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks)
+  --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks; default
+                         the world's ranks / 4, so that a restart on other ranks needs no edit)
   --quiet                no progress line per step (validation lines only)
   --bf16                 gpipe::MixedBf16: bf16 activations and GEMMs, fp32 master weights
   --plan                 let gpipe::plan choose schedule, micro-batches and remat from costs it
@@ -208,9 +210,10 @@ Options parse(int argc, char** argv) {
       o.sample = count();
     else if (flag == "--seed")
       o.seed = count();
-    else if (flag == "--replicas")
+    else if (flag == "--replicas") {
       o.replicas = count();
-    else if (flag == "--memory-limit")
+      if (o.replicas == 0) throw gpipe::Error("train_gpt: --replicas must be >= 1");
+    } else if (flag == "--memory-limit")
       o.memory_limit_mib = number(flag, value);
     else if (flag == "--skip-loss-z")
       o.skip_loss_z = number(flag, value);
@@ -219,8 +222,8 @@ Options parse(int argc, char** argv) {
     else
       throw gpipe::Error("train_gpt: unknown option " + std::string(flag) + "\n" + usage);
   }
-  if (o.steps == 0 || o.batch == 0 || o.accumulate == 0 || o.replicas == 0)
-    throw gpipe::Error("train_gpt: --steps, --batch, --accumulate and --replicas must be >= 1");
+  if (o.steps == 0 || o.batch == 0 || o.accumulate == 0)
+    throw gpipe::Error("train_gpt: --steps, --batch and --accumulate must be >= 1");
   if (o.separator.empty()) throw gpipe::Error("train_gpt: --separator needs at least one byte");
   if (separator_given && !o.llama)
     throw gpipe::Error(
@@ -549,12 +552,18 @@ int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, b
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Options o = parse(argc, argv);
+  Options o = parse(argc, argv);
 #ifdef GPIPE_TRAIN_GPT_MPI
+  gpipe::mpi::Session session(argc, argv);  // the world's size before the backend's layout
+  if (o.replicas == 0) {
+    int ranks = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    o.replicas = std::max(1, ranks / 4);
+  }
   Backend backend(argc, argv, {.data_parallel = o.replicas});
   const bool prints = backend.rank() == 0;
 #else
-  if (o.replicas != 1)
+  if (o.replicas > 1)
     throw gpipe::Error("train_gpt: --replicas needs MPI: run example_train_gpt_mpi under mpirun");
   Backend backend(4, {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
   const bool prints = true;
