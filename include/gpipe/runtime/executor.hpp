@@ -356,17 +356,19 @@ class Executor {
   }
 
   // Submits the compute op `kind` of stage s on micro-batch mb to `device`: the slot's buffers
-  // the table allocates, the op itself (stage_ops.hpp), then the table's frees.
+  // the table allocates, the op itself (stage_ops.hpp), then the table's frees. The loss buffer's
+  // address is taken now: the last device's "read loss" frees the buffer while other devices'
+  // work may still run.
   void submit_compute(OpKind kind, std::size_t s, std::size_t device, WorkLabel label,
                       std::size_t mb) {
-    backend_.submit(device, label, [this, kind, s, device, mb](Kernels& k) {
+    backend_.submit(device, label, [this, kind, s, device, mb, loss = loss_.data()](Kernels& k) {
       const std::size_t rows = step_->split.size(mb);
       const OpSituation at = situation(s, mb);
       const OpBuffers buffers = buffers_of(kind, at);
       Slot& here = slot(s, mb);
       allocate(buffers, s, device, rows, here);
       ops_.run(kind, k, {.stage = s, .device = device, .micro_batch = mb, .rows = rows}, at,
-               here.buffers, *step_, loss_.data());
+               here.buffers, *step_, loss);
       release(buffers, here);
     });
   }
