@@ -17,6 +17,7 @@
 
 #include "gpipe/cuda.cuh"
 #include "gpipe/optim/adamw.hpp"
+#include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
 
 namespace {
@@ -268,18 +269,14 @@ TEST_CASE("emulated CUDA graphs: a step that fails while captured fails as it do
   for (Fault fault : {Fault::forward, Fault::backward_input}) {
     CAPTURE(static_cast<int>(fault));
     injected_fault = fault;  // the next step would be captured: its ops throw while captured
-    std::string message;
-    try {
-      (void)trainer.forward_backward(x, y);
-    } catch (const Error& e) {
-      message = e.what();
-    }
+    const std::string message = test::error_of([&] { (void)trainer.forward_backward(x, y); });
     injected_fault = Fault::none;
     // the error of the step issued op by op: the stage, device and micro-batch that failed
-    CHECK(message.find("stage 1") != std::string::npos);
-    CHECK(message.find("micro-batch 2") != std::string::npos);
-    CHECK(message.find(fault == Fault::forward ? "injected forward failure"
-                                               : "injected backward failure") != std::string::npos);
+    CAPTURE(message);
+    CHECK(test::contains(message, "stage 1"));
+    CHECK(test::contains(message, "micro-batch 2"));
+    CHECK(test::contains(message, fault == Fault::forward ? "injected forward failure"
+                                                          : "injected backward failure"));
     trainer.zero_grad();
     CHECK(trainer.forward_backward(x, y) == first);  // and the trainer goes on
   }

@@ -345,7 +345,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
     timer_.launched(graph.timed_);
     GPIPE_CUDA_CHECK(cudaGraphLaunch(graph.exec_, origin_));
-    ++graph.launches_;
     ++graph_launches_;
     GPIPE_CUDA_CHECK(cudaEventRecord(fork_, origin_));
     for (std::size_t d = 0; d < num_devices(); ++d) {

@@ -1,13 +1,14 @@
 #pragma once
 // CUDA Graphs for the CUDA backend: a training step's work on every virtual device (on one GPU or
-// several: peer copies between them are part of the graph), captured once (cuda::Backend::begin_capture .. end_capture) and launched again for each later
-// step of the same shape (cuda::Backend::launch), so that the host issues one graph instead of
-// every kernel of every op. What a launch repeats besides the kernels: the memory_stats counts of
-// the step's allocations and frees (each device's MemoryChanges, in capture order), and the timing
-// events of its work (recorded by the graph itself, so traces and compute timings still show every
-// op). Copies between host and device in a captured step use pinned memory whose addresses the
-// graph keeps (PinnedArray): the step's inputs are written there before each launch, its outputs
-// read from there after.
+// several: peer copies between them are part of the graph), captured once
+// (cuda::Backend::begin_capture .. end_capture) and launched again for each later step of the same
+// shape (cuda::Backend::launch), so that the host issues one graph instead of every kernel of every
+// op. What a launch repeats besides the kernels: the memory_stats counts of the step's allocations
+// and frees (each device's MemoryChanges, in capture order), and the timing events of its work
+// (recorded by the graph itself, so traces and compute timings still show every op). Copies between
+// host and device in a captured step use pinned memory whose addresses the graph keeps
+// (PinnedArray): the step's inputs are written there before each launch, its outputs read from
+// there after.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/step_graph.cuh is CUDA code: compile it with nvcc"
@@ -56,8 +57,6 @@ class PinnedArray {
   }
   /// The elements (n of the last reserve).
   std::span<T> span() const { return {data_, size_}; }
-  /// Number of elements of the last reserve.
-  std::size_t size() const { return size_; }
 
  private:
   T* data_ = nullptr;
@@ -75,9 +74,6 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
   ~StepGraph();
 
-  /// How many times it has been launched.
-  std::size_t launches() const { return launches_; }
-
  private:
   friend class Backend;
   explicit StepGraph(Backend& backend, std::size_t devices)
@@ -87,7 +83,6 @@ class StepGraph {
   cudaGraphExec_t exec_ = nullptr;
   std::vector<std::vector<detail::MemoryChange>> memory_;  // per virtual device, capture order
   std::vector<detail::WorkTimer::Timed> timed_;            // its timed work, the graph's events
-  std::size_t launches_ = 0;
 };
 
 }  // namespace gpipe::cuda
