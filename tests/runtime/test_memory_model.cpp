@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -347,4 +348,73 @@ TEST_CASE("remat selective keeps a GPT's GEMM outputs: N (1 + kept) + (N / M) ch
     (void)run.template operator()<Fp32, ZeroBubbleH1>(Remat::selective, m);
     (void)run.template operator()<MixedBf16, OneFOneB>(Remat::selective, m);
   }
+}
+
+TEST_CASE("Remat::offload's plan: a slot goes when an op runs between its F and its B") {
+  // GPipe, K 2, M 3 (offload.hpp's example): device 0 runs F0 F1 F2, then B W per micro-batch
+  struct Sizes {
+    std::size_t kept_stash_per_row = 1, cheap_stash_per_row = 0;
+  };
+  const std::vector<Sizes> stages(2);
+  const Schedule gpipe = GPipe::make(2, 3);
+  const detail::OffloadPlan plan = detail::offload_plan(gpipe, Remat::offload, stages);
+  for (std::size_t s = 0; s < 2; ++s)
+    for (std::size_t mb = 0; mb < 3; ++mb) CHECK(plan.offloads(s, mb) == (mb < 2));
+  // each comes back ahead of the compute op before its B, once
+  for (std::size_t d = 0; d < 2; ++d) {
+    std::vector<std::size_t> fetched;
+    for (std::size_t p = 0; p < gpipe.ops[d].size(); ++p)
+      for (const std::size_t slot : plan.fetches(d, p)) {
+        fetched.push_back(slot);
+        const std::size_t mb = slot % 3;
+        // the next compute op after the fetch is the last one before mb's B
+        std::size_t q = p + 1;
+        while (!is_compute(gpipe.ops[d][q].kind)) ++q;
+        CHECK(gpipe.ops[d][q].kind == OpKind::backward_input);
+        CHECK(gpipe.ops[d][q].micro_batch == mb);
+        CHECK(is_compute(gpipe.ops[d][p].kind));
+      }
+    CHECK(fetched == std::vector<std::size_t>{d * 3 + 1, d * 3 + 0});
+  }
+  // 1F1B's last stage runs each B right after its F: nothing there goes; nor under other
+  // policies, nor for a stage without a stash
+  const detail::OffloadPlan one =
+      detail::offload_plan(OneFOneB::make(2, 4), Remat::offload, stages);
+  for (std::size_t mb = 0; mb < 4; ++mb) CHECK(!one.offloads(1, mb));
+  CHECK(one.offloads(0, 0));
+  CHECK(detail::offload_plan(gpipe, Remat::never, stages).empty());
+  const std::vector<Sizes> bare(2, Sizes{0, 0});
+  CHECK(!detail::offload_plan(gpipe, Remat::offload, bare).offloads(0, 0));
+}
+
+TEST_CASE("Remat::offload: the device keeps about N d + 2 (N / M) L d, the host the rest") {
+  // DeepModel's stage 0 under GPipe: never keeps every micro-batch's stash, offload two at most
+  constexpr std::size_t rows = 16, M = 8;
+  const Schedule gpipe = GPipe::make(2, M);
+  const auto never = predict_memory<DeepModel>(gpipe, rows, Remat::never);
+  const auto offload = predict_memory<DeepModel>(gpipe, rows, Remat::offload);
+  using S0 = DeepModel::stage_t<0>;
+  const std::size_t f = sizeof(float), n = rows / M;
+  CHECK(never[0].activations_peak == rows * (S0::in_features + S0::stash_per_row) * f);
+  CHECK(offload[0].activations_peak == (rows * S0::in_features + 2 * n * S0::stash_per_row) * f);
+  // the host holds the stashes of the M - 1 micro-batches that go
+  CHECK(offload[0].offloaded == (M - 1) * n * S0::stash_per_row * f);
+  CHECK(never[0].offloaded == 0);
+  CHECK(offload[0].total_bound() < never[0].total_bound());
+}
+
+TEST_CASE("Remat::offload on the host backend: a clear error") {
+  host::Backend backend(2);
+  const std::string message = [&] {
+    try {
+      Trainer<Model2, SoftmaxCrossEntropy, host::Backend> trainer(
+          backend, {.micro_batches = 2, .remat = Remat::offload});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  CAPTURE(message);
+  CHECK(message.find("Remat::offload") != std::string::npos);
+  CHECK(message.find("host backend has none") != std::string::npos);
 }

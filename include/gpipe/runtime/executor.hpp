@@ -23,6 +23,10 @@
 // backend may capture a step's work into a graph and launch it for later steps with the same key
 // (key_of): the step's host arrays are then where the graph copies from and to, and a capture
 // that fails is issued again op by op.
+//
+// Under Remat::offload (with an Offload of a backend that supports it: runtime/offload.hpp) an
+// offloaded slot's stash goes to host memory right after its F, comes back ahead of the op
+// before its B, and its B waits for it; the OffloadPlan says which slots and when.
 
 #include <bit>
 #include <cstddef>
@@ -37,6 +41,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/gradient_sums.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/slot_buffers.hpp"
 #include "gpipe/runtime/stage_ops.hpp"
@@ -72,11 +77,12 @@ class Executor {
   // issue_order(schedule), computed once by the owner. All of them outlive the executor.
   // token_input: stage 0's rows are token ids (StageOps's constructor says how they travel).
   // graphs: the owner's StepGraphs, which outlives the executor; null: every step issued op by op.
+  // offload: the owner's Offload (Remat::offload), which outlives the executor; null: none.
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
            std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
            std::span<Buffer<float>> grads, Bf16Weights<Backend>& bf16, bool token_input = false,
-           StepGraphs<Backend>* graphs = nullptr)
+           StepGraphs<Backend>* graphs = nullptr, Offload<Backend>* offload = nullptr)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -90,7 +96,8 @@ class Executor {
         grads_(grads),
         bf16_(bf16),
         token_input_(token_input),
-        graphs_(graphs) {}
+        graphs_(graphs),
+        offload_(offload) {}
 
   // Runs the step (with a forward_only schedule: the inference into step.out); returns the summed
   // loss of every micro-batch (0 for inference). Throws (from the backend's
@@ -120,6 +127,7 @@ class Executor {
         step.token_bits = token_bits(step.x, own_bits);
       }
     }
+    begin_offload(step);
     if (replayable) mode = graphs_->next(key_of(step));
     step_ = &step;
     begin_step(M);
@@ -198,9 +206,12 @@ class Executor {
       if (transport_.is_local(schedule_.device_of_stage(st)))
         ops_.prepare_weights(st, schedule_.device_of_stage(st));
     if (has_loss) loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
-    for (const OpPlace& place : order_)
-      if (transport_.is_local(place.device))
-        issue(place.device, schedule_.ops[place.device][place.position]);
+    for (const OpPlace& place : order_) {
+      if (!transport_.is_local(place.device)) continue;
+      for (const std::size_t slot : offload_plan_.fetches(place.device, place.position))
+        fetch(place.device, slot / M, slot % M);
+      issue(place.device, schedule_.ops[place.device][place.position]);
+    }
     if (has_loss)
       backend_.submit(last_device, {"read loss"}, [this, losses, M](Kernels& k) {
         k.download(M, loss_.data(), losses.data());
@@ -243,6 +254,9 @@ class Executor {
               address(s.document.data()),
               s.document.size(),
               address(s.token_bits.data())};
+    if constexpr (Offload<Backend>::supported)
+      if (!offload_plan_.empty())
+        for (const std::uint64_t a : offload_->key()) k.push_back(a);
     for (std::size_t st = 0; st < num_stages_; ++st) {
       k.push_back(address(params_[st].data()));
       k.push_back(address(grads_[st].data()));
@@ -255,6 +269,59 @@ class Executor {
   }
 
   Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
+  std::size_t num_mb() const { return step_->split.micro_batches; }
+
+  // Remat::offload: the step's OffloadPlan, and each offloaded slot's host block laid out by the
+  // Offload (before key_of, which lists the blocks' addresses). Under other policies the plan is
+  // empty; the trainer refuses Remat::offload where the backend does not support it.
+  void begin_offload(const Step& step) {
+    offload_plan_ =
+        offload_ != nullptr ? offload_plan(schedule_, step.remat, stages_) : OffloadPlan{};
+    if constexpr (Offload<Backend>::supported) {
+      if (offload_plan_.empty()) return;
+      const std::size_t M = step.split.micro_batches;
+      std::vector<std::size_t> bytes(num_stages_ * M, 0), device(num_stages_ * M, 0);
+      for (std::size_t s = 0; s < num_stages_; ++s)
+        for (std::size_t mb = 0; mb < M; ++mb) {
+          device[s * M + mb] = schedule_.device_of_stage(s);
+          if (offload_plan_.offloads(s, mb))
+            bytes[s * M + mb] = step.split.size(mb) * stash_elements(s) * sizeof(Activation);
+        }
+      offload_->begin(bytes, device);
+    }
+  }
+  std::size_t stash_elements(std::size_t s) const {
+    return stages_[s].kept_stash_per_row + stages_[s].cheap_stash_per_row;
+  }
+  // Right after stage s's F of micro-batch mb: the buffers offload_buffers frees (the stash and
+  // the cheap stash) to host memory, freed there.
+  void send_to_host(std::size_t device, std::size_t s, std::size_t mb) {
+    if constexpr (Offload<Backend>::supported) {
+      constexpr OpBuffers moved = offload_buffers();
+      static_assert(moved.num_frees == 2);
+      Slot& here = slot(s, mb);
+      offload_->template to_host<Activation>(
+          device, {.what = "offload", .stage = s, .micro_batch = mb, .background = true},
+          s * num_mb() + mb, {&here[moved.frees[0]], &here[moved.frees[1]]});
+    }
+  }
+  // Ahead of the op before stage s's B of micro-batch mb: the buffers fetch_buffers allocates
+  // (as activations), filled from host memory; the B waits for them.
+  void fetch(std::size_t device, std::size_t s, std::size_t mb) {
+    if constexpr (Offload<Backend>::supported) {
+      constexpr OpBuffers moved = fetch_buffers();
+      static_assert(moved.num_allocates == 2 &&
+                    moved.allocates[0].kind == MemoryKind::activations &&
+                    moved.allocates[1].kind == MemoryKind::activations);
+      Slot& here = slot(s, mb);
+      const std::size_t rows = step_->split.size(mb);
+      offload_->template from_host<Activation>(
+          device, {.what = "fetch", .stage = s, .micro_batch = mb, .background = true},
+          s * num_mb() + mb, {&here[moved.allocates[0].buffer], &here[moved.allocates[1].buffer]},
+          {rows * elements_per_row(stages_[s], moved.allocates[0].buffer),
+           rows * elements_per_row(stages_[s], moved.allocates[1].buffer)});
+    }
+  }
 
   // What stage s's ops on micro-batch mb allocate and free depends on (slot_buffers.hpp).
   OpSituation situation(std::size_t s, std::size_t mb) const {
@@ -342,7 +409,12 @@ class Executor {
         .what = to_string(op.kind), .stage = s, .micro_batch = mb, .compute = is_compute(op.kind)};
     switch (op.kind) {
       case OpKind::forward:
+        submit_compute(op.kind, s, device, label, mb);
+        if (offload_plan_.offloads(s, mb)) send_to_host(device, s, mb);
+        return;
       case OpKind::backward_input:
+        if constexpr (Offload<Backend>::supported)
+          if (offload_plan_.offloads(s, mb)) offload_->before_backward(device, s * num_mb() + mb);
         return submit_compute(op.kind, s, device, label, mb);
       case OpKind::backward_weight:
         submit_compute(op.kind, s, device, label, mb);
@@ -389,6 +461,8 @@ class Executor {
   Bf16Weights<Backend>& bf16_;
   bool token_input_;
   StepGraphs<Backend>* graphs_;  // null: every step issued op by op
+  Offload<Backend>* offload_;    // null: no Remat::offload
+  OffloadPlan offload_plan_;     // the step's (empty unless Remat::offload)
 };
 
 }  // namespace gpipe::detail

@@ -16,6 +16,9 @@
 // the stash less its cheap part c per row, and rebuilds c for one micro-batch at a time between
 // its B and its W (several where a zero-bubble schedule delays W):
 //   selective: N (d + L d - c) + (N/M) c  (fill-drain)
+// `offload` keeps what `never` keeps, but a micro-batch's stash only from its F to the offload and
+// from its fetch (ahead of the op before its B) to its W: in fill-drain about N d + 2 (N/M) L d
+// on the device, and the stashes of the offloaded micro-batches in pinned host memory.
 
 #include <algorithm>
 #include <array>
@@ -27,6 +30,7 @@
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/slot_buffers.hpp"
 #include "gpipe/runtime/stage_program.hpp"
@@ -45,6 +49,10 @@ struct DeviceMemoryPrediction {
   std::size_t workspace_bound = 0;   ///< bytes, an upper bound on the workspace peak
   /// bytes, exact: the packed documents' ids (MemoryKind::other) at their peak; 0 without them
   std::size_t documents_peak = 0;
+  /// bytes of pinned host memory, exact: under Remat::offload the device's offloaded stashes, a
+  /// block per offloaded (stage, micro-batch) (cuda::Backend::host_memory_stats); host memory,
+  /// so not in total_bound(); 0 under other policies
+  std::size_t offloaded = 0;
 
   /// An upper bound on the device's total peak.
   std::size_t total_bound() const {
@@ -90,10 +98,7 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
   std::size_t current = 0, peak = 0;
   // the bytes of `kind` each slot buffer holds now, as the executor allocates them
   std::vector<std::array<std::size_t, num_slot_buffers>> held(S * M);
-  for (const Op& op : schedule.ops[d]) {
-    const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
-    const OpBuffers ops =
-        buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s], in_place_loss));
+  const auto apply = [&](const OpBuffers& ops, std::size_t s, std::size_t mb) {
     auto& slot = held[s * M + mb];
     for (std::size_t i = 0; i < ops.num_allocates; ++i) {
       const Allocation& alloc = ops.allocates[i];
@@ -104,8 +109,33 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
     }
     for (std::size_t i = 0; i < ops.num_frees; ++i)
       current -= std::exchange(slot[static_cast<std::size_t>(ops.frees[i])], 0);
+  };
+  // Remat::offload: a slot's stash leaves after its F and comes back ahead of an op (offload.hpp)
+  const OffloadPlan offload = offload_plan(schedule, remat, st);
+  for (std::size_t p = 0; p < schedule.ops[d].size(); ++p) {
+    const Op& op = schedule.ops[d][p];
+    for (const std::size_t slot : offload.fetches(d, p)) apply(fetch_buffers(), slot / M, slot % M);
+    const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
+    apply(buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s], in_place_loss)), s, mb);
+    if (op.kind == OpKind::forward && offload.offloads(s, mb)) apply(offload_buffers(), s, mb);
   }
   return peak;
+}
+
+// The pinned host memory device d's offloaded stashes take under Remat::offload, in bytes of `a`
+// an element: a block per offloaded (stage, micro-batch), for the whole step (offload.hpp).
+inline std::size_t offloaded_bytes(const Schedule& schedule, std::size_t d,
+                                   const std::vector<StageSizes>& st, const MicroBatchSplit& split,
+                                   Remat remat, std::size_t a) {
+  const OffloadPlan offload = offload_plan(schedule, remat, st);
+  std::size_t bytes = 0;
+  for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.device_of_stage(s) != d) continue;
+    for (std::size_t mb = 0; mb < schedule.num_micro_batches; ++mb)
+      if (offload.offloads(s, mb))
+        bytes += split.size(mb) * (st[s].kept_stash_per_row + st[s].cheap_stash_per_row) * a;
+  }
+  return bytes;
 }
 
 // The peak of device d's document ids, in bytes: 4 a row of each (stage, micro-batch) from its F
@@ -201,6 +231,7 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
     out[d].workspace_bound = detail::workspace_bound(schedule, d, st, split, remat, a,
                                                      in_place_loss, target_bytes_per_row);
     if (document_ids) out[d].documents_peak = detail::documents_peak(schedule, d, split);
+    out[d].offloaded = detail::offloaded_bytes(schedule, d, st, split, remat, a);
   }
   return out;
 }

@@ -34,6 +34,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/measure_costs.hpp"
 #include "gpipe/runtime/memory_model.hpp"
+#include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/trainer.hpp"
 #include "gpipe/schedule/gpipe.hpp"
@@ -53,8 +54,10 @@ struct PlanOptions {
   /// Micro-batch counts to weigh. Empty: 1, 2, 4, ... up to the batch's samples, and the
   /// samples themselves.
   std::vector<std::size_t> micro_batches = {};
-  /// Remat policies to weigh.
-  std::vector<Remat> remat = {Remat::never, Remat::selective, Remat::except_last, Remat::always};
+  /// Remat policies to weigh. `plan` and `measure_plan_costs` leave Remat::offload out on a
+  /// backend without a copy stream (the host backend), where a Trainer refuses it.
+  std::vector<Remat> remat = {Remat::never, Remat::selective, Remat::except_last, Remat::always,
+                              Remat::offload};
   /// Floats of optimizer state per parameter the run will keep (AdamW 2, SGD with momentum 1,
   /// no optimizer state 0), counted in every device's memory.
   std::size_t optimizer_state_per_param = 2;
@@ -71,6 +74,9 @@ struct PlanCosts {
   /// [device] under Remat::selective (B recomputes the cheap layers); empty: taken as `never`'s
   /// (a model without cheap layers recomputes nothing under selective).
   std::vector<OpCosts> selective = {};
+  /// [device] under Remat::offload (its copies run beside the compute, and B waits for its
+  /// fetch); empty: taken as `never`'s.
+  std::vector<OpCosts> offload = {};
   /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
   /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
   /// choose_plan adds it to every op's cost.
@@ -99,7 +105,8 @@ inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
   std::vector<OpCosts> out = remat == Remat::always ? costs.always
                              : remat == Remat::selective && !costs.selective.empty()
                                  ? costs.selective
-                                 : costs.never;
+                             : remat == Remat::offload && !costs.offload.empty() ? costs.offload
+                                                                                 : costs.never;
   const auto m = static_cast<double>(costs.micro_batches);
   for (std::size_t d = 0; d < out.size(); ++d) {
     if (remat == Remat::except_last)
@@ -221,7 +228,8 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   std::vector<Schedule> schedules;  // [candidate]
   for (const PlanCosts& c : costs) {
     detail::require(c.never.size() == K && c.always.size() == K &&
-                        (c.selective.empty() || c.selective.size() == K),
+                        (c.selective.empty() || c.selective.size() == K) &&
+                        (c.offload.empty() || c.offload.size() == K),
                     [&] { return "plan's costs are for " + std::to_string(K) + " devices"; });
     const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
     detail::require(m >= 1 && m <= samples, [&] {
@@ -329,6 +337,9 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     return ((Model::template stage_t<S>::cheap_stash_per_row > 0) || ...);
   }
   (std::make_index_sequence<K>{});
+  const bool weighs_offload =
+      detail::Offload<Backend>::supported &&
+      std::ranges::find(options.remat, Remat::offload) != options.remat.end();
   std::vector<PlanCosts> out;
   for (std::size_t m : counts) {
     double overhead = -1;  // from the last configuration measured without running out
@@ -373,11 +384,19 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
         c.selective = c.always;
       }
     }
+    if (weighs_offload) {
+      try {
+        c.offload = measure(Remat::offload);
+      } catch (const OutOfMemory&) {
+        c.offload = c.never;  // the same ops; the copies taken as hidden
+      }
+    }
     c.overhead_us = std::max(overhead, 0.0);
     // each device's costs as the process that runs it measured them (the overhead: rank 0's)
     for (std::size_t d = 0; d < K; ++d) {
       std::vector<std::vector<OpCosts>*> measured = {&c.never, &c.always};
       if (weighs_selective) measured.push_back(&c.selective);
+      if (weighs_offload) measured.push_back(&c.offload);
       std::vector<double> v;
       for (const auto* costs : measured)
         v.insert(v.end(),
@@ -421,7 +440,9 @@ Plan plan(Backend& backend, const X& x, const Y& y, const PlanOptions& options =
                   "plan: every micro-batch count ran out of memory while measuring");
   const std::size_t rows = Model::is_token_model ? std::size(x) : std::size(x) / Model::in_features;
   const std::size_t target_bytes_per_row = std::size(y) * sizeof(*std::data(y)) / rows;
-  return choose_plan<Model, Precision>(rows, costs, limits, options.remat,
+  std::vector<Remat> policies = options.remat;
+  if constexpr (!detail::Offload<Backend>::supported) std::erase(policies, Remat::offload);
+  return choose_plan<Model, Precision>(rows, costs, limits, policies,
                                        options.optimizer_state_per_param, target_bytes_per_row);
 }
 

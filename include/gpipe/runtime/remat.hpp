@@ -9,6 +9,9 @@
 //                forward in fill-drain) keeps its activations
 //   selective    keep the input and the stash but its cheap part (the outputs and stashes of the
 //                layers marked cheap_to_recompute: norms, activations); recompute those before B
+//   offload      keep everything, but move a micro-batch's stash to pinned host memory after its F
+//                and back before its B, overlapped with compute (runtime/offload.hpp; backends
+//                with a copy stream: cuda::Backend)
 
 #include <cstddef>
 #include <string_view>
@@ -28,7 +31,14 @@ enum class Remat {
   /// part, the outputs (and statistics) of the layers marked `cheap_to_recompute` (LayerNorm,
   /// RMSNorm, ReLU, GELU, GELUTanh, SwiGLU) inside a stage; recompute just those before B
   /// (README, "Memory and re-materialization").
-  selective
+  selective,
+  /// Activation offload: nothing is recomputed; each micro-batch's stash (kept and cheap part)
+  /// goes to pinned host memory on the device's copy stream after its F and comes back ahead of
+  /// its B, overlapped with the device's other ops, where some op runs between the two (a
+  /// micro-batch whose B follows its F at once keeps its stash). Needs a backend with a copy
+  /// stream (cuda::Backend); a Trainer on another backend throws gpipe::Error (README, "Activation
+  /// offload").
+  offload
 };
 
 /// The policy's name as written in code: "never", "always", "except_last", "selective".
@@ -42,17 +52,20 @@ constexpr std::string_view to_string(Remat policy) {
       return "except_last";
     case Remat::selective:
       return "selective";
+    case Remat::offload:
+      return "offload";
   }
   return "unknown";
 }
 
 /// Whether micro-batch mb of M drops all its activations after forward and recomputes the
 /// stage's whole forward before its backward (`selective` drops only the cheap part:
-/// recomputes_cheap_part).
+/// recomputes_cheap_part; `offload` recomputes nothing).
 constexpr bool recomputes(Remat policy, std::size_t micro_batch, std::size_t num_micro_batches) {
   switch (policy) {
     case Remat::never:
     case Remat::selective:
+    case Remat::offload:
       return false;
     case Remat::always:
       return true;

@@ -24,6 +24,9 @@
 //   grad_input   in_features        backward_input (workspace), unless    the send once delivered;
 //                                   stage 0 skips it                      stage 0: backward_input
 //   grad_stash   grad_stash_per_row backward_input (workspace)            backward_weight
+// Under Remat::offload a slot's stash and cheap_stash also leave the device after its F (the
+// offload frees them) and come back ahead of its B (the fetch allocates them again, as
+// activations): runtime/offload.hpp says which slots and when; offload_buffers, fetch_buffers.
 // An op allocates its buffers before its kernels run and frees its own after them; a send hands
 // its buffer to the transport, which frees it when the receiver has it (so that lifetime depends
 // on timing). Besides the slot, an op takes scratch that lives for that op only: the stage's
@@ -225,6 +228,24 @@ constexpr OpBuffers buffers_of(OpKind kind, const OpSituation& at) {
       b.free(SlotBuffer::grad_input);
       return b;
   }
+  return b;
+}
+
+// Remat::offload's move of a slot's stash to host memory, right after its F: it frees the stash
+// and the cheap stash on the device (runtime/offload.hpp).
+constexpr OpBuffers offload_buffers() {
+  OpBuffers b;
+  b.free(SlotBuffer::stash);
+  b.free(SlotBuffer::cheap_stash);
+  return b;
+}
+
+// Remat::offload's fetch of a slot's stash back ahead of its B: it allocates the stash and the
+// cheap stash again, as activations, which W frees.
+constexpr OpBuffers fetch_buffers() {
+  OpBuffers b;
+  b.allocate(SlotBuffer::stash, MemoryKind::activations);
+  b.allocate(SlotBuffer::cheap_stash, MemoryKind::activations);
   return b;
 }
 

@@ -17,6 +17,7 @@
 #include "gpipe/error.hpp"
 #include "gpipe/runtime/executor.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/stage_program.hpp"
@@ -131,7 +132,7 @@ class StepRunner {
     // every replica divides by the whole mini-batch's normalizer (every process has all of y)
     const double normalizer = loss_.normalizer(y, out);
 
-    auto executor = this->executor(schedule_, issue_order_, store, &graphs_);
+    auto executor = this->executor(schedule_, issue_order_, store, &graphs_, &offload_);
     store.restart_tied_gradients();
     transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
@@ -208,11 +209,13 @@ class StepRunner {
   std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
 
   // An executor of `program` (issued in `order`; both outlive it) over the store's arrays; with
-  // `graphs`, the training steps' (a backend may replay them).
+  // `graphs`, the training steps' (a backend may replay them); with `offload`, theirs too
+  // (Remat::offload).
   Executor<Backend, Target, Precision> executor(const Schedule& program,
                                                 std::span<const OpPlace> order,
                                                 ParameterStore<Backend>& store,
-                                                StepGraphs<Backend>* graphs = nullptr) {
+                                                StepGraphs<Backend>* graphs = nullptr,
+                                                Offload<Backend>* offload = nullptr) {
     return {backend_,
             program,
             order,
@@ -222,7 +225,8 @@ class StepRunner {
             store.grads(),
             store.bf16_weights(),
             shape_.takes_tokens(),
-            graphs};
+            graphs,
+            offload};
   }
 
   Backend& backend_;
@@ -235,6 +239,9 @@ class StepRunner {
   std::size_t micro_batches_;
   Remat remat_;
   StepStats last_step_;
+  // Remat::offload's host blocks, where the backend has them (before graphs_, whose graphs copy to
+  // and from them, so that it goes after them)
+  Offload<Backend> offload_{backend_};
   StepGraphs<Backend> graphs_{backend_};  // the training steps' graphs, where the backend has them
 };
 
@@ -256,6 +263,7 @@ StepRunner<Backend, Target, Precision>::StepRunner(Backend& backend, Schedule ge
       shape_(shape),
       micro_batches_(micro_batches),
       remat_(remat) {
+  check_offload<Backend>(remat_);
   if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
   require_valid(schedule_, sends);
   if constexpr (sends == Sends::rendezvous) {

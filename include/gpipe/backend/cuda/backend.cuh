@@ -59,6 +59,11 @@
 #include "gpipe/error.hpp"
 #include "gpipe/transport/cuda.cuh"
 
+namespace gpipe::detail {
+template <class Backend>
+class Offload;  // runtime/offload.hpp; cuda/offload.cuh specializes it for cuda::Backend
+}  // namespace gpipe::detail
+
 namespace gpipe::cuda {
 
 /// CUDA GPUs visible to this process; 0 when there are none or no usable driver.
@@ -175,6 +180,23 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Stream operations of a virtual device, in submission order (see the top of this file).
   void submit(std::size_t device, WorkLabel label, Work work) {
     enqueue(device, {Item::Kind::work, label, std::move(work), nullptr});
+  }
+  /// Work on `device`'s copy stream: it runs on the caller's thread in the device's submission
+  /// order, and what it enqueues on `Kernels::copy_stream()` (copies between host and device
+  /// memory) runs after everything submitted to the device before it and beside everything
+  /// submitted after it, which does not wait for it; allocations and frees inside it are ordered
+  /// on the copy stream. `done`, where given, is recorded on the copy stream after it, for wait().
+  /// Traced (not compute time) like other work; `label.background` draws it beside the device's
+  /// ops. Remat::offload's copies run so (cuda/offload.cuh).
+  void submit_copy(std::size_t device, WorkLabel label, Work work, const Event* done = nullptr) {
+    enqueue(device, {Item::Kind::copy_work, label, std::move(work),
+                     done != nullptr ? done->state_ : nullptr});
+  }
+  /// Pinned host memory held for `device`'s activations (Remat::offload: cuda/offload.cuh), in
+  /// bytes: now, and the most since the last reset_peak(); no capacity.
+  MemoryStats host_memory_stats(std::size_t device) const {
+    check_device(device);
+    return allocator(device).host_stats();
   }
   /// Enqueues on `device`'s compute stream the recording of `event`, after everything submitted to
   /// the device before it; a later record of the same event replaces the mark.
@@ -369,6 +391,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   using Clock = std::chrono::steady_clock;
   using Item = detail::WorkQueues::Item;
   friend class StepGraph;
+  friend class gpipe::detail::Offload<Backend>;  // counts its pinned blocks (host_memory_stats)
 
   // The stream that captures and launches graphs, on device 0's GPU (current), and the events
   // that join every device's streams to it, each of its device's GPU; made at the first capture.
@@ -461,6 +484,9 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
         case Item::Kind::wait:
           GPIPE_CUDA_CHECK(cudaStreamWaitEvent(s.compute, item.event->event, 0));
           break;
+        case Item::Kind::copy_work:
+          run_copy_work(d, item);
+          break;
       }
     } catch (...) {
       failure_.fail(std::current_exception(), describe(item.label, options_.first_device + d));
@@ -482,6 +508,31 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     item.work = nullptr;  // buffers the work captured are freed in this stream's order too
     order_.set_current(detail::StreamOrder::none);
     if (end != nullptr) timer_.stop(d, end);
+  }
+
+  // Copy-stream work (submit_copy): the copy stream first waits for the compute stream, then the
+  // work runs with allocations and frees ordered on the copy stream; then its event's record.
+  void run_copy_work(std::size_t d, Item& item) {
+    detail::DeviceState& s = devices_[d];
+    GPIPE_CUDA_CHECK(cudaEventRecord(s.ready, s.compute));
+    GPIPE_CUDA_CHECK(cudaStreamWaitEvent(s.copy, s.ready, 0));
+    const cudaEvent_t end = timer_.start(d, item.label, s.copy);
+    order_.set_current(d);
+    order_.set_stream(s.copy);
+    const auto restore = [&] {
+      item.work = nullptr;  // buffers the work captured are freed in the copy stream's order
+      order_.set_stream(nullptr);
+      order_.set_current(detail::StreamOrder::none);
+      if (end != nullptr) timer_.stop(d, end, s.copy);
+    };
+    try {
+      item.work(kernels_[d]);
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    if (item.event != nullptr) item.event->record(s.gpu->id, s.copy);
   }
 
   Options options_;
@@ -507,5 +558,6 @@ inline StepGraph::~StepGraph() { backend_->release(*this); }
 
 static_assert(gpipe::backend<gpipe::cuda::Backend>);
 
-// The executor's seam for CUDA Graphs, specialized for this backend.
+// The executor's seams for CUDA Graphs and activation offload, specialized for this backend.
+#include "gpipe/backend/cuda/offload.cuh"
 #include "gpipe/backend/cuda/step_graphs.cuh"

@@ -39,15 +39,20 @@ class StreamOrder {
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
 
   cudaStream_t stream_for(std::size_t device) const {
+    if (stream_ != nullptr) return stream_;
     return current_ != none ? compute_[current_] : compute_[device];
   }
   void set_current(std::size_t device) { current_ = device; }
+  // While not null, every allocation and free is ordered on `stream` instead: the copy stream of
+  // work that runs there (cuda::Backend::submit_copy).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
   std::size_t current() const { return current_; }
   void add_device(cudaStream_t compute) { compute_.push_back(compute); }
 
  private:
   std::vector<cudaStream_t> compute_;
   std::size_t current_ = none;
+  cudaStream_t stream_ = nullptr;
 };
 
 // One change of a device's counted bytes: an allocation (bytes > 0) or a free, of a kind. A CUDA
@@ -129,8 +134,20 @@ class DeviceAllocator {
   /// Bytes allocated now and at most since the last reset_peak(), in all and per MemoryKind, and
   /// the capacity; sizes as requested, the pool's cached blocks not counted.
   MemoryStats stats() const { return counter_.stats(); }
-  /// Sets the peaks (in all and per kind) to the current bytes.
-  void reset_peak() { counter_.reset_peak(); }
+  /// Sets the peaks (in all and per kind) to the current bytes, of the device and of the pinned
+  /// host memory held for it.
+  void reset_peak() {
+    counter_.reset_peak();
+    host_.reset_peak();
+  }
+
+  /// Counts `bytes` of pinned host memory as held for this device's activations (Remat::offload's
+  /// blocks, cuda/offload.cuh); no cap.
+  void reserve_host(std::size_t bytes) { host_.reserve(bytes, MemoryKind::activations); }
+  /// Takes back a reserve_host(bytes).
+  void release_host(std::size_t bytes) noexcept { host_.release(bytes, MemoryKind::activations); }
+  /// The pinned host memory held for this device (reserve_host), as MemoryStats (no capacity).
+  MemoryStats host_stats() const { return host_.stats(); }
   /// The virtual device whose memory this counts (named in out-of-memory messages).
   std::size_t device() const { return counter_.device(); }
   /// CUDA device ordinal of the GPU the memory is on.
@@ -146,6 +163,7 @@ class DeviceAllocator {
   }
 
   gpipe::detail::MemoryCounter counter_;
+  gpipe::detail::MemoryCounter host_{device(), 0};  // pinned host memory held for the device
   std::vector<detail::MemoryChange>* log_ = nullptr;
   std::size_t named_;
   int gpu_;

@@ -52,12 +52,14 @@ class WorkTimer {
   // pending, for launched() to time each launch.
   void set_capture(std::vector<Timed>* captured) { captured_ = captured; }
 
-  // Records the start of work `label` on device d's compute stream (its GPU current) when the
-  // work is timed; returns the event to record at its end, or null when it is not timed.
-  cudaEvent_t start(std::size_t d, const WorkLabel& label) {
+  // Records the start of work `label` on device d's compute stream, or on `stream` (one of the
+  // device's streams; its GPU current), when the work is timed; returns the event to record at
+  // its end, or null when it is not timed.
+  cudaEvent_t start(std::size_t d, const WorkLabel& label, cudaStream_t stream = nullptr) {
     const bool traced = tracing_ && !label.internal;
     if (!traced && !label.compute) return nullptr;
     DeviceState& s = devices_[d];
+    if (stream == nullptr) stream = s.compute;
     if (captured_ != nullptr) {
       cudaEvent_t start = nullptr, end = nullptr;
       GPIPE_CUDA_CHECK(cudaEventCreate(&start));
@@ -66,17 +68,18 @@ class WorkTimer {
         GPIPE_CUDA_CHECK(made);
       }
       captured_->push_back({d, label, start, end, traced, label.compute, true});
-      GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(start, s.compute, cudaEventRecordExternal));
+      GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(start, stream, cudaEventRecordExternal));
       return end;
     }
     const cudaEvent_t start = timing_event(*s.gpu), end = timing_event(*s.gpu);
     pending_.push_back({d, label, start, end, traced, label.compute});
-    GPIPE_CUDA_CHECK(cudaEventRecord(start, s.compute));
+    GPIPE_CUDA_CHECK(cudaEventRecord(start, stream));
     return end;
   }
-  // Records `end`, as start() returned it, after the work on device d's compute stream.
-  void stop(std::size_t d, cudaEvent_t end) {
-    GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(end, devices_[d].compute,
+  // Records `end`, as start() returned it, after the work on device d's compute stream, or on
+  // `stream` (start's).
+  void stop(std::size_t d, cudaEvent_t end, cudaStream_t stream = nullptr) {
+    GPIPE_CUDA_CHECK(cudaEventRecordWithFlags(end, stream != nullptr ? stream : devices_[d].compute,
                                               captured_ != nullptr ? cudaEventRecordExternal : 0));
   }
 

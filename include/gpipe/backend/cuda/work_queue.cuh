@@ -78,11 +78,12 @@ class WorkQueues {
  public:
   using Work = std::function<void(KernelContext<float>&)>;
   struct Item {
-    enum class Kind : std::uint8_t { work, record, wait };
+    // copy_work: work on the device's copy stream (Backend::submit_copy)
+    enum class Kind : std::uint8_t { work, record, wait, copy_work };
     Kind kind;
     WorkLabel label;
-    Work work;                          // for work
-    std::shared_ptr<EventState> event;  // for a record or a wait
+    Work work;                          // for work and copy_work
+    std::shared_ptr<EventState> event;  // for a record or a wait; copy_work's record, or null
   };
 
   explicit WorkQueues(std::size_t devices) : queues_(devices) {}
