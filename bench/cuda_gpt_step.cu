@@ -7,12 +7,16 @@
 //                      MixedBf16 and Fp32
 //   gpt2_124M/block/... one Transformer block's launches and bytes: the launch records of a
 //                      1-block and a 2-block GPT-2 124M step (M 1) subtracted
+//   gpt2_124M/K:4/bf16/offload/... K 4 (M 8, 16, graphs on) under Remat::offload: each stash to
+//                      pinned host memory and back over the copy stream (the step's time against
+//                      never's, and its device peak)
 // Rows with graphs:1 replay each step from a CUDA graph (BackendOptions::graphs: captured on the
 // second step, launched from the third), graphs:0 issue every op: on the dry run their times are
 // the host's cost of issuing a step either way.
 // Reported: time per step (host clock around it; every step ends in the backend's synchronize),
 // tokens/s, MFU (llm.c's FLOPs per token against the GPU's dense bf16 peak: support/mfu.hpp; 0
-// where the GPU is not in its table) and peak memory (all K virtual devices together). From the
+// where the GPU is not in its table), peak memory (all K virtual devices together), the largest
+// device's activation peak (act_MiB) and under offload the pinned host memory (host_MiB). From the
 // launch records of one step (gpipe::cuda::LaunchRecorder; support/roofline.hpp): launches, the
 // bytes outside GEMMs per token beside the ideal (ideal_B/token), and the step an H200's
 // roofline predicts (pred_ms, pred_MFU_%); each row also prints its kernels once. The
@@ -28,6 +32,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -91,7 +96,7 @@ using Gpt2_124M_b2 = Shape<T124, samples124, 2>;
 
 // A trainer of Model on K = its stages virtual devices of GPU 0, its head tied to the embedding,
 // and a step on random tokens (zero_grad, forward_backward, AdamW).
-template <class Model, class S, class Precision>
+template <class Model, class S, class Precision, gpipe::Remat R = gpipe::Remat::never>
 struct StepRun {
   static constexpr std::size_t K = Model::num_stages;
   gpipe::cuda::Backend backend;
@@ -104,6 +109,7 @@ struct StepRun {
   explicit StepRun(std::size_t M, bool graphs = true)
       : backend(K, {.gpus = std::vector<int>(K, 0), .graphs = graphs}),
         trainer(backend, {.micro_batches = M,
+                          .remat = R,
                           .seed = 1,
                           .ties = {{.parameter = S::head_weight(), .to = "0.wte.weight"}}}) {}
   static std::vector<std::int32_t> tokens(std::uint64_t seed) {
@@ -133,12 +139,13 @@ bool first_print(const std::string& title) {
   return printed.insert(title).second;
 }
 
-template <class Model, class S = Small, class Precision = gpipe::Fp32>
+template <class Model, class S = Small, class Precision = gpipe::Fp32,
+          gpipe::Remat R = gpipe::Remat::never>
 void BM_gpt_step(benchmark::State& state) {
   const auto M = static_cast<std::size_t>(state.range(0));
   const bool graphs = state.range(1) != 0;
   constexpr std::size_t K = Model::num_stages;
-  StepRun<Model, S, Precision> run(M, graphs);
+  StepRun<Model, S, Precision, R> run(M, graphs);
   run.step();  // warm-up (and with graphs the step before the capture)
   const gpipe::bench::StepRecords records = run.recorded_step();  // with graphs: the capture
   double total_s = 0;
@@ -165,8 +172,17 @@ void BM_gpt_step(benchmark::State& state) {
         peak_flops > 0 ? 100 * tokens_per_s * flops_per_token / peak_flops : 0;
   }
   std::size_t peak = 0;
-  for (std::size_t d = 0; d < K; ++d) peak += run.backend.memory_stats(d).peak;
+  std::size_t host = 0, activations = 0;  // the largest device's activation peak
+  for (std::size_t d = 0; d < K; ++d) {
+    const gpipe::MemoryStats stats = run.backend.memory_stats(d);
+    peak += stats.peak;
+    activations = std::max(activations, stats.peak_of(gpipe::MemoryKind::activations));
+    host += run.backend.host_memory_stats(d).peak;
+  }
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1 << 20);
+  state.counters["act_MiB"] = static_cast<double>(activations) / (1 << 20);
+  if (R == gpipe::Remat::offload)
+    state.counters["host_MiB"] = static_cast<double>(host) / (1 << 20);
   state.counters["graph_launches"] = static_cast<double>(run.backend.graph_launches());
   // the launch records' step, beside the ideal and priced on an H200
   state.counters["launches"] = static_cast<double>(records.launches);
@@ -244,6 +260,15 @@ BENCHMARK(BM_gpt_step<Model124_1, Gpt2_124M, gpipe::MixedBf16>)
 BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M, gpipe::MixedBf16>)
     ->Name("gpt2_124M/K:4/bf16")
     ->Apply(many_micro_batches);
+// K 4 under Remat::offload, graphs on, beside the rows above (never)
+void offload_rows(benchmark::internal::Benchmark* b) {
+  for (std::int64_t m : {8, 16})
+    if (static_cast<std::size_t>(m) <= samples124) b->Args({m, 1});
+  b->ArgNames({"M", "graphs"})->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_gpt_step<Model124_4, Gpt2_124M, gpipe::MixedBf16, gpipe::Remat::offload>)
+    ->Name("gpt2_124M/K:4/bf16/offload")
+    ->Apply(offload_rows);
 BENCHMARK(BM_block_records<gpipe::MixedBf16>)
     ->Name("gpt2_124M/block/bf16")
     ->UseManualTime()

@@ -376,12 +376,14 @@ TEST_CASE("Remat::offload's plan: a slot goes when an op runs between its F and 
       }
     CHECK(fetched == std::vector<std::size_t>{d * 3 + 1, d * 3 + 0});
   }
-  // 1F1B's last stage runs each B right after its F: nothing there goes; nor under other
-  // policies, nor for a stage without a stash
+  // 1F1B, K 2: the last stage runs each B right after its F, and stage 0 only F1 between F0 and
+  // B0 (F1 B0 W0 F2 between F1 and B1): those stay; nor does anything under other policies, nor
+  // in a stage without a stash
   const detail::OffloadPlan one =
       detail::offload_plan(OneFOneB::make(2, 4), Remat::offload, stages);
   for (std::size_t mb = 0; mb < 4; ++mb) CHECK(!one.offloads(1, mb));
-  CHECK(one.offloads(0, 0));
+  CHECK(!one.offloads(0, 0));
+  CHECK(one.offloads(0, 1));
   CHECK(detail::offload_plan(gpipe, Remat::never, stages).empty());
   const std::vector<Sizes> bare(2, Sizes{0, 0});
   CHECK(!detail::offload_plan(gpipe, Remat::offload, bare).offloads(0, 0));

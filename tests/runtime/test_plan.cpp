@@ -221,3 +221,49 @@ TEST_CASE("the planner refuses micro-batch counts the batch cannot split into") 
   CHECK_THROWS_AS(plan_with(0), Error);
   CHECK_THROWS_AS(plan_with(rows + 1), Error);
 }
+
+TEST_CASE(
+    "with Remat::offload weighed, a limit that forbids never picks offload at never's speed") {
+  // Deep stages on K 4, whose stashes offload moves off the device where two ops or more run
+  // between a micro-batch's F and its B (a 1F1B stage s < 3 runs 3 - s forwards there; the last
+  // stage keeps its stashes). Offload's ops cost never's (its copies beside the compute);
+  // recomputing costs time: under a limit below every never candidate, offload wins.
+  using Deep6 = repeat_stage_t<Linear<16, 16>, 6>;
+  using Deep = Pipeline<Deep6, Deep6, Deep6, Stage<ReLU, Linear<16, 4>>>;
+  std::vector<PlanCosts> costs;
+  for (std::size_t m : {4, 8}) {
+    PlanCosts c;
+    c.micro_batches = m;
+    for (std::size_t d = 0; d < 4; ++d) {
+      const double f = 20.0 + 10.0 * static_cast<double>(rows / m);
+      c.never.push_back({.forward = f, .backward_input = f, .backward_weight = f});
+      c.always.push_back({.forward = f, .backward_input = 2 * f, .backward_weight = f});
+    }
+    c.offload = c.never;
+    costs.push_back(c);
+  }
+  const std::vector<Remat> policies = {Remat::never, Remat::always, Remat::offload};
+  const Plan free = choose_plan<Deep>(rows, costs, std::vector<std::size_t>{}, policies);
+  const std::size_t never_min =
+      smallest_peak(free, [](const PlanCandidate& c) { return c.remat == Remat::never; });
+  const std::size_t offload_min =
+      smallest_peak(free, [](const PlanCandidate& c) { return c.remat == Remat::offload; });
+  REQUIRE(offload_min < never_min);
+  const Plan plan =
+      choose_plan<Deep>(rows, costs, std::vector<std::size_t>{never_min - 1}, policies);
+  CHECK(plan.chosen.remat == Remat::offload);
+  CHECK(plan.chosen.peak_bytes < never_min);
+  std::size_t host = 0;
+  for (const DeviceMemoryPrediction& p : plan.chosen.memory) host += p.offloaded;
+  CHECK(host > 0);  // what left the devices is held in host memory
+}
+
+TEST_CASE("plan on the host backend leaves Remat::offload out") {
+  host::Backend backend(Model3::num_stages);
+  const std::vector<float> x = random_inputs(rows, Model3::in_features, 1);
+  const std::vector<std::int32_t> y = random_classes(rows, Model3::out_features, 2);
+  const Plan plan = gpipe::plan<Model3, SoftmaxCrossEntropy>(
+      backend, x, y, {.micro_batches = {2, 4}, .measure_steps = 1});
+  CHECK(!plan.candidates.empty());
+  for (const PlanCandidate& c : plan.candidates) CHECK(c.remat != Remat::offload);
+}

@@ -4,10 +4,11 @@
 // memory after F, and ahead of which op each comes back, is one OffloadPlan: the executor issues
 // by it and predict_memory replays it, so that the two cannot disagree.
 //
-// The rule, per device d and its op list: slot (s, mb) offloads when some compute op of d runs
-// between its F and its B (else B would wait for a round trip with nothing to hide it behind),
-// and its stash comes back ahead of the last compute op of d before its B, so that the copy to
-// the device runs beside that op. GPipe on device 0 of K 2, M 3 (W right after its B):
+// The rule, per device d and its op list: slot (s, mb)'s stash comes back ahead of the last
+// compute op of d before its B, so that the copy to the device runs beside that op; it offloads
+// when two compute ops of d or more run between its F and its B, so that it is away during one
+// at least (with none, B would wait for a round trip with nothing to hide it behind; with one,
+// it would come back as soon as it left). GPipe on device 0 of K 2, M 3 (W right after its B):
 //
 //   op:        F0  F1  F2  B2  W2  B1  W1  B0  W0
 //   offload:   0   1   -                              (F2: B2 follows at once)
@@ -63,20 +64,25 @@ OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& st
   for (std::size_t d = 0; d < schedule.num_devices; ++d) {
     const std::vector<Op>& ops = schedule.ops[d];
     plan.fetched_before[d].resize(ops.size());
-    // per slot of this device: the position of its F, -1 before it
-    std::vector<std::ptrdiff_t> forward_at(schedule.num_stages() * M, -1);
-    std::ptrdiff_t last_compute = -1;  // the latest compute op's position
+    constexpr std::size_t none = static_cast<std::size_t>(-1);
+    // per slot of this device: the compute ops before its F, `none` before it
+    std::vector<std::size_t> forward_at(schedule.num_stages() * M, none);
+    std::size_t computes = 0;      // the compute ops so far
+    std::size_t last_compute = 0;  // the latest one's position
     for (std::size_t p = 0; p < ops.size(); ++p) {
       const Op& op = ops[p];
       const std::size_t s = schedule.stage_of(d, op.chunk), slot = s * M + op.micro_batch;
-      if (op.kind == OpKind::forward) forward_at[slot] = static_cast<std::ptrdiff_t>(p);
-      if (op.kind == OpKind::backward_input && forward_at[slot] >= 0 &&
-          last_compute > forward_at[slot] &&
+      if (op.kind == OpKind::forward) forward_at[slot] = computes;
+      if (op.kind == OpKind::backward_input && forward_at[slot] != none &&
+          computes >= forward_at[slot] + 3 &&  // F, then two ops or more
           stages[s].kept_stash_per_row + stages[s].cheap_stash_per_row > 0) {
         plan.offloaded[slot] = 1;
-        plan.fetched_before[d][static_cast<std::size_t>(last_compute)].push_back(slot);
+        plan.fetched_before[d][last_compute].push_back(slot);
       }
-      if (is_compute(op.kind)) last_compute = static_cast<std::ptrdiff_t>(p);
+      if (is_compute(op.kind)) {
+        ++computes;
+        last_compute = p;
+      }
     }
   }
   return plan;

@@ -103,7 +103,9 @@ class Trainer {
     std::size_t micro_batches = 1;
     /// Which micro-batches drop their activations (or, `Remat::selective`, the cheap layers'
     /// outputs) after forward and recompute them before backward: less memory for more
-    /// compute, the same gradients.
+    /// compute, the same gradients. `Remat::offload` moves them to pinned host memory and back
+    /// instead (a backend with a copy stream: cuda::Backend; elsewhere the constructor throws
+    /// gpipe::Error).
     Remat remat = Remat::never;
     /// Seed of the parameters' initialization (PyTorch's default distributions, in
     /// nn.Sequential order): the same seed gives the same model for every split into stages.
