@@ -14,4 +14,5 @@
 #endif
 
 #include "gpipe/backend/cuda.cuh"
+#include "gpipe/backend/cuda/compiled.cuh"
 #include "gpipe/core.hpp"

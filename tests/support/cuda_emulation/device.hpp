@@ -66,9 +66,13 @@
 
 #include "gpipe/error.hpp"
 
-// Device code spelled as the host compiler needs it. __global__ and __device__ are already empty
-// in cuda_runtime.h's host view; shared memory is one object per emulating OS thread, which runs
-// one block at a time.
+// Device code spelled as the host compiler needs it. __device__ is already empty in
+// cuda_runtime.h's host view; a kernel is an inline function, so that a program of several
+// translation units (one of them the CUDA backend's compiled runtime, src/cuda.cu) holds one
+// definition of each kernel its headers define; shared memory is one object per emulating OS
+// thread, which runs one block at a time.
+#undef __global__
+#define __global__ inline
 #undef __shared__
 #define __shared__ static thread_local
 #ifndef __launch_bounds__
@@ -448,6 +452,11 @@ inline void enqueue_launch(cudaStream_t stream, std::function<void()> launch);
 inline int gpu_of_memory(const void* p);
 inline bool may_access(int gpu, int owner);
 inline int gpu_of_stream(cudaStream_t stream);
+// Kernel argument `index` of a launch on `gpu`, a pointer, when the kernel runs: an Error unless it
+// is null or device memory that `gpu` may access (host memory, memory whose stream-ordered free
+// came first, or another GPU's memory without access granted would fault on a GPU). Defined by
+// runtime.hpp, once per program, so that each kernel's launch holds only the call.
+void require_kernel_argument(const void* p, std::size_t index, int gpu);
 
 // What the emulator has been asked to do so far: kernel launches, in all and per kernel (an
 // instantiation, e.g. convert_kernel<4, float, bf16>), and cuBLAS and cuBLASLt GEMM calls, each
@@ -551,25 +560,15 @@ class Launch {
 
  private:
   // What would fault on a GPU: a pointer argument that is not device memory when the kernel
-  // runs (host memory, or memory whose stream-ordered free came first), or that is another GPU's
-  // memory which this GPU was not granted access to.
+  // runs, or another GPU's memory that this GPU may not access (require_kernel_argument).
   static void require_device_pointers(const std::tuple<std::decay_t<Params>...>& params, int gpu) {
-    std::size_t index = 0;
     std::apply(
-        [&index, gpu](const auto&... p) {
+        [gpu](const auto&... p) {
+          std::size_t index = 0;
           (
               [&] {
-                if constexpr (std::is_pointer_v<std::decay_t<decltype(p)>>) {
-                  const int owner = p == nullptr ? gpu : gpu_of_memory(p);
-                  if (owner < 0)
-                    throw Error("cuda emulator: kernel argument " + std::to_string(index) +
-                                " is not device memory (host memory, or freed before the kernel "
-                                "ran)");
-                  if (!may_access(gpu, owner))
-                    throw Error("cuda emulator: kernel argument " + std::to_string(index) +
-                                " is memory of GPU " + std::to_string(owner) + ", which GPU " +
-                                std::to_string(gpu) + " (running the kernel) may not access");
-                }
+                if constexpr (std::is_pointer_v<std::decay_t<decltype(p)>>)
+                  require_kernel_argument(p, index, gpu);
                 ++index;
               }(),
               ...);

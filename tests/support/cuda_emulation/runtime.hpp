@@ -320,6 +320,19 @@ inline int gpu_of_stream(cudaStream_t stream) {
   return stream != nullptr ? stream->gpu : current_gpu();
 }
 
+#ifndef GPIPE_CUDA_EMULATION_LINKED  // else defined in the emulation library
+void require_kernel_argument(const void* p, std::size_t index, int gpu) {
+  const int owner = p == nullptr ? gpu : gpu_of_memory(p);
+  if (owner < 0)
+    throw Error("cuda emulator: kernel argument " + std::to_string(index) +
+                " is not device memory (host memory, or freed before the kernel ran)");
+  if (!may_access(gpu, owner))
+    throw Error("cuda emulator: kernel argument " + std::to_string(index) + " is memory of GPU " +
+                std::to_string(owner) + ", which GPU " + std::to_string(gpu) +
+                " (running the kernel) may not access");
+}
+#endif  // GPIPE_CUDA_EMULATION_LINKED
+
 inline cudaError_t fail(cudaError_t error) {
   last_error() = error;
   return error;
