@@ -66,13 +66,10 @@
 
 #include "gpipe/error.hpp"
 
-// Device code spelled as the host compiler needs it. __device__ is already empty in
-// cuda_runtime.h's host view; a kernel is an inline function, so that a program of several
-// translation units (one of them the CUDA backend's compiled runtime, src/cuda.cu) holds one
-// definition of each kernel its headers define; shared memory is one object per emulating OS
-// thread, which runs one block at a time.
-#undef __global__
-#define __global__ inline
+// Device code spelled as the host compiler needs it. __global__ and __device__ are already empty
+// in cuda_runtime.h's host view (so a non-template kernel in a header is defined in every
+// translation unit that includes it, as nvcc's host stub is: a program of several does not link);
+// shared memory is one object per emulating OS thread, which runs one block at a time.
 #undef __shared__
 #define __shared__ static thread_local
 #ifndef __launch_bounds__

@@ -181,7 +181,8 @@ inline void convert(std::size_t n, const X* x, Y* y, cudaStream_t stream) {
 
 /// chunk_sums[c] = the sum of squares of x's chunk c in double, in the fixed order of
 /// backend/common.hpp (gpipe::detail::squares_chunk): one block of squares_lanes threads a chunk.
-__global__ void chunk_squares_kernel(std::size_t n, const float* x, double* chunk_sums) {
+template <class T>
+__global__ void chunk_squares_kernel(std::size_t n, const T* x, double* chunk_sums) {
   constexpr std::size_t lanes = gpipe::detail::squares_lanes;
   __shared__ double lane[lanes];
   const std::size_t j = threadIdx.x;
@@ -202,9 +203,10 @@ __global__ void chunk_squares_kernel(std::size_t n, const float* x, double* chun
   if (j == 0) chunk_sums[blockIdx.x] = lane[0];
 }
 /// out[0] = values[0] + values[1] + ... in that order (one thread).
-__global__ void sum_in_order_kernel(std::size_t count, const double* values, double* out) {
+template <class T>
+__global__ void sum_in_order_kernel(std::size_t count, const T* values, T* out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  double total = 0;
+  T total = 0;
   for (std::size_t i = 0; i < count; ++i) total += values[i];
   out[0] = total;
 }
@@ -226,11 +228,11 @@ inline void sum_of_squares(std::size_t n, const float* x, double* out, double* c
                          .bytes_written = sizeof(double),
                          .stream = stream});
   if (chunks > 0) {
-    GPIPE_CUDA_LAUNCH(chunk_squares_kernel, static_cast<unsigned>(chunks),
+    GPIPE_CUDA_LAUNCH(chunk_squares_kernel<float>, static_cast<unsigned>(chunks),
                       static_cast<unsigned>(gpipe::detail::squares_lanes), stream)
     (n, x, chunk_sums);
   }
-  GPIPE_CUDA_LAUNCH(sum_in_order_kernel, 1, 1, stream)(chunks, chunk_sums, out);
+  GPIPE_CUDA_LAUNCH(sum_in_order_kernel<double>, 1, 1, stream)(chunks, chunk_sums, out);
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) detail::throw_cuda_error(error, "sum_of_squares", __FILE__, __LINE__);
 }

@@ -28,11 +28,11 @@ inline constexpr unsigned position_threads = 256;
 /// document within its sample of `tokens` rows: a block per sample, each thread a contiguous
 /// segment of it, the run in effect at a segment's start being the last run start of the
 /// segments before it (a max-scan over the segments; run starts increase along the sample).
+template <class Id>
 __global__ void __launch_bounds__(detail::position_threads)
-    document_positions_kernel(std::size_t tokens, const std::int32_t* document,
-                              std::uint32_t* position) {
+    document_positions_kernel(std::size_t tokens, const Id* document, std::uint32_t* position) {
   __shared__ std::size_t last_start[detail::position_threads];
-  const std::int32_t* doc = document + blockIdx.x * tokens;
+  const Id* doc = document + blockIdx.x * tokens;
   std::uint32_t* out = position + blockIdx.x * tokens;
   const std::size_t per = (tokens + blockDim.x - 1) / blockDim.x;
   const std::size_t begin = threadIdx.x * per < tokens ? threadIdx.x * per : tokens;
@@ -68,7 +68,7 @@ inline void document_positions(std::size_t rows, std::size_t tokens, const std::
   detail::record_kernel("document_positions_kernel", {rows, tokens, 0}, 0,
                         detail::bytes_of<std::int32_t>(rows), detail::bytes_of<std::uint32_t>(rows),
                         stream);
-  GPIPE_CUDA_LAUNCH(document_positions_kernel, static_cast<unsigned>(rows / tokens),
+  GPIPE_CUDA_LAUNCH(document_positions_kernel<std::int32_t>, static_cast<unsigned>(rows / tokens),
                     detail::position_threads, stream)
   (tokens, document, position);
   GPIPE_CUDA_CHECK_LAUNCH("document_positions_kernel");

@@ -122,26 +122,27 @@ __global__ void __launch_bounds__(detail::radix)
 
 /// x(n) = its exclusive prefix sums, in place: one block of 1024 threads, each a contiguous
 /// segment.
-__global__ void __launch_bounds__(1024) exclusive_scan_kernel(std::size_t n, std::uint32_t* x) {
-  __shared__ std::uint32_t sums[1024];
+template <class T>
+__global__ void __launch_bounds__(1024) exclusive_scan_kernel(std::size_t n, T* x) {
+  __shared__ T sums[1024];
   const std::size_t per = (n + blockDim.x - 1) / blockDim.x;
   const std::size_t begin = threadIdx.x * per, end = begin + per < n ? begin + per : n;
-  std::uint32_t s = 0;
+  T s = 0;
   for (std::size_t i = begin; i < end; ++i) s += x[i];
   sums[threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.x == 0) {
-    std::uint32_t run = 0;
+    T run = 0;
     for (unsigned t = 0; t < blockDim.x; ++t) {
-      const std::uint32_t v = sums[t];
+      const T v = sums[t];
       sums[t] = run;
       run += v;
     }
   }
   __syncthreads();
-  std::uint32_t run = sums[threadIdx.x];
+  T run = sums[threadIdx.x];
   for (std::size_t i = begin; i < end; ++i) {
-    const std::uint32_t v = x[i];
+    const T v = x[i];
     x[i] = run;
     run += v;
   }
@@ -302,7 +303,8 @@ struct LayerKernels<EmbeddingOp, cuda::KernelContext<T>> {
                         d::radix, k.stream())
       (rows, keys, in, shift, count);
       GPIPE_CUDA_CHECK_LAUNCH("embedding_digit_count_kernel");
-      GPIPE_CUDA_LAUNCH(cuda::exclusive_scan_kernel, 1, 1024, k.stream())(counts, count);
+      GPIPE_CUDA_LAUNCH(cuda::exclusive_scan_kernel<std::uint32_t>, 1, 1024, k.stream())
+      (counts, count);
       GPIPE_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
       GPIPE_CUDA_LAUNCH(cuda::embedding_digit_scatter_kernel<Keys>, static_cast<unsigned>(chunks),
                         d::radix, k.stream())
