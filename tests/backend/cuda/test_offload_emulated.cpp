@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,6 +19,7 @@
 #include "gpipe/cuda.cuh"
 #include "gpipe/optim/adamw.hpp"
 #include "gpipe/runtime/memory_model.hpp"
+#include "gpipe/runtime/plan.hpp"
 
 namespace {
 
@@ -159,4 +161,21 @@ TEST_CASE("Remat::offload: GPipe's device peak falls, and the copies are traced 
   CHECK(fetched == sent);
   const BubbleBreakdown b = trainer.bubble_breakdown();
   CHECK(b.busy_devices == 2);
+}
+
+TEST_CASE("gpipe::plan on the CUDA backend weighs Remat::offload from a measured trainer") {
+  cuda::Backend backend(2, {.gpus = {0, 0}});
+  const std::vector<std::int32_t> x = random_ids(8 * T, 3), y = random_ids(8 * T, 4);
+  const Plan plan = gpipe::plan<Gpt2, SoftmaxCrossEntropy>(
+      backend, x, y, {.micro_batches = {4}, .measure_steps = 1});
+  std::size_t offload = 0;
+  for (const PlanCandidate& c : plan.candidates) {
+    if (c.remat != Remat::offload) continue;
+    ++offload;
+    CHECK(c.predicted_us > 0);
+  }
+  CHECK(offload == 5);  // every schedule at M 4
+  // the plan's trainer, in one line, runs
+  Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, SearchedSchedule> trainer(backend, plan);
+  CHECK(std::isfinite(trainer.forward_backward(x, y)));
 }
