@@ -59,11 +59,6 @@
 #include "gpipe/error.hpp"
 #include "gpipe/transport/cuda.cuh"
 
-namespace gpipe::detail {
-template <class Backend>
-class Offload;  // runtime/offload.hpp; cuda/offload.cuh specializes it for cuda::Backend
-}  // namespace gpipe::detail
-
 namespace gpipe::cuda {
 
 /// CUDA GPUs visible to this process; 0 when there are none or no usable driver.
@@ -197,6 +192,15 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   MemoryStats host_memory_stats(std::size_t device) const {
     check_device(device);
     return allocator(device).host_stats();
+  }
+  /// Counts `bytes` more (negative: fewer) of pinned host memory as held for `device` in
+  /// host_memory_stats: Remat::offload counts its blocks so (cuda/offload.cuh).
+  void count_host_memory(std::size_t device, std::ptrdiff_t bytes) {
+    check_device(device);
+    if (bytes >= 0)
+      allocator(device).reserve_host(static_cast<std::size_t>(bytes));
+    else
+      allocator(device).release_host(static_cast<std::size_t>(-bytes));
   }
   /// Enqueues on `device`'s compute stream the recording of `event`, after everything submitted to
   /// the device before it; a later record of the same event replaces the mark.
@@ -391,7 +395,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   using Clock = std::chrono::steady_clock;
   using Item = detail::WorkQueues::Item;
   friend class StepGraph;
-  friend class gpipe::detail::Offload<Backend>;  // counts its pinned blocks (host_memory_stats)
 
   // The stream that captures and launches graphs, on device 0's GPU (current), and the events
   // that join every device's streams to it, each of its device's GPU; made at the first capture.
