@@ -12,13 +12,16 @@
 //           same batch; `rounds` rounds of `steps` steps each, the two in alternating order
 //           (ABBA), so that drift of the machine's speed falls on both alike
 // Counters: plain_ms and guarded_ms (mean step), ratio (guarded / plain, the median over the
-// rounds), ratio_min and ratio_max (its spread over the rounds).
+// rounds), ratio_min and ratio_max (its spread over the rounds); norm_share: one pass of the
+// gradient norm (clip_grad_norm(inf), which scales nothing) over plain_ms, timed apart: what
+// skip_non_finite adds to a step without clipping, in theory.
 // Flags: --rounds=N (10) and --steps=N (10 steps of each trainer per round).
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -106,6 +109,10 @@ void BM_GuardedStep(benchmark::State& state) {
   state.counters["ratio_min"] = ratios.front();
   state.counters["ratio_max"] = ratios.back();
   state.counters["skipped"] = static_cast<double>(guarded.skipped_steps());
+  const auto norm_start = Clock::now();
+  for (int i = 0; i < 5; ++i) benchmark::DoNotOptimize(plain.clip_grad_norm(INFINITY));
+  const double norm_ms = 1e3 / 5 * std::chrono::duration<double>(Clock::now() - norm_start).count();
+  state.counters["norm_share"] = norm_ms / state.counters["plain_ms"];
 }
 
 BENCHMARK(BM_GuardedStep)
