@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -91,8 +90,10 @@ struct LlamaFamily {
 
 #ifdef GPIPE_TRAIN_GPT_MPI
 using Backend = gpipe::mpi::Backend;
+constexpr bool mpi = true;
 #else
 using Backend = gpipe::host::Backend;
+constexpr bool mpi = false;
 #endif
 
 struct Options {
@@ -148,8 +149,9 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --skip-norm-z Z        the same for the gradient norm; 0 = off (0)
                          (a step whose gradients hold a NaN or an inf is always skipped)
 A step whose forward_backward fails with a gpipe::Error (a layer that throws) is run again
-once (example_train_gpt_mpi: the run ends; --resume continues it). The environment variable GPIPE_TRAIN_GPT_INJECT injects faults for scripts/soak (testing
-only; examples/train_gpt/faults.hpp).
+once (example_train_gpt_mpi: the run ends; --resume continues it). The environment variable
+GPIPE_TRAIN_GPT_INJECT injects faults for scripts/soak (testing only; see
+examples/train_gpt/faults.hpp).
 )";
 
 Options parse(int argc, char** argv) {
@@ -320,10 +322,8 @@ class Run {
           }
           break;
         } catch (const gpipe::Error& e) {
-#ifdef GPIPE_TRAIN_GPT_MPI
-          throw;  // ends every rank's run: resumed from the last checkpoint
-#endif
-          if (attempt > 0) throw;
+          // under MPI the failure ends every rank's run, resumed from the last checkpoint
+          if (mpi || attempt > 0) throw;
           say("step %5zu failed, running it again: %s\n", step + 1, e.what());
           trainer_.zero_grad();  // a failed step leaves the gradients unspecified
         }
@@ -340,9 +340,7 @@ class Run {
       const double mean_loss = loss / static_cast<double>(o_.accumulate);
       const bool spike = (o_.skip_loss_z > 0 && loss_guard_.z_score(mean_loss) > o_.skip_loss_z) ||
                          (o_.skip_norm_z > 0 && norm_guard_.z_score(norm) > o_.skip_norm_z);
-      if (faults_.skip.count(step + 1) > 0) {
-        trainer_.skip_step();
-      } else if (spike) {
+      if (spike || faults_.skip.count(step + 1) > 0) {
         trainer_.skip_step();
       } else {
         loss_guard_.add(mean_loss);
@@ -408,13 +406,10 @@ class Run {
     std::fflush(stdout);
   }
 
-  // A fault for GPIPE_TRAIN_GPT_INJECT's throw@STEP: work on stage 1's device (with MPI, by the
-  // rank of replica 0 that holds it) that throws before the step's own work there.
+  // A fault for GPIPE_TRAIN_GPT_INJECT's throw@STEP: work on stage 1's device that throws before
+  // the step's own work there (one process only, see train_gpt/faults.hpp).
   void inject_throw(std::size_t step) {
     const std::size_t device = trainer_.device_of_stage(1);
-#ifdef GPIPE_TRAIN_GPT_MPI
-    if (trainer_.backend().rank() != device) return;
-#endif
     const std::filesystem::path mark = o_.out / ("fault-thrown-" + std::to_string(step));
     if (std::filesystem::exists(mark)) return;
     std::ofstream{mark};
@@ -542,7 +537,7 @@ class Run {
   gpipe::optim::SpikeGuard loss_guard_{{.window = 128, .threshold = 5}};
   gpipe::optim::SpikeGuard norm_guard_{{.window = 128, .threshold = 5}};
   std::vector<train_gpt::LogRow> rows_;
-  train_gpt::Faults faults_ = train_gpt::Faults::from_environment();
+  train_gpt::Faults faults_ = train_gpt::Faults::from_environment(mpi);
 };
 
 template <class Family, std::size_t V, class Precision>

@@ -6,10 +6,10 @@
 //          float's range, then by 0), as a bad micro-batch would leave them: the Trainer's
 //          skip_non_finite skips the update
 //   throw  a piece of work on stage 1's device throws before the step's own work there, as a
-//          layer that throws would: the step fails with a gpipe::Error. In one process the step
-//          is run again; under MPI the run ends (scripts/train-resilient resumes it). It fires
-//          once per run directory (a file fault-thrown-STEP in --out marks it), so that a resumed
-//          run passes the step
+//          layer that throws would: the step fails with a gpipe::Error and is run again. Once
+//          per run directory (a file fault-thrown-STEP in --out marks it). In one process only:
+//          under MPI, work that throws between steps is not agreed on by the other ranks' next
+//          step (they wait for the thrower until peer_timeout), so example_train_gpt_mpi refuses it
 //   skip   the update is skipped (Trainer::skip_step) without a fault: a clean run that skips
 //          the steps another run's nan faults skip, to compare that run's weights with
 // Testing only: no such variable, no fault.
@@ -27,8 +27,9 @@ namespace train_gpt {
 struct Faults {
   std::set<std::size_t> nan, thrown, skip;
 
-  // The faults that `spec` (the variable's value; null: none) lists.
-  static Faults parse(const char* spec) {
+  // The faults that `spec` (the variable's value; null: none) lists; throw faults are an Error
+  // under `mpi`.
+  static Faults parse(const char* spec, bool mpi) {
     Faults f;
     if (spec == nullptr) return f;
     std::string_view rest = spec;
@@ -44,11 +45,17 @@ struct Faults {
       if (step.empty() || *end != '\0' || (kind != "nan" && kind != "throw" && kind != "skip"))
         throw gpipe::Error("train_gpt: GPIPE_TRAIN_GPT_INJECT has \"" + std::string(item) +
                            "\", expected nan@STEP, throw@STEP or skip@STEP");
+      if (kind == "throw" && mpi)
+        throw gpipe::Error(
+            "train_gpt: GPIPE_TRAIN_GPT_INJECT's throw@STEP works in one process "
+            "only (example_train_gpt), not under MPI");
       (kind == "nan" ? f.nan : kind == "throw" ? f.thrown : f.skip).insert(n);
     }
     return f;
   }
-  static Faults from_environment() { return parse(std::getenv("GPIPE_TRAIN_GPT_INJECT")); }
+  static Faults from_environment(bool mpi) {
+    return parse(std::getenv("GPIPE_TRAIN_GPT_INJECT"), mpi);
+  }
 };
 
 }  // namespace train_gpt
