@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -30,6 +32,7 @@
 #include "gpipe/gpipe.hpp"
 #include "gpipe/runtime/plan.hpp"
 #include "train_gpt/data.hpp"
+#include "train_gpt/faults.hpp"
 #include "train_gpt/report.hpp"
 #ifdef GPIPE_TRAIN_GPT_MPI
 #include "gpipe/mpi.hpp"
@@ -87,8 +90,10 @@ struct LlamaFamily {
 
 #ifdef GPIPE_TRAIN_GPT_MPI
 using Backend = gpipe::mpi::Backend;
+constexpr bool mpi = true;
 #else
 using Backend = gpipe::host::Backend;
+constexpr bool mpi = false;
 #endif
 
 struct Options {
@@ -143,6 +148,10 @@ const char* const usage = R"(usage: example_train_gpt [options]
                          the last 128 steps' (llm.c's outlier detector); 0 = off (0)
   --skip-norm-z Z        the same for the gradient norm; 0 = off (0)
                          (a step whose gradients hold a NaN or an inf is always skipped)
+A step whose forward_backward fails with a gpipe::Error (a layer that throws) is run again
+once (example_train_gpt_mpi: the run ends; --resume continues it). The environment variable
+GPIPE_TRAIN_GPT_INJECT injects faults for scripts/soak (testing only; see
+examples/train_gpt/faults.hpp).
 )";
 
 Options parse(int argc, char** argv) {
@@ -300,12 +309,29 @@ class Run {
     train_gpt::Batch batch;
     for (std::size_t step = first; step < o_.steps; ++step) {
       double loss = 0, bubble = 0;
-      for (std::size_t a = 0; a < o_.accumulate; ++a) {
-        train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, batch);
-        loss += batch.documents.empty()
-                    ? trainer_.forward_backward(batch.x, batch.y)
-                    : trainer_.forward_backward(batch.x, batch.y, batch.documents);
-        bubble += trainer_.last_step().bubble_fraction;
+      for (int attempt = 0;; ++attempt) {
+        try {
+          loss = bubble = 0;
+          if (faults_.thrown.count(step + 1) > 0 && attempt == 0) inject_throw(step + 1);
+          for (std::size_t a = 0; a < o_.accumulate; ++a) {
+            train_gpt::training_batch(corpus_, o_.seed, step, a, o_.batch, T, batch);
+            loss += batch.documents.empty()
+                        ? trainer_.forward_backward(batch.x, batch.y)
+                        : trainer_.forward_backward(batch.x, batch.y, batch.documents);
+            bubble += trainer_.last_step().bubble_fraction;
+          }
+          break;
+        } catch (const gpipe::Error& e) {
+          // under MPI the failure ends every rank's run, resumed from the last checkpoint
+          if (mpi || attempt > 0) throw;
+          say("step %5zu failed, running it again: %s\n", step + 1, e.what());
+          trainer_.zero_grad();  // a failed step leaves the gradients unspecified
+        }
+      }
+      if (faults_.nan.count(step + 1) > 0) {  // overflow to inf, then inf * 0
+        trainer_.scale_gradients(std::numeric_limits<float>::max());
+        trainer_.scale_gradients(std::numeric_limits<float>::max());
+        trainer_.scale_gradients(0.0);
       }
       const double accumulated = static_cast<double>(o_.accumulate);
       if (o_.accumulate > 1) trainer_.scale_gradients(1.0 / accumulated);
@@ -314,7 +340,7 @@ class Run {
       const double mean_loss = loss / static_cast<double>(o_.accumulate);
       const bool spike = (o_.skip_loss_z > 0 && loss_guard_.z_score(mean_loss) > o_.skip_loss_z) ||
                          (o_.skip_norm_z > 0 && norm_guard_.z_score(norm) > o_.skip_norm_z);
-      if (spike) {
+      if (spike || faults_.skip.count(step + 1) > 0) {
         trainer_.skip_step();
       } else {
         loss_guard_.add(mean_loss);
@@ -378,6 +404,18 @@ class Run {
     if (!prints_) return;
     std::printf(format, args...);
     std::fflush(stdout);
+  }
+
+  // A fault for GPIPE_TRAIN_GPT_INJECT's throw@STEP: work on stage 1's device that throws before
+  // the step's own work there (one process only, see train_gpt/faults.hpp).
+  void inject_throw(std::size_t step) {
+    const std::size_t device = trainer_.device_of_stage(1);
+    const std::filesystem::path mark = o_.out / ("fault-thrown-" + std::to_string(step));
+    if (std::filesystem::exists(mark)) return;
+    std::ofstream{mark};
+    trainer_.backend().submit(device,
+                              {.what = "injected fault (GPIPE_TRAIN_GPT_INJECT)", .stage = 1},
+                              [](auto&) { throw std::runtime_error("a layer threw"); });
   }
 
   // nanoGPT's estimate: 6 N + 12 L D T per token, N without the embeddings (GPT's tied head's
@@ -499,6 +537,7 @@ class Run {
   gpipe::optim::SpikeGuard loss_guard_{{.window = 128, .threshold = 5}};
   gpipe::optim::SpikeGuard norm_guard_{{.window = 128, .threshold = 5}};
   std::vector<train_gpt::LogRow> rows_;
+  train_gpt::Faults faults_ = train_gpt::Faults::from_environment(mpi);
 };
 
 template <class Family, std::size_t V, class Precision>

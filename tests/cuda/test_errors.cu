@@ -1,17 +1,139 @@
 // Every way a Trainer can fail ends in a gpipe::Error that says what was expected, nothing
 // hangs, and device memory and the numbers recover, on the CUDA backend: the backend-conformance
 // suite of tests/support/conformance_errors.hpp, with K virtual devices (K streams of one GPU,
-// or spread over several).
+// or spread over several); then work stuck on the GPU against BackendOptions::wait_timeout.
 
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "gpipe/cuda.cuh"
 #include "support/conformance_errors.hpp"
 #include "support/cuda_factory.cuh"
+#include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/models.hpp"
 
 static_assert(gpipe::layer_for<gpipe::test::FaultyIdentity<8>, gpipe::cuda::Kernels>);
 
 TEST_SUITE_BEGIN("cuda errors");
 GPIPE_CONFORMANCE_ERRORS(::gpipe::test::CudaFactory);
 TEST_SUITE_END();
+
+namespace gpipe::test::stuck {
+
+// While `armed`, the forward of the micro-batch of faulty_rows rows holds its device's compute
+// stream until `released`, as a kernel that does not end: a host function on the stream, checked
+// when the stream gets there, so that a CUDA graph captured unarmed holds when replayed armed.
+inline std::atomic<bool> armed{false}, held{false}, released{false};
+
+inline void CUDART_CB hold(void*) {
+  if (!armed) return;
+  held = true;
+  while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+template <std::size_t N>
+struct HoldingIdentity : ParameterFree {
+  static constexpr std::size_t in_features = N;
+  static constexpr std::size_t out_features = N;
+  static constexpr std::size_t stash_per_row = 0;
+  static constexpr std::size_t grad_stash_per_row = 0;
+
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    if (a.rows == faulty_rows) GPIPE_CUDA_CHECK(cudaLaunchHostFunc(ctx.stream(), &hold, nullptr));
+    ctx.copy(a.rows * N, a.x, a.y);
+  }
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.copy(a.rows * N, a.dy, a.dx);
+  }
+};
+
+using Model = Pipeline<Stage<Linear<4, 8>, HoldingIdentity<8>, ReLU>, Stage<Linear<8, 3>>>;
+using StuckTrainer = Trainer<Model, SoftmaxCrossEntropy, cuda::Backend>;
+
+// Disarms and releases the hold when a test case ends, however it ends.
+struct HoldGuard {
+  HoldGuard() { armed = held = released = false; }
+  ~HoldGuard() {
+    armed = false;
+    released = true;
+  }
+};
+
+constexpr std::chrono::milliseconds timeout{500};
+
+TEST_CASE(
+    "work stuck on the GPU fails synchronize after wait_timeout naming the device, stage and "
+    "micro-batch, and once it ends the next step equals a fresh trainer's") {
+  const auto x = random_inputs(faulty_batch, 4, 41);
+  const auto y = random_classes(faulty_batch, 3, 42);
+  const StuckTrainer::Options options{.micro_batches = faulty_micro_batches, .seed = 9};
+  for (const bool graphs : {false, true}) {
+    CAPTURE(graphs);
+    HoldGuard guard;
+    cuda::Backend backend(2, {.graphs = graphs, .wait_timeout = timeout});
+    StuckTrainer trainer(backend, options);
+    // with graphs, the step's first run is issued op by op, its second captured: the third,
+    // the held one, replays the graph
+    for (int i = 0; i < 2; ++i) {
+      CHECK(std::isfinite(trainer.forward_backward(x, y)));
+      trainer.zero_grad();
+    }
+    const std::size_t launches = backend.graph_launches();
+
+    armed = true;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string message = error_of([&] { trainer.forward_backward(x, y); });
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(held);
+    CHECK(contains(message, "within 500 ms (cuda::BackendOptions::wait_timeout)"));
+    CHECK(contains(message,
+                   "stage 0 (device 0), micro-batch 2, forward has started and not "
+                   "finished"));
+    CHECK(contains(message, "(device 1)"));  // waits for device 0's hand-over
+    CHECK(waited >= timeout);
+    if (graphs) CHECK(backend.graph_launches() == launches + 1);
+
+    // The held work runs on once released, before anything submitted later.
+    armed = false;
+    released = true;
+    trainer.zero_grad();
+    const float loss = trainer.forward_backward(x, y);
+    cuda::Backend fresh_backend(2, {.graphs = graphs});
+    StuckTrainer fresh(fresh_backend, options);
+    CHECK(fresh.forward_backward(x, y) == loss);
+    CHECK(conformance::errors::all_gradients(trainer) == conformance::errors::all_gradients(fresh));
+  }
+}
+
+TEST_CASE(
+    "a backend whose GPU work never ends is destroyed after wait_timeout without waiting for "
+    "it") {
+  HoldGuard guard;
+  const auto x = random_inputs(faulty_batch, 4, 43);
+  const auto y = random_classes(faulty_batch, 3, 44);
+  {
+    cuda::Backend backend(2, {.wait_timeout = timeout});
+    StuckTrainer trainer(backend, {.micro_batches = faulty_micro_batches});
+    armed = true;
+    CHECK_THROWS_AS(trainer.forward_backward(x, y), Error);
+    CHECK(held);
+  }  // the work is still held: its resources are left to it
+  CHECK(!released);
+}
+
+TEST_CASE("a wait_timeout that is not positive is an Error") {
+  const std::string message =
+      error_of([] { cuda::Backend backend(1, {.wait_timeout = std::chrono::milliseconds(0)}); });
+  CHECK(contains(message, "wait_timeout must be positive, got 0 ms"));
+}
+
+}  // namespace gpipe::test::stuck

@@ -275,7 +275,7 @@ TEST_CASE("the SVG timeline draws work in flight beside a stream as a thin bar a
   CHECK_MESSAGE(well_formed(svg, why), why);
   CHECK(count(svg, "<rect class=\"in-flight\"") == 1);
   CHECK(count(svg, "<rect class=\"other\"") == 0);
-  CHECK(svg.find("in flight (gradient sum)") != std::string::npos);  // in the legend
+  CHECK(svg.find("in flight (gradient sum, offload)") != std::string::npos);  // in the legend
   CHECK(svg.find("bubble 35%") != std::string::npos);  // it is not busy time: 1 - 1300 / 2000
   // at the top of device 1's row, thin
   const std::size_t bar = svg.find("<rect class=\"in-flight\"");

@@ -326,7 +326,10 @@ void check_against_one_process(Backend& backend) {
   for (std::size_t m : {1u, 3u, 8u}) {
     if constexpr (std::is_same_v<Kind, DualPipeV>)
       if (m < 2 * devices) continue;  // DualPipeV needs M >= 2K
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::offload}) {
+      // offload where both backends have a copy stream, at M 8 (where stashes wait the longest)
+      if (remat == Remat::offload && (!gpipe::detail::Offload<Backend>::supported || m != 8))
+        continue;
       CAPTURE(Kind::name);
       CAPTURE(m);
       CAPTURE(to_string(remat));
@@ -416,7 +419,10 @@ void check_data_parallel(std::size_t replicas) {
   const std::vector<float> x = random_inputs(batch, Model::in_features, 5);
   const std::vector<std::int32_t> y = random_classes(batch, Model::out_features, 13);
   for (std::size_t m : {1u, 3u}) {
-    for (Remat remat : {Remat::never, Remat::always}) {
+    for (Remat remat : {Remat::never, Remat::always, Remat::offload}) {
+      // offload where both backends have a copy stream, at M 8 (where stashes wait the longest)
+      if (remat == Remat::offload && (!gpipe::detail::Offload<Backend>::supported || m != 8))
+        continue;
       CAPTURE(Kind::name);
       CAPTURE(replicas);
       CAPTURE(m);

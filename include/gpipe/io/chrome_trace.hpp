@@ -9,7 +9,8 @@
 //      {"name": "F3", "cat": "forward", "ph": "X", "pid": 0, "tid": d, "ts": 12.5, "dur": 1000,
 //       "args": {"stage": 1, "micro_batch": 3}}, ...]}
 // One complete event ("X") per record, on the row (tid) of its device; work in flight beside a
-// device's stream (WorkLabel::background: a gradient sum over the replicas), which may overlap
+// device's stream (WorkLabel::background: a gradient sum over the replicas, an activation
+// offload's copy), which may overlap
 // the device's ops, on a row of its own, tid K + d ("device d: in flight", K = 1 + the largest
 // device). Names follow the GPipe
 // paper's figures: "F3", "B3", "W3" for compute ops on micro-batch 3, "recv_activation 3" for

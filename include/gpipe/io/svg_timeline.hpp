@@ -3,9 +3,9 @@
 // device (device 0 at the top), time to the right, a box per compute op from its start to its end
 // with the micro-batch number inside where it fits, forward / backward_input / backward_weight in
 // three colours, transfers as thin grey bars along the bottom of the row, work in flight beside
-// the device's stream (a gradient sum over the replicas: WorkLabel::background) as thin green
-// bars along its top, other work (optimizer step, ...) in a fourth colour, and idle time left as
-// the row's empty background. The title ends
+// the device's stream (WorkLabel::background: a gradient sum over the replicas, an activation
+// offload's copy to the host or back) as thin green bars along its top, other work (optimizer
+// step, ...) in a fourth colour, and idle time left as the row's empty background. The title ends
 // with the measured bubble fraction (runtime/trace_stats.hpp), e.g.
 //   "GPipe, K = 4, M = 8 — bubble 27.3% (4 devices, step 33 ms)".
 // Times on the axis are relative to the first drawn record.
@@ -41,9 +41,9 @@ struct SvgTimelineOptions {
   std::size_t num_devices = 0;           ///< rows (K of the bubble); 0: 1 + the largest device seen
   bool show_transfers = true;            ///< sends and recvs of nonzero duration, as thin bars
   bool show_other = true;                ///< work that is not a schedule op
-  bool show_background = true;           ///< work in flight beside the stream (gradient sums)
-  double width = 1200;                   ///< of the whole picture, in px
-  double row_height = 28;                ///< of one device's row, in px
+  bool show_background = true;  ///< work in flight beside the stream (gradient sums, offloads)
+  double width = 1200;          ///< of the whole picture, in px
+  double row_height = 28;       ///< of one device's row, in px
 };
 }  // namespace io
 
@@ -156,7 +156,7 @@ inline constexpr std::array<TimelineStyle, 6> timeline_styles{{
     {"op W", "#f1a340", "#222222", "W  backward (weight grad)"},
     {"transfer", "#7f7f7f", "#ffffff", "send / recv"},
     {"other", "#b07aa1", "#ffffff", "other work"},
-    {"in-flight", "#59a14f", "#ffffff", "in flight (gradient sum)"},
+    {"in-flight", "#59a14f", "#ffffff", "in flight (gradient sum, offload)"},
 }};
 
 // Whether the timeline draws `e` under `options`.
@@ -311,10 +311,11 @@ namespace io {
 /// row per device (device 0 at the top), time to the right from the first drawn record, a box per
 /// compute op coloured by kind (forward, backward_input, backward_weight) with its micro-batch
 /// inside, transfers as thin grey bars, work in flight beside the stream (gradient sums over the
-/// replicas) as thin green bars along the row's top, other work in a fourth colour; the title ends
-/// with the measured bubble fraction. Boxes carry class "op F" (B, W), "other", "transfer" or
-/// "in-flight" and a `<title>` tooltip, so a reader can count ops by class. Throws Error when an
-/// event lies on a device >= options.num_devices (where that is given) or has an invalid time.
+/// replicas, activation offload's copies) as thin green bars along the row's top, other work in a
+/// fourth colour; the title ends with the measured bubble fraction. Boxes carry class "op F" (B,
+/// W), "other", "transfer" or "in-flight" and a `<title>` tooltip, so a reader can count ops by
+/// class. Throws Error when an event lies on a device >= options.num_devices (where that is given)
+/// or has an invalid time.
 inline std::string svg_timeline(std::span<const TraceEvent> events,
                                 const SvgTimelineOptions& options = {}) {
   using detail::svg_number;

@@ -271,9 +271,10 @@ class Executor {
   Slot& slot(std::size_t s, std::size_t mb) { return slots_[s * step_->split.micro_batches + mb]; }
   std::size_t num_mb() const { return step_->split.micro_batches; }
 
-  // Remat::offload: the step's OffloadPlan, and each offloaded slot's host block laid out by the
-  // Offload (before key_of, which lists the blocks' addresses). Under other policies the plan is
-  // empty; the trainer refuses Remat::offload where the backend does not support it.
+  // Remat::offload: the step's OffloadPlan, and the host block of each offloaded slot of this
+  // process laid out by the Offload (before key_of, which lists the blocks' addresses). Under other
+  // policies the plan is empty; the trainer refuses Remat::offload where the backend does not
+  // support it.
   void begin_offload(const Step& step) {
     offload_plan_ =
         offload_ != nullptr ? offload_plan(schedule_, step.remat, stages_) : OffloadPlan{};
@@ -284,7 +285,7 @@ class Executor {
       for (std::size_t s = 0; s < num_stages_; ++s)
         for (std::size_t mb = 0; mb < M; ++mb) {
           device[s * M + mb] = schedule_.device_of_stage(s);
-          if (offload_plan_.offloads(s, mb))
+          if (offload_plan_.offloads(s, mb) && transport_.is_local(device[s * M + mb]))
             bytes[s * M + mb] = step.split.size(mb) * stash_elements(s) * sizeof(Activation);
         }
       offload_->begin(bytes, device);

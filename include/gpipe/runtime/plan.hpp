@@ -307,8 +307,10 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
 
 /// Per micro-batch count in options.micro_batches (default: see PlanOptions), the op costs of
 /// Model on `backend` with the batch (x, y), measured with a 1F1B trainer under Remat::never and
-/// Remat::always, and under Remat::selective where options.remat weighs it and a stage of Model
-/// has cheap layers (one warm-up step, then options.measure_steps traced steps each). Where
+/// Remat::always, under Remat::selective where options.remat weighs it and a stage of Model
+/// has cheap layers, and under Remat::offload where options.remat weighs it and the backend
+/// supports it (one warm-up step, then options.measure_steps traced steps each; offload's ops
+/// also carry what its copies add to the step beyond the others' overhead). Where
 /// Remat::never runs out of memory (OutOfMemory), its B is taken as Remat::always's less the
 /// forward it recomputes, and selective's (out of memory too) as Remat::always's; a count at
 /// which Remat::always runs out of memory too is left out.
@@ -384,14 +386,23 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
         c.selective = c.always;
       }
     }
+    c.overhead_us = std::max(overhead, 0.0);
     if (weighs_offload) {
+      // Its B waits for its fetch outside the op's timing: what the copies add to the step
+      // beyond the others' overhead goes into its ops, so that its prediction holds it.
       try {
         c.offload = measure(Remat::offload);
+        const double stall = std::max(overhead, 0.0) - c.overhead_us;
+        for (OpCosts& o : c.offload)
+          if (stall > 0) {
+            o.forward += stall;
+            o.backward_input += stall;
+            o.backward_weight += stall;
+          }
       } catch (const OutOfMemory&) {
         c.offload = c.never;  // the same ops; the copies taken as hidden
       }
     }
-    c.overhead_us = std::max(overhead, 0.0);
     // each device's costs as the process that runs it measured them (the overhead: rank 0's)
     for (std::size_t d = 0; d < K; ++d) {
       std::vector<std::vector<OpCosts>*> measured = {&c.never, &c.always};
@@ -399,12 +410,14 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       if (weighs_offload) measured.push_back(&c.offload);
       std::vector<double> v;
       for (const auto* costs : measured)
-        v.insert(v.end(),
-                 {(*costs)[d].forward, (*costs)[d].backward_input, (*costs)[d].backward_weight});
+        v.insert(v.end(), {(*costs)[d].forward, (*costs)[d].backward_input,
+                           (*costs)[d].backward_weight, (*costs)[d].transfer});
       transport.broadcast(d, std::span<double>(v));
       for (std::size_t i = 0; i < measured.size(); ++i)
-        (*measured[i])[d] = {
-            .forward = v[3 * i], .backward_input = v[3 * i + 1], .backward_weight = v[3 * i + 2]};
+        (*measured[i])[d] = {.forward = v[4 * i],
+                             .backward_input = v[4 * i + 1],
+                             .backward_weight = v[4 * i + 2],
+                             .transfer = v[4 * i + 3]};
     }
     transport.broadcast(0, std::span<double>(&c.overhead_us, 1));
     out.push_back(std::move(c));

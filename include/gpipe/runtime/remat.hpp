@@ -11,7 +11,7 @@
 //                layers marked cheap_to_recompute: norms, activations); recompute those before B
 //   offload      keep everything, but move a micro-batch's stash to pinned host memory after its F
 //                and back before its B, overlapped with compute (runtime/offload.hpp; backends
-//                with a copy stream: cuda::Backend)
+//                with a copy stream: cuda::Backend, mpi::CudaBackend)
 
 #include <cstddef>
 #include <string_view>
@@ -34,14 +34,16 @@ enum class Remat {
   selective,
   /// Activation offload: nothing is recomputed; each micro-batch's stash (kept and cheap part)
   /// goes to pinned host memory on the device's copy stream after its F and comes back ahead of
-  /// its B, overlapped with the device's other ops, where some op runs between the two (a
-  /// micro-batch whose B follows its F at once keeps its stash). Needs a backend with a copy
-  /// stream (cuda::Backend); a Trainer on another backend throws gpipe::Error (README, "Activation
-  /// offload").
+  /// its B, overlapped with the device's other ops, where two compute ops or more run between
+  /// the two (else it keeps its stash: the copies would have nothing to hide behind). Needs a
+  /// backend with a copy
+  /// stream (cuda::Backend, mpi::CudaBackend); a Trainer on another backend throws gpipe::Error
+  /// (README, "Activation offload").
   offload
 };
 
-/// The policy's name as written in code: "never", "always", "except_last", "selective".
+/// The policy's name as written in code: "never", "always", "except_last", "selective",
+/// "offload".
 constexpr std::string_view to_string(Remat policy) {
   switch (policy) {
     case Remat::never:

@@ -104,8 +104,8 @@ class Trainer {
     /// Which micro-batches drop their activations (or, `Remat::selective`, the cheap layers'
     /// outputs) after forward and recompute them before backward: less memory for more
     /// compute, the same gradients. `Remat::offload` moves them to pinned host memory and back
-    /// instead (a backend with a copy stream: cuda::Backend; elsewhere the constructor throws
-    /// gpipe::Error).
+    /// instead (a backend with a copy stream: cuda::Backend, mpi::CudaBackend; elsewhere the
+    /// constructor throws gpipe::Error).
     Remat remat = Remat::never;
     /// Seed of the parameters' initialization (PyTorch's default distributions, in
     /// nn.Sequential order): the same seed gives the same model for every split into stages.

@@ -19,6 +19,7 @@
 #include "gpipe/optim/adamw.hpp"
 #include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/tiny_gpt.hpp"
 
 namespace {
 
@@ -142,18 +143,7 @@ TEST_CASE("emulated CUDA graphs: captures that CUDA refuses are refused") {
 
 // ---- training steps replayed ----
 
-constexpr std::size_t V = 7, T = 4, D = 8, H = 2;
-using Emb = Embedding<V, T, D>;
-using Block = TransformerBlock<D, H>;
-using Gpt2 = Pipeline<Stage<Emb, Block>, Stage<Block, LayerNorm<D>, Linear<D, V>>>;
-using Gpt4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Stage<LayerNorm<D>, Linear<D, V>>>;
-
-std::vector<std::int32_t> random_ids(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> out(n);
-  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  return out;
-}
+using namespace gpipe::test::tiny_gpt;
 
 // What a run of steps gives: each step's loss, each step's compute ops per device, the peak
 // memory of each device over the run, and the parameters at the end.

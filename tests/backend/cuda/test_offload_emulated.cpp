@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,23 +20,16 @@
 #include "gpipe/cuda.cuh"
 #include "gpipe/optim/adamw.hpp"
 #include "gpipe/runtime/memory_model.hpp"
+#include "gpipe/runtime/plan.hpp"
+#include "support/errors.hpp"
+#include "support/faulty_layer.hpp"
+#include "support/tiny_gpt.hpp"
 
 namespace {
 
 using namespace gpipe;
 
-constexpr std::size_t V = 7, T = 4, D = 8, H = 2;
-using Emb = Embedding<V, T, D>;
-using Block = TransformerBlock<D, H>;
-using Gpt2 = Pipeline<Stage<Emb, Block>, Stage<Block, LayerNorm<D>, Linear<D, V>>>;
-using Gpt4 = Pipeline<Stage<Emb>, Stage<Block>, Stage<Block>, Stage<LayerNorm<D>, Linear<D, V>>>;
-
-std::vector<std::int32_t> random_ids(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<std::int32_t> out(n);
-  for (std::int32_t& t : out) t = static_cast<std::int32_t>(rng.next_u64() % V);
-  return out;
-}
+using namespace gpipe::test::tiny_gpt;
 
 // What a run of steps gives: each step's loss, the parameters at the end, each device's peak of
 // activation bytes (over the last step) and pinned host bytes, the graph launches.
@@ -159,4 +154,70 @@ TEST_CASE("Remat::offload: GPipe's device peak falls, and the copies are traced 
   CHECK(fetched == sent);
   const BubbleBreakdown b = trainer.bubble_breakdown();
   CHECK(b.busy_devices == 2);
+}
+
+TEST_CASE("gpipe::plan on the CUDA backend weighs Remat::offload; its plan runs within its bound") {
+  cuda::Backend backend(2, {.gpus = {0, 0}});
+  constexpr std::size_t rows = 8 * T;
+  const std::vector<std::int32_t> x = random_ids(rows, 3), y = random_ids(rows, 4);
+  const std::vector<PlanCosts> costs = measure_plan_costs<Gpt2, SoftmaxCrossEntropy>(
+      backend, x, y, {.micro_batches = {4, 8}, .measure_steps = 1});
+  REQUIRE(costs.size() == 2);
+  for (const PlanCosts& c : costs) CHECK(c.offload.size() == 2);  // measured, not defaulted
+  const std::vector<Remat> policies = {Remat::never, Remat::always, Remat::offload};
+  const Plan free = choose_plan<Gpt2>(rows, costs, std::vector<std::size_t>{}, policies);
+  std::size_t never_min = ~std::size_t{0};
+  std::size_t offload = 0;
+  for (const PlanCandidate& c : free.candidates) {
+    if (c.remat == Remat::never) never_min = std::min(never_min, c.peak_bytes);
+    if (c.remat == Remat::offload) ++offload;
+  }
+  CHECK(offload == 10);  // every schedule at M 4 and 8
+  // under a limit no never candidate fits: measured peak <= predicted bound <= limit, when run
+  const std::vector<std::size_t> limit = {never_min - 1};
+  const Plan plan = choose_plan<Gpt2>(rows, costs, limit, policies);
+  CAPTURE(plan.describe());
+  CHECK(plan.chosen.remat != Remat::never);
+  Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, SearchedSchedule> trainer(backend, plan);
+  optim::AdamW adamw({.lr = 1e-3});
+  backend.reset_peak();
+  for (int step = 0; step < 2; ++step) {
+    trainer.zero_grad();
+    CHECK(std::isfinite(trainer.forward_backward(x, y)));
+    trainer.step(adamw);
+  }
+  for (std::size_t d = 0; d < 2; ++d) {
+    CAPTURE(d);
+    CHECK(backend.memory_stats(d).peak <= plan.chosen.memory[d].total_bound());
+    CHECK(plan.chosen.memory[d].total_bound() <= limit[0]);
+  }
+}
+
+TEST_CASE("Remat::offload: a step that fails mid-way fails as under never, and training goes on") {
+  using test::Fault;
+  using test::injected_fault;
+  std::vector<float> x(test::faulty_batch * 4);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
+  const std::vector<std::int32_t> y{0, 1, 2, 0, 1};
+  for (const bool graphs : {false, true}) {
+    CAPTURE(graphs);
+    cuda::Backend backend(3, {.gpus = {0, 0, 0}, .graphs = graphs});
+    // GPipe, K 3, M 3: stage 1 (the faulty one) offloads micro-batches 0 and 1
+    Trainer<test::FaultyModel, SoftmaxCrossEntropy, cuda::Backend, GPipe> trainer(
+        backend, {.micro_batches = test::faulty_micro_batches, .remat = Remat::offload, .seed = 1});
+    const float first = trainer.forward_backward(x, y);
+    for (Fault fault : {Fault::forward, Fault::backward_input}) {
+      CAPTURE(static_cast<int>(fault));
+      injected_fault = fault;
+      const std::string message = test::error_of([&] { (void)trainer.forward_backward(x, y); });
+      injected_fault = Fault::none;
+      CAPTURE(message);
+      CHECK(test::contains(message, "stage 1"));
+      CHECK(test::contains(message, "micro-batch 2"));
+      trainer.zero_grad();
+      CHECK(trainer.forward_backward(x, y) == first);
+      for (std::size_t d = 0; d < 3; ++d)
+        CHECK(backend.memory_stats(d).current_of(MemoryKind::activations) == 0);
+    }
+  }
 }

@@ -23,7 +23,9 @@
 // Failure. The first piece of work that throws (or whose event bookkeeping fails) is kept, with
 // describe(label, device), in a FailureLatch (backend/failure.hpp) as the host backend's; every
 // later item is skipped until synchronize(), which rethrows it. Faults inside kernels surface when
-// synchronize() waits for the streams.
+// synchronize() waits for the streams. synchronize() waits at most BackendOptions::wait_timeout:
+// work still running on the GPU then fails it with an Error that names the first unfinished op of
+// each busy device (from the timing events around each op, cuda/timing.cuh).
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
@@ -58,11 +60,6 @@
 #include "gpipe/backend/failure.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/transport/cuda.cuh"
-
-namespace gpipe::detail {
-template <class Backend>
-class Offload;  // runtime/offload.hpp; cuda/offload.cuh specializes it for cuda::Backend
-}  // namespace gpipe::detail
 
 namespace gpipe::cuda {
 
@@ -100,6 +97,13 @@ struct BackendOptions {
   /// every op's kernels. Not with `nccl` (its steps are issued op by op). false: every step is
   /// issued op by op.
   bool graphs = true;
+  /// How long synchronize() waits for the GPUs to finish the work submitted before it (as
+  /// host::BackendOptions::wait_timeout bounds a device's wait for another's): past it, the call
+  /// fails with an Error naming each device whose work has not finished and the first op (stage,
+  /// micro-batch) of it that has not, instead of hanging on a stuck kernel or a hand-over that
+  /// never comes. That work is not cancelled (a CUDA kernel cannot be): it runs on, before any
+  /// work submitted later to its device. Longer than the longest step's GPU time; positive.
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
 };
 
 /// K virtual devices on one or more NVIDIA GPUs, a `gpipe::backend` (backend/concepts.hpp) with the
@@ -146,6 +150,10 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// is usable, for a count or a mapping out of range, or for `nccl` in a build without NCCL.
   explicit Backend(std::size_t num_devices, Options options = {})
       : options_(std::move(options)), timer_(devices_, Clock::now()), queues_(num_devices) {
+    gpipe::detail::require(options_.wait_timeout.count() > 0, [&] {
+      return "cuda::Backend: wait_timeout must be positive, got " +
+             std::to_string(options_.wait_timeout.count()) + " ms";
+    });
     const std::vector<int> mapping = detail::gpu_mapping(num_devices, options_.gpus);
 #if !GPIPE_CUDA_NCCL
     gpipe::detail::require(!options_.nccl,
@@ -162,7 +170,10 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
   /// Drops work not yet issued, waits for the streams and releases every resource. Buffers must
-  /// not outlive the backend.
+  /// not outlive the backend. Work that is still running after Options::wait_timeout (a kernel
+  /// that never ends) is left running: the destructor then returns without releasing the CUDA
+  /// resources (streams, memory pools, pinned staging), which that work may still use; they stay
+  /// until the process ends, which is what such a process should do next.
   ~Backend() { destroy(); }
 
   /// K, the virtual devices given at construction.
@@ -198,6 +209,15 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     check_device(device);
     return allocator(device).host_stats();
   }
+  /// Counts `bytes` more (negative: fewer) of pinned host memory as held for `device` in
+  /// host_memory_stats: Remat::offload counts its blocks so (cuda/offload.cuh).
+  void count_host_memory(std::size_t device, std::ptrdiff_t bytes) {
+    check_device(device);
+    if (bytes >= 0)
+      allocator(device).reserve_host(static_cast<std::size_t>(bytes));
+    else
+      allocator(device).release_host(static_cast<std::size_t>(-bytes));
+  }
   /// Enqueues on `device`'s compute stream the recording of `event`, after everything submitted to
   /// the device before it; a later record of the same event replaces the mark.
   void record(std::size_t device, const Event& event) {
@@ -208,7 +228,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Makes the work submitted to `device` after this wait for `event`'s record on the GPU. A wait
   /// whose record has not been issued yet holds the device's later items back on the host until it
   /// is; one that no record ever reaches makes synchronize() fail. The awaited work's name (as
-  /// host::Backend::wait takes it) is not used: a wait on the GPU has no deadline.
+  /// host::Backend::wait takes it) is not used: synchronize() names the op that waits, once
+  /// Options::wait_timeout has passed.
   void wait(std::size_t device, const Event& event, WorkLabel /*awaited*/ = {},
             std::size_t /*awaited_device*/ = 0) {
     enqueue(device,
@@ -377,10 +398,24 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   /// Blocks until all submitted work has finished on the GPUs; then, if any of it failed, throws
   /// the first failure (OutOfMemory stays OutOfMemory) with where it happened in front of its
-  /// message.
+  /// message. Work still running after Options::wait_timeout throws gpipe::Error naming each busy
+  /// device and its first unfinished op (unless other work failed first: that failure is thrown).
+  /// That work then runs on, and completes before later work on its device; a download into host
+  /// memory that it still had to do is skipped (its destination may be gone), and until it has
+  /// finished take_trace(), take_timing() and cancel() wait for it without a deadline.
   void synchronize() {
     pump();
     queues_.drop_held(failure_, options_.first_device);
+    stuck_ = !devices_.idle_by(Clock::now() + options_.wait_timeout);
+    if (stuck_) {
+      failure_.fail(std::make_exception_ptr(Error(unfinished_work())), "synchronize");
+      for (std::size_t d = 0; d < num_devices(); ++d) {
+        detail::DeviceState& s = devices_[d];
+        s.downloads_abandoned->store(true, std::memory_order_release);
+        s.downloads_abandoned = std::make_shared<std::atomic<bool>>();
+      }
+      failure_.take().rethrow();
+    }
     // A CUDA error of the streams is kept unless the work failed first.
     if (const std::string error = devices_.wait_for_streams(); !error.empty())
       failure_.fail(std::make_exception_ptr(Error(error)), "synchronize");
@@ -391,7 +426,6 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   using Clock = std::chrono::steady_clock;
   using Item = detail::WorkQueues::Item;
   friend class StepGraph;
-  friend class gpipe::detail::Offload<Backend>;  // counts its pinned blocks (host_memory_stats)
 
   // The stream that captures and launches graphs, on device 0's GPU (current), and the events
   // that join every device's streams to it, each of its device's GPU; made at the first capture.
@@ -407,9 +441,39 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
   }
 
+  // What synchronize() says of work that has not finished in time: each busy device and the first
+  // op of it that has not finished.
+  std::string unfinished_work() const {
+    std::string out = "the GPUs have not finished their work within " +
+                      std::to_string(options_.wait_timeout.count()) +
+                      " ms (cuda::BackendOptions::wait_timeout):";
+    const char* separator = " ";
+    for (std::size_t d = 0; d < num_devices(); ++d) {
+      if (devices_.device_idle(d)) continue;
+      const std::size_t named = options_.first_device + d;
+      bool started = false;
+      const detail::WorkTimer::Timed* t = timer_.first_unfinished(d, started);
+      out += separator;
+      separator = "; ";
+      if (t == nullptr) {
+        out += "device " + std::to_string(named) + " is in work after its last timed op";
+      } else if (started) {
+        out += describe(t->label, named) + " has started and not finished";
+      } else {
+        out += describe(t->label, named) + " has not started (its device waits before it)";
+      }
+    }
+    return out +
+           ". Is a kernel stuck, or a device waiting for a hand-over that never comes? That "
+           "work is not cancelled: it runs on, before later work on its device";
+  }
+
   // A StepGraph goes: once its launches are done, its graph and events. Never throws.
   void release(StepGraph& graph) noexcept {
-    if (origin_ != nullptr) (void)cudaStreamSynchronize(origin_);
+    // A graph still running after a synchronize() that timed out is not waited for: CUDA frees
+    // an executable graph and events once the work that uses them ends.
+    if (origin_ != nullptr && (!stuck_ || devices_.streams_idle()))
+      (void)cudaStreamSynchronize(origin_);
     timer_.forget(graph.timed_);
     if (graph.exec_ != nullptr) (void)cudaGraphExecDestroy(graph.exec_);
     graph.exec_ = nullptr;
@@ -441,6 +505,13 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
     failure_.fail(nullptr, {});
     queues_.clear();  // drops work not yet run, and the buffers it holds
+    if (!devices_.idle_by(Clock::now() + options_.wait_timeout)) {
+      // Work that never finished may still use all of it: let it go without freeing it.
+      timer_.release();
+      kernels_.clear();
+      devices_.abandon();
+      return;
+    }
     (void)devices_.wait_for_streams();
     if (origin_ != nullptr) {
       (void)cudaStreamSynchronize(origin_);
@@ -550,6 +621,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   std::unique_ptr<StepGraph> capture_;  // the graph being captured
   std::size_t graph_launches_ = 0;
   std::string graph_refusal_;
+  bool stuck_ = false;  // the latest synchronize() gave up on work still running
 };
 
 inline StepGraph::~StepGraph() { backend_->release(*this); }

@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -154,6 +156,10 @@ struct DeviceState {
   // The device's streams are being captured into a CUDA graph (cuda/step_graph.cuh): copies
   // between host and device go straight to and from pinned memory, and scratch may not grow.
   bool capturing = false;
+  // Set for the downloads issued so far when a synchronize() gave up on work still running
+  // (BackendOptions::wait_timeout): they then skip their copy into the caller's memory, which
+  // may be gone by the time the stream gets there. Each download holds the flag of its time.
+  std::shared_ptr<std::atomic<bool>> downloads_abandoned = std::make_shared<std::atomic<bool>>();
 };
 
 // `block` (of `have` floats, in device `s`'s pool) grown to at least `floats`, in stream order:

@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/backend/cuda/device.cuh"
@@ -114,6 +116,58 @@ class DeviceSet {
     for (GpuState& g : gpus_) sync(g.send, 0);
     (void)cudaGetLastError();
     return first;
+  }
+
+  // Polls every stream (cudaStreamQuery) until none has work left, or until `deadline`: false
+  // when one still has work then. Yields the core between polls (as cudaStreamSynchronize spins
+  // by default) and, once it has waited over poll_spin, sleeps between them for 1 % of the time
+  // waited so far, at most 1 ms: a long wait costs about no CPU, and the polls' lateness is at
+  // most 1 % of the wait. A stream's error counts as finished: wait_for_streams() reports it.
+  bool idle_by(std::chrono::steady_clock::time_point deadline) noexcept {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    for (;;) {
+      if (streams_idle()) return true;
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) return false;
+      if (now - start < poll_spin) {
+        std::this_thread::yield();
+      } else {
+        const Clock::duration nap = std::min<Clock::duration>(
+            {(now - start) / 100, std::chrono::milliseconds(1), deadline - now});
+        std::this_thread::sleep_for(nap);
+      }
+    }
+  }
+  static constexpr std::chrono::milliseconds poll_spin{10};
+
+  // Whether every stream has finished the work enqueued on it (cudaStreamQuery).
+  bool streams_idle() noexcept {
+    auto idle = [](cudaStream_t stream) {
+      return stream == nullptr || cudaStreamQuery(stream) != cudaErrorNotReady;
+    };
+    bool all = true;
+    for (auto& s : devices_) all = all && idle(s->compute) && idle(s->copy);
+    for (GpuState& g : gpus_) all = all && idle(g.send);
+    (void)cudaGetLastError();
+    return all;
+  }
+
+  // Whether device d's streams have finished their work.
+  bool device_idle(std::size_t d) const noexcept {
+    const bool idle = cudaStreamQuery(devices_[d]->compute) != cudaErrorNotReady &&
+                      cudaStreamQuery(devices_[d]->copy) != cudaErrorNotReady;
+    (void)cudaGetLastError();
+    return idle;
+  }
+
+  // Lets go of every resource without freeing it, for work on the GPU that never finished:
+  // memory it may still use stays allocated, and its streams stay, until the process ends.
+  void abandon() noexcept {
+    (void)new std::vector<std::unique_ptr<DeviceState>>(std::move(devices_));  // leaked on purpose
+    (void)new std::vector<GpuState>(std::move(gpus_));
+    devices_.clear();
+    gpus_.clear();
   }
 
   // Frees whatever create() made. Never throws.

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -184,7 +185,7 @@ class KernelContext<float> {
     through_staging(n * sizeof(U), [&](void* block, std::size_t at, std::size_t chunk) {
       GPIPE_CUDA_CHECK(cudaMemcpyAsync(block, in + at, chunk, cudaMemcpyDeviceToHost, s_->compute));
       // The stream copies the block on to host_dst when it gets there.
-      auto* job = new HostCopy{block, out + at, chunk};
+      auto* job = new HostCopy{block, out + at, chunk, s_->downloads_abandoned};
       const cudaError_t error = cudaLaunchHostFunc(s_->compute, &HostCopy::run, job);
       if (error != cudaSuccess) delete job;
       GPIPE_CUDA_CHECK(error);
@@ -306,9 +307,11 @@ class KernelContext<float> {
     const void* src;
     void* dst;
     std::size_t bytes;
+    std::shared_ptr<std::atomic<bool>> abandoned;  // DeviceState::downloads_abandoned
     static void CUDART_CB run(void* job) {
       auto* self = static_cast<HostCopy*>(job);
-      std::memcpy(self->dst, self->src, self->bytes);
+      if (!self->abandoned->load(std::memory_order_acquire))
+        std::memcpy(self->dst, self->src, self->bytes);
       delete self;
     }
   };

@@ -130,6 +130,19 @@ class WorkTimer {
     for (GpuState& g : devices_.gpus()) anchor(g);
   }
 
+  // The first timed work of device d, in submission order, that has not finished on the GPU
+  // (its end event not reached), with whether it has started; nullptr when all has finished.
+  const Timed* first_unfinished(std::size_t d, bool& started) const noexcept {
+    for (const Timed& t : pending_) {
+      if (t.device != d || cudaEventQuery(t.end) != cudaErrorNotReady) continue;
+      started = cudaEventQuery(t.start) != cudaErrorNotReady;
+      (void)cudaGetLastError();
+      return &t;
+    }
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+
   // Destroys the events of work not taken yet. Never throws.
   void release() noexcept {
     for (const Timed& t : pending_) {

@@ -132,6 +132,24 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
       });
     });
   }
+  /// As cuda::Backend::submit_copy on this rank's device: work on its copy stream (Remat::offload's
+  /// copies: mpi/offload.cuh). Work that throws tells every other rank at once.
+  void submit_copy(std::size_t device, WorkLabel label, Work work, const Event* done = nullptr) {
+    local_.submit_copy(
+        layout_.local(device), label,
+        [this, work = std::move(work)](Kernels& k) {
+          agreement_.telling_failure([&] { work(k); });
+        },
+        done);
+  }
+  /// As cuda::Backend::host_memory_stats, of this rank's device.
+  MemoryStats host_memory_stats(std::size_t device) const {
+    return local_.host_memory_stats(layout_.local(device));
+  }
+  /// As cuda::Backend::count_host_memory, for this rank's device.
+  void count_host_memory(std::size_t device, std::ptrdiff_t bytes) {
+    local_.count_host_memory(layout_.local(device), bytes);
+  }
   /// As cuda::Backend::record, on this rank's device (after the transfers issued before it).
   void record(std::size_t device, const Event& event) {
     flush(device);
@@ -374,3 +392,6 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
 }  // namespace gpipe::mpi
 
 static_assert(gpipe::multi_process_backend<gpipe::mpi::CudaBackend>);
+
+// The executor's seam for activation offload, specialized for this backend.
+#include "gpipe/backend/mpi/offload.cuh"
