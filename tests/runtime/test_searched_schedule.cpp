@@ -24,15 +24,11 @@ TEST_CASE("a schedule searched from measured costs trains as GPipe does") {
       backend, {.micro_batches = m, .seed = 2});
   const std::vector<OpCosts> costs = measure_op_costs(probe, x, y, 2);
   REQUIRE(costs.size() == 4);
-  double transfers = 0;  // every device receives: the shortest receive each, as transfer
   for (const OpCosts& c : costs) {
     CHECK(c.forward > 0);
     CHECK(c.backward_input > 0);
     CHECK(c.backward_weight > 0);
-    CHECK(c.transfer >= 0);
-    transfers += c.transfer;
   }
-  CHECK(transfers > 0);
   for (const ParameterInfo& info : probe.parameter_info())  // measuring left no gradient
     for (float g : probe.gradient(info.name)) CHECK(g == 0);
 

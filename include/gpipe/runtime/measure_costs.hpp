@@ -187,10 +187,8 @@ std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, s
 }
 
 /// Per device the mean duration, in microseconds, of its forward, backward_input and
-/// backward_weight ops over `steps` traced forward_backward steps of `trainer` on (x, y), and as
-/// `transfer` the shortest of its receives (recv_activation, recv_gradient: the hand-over's copy
-/// into the device, or under MPI the message's arrival; the shortest, since a receive posted
-/// before its send also times the wait): the costs search_schedule and simulate take. Uses the
+/// backward_weight ops over `steps` traced forward_backward steps of `trainer` on (x, y): the
+/// costs search_schedule takes (transfer left 0: hand-overs are not timed apart). Uses the
 /// backend's tracing (on for these steps, off after) and leaves the trainer's gradients zero.
 /// Only this process's devices are timed; a device that ran none of an op kind gets 0 for it.
 /// Throws gpipe::Error for 0 steps.
@@ -202,24 +200,16 @@ std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
   const std::size_t k = TrainerT::num_devices;
   std::vector<std::array<double, 3>> sum(k, {0, 0, 0});
   std::vector<std::array<std::size_t, 3>> count(k, {0, 0, 0});
-  std::vector<double> transfer(k, -1);  // the shortest receive so far; -1: none
   backend.set_tracing(true);
   for (std::size_t i = 0; i < steps; ++i) trainer.forward_backward(x, y);
   backend.set_tracing(false);
   for (const TraceEvent& e : backend.take_trace()) {
-    if (e.device >= k) continue;
-    const double us = e.end_us - e.start_us;
-    if (e.label.what == to_string(OpKind::recv_activation) ||
-        e.label.what == to_string(OpKind::recv_gradient)) {
-      if (transfer[e.device] < 0 || us < transfer[e.device]) transfer[e.device] = us;
-      continue;
-    }
     const std::size_t kind = e.label.what == to_string(OpKind::forward)           ? 0
                              : e.label.what == to_string(OpKind::backward_input)  ? 1
                              : e.label.what == to_string(OpKind::backward_weight) ? 2
                                                                                   : 3;
-    if (kind == 3) continue;
-    sum[e.device][kind] += us;
+    if (kind == 3 || e.device >= k) continue;
+    sum[e.device][kind] += e.end_us - e.start_us;
     ++count[e.device][kind];
   }
   trainer.zero_grad();
@@ -228,10 +218,7 @@ std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
     auto mean = [&](std::size_t kind) {
       return count[d][kind] > 0 ? sum[d][kind] / static_cast<double>(count[d][kind]) : 0.0;
     };
-    out[d] = {.forward = mean(0),
-              .backward_input = mean(1),
-              .backward_weight = mean(2),
-              .transfer = std::max(transfer[d], 0.0)};
+    out[d] = {.forward = mean(0), .backward_input = mean(1), .backward_weight = mean(2)};
   }
   return out;
 }

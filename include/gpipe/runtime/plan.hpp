@@ -410,14 +410,12 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       if (weighs_offload) measured.push_back(&c.offload);
       std::vector<double> v;
       for (const auto* costs : measured)
-        v.insert(v.end(), {(*costs)[d].forward, (*costs)[d].backward_input,
-                           (*costs)[d].backward_weight, (*costs)[d].transfer});
+        v.insert(v.end(),
+                 {(*costs)[d].forward, (*costs)[d].backward_input, (*costs)[d].backward_weight});
       transport.broadcast(d, std::span<double>(v));
       for (std::size_t i = 0; i < measured.size(); ++i)
-        (*measured[i])[d] = {.forward = v[4 * i],
-                             .backward_input = v[4 * i + 1],
-                             .backward_weight = v[4 * i + 2],
-                             .transfer = v[4 * i + 3]};
+        (*measured[i])[d] = {
+            .forward = v[3 * i], .backward_input = v[3 * i + 1], .backward_weight = v[3 * i + 2]};
     }
     transport.broadcast(0, std::span<double>(&c.overhead_us, 1));
     out.push_back(std::move(c));
