@@ -286,13 +286,11 @@ class Executor {
         for (std::size_t mb = 0; mb < M; ++mb) {
           device[s * M + mb] = schedule_.device_of_stage(s);
           if (offload_plan_.offloads(s, mb) && transport_.is_local(device[s * M + mb]))
-            bytes[s * M + mb] = step.split.size(mb) * stash_elements(s) * sizeof(Activation);
+            bytes[s * M + mb] =
+                step.split.size(mb) * offloaded_per_row(stages_[s]) * sizeof(Activation);
         }
       offload_->begin(bytes, device);
     }
-  }
-  std::size_t stash_elements(std::size_t s) const {
-    return stages_[s].kept_stash_per_row + stages_[s].cheap_stash_per_row;
   }
   // Right after stage s's F of micro-batch mb: the buffers offload_buffers frees (the stash and
   // the cheap stash) to host memory, freed there.

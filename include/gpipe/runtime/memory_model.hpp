@@ -132,8 +132,7 @@ inline std::size_t offloaded_bytes(const Schedule& schedule, std::size_t d,
   for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
     if (schedule.device_of_stage(s) != d) continue;
     for (std::size_t mb = 0; mb < schedule.num_micro_batches; ++mb)
-      if (offload.offloads(s, mb))
-        bytes += split.size(mb) * (st[s].kept_stash_per_row + st[s].cheap_stash_per_row) * a;
+      if (offload.offloads(s, mb)) bytes += split.size(mb) * offloaded_per_row(st[s]) * a;
   }
   return bytes;
 }

@@ -32,6 +32,13 @@
 
 namespace gpipe::detail {
 
+// The elements per row a slot of a stage whose sizes are `stage` (StageProgram or StageSizes)
+// moves to host memory: its stash, kept and cheap part (offload_buffers' buffers).
+template <class Sizes>
+constexpr std::size_t offloaded_per_row(const Sizes& stage) {
+  return stage.kept_stash_per_row + stage.cheap_stash_per_row;
+}
+
 // Which slots of a step offload, and where each comes back (see the top of this file).
 struct OffloadPlan {
   std::size_t micro_batches = 0;
@@ -75,7 +82,7 @@ OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& st
       if (op.kind == OpKind::forward) forward_at[slot] = computes;
       if (op.kind == OpKind::backward_input && forward_at[slot] != none &&
           computes >= forward_at[slot] + 3 &&  // F, then two ops or more
-          stages[s].kept_stash_per_row + stages[s].cheap_stash_per_row > 0) {
+          offloaded_per_row(stages[s]) > 0) {
         plan.offloaded[slot] = 1;
         plan.fetched_before[d][last_compute].push_back(slot);
       }

@@ -392,13 +392,12 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       // beyond the others' overhead goes into its ops, so that its prediction holds it.
       try {
         c.offload = measure(Remat::offload);
-        const double stall = std::max(overhead, 0.0) - c.overhead_us;
-        for (OpCosts& o : c.offload)
-          if (stall > 0) {
-            o.forward += stall;
-            o.backward_input += stall;
-            o.backward_weight += stall;
-          }
+        const double stall = std::max(0.0, overhead - c.overhead_us);
+        for (OpCosts& o : c.offload) {
+          o.forward += stall;
+          o.backward_input += stall;
+          o.backward_weight += stall;
+        }
       } catch (const OutOfMemory&) {
         c.offload = c.never;  // the same ops; the copies taken as hidden
       }
