@@ -135,7 +135,8 @@ struct OpSituation {
   bool in_place_loss = false;         ///< the loss writes dy over y (loss_in_place)
 };
 
-/// The situation of stage s's ops on micro-batch mb of `schedule` under `remat`, for a stage
+/// The situation of stage s's ops on micro-batch mb of `schedule` under `remat` (stage s's
+/// policy), for a stage
 /// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: kept_stash_per_row,
 /// cheap_stash_per_row, skips_input_gradient), with a loss that writes dy over y where
 /// in_place_loss: what the executor and the memory model both read buffers_of with.
