@@ -184,13 +184,29 @@ TEST_CASE("a limit that forbids never on stage 0 only: recompute there, never on
     CHECK(plan.chosen.predicted_us < c.predicted_us);
   }
   // the prediction is the simulation with each device's costs under its own policy
-  for (const PlanCosts& c : costs)
-    if (c.micro_batches == plan.chosen.micro_batches) {
-      std::vector<OpCosts> mixed = c.never;
-      mixed[0] = c.always[0];
-      if (plan.chosen.stage_remat[0] == Remat::always)
-        CHECK(plan.chosen.predicted_us == simulate(plan.schedule, mixed).makespan);
+  for (const PlanCosts& c : costs) {
+    if (c.micro_batches != plan.chosen.micro_batches) continue;
+    const auto m = static_cast<double>(c.micro_batches);
+    std::vector<OpCosts> mixed;
+    for (std::size_t d = 0; d < 3; ++d) {
+      switch (plan.chosen.stage_remat[d]) {
+        case Remat::always:
+          mixed.push_back(c.always[d]);
+          break;
+        case Remat::except_last:  // all but the last micro-batch recompute
+          mixed.push_back(c.never[d]);
+          mixed.back().backward_input =
+              ((m - 1) * c.always[d].backward_input + c.never[d].backward_input) / m;
+          break;
+        case Remat::selective:
+          mixed.push_back(c.selective[d]);
+          break;
+        default:
+          mixed.push_back(c.never[d]);
+      }
     }
+    CHECK(plan.chosen.predicted_us == doctest::Approx(simulate(plan.schedule, mixed).makespan));
+  }
 
   // the trainer built from the plan runs each stage under its policy: measured peak <= predicted
   // <= limit on every device, the same loss and gradients as the unplanned GPipe trainer
