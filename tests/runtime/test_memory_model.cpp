@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -446,6 +447,15 @@ TEST_CASE("Remat::offload's plan: a slot goes when an op runs between its F and 
   CHECK(detail::offload_plan(gpipe, Remat::never, stages).empty());
   const std::vector<Sizes> bare(2, Sizes{0, 0});
   CHECK(!detail::offload_plan(gpipe, Remat::offload, bare).offloads(0, 0));
+  // a policy per stage: only the stages under offload send their slots, each as it would alone
+  const std::vector<Remat> second_only = {Remat::always, Remat::offload};
+  const detail::OffloadPlan mixed =
+      detail::offload_plan(gpipe, std::span<const Remat>(second_only), stages);
+  for (std::size_t mb = 0; mb < 3; ++mb) {
+    CHECK(!mixed.offloads(0, mb));
+    CHECK(mixed.offloads(1, mb) == plan.offloads(1, mb));
+  }
+  for (std::size_t p = 0; p < gpipe.ops[0].size(); ++p) CHECK(mixed.fetches(0, p).empty());
 }
 
 TEST_CASE("Remat::offload: the device keeps about N d + 2 (N / M) L d, the host the rest") {

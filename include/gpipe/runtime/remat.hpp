@@ -24,10 +24,10 @@
 namespace gpipe {
 
 /// Re-materialization policy (`Trainer::Options::remat`, or one per stage:
-/// `Trainer::Options::stage_remat`): which micro-batches keep their stage
-/// activations from forward to backward, and which keep only the stage input (or, under
-/// `selective`, all but the cheap part) and recompute the rest before backward. Gradients are the
-/// same under every policy; memory and compute differ.
+/// `Trainer::Options::stage_remat`): which micro-batches keep their stage activations from
+/// forward to backward, and which keep only the stage input (or, under `selective`, all but the
+/// cheap part) and recompute the rest before backward. Gradients are the same under every policy
+/// and any mix of them; memory and compute differ.
 enum class Remat {
   never,        ///< keep everything: no recompute; every micro-batch's stash lives until its W
   always,       ///< keep only each stage's input; recompute the stage's forward before its B
