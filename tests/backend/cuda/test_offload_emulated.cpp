@@ -178,15 +178,16 @@ TEST_CASE("gpipe::plan on the CUDA backend weighs Remat::offload; its plan runs 
   std::size_t never_min = ~std::size_t{0};
   std::size_t offload = 0;
   for (const PlanCandidate& c : free.candidates) {
+    if (!c.uniform()) continue;  // the policies per stage the measured costs make worth weighing
     if (c.remat == Remat::never) never_min = std::min(never_min, c.peak_bytes);
     if (c.remat == Remat::offload) ++offload;
   }
-  CHECK(offload == 10);  // every schedule at M 4 and 8
+  CHECK(offload == 10);  // every schedule at M 4 and 8, offload on every stage
   // under a limit no never candidate fits: measured peak <= predicted bound <= limit, when run
   const std::vector<std::size_t> limit = {never_min - 1};
   const Plan plan = choose_plan<Gpt2>(rows, costs, limit, policies);
   CAPTURE(plan.describe());
-  CHECK(plan.chosen.remat != Remat::never);
+  CHECK(std::ranges::count(plan.chosen.stage_remat, Remat::never) < 2);
   Trainer<Gpt2, SoftmaxCrossEntropy, cuda::Backend, SearchedSchedule> trainer(backend, plan);
   optim::AdamW adamw({.lr = 1e-3});
   backend.reset_peak();
