@@ -283,7 +283,7 @@ class Run {
   static typename Trainer::Options trainer_options(const Options& o, const gpipe::Plan* plan) {
     typename Trainer::Options options{};
     if (plan != nullptr)
-      options = *plan;  // micro_batches, remat, schedule
+      options = *plan;  // micro_batches, remat (per stage), schedule
     else
       options.micro_batches = o.micro_batches;
     options.seed = o.seed;

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,17 +33,20 @@ using CheckpointedModel = Pipeline<Stage<Linear<width, width>,
                                          Linear<width, width>>,
                                    Stage<ReLU, Linear<width, 4>>>;
 
+// Each stage s under stage_remat[s] (Trainer::Options::stage_remat).
 template <class Model, class Schedule = GPipe>
-void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
+void check_prediction(std::size_t rows, std::size_t m, const std::vector<Remat>& stage_remat) {
   CAPTURE(rows);
   CAPTURE(m);
-  CAPTURE(to_string(remat));
+  std::string policies;
+  for (const Remat r : stage_remat) policies += std::string(to_string(r)) + " ";
+  CAPTURE(policies);
   const std::vector<float> x = random_inputs(rows, Model::in_features, 1);
   const std::vector<std::int32_t> y = random_classes(rows, Model::out_features, 2);
-  host::Backend backend(Model::num_stages);
+  host::Backend backend(Model::num_stages / Schedule::chunks_per_device);
   Trainer<Model, SoftmaxCrossEntropy, host::Backend, Schedule> trainer(
-      backend, {.micro_batches = m, .remat = remat});
-  const auto predicted = predict_memory<Model>(trainer.schedule(), rows, remat);
+      backend, {.micro_batches = m, .stage_remat = stage_remat});
+  const auto predicted = predict_memory<Model>(trainer.schedule(), rows, stage_remat);
   backend.reset_peak();
   trainer.forward_backward(x, y);
   for (std::size_t d = 0; d < backend.num_devices(); ++d) {
@@ -57,6 +61,11 @@ void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
     CHECK(stats.peak >=
           predicted[d].parameters + predicted[d].gradients + predicted[d].activations_peak);
   }
+}
+
+template <class Model, class Schedule = GPipe>
+void check_prediction(std::size_t rows, std::size_t m, Remat remat) {
+  check_prediction<Model, Schedule>(rows, m, std::vector<Remat>(Model::num_stages, remat));
 }
 
 // predict() runs the inference program of the trainer's schedule: its measured activations peak
@@ -138,6 +147,57 @@ TEST_CASE("measured peak activation bytes equal the memory model on every device
       check_prediction<CheckpointedModel>(16, m, remat);
     }
   }
+}
+
+TEST_CASE("a remat policy per stage: measured peaks equal the memory model on every device") {
+  // 1F1B's stage d holds K - d micro-batches' stashes: the first stages recompute, the last keeps
+  // everything. Each device's peak depends on its own stages' policies only.
+  const std::vector<Remat> mix = {Remat::always, Remat::selective, Remat::never};
+  for (std::size_t m : {1u, 3u, 6u}) {
+    check_prediction<Model3, OneFOneB>(12, m, mix);
+    check_prediction<Model3, GPipe>(12, m, {Remat::never, Remat::except_last, Remat::selective});
+    check_prediction<Model4, ZeroBubbleH1>(
+        16, m, {Remat::selective, Remat::always, Remat::never, Remat::except_last});
+    check_prediction<Model4, Interleaved<2>>(
+        16, m, {Remat::always, Remat::never, Remat::selective, Remat::never});
+  }
+  // the mix's prediction is each device's under its own stage's uniform policy
+  const Schedule schedule = OneFOneB::make(3, 6);
+  const auto mixed = predict_memory<Model3>(schedule, 12, mix);
+  for (std::size_t d = 0; d < 3; ++d) {
+    CAPTURE(d);
+    const auto uniform = predict_memory<Model3>(schedule, 12, mix[d]);
+    CHECK(mixed[d].activations_peak == uniform[d].activations_peak);
+    CHECK(mixed[d].total_bound() == uniform[d].total_bound());
+  }
+}
+
+TEST_CASE("a remat policy per stage: a wrong length or a second policy beside it is an Error") {
+  host::Backend backend(3);
+  using T3 = Trainer<Model3, SoftmaxCrossEntropy, host::Backend, OneFOneB>;
+  const auto message = [&](T3::Options options) {
+    try {
+      T3 trainer(backend, std::move(options));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string length =
+      message({.micro_batches = 2, .stage_remat = {Remat::always, Remat::never}});
+  CAPTURE(length);
+  CHECK(length.find("stage_remat has 2 policies, expected one per stage: 3") != std::string::npos);
+  const std::string both = message({.micro_batches = 2,
+                                    .remat = Remat::always,
+                                    .stage_remat = {Remat::never, Remat::never, Remat::never}});
+  CAPTURE(both);
+  CHECK(both.find("remat is always") != std::string::npos);
+  CHECK_THROWS_AS(predict_memory<Model3>(OneFOneB::make(3, 2), 12, std::vector<Remat>(2)), Error);
+  // a stage under offload on a backend without a copy stream
+  const std::string offload =
+      message({.micro_batches = 2, .stage_remat = {Remat::never, Remat::offload, Remat::never}});
+  CAPTURE(offload);
+  CHECK(offload.find("host backend has none") != std::string::npos);
 }
 
 TEST_CASE("the bound holds where backward_weight runs long after B (zero-bubble schedules)") {
@@ -387,6 +447,15 @@ TEST_CASE("Remat::offload's plan: a slot goes when an op runs between its F and 
   CHECK(detail::offload_plan(gpipe, Remat::never, stages).empty());
   const std::vector<Sizes> bare(2, Sizes{0, 0});
   CHECK(!detail::offload_plan(gpipe, Remat::offload, bare).offloads(0, 0));
+  // a policy per stage: only the stages under offload send their slots, each as it would alone
+  const std::vector<Remat> second_only = {Remat::always, Remat::offload};
+  const detail::OffloadPlan mixed =
+      detail::offload_plan(gpipe, std::span<const Remat>(second_only), stages);
+  for (std::size_t mb = 0; mb < 3; ++mb) {
+    CHECK(!mixed.offloads(0, mb));
+    CHECK(mixed.offloads(1, mb) == plan.offloads(1, mb));
+  }
+  for (std::size_t p = 0; p < gpipe.ops[0].size(); ++p) CHECK(mixed.fetches(0, p).empty());
 }
 
 TEST_CASE("Remat::offload: the device keeps about N d + 2 (N / M) L d, the host the rest") {

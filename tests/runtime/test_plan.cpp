@@ -15,6 +15,7 @@
 #include "gpipe/gpipe.hpp"
 #include "gpipe/runtime/plan.hpp"
 #include "support/models.hpp"
+#include "support/relative_error.hpp"
 
 using namespace gpipe;
 using namespace gpipe::test;
@@ -128,7 +129,8 @@ TEST_CASE("selective keeps less than never and more than always; a limit between
       smallest_peak(both, [](const PlanCandidate& c) { return c.remat == Remat::selective; });
   REQUIRE(selective_min < never_min);
   const Plan plan = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{never_min - 1}, two);
-  CHECK(plan.chosen.remat == Remat::selective);
+  // selective where never does not fit (with a policy per stage, never stays where it fits)
+  CHECK(std::ranges::count(plan.chosen.stage_remat, Remat::selective) > 0);
   CHECK(plan.chosen.peak_bytes < never_min);
 }
 
@@ -141,12 +143,93 @@ TEST_CASE("a limit below every Remat::never candidate makes the plan recompute, 
   REQUIRE(any_min < never_min);  // recomputing saves memory on this model
   const std::vector<std::size_t> limit = {never_min - 1};
   const Plan plan = choose_plan<Model3>(rows, costs, limit, all_policies);
-  CHECK(plan.chosen.remat != Remat::never);
+  CHECK(std::ranges::count(plan.chosen.stage_remat, Remat::never) < 3);
   CHECK(plan.chosen.peak_bytes <= limit[0]);
   for (const PlanCandidate& c : plan.candidates) {
     CHECK(c.fits == (c.peak_bytes <= limit[0]));
     if (!c.fits) CHECK(c.verdict.starts_with("over memory: device "));
     if (c.fits) CHECK(c.predicted_us >= plan.chosen.predicted_us);
+  }
+}
+
+TEST_CASE("a limit that forbids never on stage 0 only: recompute there, never on the last stage") {
+  // 1F1B's stage d holds K - d micro-batches' stashes: with device 0 capped below what never
+  // needs there under every candidate, and the others free, the plan recomputes on stage 0 only,
+  // which is faster than any policy on every stage that fits.
+  const std::vector<PlanCosts> costs = hand_costs();
+  const Plan free = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  std::size_t never0 = std::numeric_limits<std::size_t>::max();
+  for (const PlanCandidate& c : free.candidates)
+    if (c.remat == Remat::never && c.uniform())
+      never0 = std::min(never0, c.memory[0].total_bound());
+  const std::vector<std::size_t> limit = {never0 - 1, 0, 0};
+  const Plan plan = choose_plan<Model3>(rows, costs, limit, all_policies);
+  CAPTURE(plan.describe());
+  REQUIRE(plan.chosen.stage_remat.size() == 3);
+  CHECK(plan.chosen.stage_remat[0] != Remat::never);
+  CHECK(plan.chosen.stage_remat[0] != Remat::selective);  // stage 0 has no cheap layers
+  CHECK(plan.chosen.stage_remat[1] == Remat::never);
+  CHECK(plan.chosen.stage_remat[2] == Remat::never);
+  CHECK_FALSE(plan.chosen.uniform());
+  CHECK(plan.chosen.remat == plan.chosen.stage_remat[0]);
+  CHECK(plan.describe().find("remat " + plan.chosen.policies() + ":") != std::string::npos);
+  CHECK(plan.chosen.policies() ==
+        std::string(to_string(plan.chosen.stage_remat[0])) + "/never/never");
+  // faster than every uniform candidate that fits
+  for (const PlanCandidate& c : plan.candidates) {
+    if (!c.uniform() || !c.fits) continue;
+    CAPTURE(c.schedule);
+    CAPTURE(c.micro_batches);
+    CAPTURE(c.policies());
+    CHECK(plan.chosen.predicted_us < c.predicted_us);
+  }
+  // the prediction is the simulation with each device's costs under its own policy
+  for (const PlanCosts& c : costs) {
+    if (c.micro_batches != plan.chosen.micro_batches) continue;
+    const auto m = static_cast<double>(c.micro_batches);
+    std::vector<OpCosts> mixed;
+    for (std::size_t d = 0; d < 3; ++d) {
+      switch (plan.chosen.stage_remat[d]) {
+        case Remat::always:
+          mixed.push_back(c.always[d]);
+          break;
+        case Remat::except_last:  // all but the last micro-batch recompute
+          mixed.push_back(c.never[d]);
+          mixed.back().backward_input =
+              ((m - 1) * c.always[d].backward_input + c.never[d].backward_input) / m;
+          break;
+        case Remat::selective:
+          mixed.push_back(c.selective[d]);
+          break;
+        default:
+          mixed.push_back(c.never[d]);
+      }
+    }
+    CHECK(plan.chosen.predicted_us == doctest::Approx(simulate(plan.schedule, mixed).makespan));
+  }
+
+  // the trainer built from the plan runs each stage under its policy: measured peak <= predicted
+  // <= limit on every device, the same loss and gradients as the unplanned GPipe trainer
+  const std::vector<float> x = random_inputs(rows, Model3::in_features, 5);
+  const std::vector<std::int32_t> y = random_classes(rows, Model3::out_features, 6);
+  host::Backend backend(3);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend, SearchedSchedule> trainer(backend, plan);
+  CHECK(trainer.options().stage_remat == plan.chosen.stage_remat);
+  backend.reset_peak();
+  const float loss = trainer.forward_backward(x, y);
+  for (std::size_t d = 0; d < 3; ++d) {
+    CAPTURE(d);
+    const MemoryStats stats = backend.memory_stats(d);
+    CHECK(stats.peak_of(MemoryKind::activations) == plan.chosen.memory[d].activations_peak);
+    CHECK(stats.peak <= plan.chosen.memory[d].total_bound());
+    if (limit[d] != 0) CHECK(plan.chosen.memory[d].total_bound() <= limit[d]);
+  }
+  host::Backend plain_backend(3);
+  Trainer<Model3, SoftmaxCrossEntropy, host::Backend> plain(plain_backend, {.micro_batches = 1});
+  CHECK(plain.forward_backward(x, y) == doctest::Approx(loss).epsilon(1e-5));
+  for (const ParameterInfo& p : plain.parameter_info()) {
+    CAPTURE(p.name);
+    CHECK(relative_error(trainer.gradient(p.name), plain.gradient(p.name)) < 2e-6);
   }
 }
 
@@ -191,7 +274,8 @@ TEST_CASE("the planner on a capped host backend: the plan's trainer stays within
   CAPTURE(plan.describe());
   CHECK(plan.chosen.peak_bytes <= limit);
   CHECK(plan.chosen.predicted_us > 0);
-  const bool never_m1_gpipe = plan.chosen.micro_batches == 1 && plan.chosen.remat == Remat::never &&
+  const bool never_m1_gpipe = plan.chosen.micro_batches == 1 &&
+                              plan.chosen.stage_remat == std::vector<Remat>(3, Remat::never) &&
                               plan.chosen.schedule == "gpipe";
   CHECK_FALSE(never_m1_gpipe);
 

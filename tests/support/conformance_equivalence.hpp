@@ -1,10 +1,10 @@
 #pragma once
 // Backend conformance, part 1: a pipelined step equals the unpipelined model. For K = 1..4
 // stages, M in {1, 2, 3, 8} micro-batches (3 and 8 do not divide the batch of 10), every remat
-// policy and both losses, the loss and every parameter's gradient match the double-precision
-// sequential reference and the float K = 1, M = 1 run on the same backend. Gradients accumulate
-// until zero_grad, device memory returns to parameters + gradients after a step, and remat
-// lowers the activation peak.
+// policy on every stage and a policy per stage (Options::stage_remat), and both losses, the loss
+// and every parameter's gradient match the double-precision sequential reference and the float K =
+// 1, M = 1 run on the same backend. Gradients accumulate until zero_grad, device memory returns to
+// parameters + gradients after a step, and remat lowers the activation peak.
 //
 // Written once, instantiated per backend with a factory (tests/runtime/test_equivalence.cpp for
 // the host backend, tests/cuda/test_equivalence.cu for the CUDA backend):
@@ -104,12 +104,21 @@ void check_against_reference() {
   double worst_loss = std::abs(single_loss - ref.loss) / std::max(std::abs(ref.loss), 1e-12);
   Backend backend = Factory::make(Model::num_stages);
   for (std::size_t m : {1u, 2u, 3u, 8u}) {
-    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
+    // every policy on every stage, then one per stage: stage s under mix[s % 4]
+    constexpr Remat mix[] = {Remat::always, Remat::selective, Remat::never, Remat::except_last};
+    std::vector<std::vector<Remat>> policies;
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective})
+      policies.emplace_back(Model::num_stages, remat);
+    policies.emplace_back();
+    for (std::size_t s = 0; s < Model::num_stages; ++s) policies.back().push_back(mix[s % 4]);
+    for (const std::vector<Remat>& stage_remat : policies) {
       CAPTURE(Model::num_stages);
       CAPTURE(m);
-      CAPTURE(to_string(remat));
-      Trainer<Model, Loss, Backend> trainer(backend,
-                                            {.micro_batches = m, .remat = remat, .seed = seed});
+      std::string remat;
+      for (const Remat r : stage_remat) remat += std::string(to_string(r)) + " ";
+      CAPTURE(remat);
+      Trainer<Model, Loss, Backend> trainer(
+          backend, {.micro_batches = m, .stage_remat = stage_remat, .seed = seed});
       // The same seed gives the same parameters whatever the split into stages.
       REQUIRE(parameters_of(trainer) == parameters_of(single));
 

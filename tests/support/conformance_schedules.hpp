@@ -3,9 +3,10 @@
 // schedule's loss and gradients: 1F1B, ZB-H1 and ZB-H2 on K = 2, 4, 8 devices, interleaved 1F1B
 // with V = 2 on 1, 2, 4 and 8 devices (and V = 4 on one), looped BFS with V = 2 on 2 and 4, ZB-V
 // on 1, 2 and 4 and DualPipeV on 2 and 4 (V-shaped placement: device d holds stages d and
-// 2K-1-d), for M in {1, 2, 4, 8, 16} (M < K included) and every remat policy. Each is compared with
-// the GPipe trainer of the same model, seed, M and policy, and with the double-precision sequential
-// reference; a step leaves only parameters and gradients allocated.
+// 2K-1-d), for M in {1, 2, 4, 8, 16} (M < K included) and every remat policy (at M 4 also a policy
+// per stage). Each is compared with the GPipe trainer of the same model, seed, M and policy, and
+// with the double-precision sequential reference; a step leaves only parameters and gradients
+// allocated.
 //
 // Instantiated per backend with a factory as in conformance_equivalence.hpp (here
 // gradient_tolerance):
@@ -95,18 +96,30 @@ void check_schedule_matches_gpipe() {
   Backend gpipe_backend = Factory::make(Model::num_stages);
   Backend backend = Factory::make(num_devices);
   for (std::size_t m : {1u, 2u, 4u, 8u, 16u}) {
-    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective}) {
+    // every policy on every stage, and at M 4 one per stage: stage s under mix[s % 4]
+    constexpr Remat mix[] = {Remat::always, Remat::selective, Remat::never, Remat::except_last};
+    std::vector<std::vector<Remat>> policies;
+    for (Remat remat : {Remat::never, Remat::always, Remat::except_last, Remat::selective})
+      policies.emplace_back(Model::num_stages, remat);
+    if (m == 4) {
+      policies.emplace_back();
+      for (std::size_t s = 0; s < Model::num_stages; ++s) policies.back().push_back(mix[s % 4]);
+    }
+    for (const std::vector<Remat>& stage_remat : policies) {
       CAPTURE(Kind::name);
       CAPTURE(num_devices);
       CAPTURE(m);
-      CAPTURE(to_string(remat));
+      std::string remat;
+      for (const Remat r : stage_remat) remat += std::string(to_string(r)) + " ";
+      CAPTURE(remat);
       const typename Trainer<Model, Loss, Backend>::Options options{
-          .micro_batches = m, .remat = remat, .seed = seed};
+          .micro_batches = m, .stage_remat = stage_remat, .seed = seed};
       if constexpr (std::is_same_v<Kind, DualPipeV>) {
         if (m < 2 * num_devices) {  // DualPipeV needs 2 micro-batches per stage of its V
           using T = Trainer<Model, Loss, Backend, Kind>;
-          CHECK_THROWS_WITH_AS(T(backend, {.micro_batches = m, .remat = remat, .seed = seed}),
-                               doctest::Contains("at least 2K micro-batches"), Error);
+          CHECK_THROWS_WITH_AS(
+              T(backend, {.micro_batches = m, .stage_remat = stage_remat, .seed = seed}),
+              doctest::Contains("at least 2K micro-batches"), Error);
           continue;
         }
       }
@@ -117,7 +130,7 @@ void check_schedule_matches_gpipe() {
       const ReferenceResult ref = reference_step<Model, Loss>(parameters_of(gpipe_trainer), x, y);
 
       Trainer<Model, Loss, Backend, Kind> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+          backend, {.micro_batches = m, .stage_remat = stage_remat, .seed = seed});
       REQUIRE(trainer.schedule() == Kind::make(num_devices, m));
       REQUIRE(parameters_of(trainer) == parameters_of(gpipe_trainer));
       std::vector<std::size_t> before;

@@ -326,19 +326,31 @@ void check_against_one_process(Backend& backend) {
   for (std::size_t m : {1u, 3u, 8u}) {
     if constexpr (std::is_same_v<Kind, DualPipeV>)
       if (m < 2 * devices) continue;  // DualPipeV needs M >= 2K
+    // each policy on every stage, and at M 3 one per stage: stage s under mix[s % 3]
+    constexpr Remat mix[] = {Remat::always, Remat::never, Remat::selective};
+    std::vector<std::vector<Remat>> policies;
     for (Remat remat : {Remat::never, Remat::always, Remat::offload}) {
       // offload where both backends have a copy stream, at M 8 (where stashes wait the longest)
       if (remat == Remat::offload && (!gpipe::detail::Offload<Backend>::supported || m != 8))
         continue;
+      policies.emplace_back(Model::num_stages, remat);
+    }
+    if (m == 3) {
+      policies.emplace_back();
+      for (std::size_t s = 0; s < Model::num_stages; ++s) policies.back().push_back(mix[s % 3]);
+    }
+    for (const std::vector<Remat>& stage_remat : policies) {
       CAPTURE(Kind::name);
       CAPTURE(m);
-      CAPTURE(to_string(remat));
+      std::string remat;
+      for (const Remat r : stage_remat) remat += std::string(to_string(r)) + " ";
+      CAPTURE(remat);
       CAPTURE(backend.rank());
       OneProcess one_process = one_process_like<OneProcess>(backend, devices);
       Trainer<Model, Loss, OneProcess, Kind, Precision> reference(
-          one_process, {.micro_batches = m, .remat = remat, .seed = seed});
+          one_process, {.micro_batches = m, .stage_remat = stage_remat, .seed = seed});
       Trainer<Model, Loss, Backend, Kind, Precision> trainer(
-          backend, {.micro_batches = m, .remat = remat, .seed = seed});
+          backend, {.micro_batches = m, .stage_remat = stage_remat, .seed = seed});
       // the same ops; a transport whose sends wait for their receives (NCCL) places them for that
       if constexpr (transport::hand_over_for<Backend>::sends == Sends::rendezvous)
         CHECK(trainer.schedule() == order_for_rendezvous(reference.schedule()));

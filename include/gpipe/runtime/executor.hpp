@@ -245,7 +245,7 @@ class Executor {
               s.split.rows,
               s.split.micro_batches,
               s.split.sample_rows,
-              static_cast<std::uint64_t>(s.remat),
+              s.remat.size(),
               std::bit_cast<std::uint32_t>(s.loss_scale),
               address(s.x.data()),
               s.x.size(),
@@ -254,6 +254,7 @@ class Executor {
               address(s.document.data()),
               s.document.size(),
               address(s.token_bits.data())};
+    for (const Remat r : s.remat) k.push_back(static_cast<std::uint64_t>(r));
     if constexpr (Offload<Backend>::supported)
       if (!offload_plan_.empty())
         for (const std::uint64_t a : offload_->key()) k.push_back(a);
@@ -324,7 +325,8 @@ class Executor {
 
   // What stage s's ops on micro-batch mb allocate and free depends on (slot_buffers.hpp).
   OpSituation situation(std::size_t s, std::size_t mb) const {
-    return op_situation(schedule_, step_->remat, s, mb, stages_[s], loss_program_.in_place);
+    return op_situation(schedule_, policy_of(step_->remat, s), s, mb, stages_[s],
+                        loss_program_.in_place);
   }
   // An op's allocations, and after its kernels its frees, on its slot (slot_buffers.hpp).
   void allocate(const OpBuffers& ops, std::size_t s, std::size_t device, std::size_t rows,

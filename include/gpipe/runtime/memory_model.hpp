@@ -1,7 +1,8 @@
 #pragma once
 // The memory model: what each device holds during a step, predicted from the model's types, the
-// batch, the schedule and the remat policy, by replaying in each device's op order the table of
-// what each op allocates and frees (runtime/slot_buffers.hpp), the one the executor allocates by.
+// batch, the schedule and the remat policy of each stage, by replaying in each device's op order
+// the table of what each op allocates and frees (runtime/slot_buffers.hpp), the one the executor
+// allocates by.
 //
 // Activations (a stage's input and stash per micro-batch, and the loss gradient on the last
 // stage) are allocated and freed only by the device's own ops, so their peak is exact. Workspace
@@ -24,9 +25,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "gpipe/error.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
@@ -93,7 +97,8 @@ std::vector<StageSizes> stage_sizes() {
 // frees it once the receiver has copied it (workspace_bound adds them back).
 inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
                              const std::vector<StageSizes>& st, const MicroBatchSplit& split,
-                             Remat remat, std::size_t a, bool in_place_loss, MemoryKind kind) {
+                             std::span<const Remat> remat, std::size_t a, bool in_place_loss,
+                             MemoryKind kind) {
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
   std::size_t current = 0, peak = 0;
   // the bytes of `kind` each slot buffer holds now, as the executor allocates them
@@ -116,7 +121,8 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
     const Op& op = schedule.ops[d][p];
     for (const std::size_t slot : offload.fetches(d, p)) apply(fetch_buffers(), slot / M, slot % M);
     const std::size_t s = schedule.stage_of(d, op.chunk), mb = op.micro_batch;
-    apply(buffers_of(op.kind, op_situation(schedule, remat, s, mb, st[s], in_place_loss)), s, mb);
+    apply(buffers_of(op.kind, op_situation(schedule, remat[s], s, mb, st[s], in_place_loss)), s,
+          mb);
     if (op.kind == OpKind::forward && offload.offloads(s, mb)) apply(offload_buffers(), s, mb);
   }
   return peak;
@@ -126,7 +132,7 @@ inline std::size_t slot_peak(const Schedule& schedule, std::size_t d,
 // an element: a block per offloaded (stage, micro-batch), for the whole step (offload.hpp).
 inline std::size_t offloaded_bytes(const Schedule& schedule, std::size_t d,
                                    const std::vector<StageSizes>& st, const MicroBatchSplit& split,
-                                   Remat remat, std::size_t a) {
+                                   std::span<const Remat> remat, std::size_t a) {
   const OffloadPlan offload = offload_plan(schedule, remat, st);
   std::size_t bytes = 0;
   for (std::size_t s = 0; s < schedule.num_stages(); ++s) {
@@ -159,7 +165,7 @@ inline std::size_t documents_peak(const Schedule& schedule, std::size_t d,
 // leaves out.
 inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
                                    const std::vector<StageSizes>& st, const MicroBatchSplit& split,
-                                   Remat remat, std::size_t a, bool in_place_loss,
+                                   std::span<const Remat> remat, std::size_t a, bool in_place_loss,
                                    std::size_t target_bytes_per_row) {
   constexpr std::size_t f = sizeof(float);
   const std::size_t rows = split.rows, max_rows = split.size(0);
@@ -195,7 +201,9 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
 }  // namespace detail
 
 /// Prediction for every device of `schedule` running Model on a batch of `rows` rows (tokens, in
-/// a token model: samples times Model::tokens_per_sample), in `Precision` (`Fp32`, or `MixedBf16`:
+/// a token model: samples times Model::tokens_per_sample), each stage s under the remat policy
+/// stage_remat[s] (one entry per stage: Trainer::Options::stage_remat; a device's memory depends
+/// on its own stages' policies only), in `Precision` (`Fp32`, or `MixedBf16`:
 /// activations, stashes, hand-overs and scratch of 2 bytes an element, and the stages' parameters
 /// kept in bf16 beside their float masters, 2 more bytes a parameter, counted as parameters).
 /// target_bytes_per_row: bytes of the loss's targets per row (4 for class ids, 4 * out for MSE).
@@ -203,9 +211,10 @@ inline std::size_t workspace_bound(const Schedule& schedule, std::size_t d,
 /// built-in losses), which then holds one (rows, out_features) buffer where another loss needs two.
 /// document_ids: the step packs documents (forward_backward's third argument), whose ids each
 /// device holds per live (stage, micro-batch) (DeviceMemoryPrediction::documents_peak).
+/// Throws gpipe::Error for stage_remat of another length than the model's stages.
 template <class Model, class Precision = Fp32>
 std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
-                                                   Remat remat,
+                                                   const std::vector<Remat>& stage_remat,
                                                    std::size_t optimizer_state_per_param = 0,
                                                    std::size_t target_bytes_per_row = 4,
                                                    bool in_place_loss = true,
@@ -214,7 +223,12 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
   constexpr std::size_t a = sizeof(typename Precision::activation_type);  // activations
   const std::vector<detail::StageSizes> st = detail::stage_sizes<Model>();
   const std::size_t S = schedule.num_stages(), M = schedule.num_micro_batches;
+  detail::require(stage_remat.size() == S, [&] {
+    return "predict_memory: " + std::to_string(stage_remat.size()) +
+           " remat policies, expected one per stage: " + std::to_string(S);
+  });
   const MicroBatchSplit split{rows, M, Model::tokens_per_sample};
+  const std::span<const Remat> remat(stage_remat);
 
   std::vector<DeviceMemoryPrediction> out(schedule.num_devices);
   for (std::size_t s = 0; s < S; ++s) {
@@ -233,6 +247,19 @@ std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std
     out[d].offloaded = detail::offloaded_bytes(schedule, d, st, split, remat, a);
   }
   return out;
+}
+
+/// predict_memory with `remat` the policy of every stage (Trainer::Options::remat).
+template <class Model, class Precision = Fp32>
+std::vector<DeviceMemoryPrediction> predict_memory(const Schedule& schedule, std::size_t rows,
+                                                   Remat remat,
+                                                   std::size_t optimizer_state_per_param = 0,
+                                                   std::size_t target_bytes_per_row = 4,
+                                                   bool in_place_loss = true,
+                                                   bool document_ids = false) {
+  return predict_memory<Model, Precision>(
+      schedule, rows, std::vector<Remat>(schedule.num_stages(), remat), optimizer_state_per_param,
+      target_bytes_per_row, in_place_loss, document_ids);
 }
 
 }  // namespace gpipe

@@ -20,6 +20,7 @@
 // whole step, at fixed addresses (a CUDA graph replays the copies), as DeviceMemoryPrediction::
 // offloaded counts it.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -57,13 +58,18 @@ struct OffloadPlan {
   bool empty() const { return fetched_before.empty(); }
 };
 
-// The plan of `schedule` under `remat`, for stages whose sizes are `stages` (StageProgram or the
-// memory model's StageSizes: kept_stash_per_row, cheap_stash_per_row): empty unless remat is
-// Remat::offload and the schedule trains.
+// The plan of `schedule` under the stages' policies `stage_remat` ([stage]; empty: none
+// offloads), for stages whose sizes are `stages` (StageProgram or the memory model's StageSizes:
+// kept_stash_per_row, cheap_stash_per_row): empty unless a stage's policy is Remat::offload and
+// the schedule trains. Only the slots of the stages under Remat::offload offload; the rule reads
+// the device's op list alone, whatever its other stages' policies.
 template <class Stages>
-OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& stages) {
+OffloadPlan offload_plan(const Schedule& schedule, std::span<const Remat> stage_remat,
+                         const Stages& stages) {
   OffloadPlan plan;
-  if (remat != Remat::offload || schedule.forward_only) return plan;
+  const bool any =
+      std::find(stage_remat.begin(), stage_remat.end(), Remat::offload) != stage_remat.end();
+  if (!any || schedule.forward_only) return plan;
   const std::size_t M = schedule.num_micro_batches;
   plan.micro_batches = M;
   plan.offloaded.assign(schedule.num_stages() * M, 0);
@@ -80,8 +86,8 @@ OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& st
       const Op& op = ops[p];
       const std::size_t s = schedule.stage_of(d, op.chunk), slot = s * M + op.micro_batch;
       if (op.kind == OpKind::forward) forward_at[slot] = computes;
-      if (op.kind == OpKind::backward_input && forward_at[slot] != none &&
-          computes >= forward_at[slot] + 3 &&  // F, then two ops or more
+      if (op.kind == OpKind::backward_input && stage_remat[s] == Remat::offload &&
+          forward_at[slot] != none && computes >= forward_at[slot] + 3 &&  // F, then two or more
           offloaded_per_row(stages[s]) > 0) {
         plan.offloaded[slot] = 1;
         plan.fetched_before[d][last_compute].push_back(slot);
@@ -95,6 +101,13 @@ OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& st
   return plan;
 }
 
+// The plan under one policy for every stage.
+template <class Stages>
+OffloadPlan offload_plan(const Schedule& schedule, Remat remat, const Stages& stages) {
+  const std::vector<Remat> each(schedule.num_stages(), remat);
+  return offload_plan(schedule, std::span<const Remat>(each), stages);
+}
+
 // The seam: how a backend moves an offloaded slot's stash to host memory and back. This primary
 // template is every backend without a copy stream: it does not support Remat::offload, which the
 // trainer refuses (check_offload). backend/cuda/offload.cuh specializes it for cuda::Backend.
@@ -105,10 +118,13 @@ class Offload {
   explicit Offload(Backend&) {}
 };
 
-// Throws gpipe::Error for Remat::offload on a backend whose Offload does not support it.
+// Throws gpipe::Error for Remat::offload, on any stage of stage_remat ([stage]), on a backend
+// whose Offload does not support it.
 template <class Backend>
-void check_offload(Remat remat) {
-  require(remat != Remat::offload || Offload<Backend>::supported, [&] {
+void check_offload(std::span<const Remat> stage_remat) {
+  const bool any =
+      std::find(stage_remat.begin(), stage_remat.end(), Remat::offload) != stage_remat.end();
+  require(!any || Offload<Backend>::supported, [&] {
     return "Remat::offload moves activations to pinned host memory over a device's copy "
            "stream, and the " +
            std::string(Backend::name) +

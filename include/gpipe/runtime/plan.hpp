@@ -1,7 +1,7 @@
 #pragma once
-// gpipe::plan: the schedule, micro-batch count and remat policy that the simulator predicts
-// fastest for a model on a backend, among those whose predicted memory fits every device's
-// limit, from op costs measured on that backend.
+// gpipe::plan: the schedule, micro-batch count and remat policy of each stage that the simulator
+// predicts fastest for a model on a backend, among those whose predicted memory fits every
+// device's limit, from op costs measured on that backend.
 //
 //   gpipe::Plan plan = gpipe::plan<Model, Loss>(backend, x, y, {.device_limit = {6ull << 30}});
 //   std::cout << plan.describe();                 // the choice, and why not the others
@@ -11,9 +11,17 @@
 // and without recompute, and with selective recompute where the model has cheap layers (a 1F1B
 // trainer per configuration, measure_op_costs); choose_plan, a pure
 // function of those costs, weighs every candidate (GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule
-// searched from the costs, each with every micro-batch count and remat policy): predict_memory's
-// bound (total_bound: exact parameters, gradients, optimizer state and activations, a bound on
-// the workspace) against the limit, simulate's makespan with the measured costs for the time.
+// searched from the costs, each with every micro-batch count and remat policy, and with a policy
+// per stage): predict_memory's bound (total_bound: exact parameters, gradients, optimizer state
+// and activations, a bound on the workspace) against the limit, simulate's makespan with the
+// measured costs for the time.
+//
+// A policy per stage: for a given schedule and M, a device's memory depends on its own stage's
+// policy only, and its op costs are those measured under that policy. So each device may take
+// any policy that fits its limit (1F1B's stage d holds K - d stashes: the first stages recompute,
+// the last keeps everything); from each device's cheapest fitting policy (least F + B + W), a
+// descent moves one device at a time to another fitting policy while the simulated step gets
+// shorter. The mix is a candidate beside the uniform ones where it differs from them.
 // Because memory is judged by a bound, a plan never exceeds a limit when run; a candidate whose
 // true peak would just fit may be turned away.
 
@@ -87,13 +95,28 @@ struct PlanCosts {
 struct PlanCandidate {
   std::string schedule;           ///< "gpipe", "1f1b", "zb-h1", "zb-h2" or "searched"
   std::size_t micro_batches = 0;  ///< M
-  Remat remat = Remat::never;     ///< the remat policy
-  double predicted_us = 0;        ///< simulated step with the measured op costs, microseconds
+  /// The remat policy of every stage where they share one; for a policy per stage (`uniform()`
+  /// false), the first stage's: `stage_remat` has them all.
+  Remat remat = Remat::never;
+  std::vector<Remat> stage_remat;  ///< [stage] each stage's remat policy
+  double predicted_us = 0;         ///< simulated step with the measured op costs, microseconds
   std::vector<DeviceMemoryPrediction> memory;  ///< [device] predict_memory's prediction
   std::size_t peak_bytes = 0;                  ///< the largest device's total_bound()
   std::size_t peak_device = 0;                 ///< the device with that bound
   bool fits = false;                           ///< every device's bound within its limit
   std::string verdict;  ///< "chosen", or why not: "over memory: ...", "not faster: ..."
+
+  /// Whether every stage has the same policy, `remat`.
+  bool uniform() const {
+    return std::ranges::all_of(stage_remat, [&](Remat r) { return r == remat; });
+  }
+  /// "always" where every stage has that policy, else each stage's: "always/selective/never".
+  std::string policies() const {
+    if (uniform()) return std::string(to_string(remat));
+    std::string out;
+    for (const Remat r : stage_remat) out += (out.empty() ? "" : "/") + std::string(to_string(r));
+    return out;
+  }
 };
 
 namespace detail {
@@ -117,6 +140,74 @@ inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
     out[d].backward_weight += costs.overhead_us;
   }
   return out;
+}
+
+// The per-device costs of a policy per device, [device]: device d's from costs_of(policy[d]).
+inline std::vector<OpCosts> costs_of(const PlanCosts& costs, std::span<const Remat> policy) {
+  std::vector<OpCosts> out;
+  for (std::size_t d = 0; d < policy.size(); ++d) out.push_back(costs_of(costs, policy[d])[d]);
+  return out;
+}
+
+// A policy per device for `schedule` (one stage per device) at costs.micro_batches, from
+// bound[p][d], device d's memory bound under policies[p] (a device's memory depends on its own
+// policy only): each device's cheapest policy (least F + B + W, the earlier on a tie) among those
+// within its limit, then one device at a time moved to another of its fitting policies while the
+// simulated step gets shorter. Where a device has none within its limit, every device's smallest
+// policy instead (`fits` false). Deterministic.
+struct PolicyMix {
+  std::vector<Remat> policy;  // [device]
+  bool fits = true;
+};
+inline PolicyMix mix_policies(const Schedule& schedule, const PlanCosts& costs,
+                              std::span<const Remat> policies,
+                              const std::vector<std::vector<std::size_t>>& bound,
+                              std::span<const std::size_t> limit) {
+  const std::size_t K = schedule.num_devices;
+  std::vector<std::vector<std::size_t>> fitting(K);  // [device] indices into policies
+  PolicyMix mix;
+  for (std::size_t d = 0; d < K; ++d) {
+    for (std::size_t p = 0; p < policies.size(); ++p)
+      if (limit[d] == 0 || bound[p][d] <= limit[d]) fitting[d].push_back(p);
+    mix.fits = mix.fits && !fitting[d].empty();
+  }
+  if (!mix.fits) {
+    for (std::size_t d = 0; d < K; ++d) {
+      std::size_t smallest = 0;
+      for (std::size_t p = 1; p < policies.size(); ++p)
+        if (bound[p][d] < bound[smallest][d]) smallest = p;
+      mix.policy.push_back(policies[smallest]);
+    }
+    return mix;
+  }
+  for (std::size_t d = 0; d < K; ++d) {
+    const auto work = [&](std::size_t p) {
+      const OpCosts c = costs_of(costs, policies[p])[d];
+      return c.forward + c.backward_input + c.backward_weight;
+    };
+    std::size_t cheapest = fitting[d].front();
+    for (const std::size_t p : fitting[d])
+      if (work(p) < work(cheapest)) cheapest = p;
+    mix.policy.push_back(policies[cheapest]);
+  }
+  double step = simulate(schedule, costs_of(costs, mix.policy)).makespan;
+  // each accepted move shortens the step, so the descent ends; a bound on the passes anyway
+  for (std::size_t pass = 0, moved = 1; moved != 0 && pass < K * policies.size(); ++pass) {
+    moved = 0;
+    for (std::size_t d = 0; d < K; ++d)
+      for (const std::size_t p : fitting[d]) {
+        if (policies[p] == mix.policy[d]) continue;
+        std::vector<Remat> trial = mix.policy;
+        trial[d] = policies[p];
+        const double t = simulate(schedule, costs_of(costs, trial)).makespan;
+        if (t < step) {
+          step = t;
+          mix.policy = std::move(trial);
+          ++moved;
+        }
+      }
+  }
+  return mix;
 }
 
 // "12.3 MiB", "45.6 KiB" or "789 B".
@@ -170,17 +261,22 @@ struct Plan {
   PlanCandidate chosen;                   ///< the chosen candidate
   std::vector<PlanCandidate> candidates;  ///< every candidate weighed, the chosen one included
 
-  /// Trainer options of the plan: micro_batches, remat and schedule set, the rest as given.
+  /// Trainer options of the plan: micro_batches, schedule and the remat policies set (`remat`
+  /// where every stage has the same one, else `stage_remat`), the rest as given.
   template <class Options>
   requires requires(Options o) {
     o.micro_batches;
     o.remat;
+    o.stage_remat;
     o.schedule;
   }
   operator Options() const {
     Options options{};
     options.micro_batches = chosen.micro_batches;
-    options.remat = chosen.remat;
+    if (chosen.uniform())
+      options.remat = chosen.remat;
+    else
+      options.stage_remat = chosen.stage_remat;
     options.schedule = schedule;
     return options;
   }
@@ -199,10 +295,9 @@ struct Plan {
 
  private:
   static std::string line(const PlanCandidate& c) {
-    return c.schedule + ", M " + std::to_string(c.micro_batches) + ", remat " +
-           std::string(to_string(c.remat)) + ": " + detail::format_fixed(c.predicted_us / 1e3, 3) +
-           " ms, up to " + detail::format_bytes(c.peak_bytes) + " on device " +
-           std::to_string(c.peak_device);
+    return c.schedule + ", M " + std::to_string(c.micro_batches) + ", remat " + c.policies() +
+           ": " + detail::format_fixed(c.predicted_us / 1e3, 3) + " ms, up to " +
+           detail::format_bytes(c.peak_bytes) + " on device " + std::to_string(c.peak_device);
   }
 };
 
@@ -210,7 +305,8 @@ struct Plan {
 /// (one stage per device), a batch of `rows` rows (tokens in a token model), the measured
 /// `costs` (one entry per micro-batch count to weigh) and per-device `limits` (1 or S entries,
 /// 0 = none): the fastest predicted candidate whose predicted memory bound fits every device
-/// (ties: the smaller peak, then the earlier candidate: GPipe, 1F1B, ZB-H1, ZB-H2, searched).
+/// (ties: the smaller peak, then the earlier candidate: per micro-batch count, each policy on
+/// every stage with GPipe, 1F1B, ZB-H1, ZB-H2, searched, then a policy per stage with each).
 /// target_bytes_per_row as predict_memory's. Deterministic: the same inputs give the same plan,
 /// so processes that share costs share the plan. Throws gpipe::Error when no candidate fits,
 /// naming the smallest bound and its configuration, or for costs without entries.
@@ -226,6 +322,43 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   Plan plan;
   std::optional<std::size_t> best;
   std::vector<Schedule> schedules;  // [candidate]
+  // Weighs `schedule` under stage_remat ([stage]) with the devices' costs op_costs.
+  const auto weigh = [&](std::string name, std::size_t m, std::vector<Remat> stage_remat,
+                         const std::vector<OpCosts>& op_costs, Schedule schedule) {
+    PlanCandidate cand;
+    cand.schedule = std::move(name);
+    cand.micro_batches = m;
+    cand.remat = stage_remat.front();
+    cand.stage_remat = std::move(stage_remat);
+    cand.predicted_us = simulate(schedule, op_costs).makespan;
+    cand.memory = predict_memory<Model, Precision>(schedule, rows, cand.stage_remat,
+                                                   optimizer_state_per_param, target_bytes_per_row);
+    cand.fits = true;
+    std::string over;
+    for (std::size_t d = 0; d < K; ++d) {
+      const std::size_t bound = cand.memory[d].total_bound();
+      if (bound > cand.peak_bytes) {
+        cand.peak_bytes = bound;
+        cand.peak_device = d;
+      }
+      if (limit[d] != 0 && bound > limit[d] && over.empty()) {
+        cand.fits = false;
+        over = "over memory: device " + std::to_string(d) + " needs up to " +
+               std::to_string(bound) + " bytes, its limit is " + std::to_string(limit[d]);
+      }
+    }
+    cand.verdict = over;
+    const std::size_t index = plan.candidates.size();
+    if (cand.fits) {
+      const PlanCandidate* b = best ? &plan.candidates[*best] : nullptr;
+      if (b == nullptr || cand.predicted_us < b->predicted_us ||
+          (cand.predicted_us == b->predicted_us && cand.peak_bytes < b->peak_bytes))
+        best = index;
+    }
+    plan.candidates.push_back(std::move(cand));
+    schedules.push_back(std::move(schedule));
+  };
+  const std::vector<std::string> kinds = {"gpipe", "1f1b", "zb-h1", "zb-h2", "searched"};
   for (const PlanCosts& c : costs) {
     detail::require(c.never.size() == K && c.always.size() == K &&
                         (c.selective.empty() || c.selective.size() == K) &&
@@ -236,48 +369,43 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
       return "plan: costs for " + std::to_string(m) + " micro-batches of a batch of " +
              std::to_string(samples) + " samples";
     });
-    for (const Remat remat : policies) {
-      const std::vector<OpCosts> op_costs = detail::costs_of(c, remat);
-      std::vector<std::pair<std::string, Schedule>> kinds = {
-          {"gpipe", GPipe::make(K, m)},
-          {"1f1b", OneFOneB::make(K, m)},
-          {"zb-h1", ZeroBubbleH1::make(K, m)},
-          {"zb-h2", ZeroBubbleH2::make(K, m)},
-          // from the measured costs, with 1F1B's memory (the built-ins cover more of it)
-          {"searched", search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}})}};
-      for (auto& [name, schedule] : kinds) {
-        PlanCandidate cand;
-        cand.schedule = name;
-        cand.micro_batches = m;
-        cand.remat = remat;
-        cand.predicted_us = simulate(schedule, op_costs).makespan;
-        cand.memory = predict_memory<Model, Precision>(
-            schedule, rows, remat, optimizer_state_per_param, target_bytes_per_row);
-        cand.fits = true;
-        std::string over;
-        for (std::size_t d = 0; d < K; ++d) {
-          const std::size_t bound = cand.memory[d].total_bound();
-          if (bound > cand.peak_bytes) {
-            cand.peak_bytes = bound;
-            cand.peak_device = d;
-          }
-          if (limit[d] != 0 && bound > limit[d] && over.empty()) {
-            cand.fits = false;
-            over = "over memory: device " + std::to_string(d) + " needs up to " +
-                   std::to_string(bound) + " bytes, its limit is " + std::to_string(limit[d]);
-          }
-        }
-        cand.verdict = over;
-        const std::size_t index = plan.candidates.size();
-        if (cand.fits) {
-          const PlanCandidate* b = best ? &plan.candidates[*best] : nullptr;
-          if (b == nullptr || cand.predicted_us < b->predicted_us ||
-              (cand.predicted_us == b->predicted_us && cand.peak_bytes < b->peak_bytes))
-            best = index;
-        }
-        plan.candidates.push_back(std::move(cand));
-        schedules.push_back(std::move(schedule));
+    const std::vector<Schedule> built_in = {GPipe::make(K, m), OneFOneB::make(K, m),
+                                            ZeroBubbleH1::make(K, m), ZeroBubbleH2::make(K, m)};
+    // [kind][policy][device]: the bound of each built-in schedule under each uniform policy
+    std::vector<std::vector<std::vector<std::size_t>>> bound(
+        built_in.size(), std::vector<std::vector<std::size_t>>(policies.size()));
+    for (std::size_t p = 0; p < policies.size(); ++p) {
+      const std::vector<OpCosts> op_costs = detail::costs_of(c, policies[p]);
+      for (std::size_t k = 0; k < kinds.size(); ++k) {
+        // searched: from the measured costs, with 1F1B's memory (the built-ins cover more of it)
+        Schedule schedule = k < built_in.size()
+                                ? built_in[k]
+                                : search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}});
+        weigh(kinds[k], m, std::vector<Remat>(K, policies[p]), op_costs, std::move(schedule));
+        if (k < built_in.size())
+          for (const DeviceMemoryPrediction& d : plan.candidates.back().memory)
+            bound[k][p].push_back(d.total_bound());
       }
+    }
+    // a policy per stage, where the mix differs from every uniform one; the searched schedule
+    // under 1F1B's mix, searched again from the mix's costs
+    std::vector<Remat> one_f_one_b_mix;
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      detail::PolicyMix mix;
+      if (k < built_in.size()) {
+        mix = detail::mix_policies(built_in[k], c, policies, bound[k], limit);
+        if (k == 1 && mix.fits) one_f_one_b_mix = mix.policy;
+      } else {
+        mix.policy = one_f_one_b_mix;
+      }
+      if (mix.policy.empty() ||
+          std::ranges::all_of(mix.policy, [&](Remat r) { return r == mix.policy.front(); }))
+        continue;
+      const std::vector<OpCosts> op_costs = detail::costs_of(c, std::span<const Remat>(mix.policy));
+      Schedule schedule = k < built_in.size()
+                              ? built_in[k]
+                              : search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}});
+      weigh(kinds[k], m, mix.policy, op_costs, std::move(schedule));
     }
   }
 
@@ -287,7 +415,7 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
         [](const PlanCandidate& a, const PlanCandidate& b) { return a.peak_bytes < b.peak_bytes; });
     throw Error("gpipe: plan: no candidate fits the memory limits; the smallest, " +
                 smallest->schedule + " with M " + std::to_string(smallest->micro_batches) +
-                " and remat " + std::string(to_string(smallest->remat)) + ", needs up to " +
+                " and remat " + smallest->policies() + ", needs up to " +
                 std::to_string(smallest->peak_bytes) + " bytes on device " +
                 std::to_string(smallest->peak_device) + " (" + smallest->verdict + ")");
   }

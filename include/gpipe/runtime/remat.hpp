@@ -14,14 +14,20 @@
 //                with a copy stream: cuda::Backend, mpi::CudaBackend)
 
 #include <cstddef>
+#include <span>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include "gpipe/error.hpp"
 
 namespace gpipe {
 
-/// Re-materialization policy (`Trainer::Options::remat`): which micro-batches keep their stage
-/// activations from forward to backward, and which keep only the stage input (or, under
-/// `selective`, all but the cheap part) and recompute the rest before backward. Gradients are the
-/// same under every policy; memory and compute differ.
+/// Re-materialization policy (`Trainer::Options::remat`, or one per stage:
+/// `Trainer::Options::stage_remat`): which micro-batches keep their stage activations from
+/// forward to backward, and which keep only the stage input (or, under `selective`, all but the
+/// cheap part) and recompute the rest before backward. Gradients are the same under every policy
+/// and any mix of them; memory and compute differ.
 enum class Remat {
   never,        ///< keep everything: no recompute; every micro-batch's stash lives until its W
   always,       ///< keep only each stage's input; recompute the stage's forward before its B
@@ -83,5 +89,33 @@ constexpr bool recomputes_cheap_part(Remat policy, std::size_t /*micro_batch*/,
                                      std::size_t /*num_micro_batches*/) {
   return policy == Remat::selective;
 }
+
+namespace detail {
+
+// Every stage's policy, [stage]: stage_remat where it is given (one entry per stage), else
+// `remat` for each of num_stages stages. Throws gpipe::Error for stage_remat of another length,
+// or given beside a `remat` other than its default (Remat::never), which it would override.
+inline std::vector<Remat> stage_policies(Remat remat, std::span<const Remat> stage_remat,
+                                         std::size_t num_stages) {
+  if (stage_remat.empty()) return std::vector<Remat>(num_stages, remat);
+  require(stage_remat.size() == num_stages, [&] {
+    return "stage_remat has " + std::to_string(stage_remat.size()) +
+           " policies, expected one per stage: " + std::to_string(num_stages) +
+           " (or none: remat for every stage)";
+  });
+  require(remat == Remat::never, [&] {
+    return "stage_remat gives every stage's policy, and remat is " + std::string(to_string(remat)) +
+           ": set one of them (remat: the same policy for every stage)";
+  });
+  return {stage_remat.begin(), stage_remat.end()};
+}
+
+// Stage s's policy of a step's per-stage policies, [stage]; none (an inference program):
+// Remat::never.
+constexpr Remat policy_of(std::span<const Remat> stage_remat, std::size_t s) {
+  return stage_remat.empty() ? Remat::never : stage_remat[s];
+}
+
+}  // namespace detail
 
 }  // namespace gpipe

@@ -135,10 +135,11 @@ struct OpSituation {
   bool in_place_loss = false;         ///< the loss writes dy over y (loss_in_place)
 };
 
-/// The situation of stage s's ops on micro-batch mb of `schedule` under `remat`, for a stage
-/// whose sizes are `stage` (a StageProgram, or the memory model's StageSizes: kept_stash_per_row,
-/// cheap_stash_per_row, skips_input_gradient), with a loss that writes dy over y where
-/// in_place_loss: what the executor and the memory model both read buffers_of with.
+/// The situation of stage s's ops on micro-batch mb of `schedule` under `remat` (stage s's
+/// policy), for a stage whose sizes are `stage` (a StageProgram, or the memory model's
+/// StageSizes: kept_stash_per_row, cheap_stash_per_row, skips_input_gradient), with a loss that
+/// writes dy over y where in_place_loss: what the executor and the memory model both read
+/// buffers_of with.
 template <class Sizes>
 constexpr OpSituation op_situation(const Schedule& schedule, Remat remat, std::size_t s,
                                    std::size_t mb, const Sizes& stage, bool in_place_loss) {

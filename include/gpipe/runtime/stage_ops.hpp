@@ -37,7 +37,8 @@ struct StepInput {
   // (N) under MixedBf16 with token rows: x's ids as the 16 bits of a bf16 (StageOps), host memory
   std::span<const bf16> token_bits = {};
   MicroBatchSplit split;
-  Remat remat = Remat::never;
+  // [stage] each stage's remat policy (outliving the step); empty: Remat::never for every stage
+  std::span<const Remat> remat = {};
   // 1 / the loss's normalizer of the whole mini-batch (a data-parallel replica's step holds
   // part of it): the factor of every micro-batch's loss gradient
   float loss_scale = 1;

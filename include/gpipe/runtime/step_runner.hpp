@@ -51,10 +51,11 @@ class StepRunner {
 
   // generated: the schedule kind's op lists for (devices, micro_batches), which the runner orders
   // for the transport's sends and validates (gpipe::Error if they do not fit it). stages and loss
-  // outlive the runner.
+  // outlive the runner. stage_remat: [stage] each stage's remat policy (gpipe::Error for
+  // Remat::offload on a backend without a copy stream).
   StepRunner(Backend& backend, Schedule generated, std::span<const StageProgram<Kernels>> stages,
              const LossProgram<Kernels, Target>& loss, ModelShape shape, std::size_t micro_batches,
-             Remat remat);
+             std::vector<Remat> stage_remat);
 
   const Schedule& schedule() const { return schedule_; }
   std::vector<std::size_t> devices_of_stages() const {
@@ -237,7 +238,7 @@ class StepRunner {
   const LossProgram<Kernels, Target>& loss_;
   ModelShape shape_;
   std::size_t micro_batches_;
-  Remat remat_;
+  std::vector<Remat> remat_;  // [stage] each stage's policy
   StepStats last_step_;
   // Remat::offload's host blocks, where the backend has them (before graphs_, whose graphs copy to
   // and from them, so that it goes after them)
@@ -254,7 +255,7 @@ StepRunner<Backend, Target, Precision>::StepRunner(Backend& backend, Schedule ge
                                                    std::span<const StageProgram<Kernels>> stages,
                                                    const LossProgram<Kernels, Target>& loss,
                                                    ModelShape shape, std::size_t micro_batches,
-                                                   Remat remat)
+                                                   std::vector<Remat> stage_remat)
     : backend_(backend),
       transport_(backend),
       schedule_(std::move(generated)),
@@ -262,7 +263,7 @@ StepRunner<Backend, Target, Precision>::StepRunner(Backend& backend, Schedule ge
       loss_(loss),
       shape_(shape),
       micro_batches_(micro_batches),
-      remat_(remat) {
+      remat_(std::move(stage_remat)) {
   check_offload<Backend>(remat_);
   if constexpr (sends == Sends::rendezvous) schedule_ = order_for_rendezvous(schedule_);
   require_valid(schedule_, sends);

@@ -105,8 +105,15 @@ class Trainer {
     /// outputs) after forward and recompute them before backward: less memory for more
     /// compute, the same gradients. `Remat::offload` moves them to pinned host memory and back
     /// instead (a backend with a copy stream: cuda::Backend, mpi::CudaBackend; elsewhere the
-    /// constructor throws gpipe::Error).
+    /// constructor throws gpipe::Error). The same policy for every stage; `stage_remat` sets one
+    /// per stage.
     Remat remat = Remat::never;
+    /// One remat policy per stage of the model, [stage] (with `Interleaved<V>`, V K entries, in
+    /// stage order), e.g. `{Remat::always, Remat::selective, Remat::never}` for a 1F1B pipeline
+    /// whose first stages hold the most micro-batches' stashes. Empty: `remat` for every stage.
+    /// The constructor throws gpipe::Error for another length than `num_stages`, or beside a
+    /// `remat` other than its default. Gradients are the same for any mix.
+    std::vector<Remat> stage_remat = {};
     /// Seed of the parameters' initialization (PyTorch's default distributions, in
     /// nn.Sequential order): the same seed gives the same model for every split into stages.
     std::uint64_t seed = 0;
@@ -139,7 +146,8 @@ class Trainer {
   /// gradients of every stage this process runs on that stage's device (under `MixedBf16` also
   /// the parameters' bf16 copy, which the GEMMs read), initializes the
   /// parameters from `options.seed` and zeroes the gradients. `backend` must outlive the trainer.
-  /// Throws `gpipe::Error` for micro_batches == 0, a backend with fewer devices than num_devices
+  /// Throws `gpipe::Error` for micro_batches == 0, stage_remat of another length than num_stages, a
+  /// backend with fewer devices than num_devices
   /// (across processes: other than num_devices per replica) or a bad tie; `OutOfMemory` when an
   /// allocation exceeds a device's capacity.
   Trainer(Backend& backend, Options options)
@@ -147,7 +155,7 @@ class Trainer {
         options_(std::move(options)),
         runner_(backend, generate_schedule(backend, options_), activation_programs_,
                 detail::loss_program<Loss, ActivationKernels>, shape(), options_.micro_batches,
-                options_.remat),
+                detail::stage_policies(options_.remat, options_.stage_remat, num_stages)),
         store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(),
                options_.ties) {
     if constexpr (!std::is_same_v<typename Precision::activation_type, float>)
