@@ -202,6 +202,72 @@ TEST_SUITE("cuda kernels") {
     }
   }
 
+  TEST_CASE("the input gradient through GELUTanh and a Linear is one GEMM, in both precisions") {
+    GpuDevice dev;
+    constexpr double a = 0.044715, c = 0.79788456080286535588;
+    const auto gelu_derivative = [&](double v) {
+      const double th = std::tanh(c * (v + a * v * v * v));
+      return 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * c * (1 + 3 * a * v * v);
+    };
+    // (rows, in, out): dx (rows, in) = (dy (rows, out) W (out, in)) * GELU'(pre (rows, in)); in
+    // a multiple of 8 (the auxiliary matrix's leading dimension), and one that is not (declined)
+    const std::size_t shapes[][3] = {{1, 8, 8}, {33, 64, 24}, {64, 384, 256}, {7, 12, 5}};
+    for (const auto& [rows, in, out] : shapes) {
+      for (bool bf16 : {false, true}) {
+        CAPTURE(rows);
+        CAPTURE(in);
+        CAPTURE(bf16);
+        // bf16-exact inputs, so that one double reference serves both precisions
+        auto exact = [&](std::vector<float> v) {
+          for (float& f : v) f = static_cast<float>(gpipe::bf16(f));
+          return v;
+        };
+        const auto dy = exact(random(rows * out, rows + out)), w = exact(random(out * in, 3 * in)),
+                   pre = exact(random(rows * in, 5 + rows, -3, 3));
+        // float arrays, or bf16 ones in buffers of as many floats (the rest unused)
+        auto put = [&](const std::vector<float>& v) {
+          float* p = dev.make(v.size());
+          dev.run([&](Kernels& k) {
+            if (bf16)
+              k.bf16_context().upload(v.size(), v.data(), reinterpret_cast<gpipe::bf16*>(p));
+            else
+              k.upload(v.size(), v.data(), p);
+          });
+          return p;
+        };
+        float *pdy = put(dy), *pw = put(w), *ppre = put(pre), *pdx = dev.make(rows * in);
+        bool done = false;
+        using B16 = gpipe::bf16;
+        dev.run([&](Kernels& k) {
+          if (bf16)
+            done = k.bf16_context().linear_backward_input_gelu_tanh(
+                rows, in, out, reinterpret_cast<const B16*>(pdy), reinterpret_cast<const B16*>(pw),
+                reinterpret_cast<const B16*>(ppre), reinterpret_cast<B16*>(pdx));
+          else
+            done = k.linear_backward_input_gelu_tanh(rows, in, out, pdy, pw, ppre, pdx);
+        });
+        CHECK(done == (in % 8 == 0));
+        std::vector<float> got(rows * in);
+        dev.run([&](Kernels& k) {
+          if (bf16)
+            k.bf16_context().download(got.size(), reinterpret_cast<const B16*>(pdx), got.data());
+          else
+            k.download(got.size(), pdx, got.data());
+        });
+        if (!done) {
+          CHECK(!all_finite(got));  // declined: nothing written
+          continue;
+        }
+        std::vector<double> ref(rows * in);
+        reference.gemm(false, false, rows, in, out, 1.0, wide(dy).data(), wide(w).data(), 0.0,
+                       ref.data());
+        for (std::size_t i = 0; i < ref.size(); ++i) ref[i] *= gelu_derivative(pre[i]);
+        // FP32 sums of `out` products: < 1e-5; bf16 rounds each result once (2^-9)
+        CHECK(relative_error(wide(got), ref) < (bf16 ? 4e-3 : 1e-5));
+      }
+    }
+  }
+
   TEST_CASE("Linear's fused forward runs in TF32 only where the backend allows it") {
     const std::size_t rows = 64, in = 1024, out = 96;
     const auto x = random(rows * in, 5), w = random(out * in, 6), b = random(out, 7);

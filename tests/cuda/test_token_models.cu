@@ -143,6 +143,10 @@ TEST_SUITE("launch records") {
     CHECK(gemm_flops == 6.0 * weights * samples * T);
     CHECK(count(records, "flash_attention_forward_kernel") == 2);
     CHECK(count(records, "adamw_update_ranges_kernel") == 1);  // one device, one launch
+    // c_proj's input gradient applies GELU's derivative in its GEMM's epilogue: GELU runs its own
+    // kernel forward only (one a block)
+    CHECK(count(records, "activation_forward_kernel") == 2);
+    CHECK(count(records, "activation_backward_kernel") == 0);
   }
 
   TEST_CASE("an elementwise launch records its elements' bytes; recorders do not nest") {

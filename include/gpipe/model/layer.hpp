@@ -148,6 +148,21 @@ constexpr void with_compute_params(const Args& a, std::size_t offset, F&& f) {
     f(a.params + offset);
 }
 
+namespace detail {
+
+/// Two layers A then B, consecutive in a chain, whose input gradients a backend may compute in one
+/// pass. Where `LayerPair<A, B>` has `static bool backward_input(ctx, const BackwardInputArgs& a,
+/// const BackwardInputArgs& b)` (B's backward_input then A's: a.dx written; b.dx, which is a.dy,
+/// may be left unwritten, so only a pair whose A has no W op and no grad stash may define it) and
+/// it returns true, the chain's B runs it instead of the two layers' own; false: it enqueued
+/// nothing that matters, and the chain runs the two layers. The primary template pairs nothing;
+/// model/linear.hpp pairs GELUTanh and a Linear for contexts with GELU's derivative in their
+/// GEMMs' epilogues.
+template <class A, class B>
+struct LayerPair {};
+
+}  // namespace detail
+
 /// The compute copy of a sub-range starting at `offset` (nullptr stays nullptr), for composite
 /// layers handing a part of their parameters to a child.
 template <class T>

@@ -1,12 +1,17 @@
 #pragma once
 // Linear<In, Out>: y = x W^T + b, as torch.nn.Linear. weight (Out, In), bias (Out).
 // Linear<In, Out, false>: y = x W^T, as torch.nn.Linear(bias=False) (GPT-2's LM head); weight only.
+// After a GELUTanh in a chain (GPT-2's MLP), a context with GELU's derivative in its GEMMs'
+// epilogues computes GELU's input gradient in the Linear's input-gradient GEMM
+// (detail::LayerPair below).
 
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <span>
 
+#include "gpipe/model/activation.hpp"
 #include "gpipe/model/layer.hpp"
 
 namespace gpipe {
@@ -85,5 +90,29 @@ struct Linear {
     }
   }
 };
+
+namespace detail {
+
+// GELUTanh then Linear<In, Out>: GELU's input gradient dx = (dy W) * GELUTanh'(x) as one GEMM
+// whose epilogue applies GELU's derivative, where the context has linear_backward_input_gelu_tanh;
+// the gradient between them (the Linear's dx) is never stored. GELUTanh has no W op to read it.
+template <std::size_t In, std::size_t Out, bool Bias>
+struct LayerPair<Elementwise<GeluTanhOp, In>, Linear<In, Out, Bias>> {
+  template <class Ctx, class T = typename Ctx::value_type>
+  requires requires(Ctx& c, const T* t, T* u) {
+    { c.linear_backward_input_gelu_tanh(std::size_t{}, In, Out, t, t, t, u) } -> std::same_as<bool>;
+  }
+  static bool backward_input(Ctx& ctx, const BackwardInputArgs<T>& gelu,
+                             const BackwardInputArgs<T>& linear) {
+    bool done = false;
+    with_compute_params(linear, 0, [&](const auto* w) {
+      done =
+          ctx.linear_backward_input_gelu_tanh(linear.rows, In, Out, linear.dy, w, gelu.x, gelu.dx);
+    });
+    return done;
+  }
+};
+
+}  // namespace detail
 
 }  // namespace gpipe

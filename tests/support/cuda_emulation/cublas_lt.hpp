@@ -4,18 +4,21 @@
 // column-major reference run in stream order: D = alpha op(A) op(B) + beta C summed in float
 // (bf16 operands widened exactly, FAST_TF32 rounding them to TF32 first), then the epilogue:
 // BIAS adds a vector over D's rows (float, or D's type) before D is stored (bf16 rounded to nearest
-// even); BGRADB writes the sums of op(B) over k (D's type). Anything else
+// even); BGRADB writes the sums of op(B) over k (D's type); DGELU multiplies the sum by the
+// derivative of GELU's tanh approximation at the auxiliary matrix's element (D's type, widened;
+// its leading dimension a multiple of 8). Anything else
 // (another attribute, epilogue, pointer mode, type combination, ordering) is rejected with
 // CUBLAS_STATUS_NOT_SUPPORTED or CUBLAS_STATUS_INVALID_VALUE, so that a pass means the backend
-// used only what is modelled; so is a bias vector less than 16-byte aligned, on which a GPU's bias
-// epilogue is reported to fail. The heuristic's algorithm asks for 4 KiB of workspace where the
-// preference allows it and remembers the preference's alignments; cublasLtMatmul checks the
-// workspace and the pointers against them, as an algorithm chosen for aligned operands would
-// fault on misaligned ones.
+// used only what is modelled; so is a bias vector less than 16-byte aligned, on which a GPU's
+// bias epilogue is reported to fail, and an auxiliary matrix less than 16-byte aligned. The
+// heuristic's algorithm asks for 4 KiB of workspace where the preference allows it and remembers
+// the preference's alignments; cublasLtMatmul checks the workspace and the pointers against them,
+// as an algorithm chosen for aligned operands would fault on misaligned ones.
 
 #include <cublasLt.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +45,8 @@ struct LtDesc {
   std::uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   std::int32_t bias_type = -1;  // -1: D's type
+  const void* aux = nullptr;    // DGELU reads it (D's type)
+  std::int64_t aux_ld = 0;
 };
 // A column-major matrix layout (inside cublasLtMatrixLayoutOpaque_t).
 struct LtLayout {
@@ -102,6 +107,10 @@ inline cublasStatus_t lt_set(LtDesc& d, cublasLtMatmulDescAttributes_t attr, con
       return lt_read(buf, size, d.bias);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
       return lt_read(buf, size, d.bias_type);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      return lt_read(buf, size, d.aux);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      return lt_read(buf, size, d.aux_ld);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;  // not modelled
   }
@@ -142,6 +151,7 @@ inline bool lt_types_modelled(const LtDesc& d, const LtLayout& a, const LtLayout
 }
 
 inline bool lt_epilogue_modelled(const LtDesc& d, const LtLayout& dd) {
+  const bool aux = d.aux != nullptr && d.aux_ld % 8 == 0 && d.aux_ld >= std::int64_t(dd.rows);
   switch (d.epilogue) {
     case CUBLASLT_EPILOGUE_DEFAULT:
       return true;
@@ -150,6 +160,8 @@ inline bool lt_epilogue_modelled(const LtDesc& d, const LtLayout& dd) {
              (d.bias_type == -1 || d.bias_type == CUDA_R_32F || d.bias_type == dd.type);
     case CUBLASLT_EPILOGUE_BGRADB:
       return d.bias != nullptr && (d.bias_type == -1 || d.bias_type == dd.type);
+    case CUBLASLT_EPILOGUE_DGELU:
+      return aux;
     default:
       return false;
   }
@@ -187,6 +199,13 @@ inline float lt_at(const void* p, const LtLayout& l, std::uint64_t r, std::uint6
   return tf32 ? to_tf32(v) : v;
 }
 
+// The derivative of GELU's tanh approximation, as cuBLASLt's DGELU epilogue applies it.
+inline float lt_gelu_derivative(float v) {
+  constexpr float a = 0.044715f, c = 0.79788456080286535588f;
+  const float th = std::tanh(c * (v + a * v * v * v));
+  return 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * c * (1.0f + 3.0f * a * v * v);
+}
+
 // What cublasLtMatmul computes, once its stream reaches it.
 struct LtRun {
   LtDesc d;
@@ -219,7 +238,17 @@ struct LtRun {
         for (std::uint64_t p = 0; p < s.k; ++p) sum += op_a(i, p, tf32) * op_b(p, j, tf32);
         float v = alpha * sum;
         if (beta != 0.0f) v += beta * element(pc, c.type, i + j * std::uint64_t(c.ld));
-        if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) v += element(d.bias, bias_type, i);
+        const std::uint64_t at_aux = i + j * std::uint64_t(d.aux_ld);
+        switch (d.epilogue) {
+          case CUBLASLT_EPILOGUE_BIAS:
+            v += element(d.bias, bias_type, i);
+            break;
+          case CUBLASLT_EPILOGUE_DGELU:
+            v *= lt_gelu_derivative(element(d.aux, dd.type, at_aux));
+            break;
+          default:
+            break;
+        }
         store(pd, dd.type, i + j * std::uint64_t(dd.ld), v);
       }
   }
@@ -241,6 +270,8 @@ inline cublasStatus_t lt_matmul(cublasLtHandle_t handle, const LtRun& run, const
     return CUBLAS_STATUS_INVALID_VALUE;
   if (run.d.epilogue == CUBLASLT_EPILOGUE_BIAS && reinterpret_cast<std::uintptr_t>(run.d.bias) % 16)
     return CUBLAS_STATUS_INVALID_VALUE;  // not modelled: a GPU's bias epilogue may fault
+  if (run.d.epilogue == CUBLASLT_EPILOGUE_DGELU && reinterpret_cast<std::uintptr_t>(run.d.aux) % 16)
+    return CUBLAS_STATUS_INVALID_VALUE;  // not modelled
   const void* operands[4] = {run.pa, run.pb, run.pc, run.pd};
   for (int i = 0; i < 4; ++i)
     if (reinterpret_cast<std::uintptr_t>(operands[i]) % algo->align[i] != 0)
@@ -257,8 +288,10 @@ inline cublasStatus_t lt_matmul(cublasLtHandle_t handle, const LtRun& run, const
   run_on(stream, [run, workspace, gpu = handle->gpu, ws = algo->workspace] {
     for (const void* p : {run.pa, run.pb, run.pc, static_cast<const void*>(run.pd)})
       require_accessible("cublasLtMatmul", gpu, p);
-    if (run.d.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    if (run.d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && run.d.epilogue != CUBLASLT_EPILOGUE_DGELU)
       require_accessible("cublasLtMatmul's bias", gpu, run.d.bias);
+    if (run.d.epilogue == CUBLASLT_EPILOGUE_DGELU)
+      require_accessible("cublasLtMatmul's auxiliary matrix", gpu, run.d.aux);
     if (ws > 0) require_accessible("cublasLtMatmul's workspace", gpu, workspace);
     run();
   });

@@ -101,6 +101,15 @@ class KernelContext<float> {
     gemm(false, true, rows, out, in, 1, x, w, 0, y);
     bias_add(rows, out, b, y);
   }
+  /// dx (rows, in) = (dy (rows, out) W) * GELUTanh'(pre (rows, in)), overwritten: the input
+  /// gradient through a GELUTanh and the Linear after it, as one cuBLASLt GEMM with GELU's
+  /// derivative in its epilogue (kernels/linear.cuh). False, with nothing enqueued, where
+  /// cuBLASLt cannot.
+  bool linear_backward_input_gelu_tanh(std::size_t rows, std::size_t in, std::size_t out,
+                                       const float* dy, const float* w, const float* pre,
+                                       float* dx) {
+    return linear_backward_input_gelu_tanh_lt(*s_, rows, in, out, dy, w, pre, dx);
+  }
   /// dW (out, in) += dy^T x and db (out) += the column sums of dy (rows, out), x (rows, in):
   /// Linear's weight gradient as one cuBLASLt GEMM that sums dy's columns in its epilogue
   /// (kernels/linear.cuh; db accumulated, deterministic), or gemm then bias_grad where cuBLASLt

@@ -102,6 +102,18 @@ class KernelContext<bf16> {
     gemm(false, true, rows, out, in, 1.0f, x, w16, 0.0f, y);
     bias_add(rows, out, b, y);
   }
+  /// dx (rows, in) = (dy (rows, out) W) * GELUTanh'(pre (rows, in)), overwritten, rounded once:
+  /// the input gradient through a GELUTanh and the Linear after it, as one cuBLASLt GEMM of bf16
+  /// operands with GELU's derivative in its epilogue (kernels/linear.cuh); W bf16 or float
+  /// (rounded into the cast scratch first). False where cuBLASLt cannot, with nothing enqueued
+  /// but that rounding.
+  template <class W>
+  bool linear_backward_input_gelu_tanh(std::size_t rows, std::size_t in, std::size_t out,
+                                       const bf16* dy, const W* w, const bf16* pre, bf16* dx) {
+    static_assert(is_storage<W>, "gpipe: cuda::KernelContext<bf16> takes bf16 or float weights");
+    return linear_backward_input_gelu_tanh_lt(*s_, rows, in, out, dy, weights(w, out * in), pre,
+                                              dx);
+  }
   /// dW (out, in) += dy^T x and db (out) += the column sums of dy (rows, out), x (rows, in), dW
   /// and db float: one cuBLASLt GEMM of bf16 operands with float accumulation whose epilogue sums
   /// dy's columns (accumulated into db, deterministic; kernels/linear.cuh), or gemm then bias_grad
@@ -236,6 +248,12 @@ class KernelContext<bf16> {
   const bf16* operand(const float* p, std::size_t n, bf16* cast) {
     convert(n, p, cast);
     return cast;
+  }
+  // n weights as bf16: themselves, or rounded into the cast scratch.
+  const bf16* weights(const bf16* w, std::size_t) { return w; }
+  const bf16* weights(const float* w, std::size_t n) {
+    float* cast = detail::grow_scratch(*s_, s_->cast, s_->cast_floats, padded((n + 1) / 2));
+    return operand(w, n, reinterpret_cast<bf16*>(cast));
   }
 
   KernelContext<float> fp32_;

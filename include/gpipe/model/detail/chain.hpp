@@ -20,9 +20,13 @@
 //   recompute (Remat::selective): the cheap part of the stash (the outputs and stashes of the
 //             layers marked cheap_to_recompute, but the last's, and the layers' own cheap
 //             parts) rebuilt from x and the rest, before B.
+// Where two consecutive layers form a LayerPair (model/layer.hpp) for the context, B runs the
+// pair's backward_input in place of theirs (it may leave g_{i+1}, the gradient between them,
+// unwritten), or the two layers' where the pair declines.
 // Every layer of the chain gets the chain's document ids (the Args' `document`) as they are.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <tuple>
@@ -405,6 +409,17 @@ struct Chain {
     (step(std::integral_constant<std::size_t, I>{}), ...);
   }
 
+  template <std::size_t I>
+  using layer_t = std::tuple_element_t<I, std::tuple<Bs...>>;
+  template <std::size_t I>
+  using index_t = std::integral_constant<std::size_t, I>;
+  // LayerPair<layer I, layer I + 1> runs backward_input (B) with Ctx.
+  template <std::size_t I, class Ctx>
+  static constexpr bool pair_backward =
+      requires(Ctx& c, const BackwardInputArgs<typename Ctx::value_type>& b) {
+    { LayerPair<layer_t<I>, layer_t<I + 1>>::backward_input(c, b, b) } -> std::same_as<bool>;
+  };
+
   template <class Ctx, std::size_t... I>
   static void forward_impl(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
                            std::index_sequence<I...>) {
@@ -435,22 +450,41 @@ struct Chain {
       else
         return a.grad_stash + act_offset[i - 1] * a.rows;
     };
+    auto args = [&](auto i_const) {
+      constexpr std::size_t i = decltype(i_const)::value;
+      return BackwardInputArgs<T>{a.rows,
+                                  act<i>(x, static_cast<T*>(nullptr), p),
+                                  grad(index_t<i + 1>{}),
+                                  grad(index_t<i>{}),
+                                  a.params + param_offset[i],
+                                  p.stash(i),
+                                  a.grad_stash + grad_stash_offset[i] * a.rows,
+                                  a.workspace,
+                                  compute_params_at(a.compute_params, param_offset[i]),
+                                  act<i + 1>(x, static_cast<T*>(nullptr), p),
+                                  a.document,
+                                  p.cheap_stash(i)};
+    };
+    bool done = false;  // layer i's B ran in a pair with layer i + 1's
     auto step = [&](auto j_const) {
       constexpr std::size_t i = size - 1 - decltype(j_const)::value;
-      using L = std::tuple_element_t<i, std::tuple<Bs...>>;
+      if (std::exchange(done, false)) return;
       if constexpr (i == 0 && skips_input_gradient) {
         if (a.dx == nullptr) return;
       }
-      L::backward_input(
-          ctx, BackwardInputArgs<T>{
-                   a.rows, act<i>(x, static_cast<T*>(nullptr), p),
-                   grad(std::integral_constant<std::size_t, i + 1>{}),
-                   grad(std::integral_constant<std::size_t, i>{}), a.params + param_offset[i],
-                   p.stash(i), a.grad_stash + grad_stash_offset[i] * a.rows, a.workspace,
-                   compute_params_at(a.compute_params, param_offset[i]),
-                   act<i + 1>(x, static_cast<T*>(nullptr), p), a.document, p.cheap_stash(i)});
+      if constexpr (i > 0) {
+        if constexpr (pair_backward<i - 1, Ctx>) {
+          // not where the pair's dx would be the chain's, which nobody wants (skipped above)
+          if (i - 1 != 0 || !skips_input_gradient || a.dx != nullptr) {
+            done = LayerPair<layer_t<i - 1>, layer_t<i>>::backward_input(
+                ctx, args(index_t<i - 1>{}), args(index_t<i>{}));
+            if (done) return;
+          }
+        }
+      }
+      layer_t<i>::backward_input(ctx, args(index_t<i>{}));
     };
-    (step(std::integral_constant<std::size_t, I>{}), ...);
+    (step(index_t<I>{}), ...);
   }
 
   template <class Ctx, std::size_t... I>

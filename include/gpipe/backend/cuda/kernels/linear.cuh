@@ -15,6 +15,18 @@
 // the GEMM writes the sums into scratch and accumulate() adds them to db: `out` floats read twice
 // and written once, against a separate column-sum pass that reads all of dy (rows x out).
 //
+// The input gradient through a GELUTanh and the Linear after it (GPT-2's c_proj):
+//   dx (rows, in) = (dy W) * GELU'(pre)  is  D (in, rows) = A B,  A = W as (in, out), B = dy as
+//             (out, rows), with CUBLASLT_EPILOGUE_DGELU reading GELU's input pre (in, rows) as its
+//             auxiliary matrix: D is the gradient of GELU's input, and the gradient of its output
+//             is never stored. cuBLASLt's GELU is the tanh approximation, GELUTanh's; the epilogue
+//             needs the auxiliary matrix's leading dimension (in) a multiple of 8 and, here, pre
+//             16-byte aligned, else the function enqueues nothing and returns false.
+// The forward keeps GELU as a kernel of its own: cuBLASLt's GELU_AUX_BIAS epilogue would compute
+// GELU from the unrounded sum with its own tanh, and Remat::selective, which recomputes GELU's
+// output from the stored pre with gpipe's kernel, would then not give the same bits as
+// Remat::never.
+//
 // The algorithm is cublasLtMatmulAlgoGetHeuristic's first, under the operands' actual alignments
 // and at most lt_workspace_limit bytes of workspace (the device's block grows to what it asks),
 // asked once per problem and alignments and then kept by the device (DeviceState::lt_algos).
@@ -58,6 +70,8 @@ struct LtProblem {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  // DGELU reads GELU's input there (D's type, leading dimension m)
+  const void* aux = nullptr;
   float beta = 0;
 };
 
@@ -109,6 +123,11 @@ inline void lt_describe(const LtProblem& p, LtDesc& desc) {
          static_cast<std::int32_t>(p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(p.epilogue));
   if (p.epilogue == CUBLASLT_EPILOGUE_DEFAULT) return;
+  if (p.epilogue == CUBLASLT_EPILOGUE_DGELU) {  // no vector
+    lt_set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+    lt_set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(p.m));
+    return;
+  }
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
   if (p.epilogue == CUBLASLT_EPILOGUE_BIAS && p.d_type != CUDA_R_32F)
     lt_set(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_32F));
@@ -132,7 +151,8 @@ inline LtAlgoChoice lt_choose(DeviceState& s, const LtProblem& p, const LtDesc& 
                               const LtLayout& a, const LtLayout& b, const LtLayout& d,
                               const std::array<std::uint32_t, 3>& align) {
   const std::array<std::uint64_t, 6> key = {
-      (p.trans_a ? 1u : 0u) | (p.trans_b ? 2u : 0u) | static_cast<std::uint64_t>(p.epilogue) << 8,
+      (p.trans_a ? 1u : 0u) | (p.trans_b ? 2u : 0u) | static_cast<std::uint64_t>(p.epilogue) << 8 |
+          std::uint64_t{lt_alignment(p.aux)} << 32,
       p.m,
       p.n,
       p.k,
@@ -162,18 +182,22 @@ inline LtAlgoChoice lt_choose(DeviceState& s, const LtProblem& p, const LtDesc& 
 }
 
 // The launch record of p: A, B (and D when beta != 0) read, D written, the bias vector read
-// (BIAS: m floats) or written (BGRADB: n, D's type).
+// (BIAS: m floats) or written (BGRADB: n, D's type), the auxiliary matrix read (DGELU). FLOPs:
+// the product's 2 m n k (GELU's derivative, a few per element, rides on the epilogue and is not
+// counted, as the bias is not).
 inline void record_lt(const LtProblem& p, cudaStream_t stream) {
   const double ab = p.ab_type == CUDA_R_32F ? 4 : 2, dsize = p.d_type == CUDA_R_32F ? 4 : 2;
   const auto m = static_cast<double>(p.m), n = static_cast<double>(p.n),
              k = static_cast<double>(p.k);
   const double bias_read = p.epilogue == CUBLASLT_EPILOGUE_BIAS ? 4 * m : 0;
   const double bias_written = p.epilogue == CUBLASLT_EPILOGUE_BGRADB ? dsize * n : 0;
+  const double aux_read = p.epilogue == CUBLASLT_EPILOGUE_DGELU ? dsize * m * n : 0;
   record_launch({.kernel = "cublasLtMatmul",
                  .shape = {static_cast<std::size_t>(p.m), static_cast<std::size_t>(p.n),
                            static_cast<std::size_t>(p.k)},
                  .flops = 2 * m * n * k,
-                 .bytes_read = ab * (m * k + k * n) + (p.beta != 0 ? dsize * m * n : 0) + bias_read,
+                 .bytes_read = ab * (m * k + k * n) + (p.beta != 0 ? dsize * m * n : 0) +
+                               bias_read + aux_read,
                  .bytes_written = dsize * m * n + bias_written,
                  .kind = LaunchKind::gemm,
                  .tensor_cores = p.ab_type == CUDA_R_16BF,
@@ -256,6 +280,26 @@ bool linear_backward_weight_lt(detail::DeviceState& s, std::size_t rows, std::si
   if (!detail::lt_matmul(s, p, x, dy, dw)) return false;
   accumulate(out, static_cast<const float*>(sums), db, s.compute);
   return true;
+}
+
+/// dx (rows, in) = (dy (rows, out) W) * GELUTanh'(pre (rows, in)), W (out, in) row-major, dx
+/// overwritten, on s's compute stream: the input gradient of GELUTanh followed by a Linear, as one
+/// cublasLtMatmul with CUBLASLT_EPILOGUE_DGELU (the product in float, rounded once). Types as
+/// linear_forward_lt's. False, with nothing enqueued, where cuBLASLt has no algorithm, in is not
+/// a multiple of 8, or pre is not 16-byte aligned.
+template <class T>
+bool linear_backward_input_gelu_tanh_lt(detail::DeviceState& s, std::size_t rows, std::size_t in,
+                                        std::size_t out, const T* dy, const T* w, const T* pre,
+                                        T* dx) {
+  if (rows == 0) return true;
+  if (in % 8 != 0 || detail::lt_alignment(pre) < 16) return false;
+  detail::LtProblem p;
+  detail::lt_types<T>(s, p);
+  p.d_type = p.ab_type;
+  p.m = in, p.n = rows, p.k = out;
+  p.epilogue = CUBLASLT_EPILOGUE_DGELU;
+  p.aux = pre;
+  return detail::lt_matmul(s, p, w, dy, dx);
 }
 
 }  // namespace gpipe::cuda
