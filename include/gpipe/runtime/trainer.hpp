@@ -175,7 +175,7 @@ class Trainer {
   float forward_backward(std::span<const float> x,
                          std::span<const target_type> y) requires(!Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(x, y, store_);
+    return located(runner_.forward_backward(x, y, store_));
   }
 
   /// Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
@@ -185,7 +185,7 @@ class Trainer {
   float forward_backward(std::span<const std::int32_t> tokens,
                          std::span<const target_type> targets) requires(Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(tokens, targets, std::nullopt, store_);
+    return located(runner_.forward_backward(tokens, targets, std::nullopt, store_));
   }
 
   /// Token models with packed documents: as forward_backward(tokens, targets), with
@@ -197,7 +197,7 @@ class Trainer {
       std::span<const std::int32_t> tokens, std::span<const target_type> targets,
       std::span<const std::int32_t> document_ids) requires(Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(tokens, targets, document_ids, store_);
+    return located(runner_.forward_backward(tokens, targets, document_ids, store_));
   }
 
   /// Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
@@ -272,6 +272,22 @@ class Trainer {
     known_norm_ = store_.grad_norm();
     return store_.non_finite_tensors();
   }
+
+  /// Turns on (or off) locating the first non-finite value of each training step, for
+  /// non_finite_origin(): every forward_backward then checks, on the devices, what each of its
+  /// compute ops wrote (a forward's output or loss, a backward_input's input gradient, each
+  /// gradient tensor after a backward_weight) and the input rows on the host, and the processes
+  /// agree on the first finding in the schedule's issue order. It costs a pass over each op's
+  /// result and over each stage's gradients per micro-batch, a few small collectives per step,
+  /// and the step runs op by op (no CUDA graph); off (the default) it costs nothing.
+  void locate_non_finite(bool on = true) { runner_.locate_non_finite(on); }
+  /// Under locate_non_finite: where the first non-finite value of the current training step (of
+  /// the last one, after step() or skip_step(), until the next forward_backward) came from:
+  /// stage, micro-batch, replica and tensor (`gpipe::NonFiniteOrigin`), the same on every
+  /// process; none when every value was finite, or when locating was off. A gradient that was
+  /// already non-finite when a forward_backward began (not zeroed since an earlier step) is not
+  /// blamed on it.
+  const std::optional<NonFiniteOrigin>& non_finite_origin() const { return origin_; }
 
   /// The wall time of the last training step over every process, in seconds: from the earliest
   /// process's start of its first `forward_backward` after the previous `step` (or after
@@ -374,8 +390,16 @@ class Trainer {
 
   // A training step starts with the first forward_backward after the last step().
   void begin_step() {
-    if (!step_start_) step_start_ = Clock::now();
+    if (!step_start_) {
+      step_start_ = Clock::now();
+      origin_.reset();
+    }
     known_norm_.reset();
+  }
+  // After a forward_backward: the training step's first non-finite value, if it is the first.
+  float located(float loss) {
+    if (!origin_) origin_ = runner_.non_finite_origin();
+    return loss;
   }
   void end_step() {
     const Clock::time_point end = Clock::now();
@@ -428,6 +452,7 @@ class Trainer {
   std::optional<double> known_norm_;
   std::size_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
+  std::optional<NonFiniteOrigin> origin_;  // the training step's first non-finite value
 };
 
 }  // namespace gpipe
