@@ -487,5 +487,6 @@ int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
   if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file
   if (mpi_deadlines::run_stuck_rank_step<mpi::Backend>()) return 0;
+  if (mpi_deadlines::run_throw_between_steps<mpi::Backend>()) return 0;
   return run_mpi_tests(argc, argv);
 }

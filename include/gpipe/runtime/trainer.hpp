@@ -230,7 +230,7 @@ class Trainer {
   /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
   /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
   void zero_grad() {
-    store_.zero_grad();
+    between_steps("Trainer::zero_grad", [&] { store_.zero_grad(); });
     known_norm_.reset();
   }
 
@@ -244,10 +244,12 @@ class Trainer {
                   "above)");
     last_step_skipped_ = false;
     if (options_.skip_non_finite) {
-      const double norm = known_norm_ ? *known_norm_ : store_.grad_norm();
+      const double norm = known_norm_
+                              ? *known_norm_
+                              : between_steps("Trainer::step", [&] { return store_.grad_norm(); });
       if (!std::isfinite(norm)) return skip_step();
     }
-    optimizer_.step(optimizer, store_, backend_);
+    between_steps("Trainer::step", [&] { optimizer_.step(optimizer, store_, backend_); });
     end_step();
   }
 
@@ -269,7 +271,8 @@ class Trainer {
   /// writes), in parameter order; empty when every gradient is finite. One pass over the
   /// gradients; collective with several processes (every process gets the same list).
   std::vector<std::string> non_finite_gradients() {
-    known_norm_ = store_.grad_norm();
+    known_norm_ =
+        between_steps("Trainer::non_finite_gradients", [&] { return store_.grad_norm(); });
     return store_.non_finite_tensors();
   }
 
@@ -311,7 +314,11 @@ class Trainer {
   /// whatever the split into stages, devices and processes. Throws `gpipe::Error` for a negative
   /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
   float clip_grad_norm(double max_norm) {
-    const double norm = store_.clip_grad_norm(max_norm);
+    detail::require(max_norm >= 0, [&] {
+      return "clip_grad_norm's max_norm must be >= 0, got " + std::to_string(max_norm);
+    });
+    const double norm =
+        between_steps("Trainer::clip_grad_norm", [&] { return store_.clip_grad_norm(max_norm); });
     // what step() under skip_non_finite asks (scaling by a factor below 1 keeps it finite)
     known_norm_ = norm;
     return static_cast<float>(norm);
@@ -325,7 +332,8 @@ class Trainer {
   void scale_gradients(double factor) {
     detail::require(std::isfinite(factor),
                     "scale_gradients' factor must be finite, got " + std::to_string(factor));
-    store_.scale_gradients(static_cast<float>(factor));
+    between_steps("Trainer::scale_gradients",
+                  [&] { store_.scale_gradients(static_cast<float>(factor)); });
     known_norm_.reset();
   }
 
@@ -387,6 +395,19 @@ class Trainer {
  private:
   using Kernels = typename Backend::Kernels;
   using Clock = std::chrono::steady_clock;
+
+  // Runs `work`, between-steps work of the member `what`. A throw from it may come on this
+  // process alone, which then skips collectives that the others wait in: with several processes
+  // it tells them at once (Transport::fail_between_steps) and rethrows.
+  template <class Work>
+  decltype(auto) between_steps(std::string_view what, Work&& work) {
+    try {
+      return std::forward<Work>(work)();
+    } catch (...) {
+      transport::Transport<Backend>(backend_).fail_between_steps(what, std::current_exception());
+      throw;
+    }
+  }
 
   // A training step starts with the first forward_backward after the last step().
   void begin_step() {
