@@ -17,6 +17,7 @@
 #include "support/cuda_factory.cuh"
 #include "support/errors.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
 
 static_assert(gpipe::layer_for<gpipe::test::FaultyIdentity<8>, gpipe::cuda::Kernels>);
@@ -24,6 +25,14 @@ static_assert(gpipe::layer_for<gpipe::test::FaultyIdentity<8>, gpipe::cuda::Kern
 TEST_SUITE_BEGIN("cuda errors");
 GPIPE_CONFORMANCE_ERRORS(::gpipe::test::CudaFactory);
 TEST_SUITE_END();
+
+TEST_CASE_TEMPLATE(
+    "locate_non_finite names the stage, tensor and micro-batch of the first NaN on the CUDA "
+    "backend",
+    Precision, gpipe::Fp32, gpipe::MixedBf16) {
+  gpipe::test::check_locate_non_finite<gpipe::OneFOneB, Precision, gpipe::cuda::Backend>(
+      [] { return gpipe::cuda::Backend(3); });
+}
 
 namespace gpipe::test::stuck {
 

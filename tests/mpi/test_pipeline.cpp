@@ -42,6 +42,7 @@
 
 #include "gpipe/mpi.hpp"
 #include "support/faulty_layer.hpp"
+#include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
 #include "support/mpi_conformance.hpp"
 #include "support/mpi_deadlines.hpp"
@@ -81,6 +82,15 @@ TEST_CASE("a throw on rank 1 ends the step on every rank with its error; the nex
   if (backend.num_devices() != 3) return;  // FaultyModel has three stages
   check_fault_ends_the_step_everywhere<GPipe, mpi::Backend, host::Backend>(backend);
   check_fault_ends_the_step_everywhere<OneFOneB, mpi::Backend, host::Backend>(backend);
+}
+
+TEST_CASE("locate_non_finite: every rank names the same stage, tensor and micro-batch") {
+  {
+    mpi::Backend backend;
+    if (backend.num_devices() != 3) return;  // NanModel has three stages
+  }
+  check_locate_non_finite<GPipe, Fp32, mpi::Backend>([] { return mpi::Backend(); });
+  check_locate_non_finite<OneFOneB, MixedBf16, mpi::Backend>([] { return mpi::Backend(); });
 }
 
 TEST_CASE("a failure while one rank issues its part of a step ends the step on every rank") {
@@ -477,5 +487,6 @@ int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
   if (run_killed_rank_step<mpi::Backend>()) return 0;  // see the top of this file
   if (mpi_deadlines::run_stuck_rank_step<mpi::Backend>()) return 0;
+  if (mpi_deadlines::run_throw_between_steps<mpi::Backend>()) return 0;
   return run_mpi_tests(argc, argv);
 }

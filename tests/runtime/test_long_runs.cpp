@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
+#include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
 
 using namespace gpipe;
@@ -32,16 +33,16 @@ std::vector<float> all_parameters(auto& trainer) {
   return out;
 }
 
-// y = x; its forward holds its device for stall_ms while `stalled` is set: a device that stops
+// y = x; its forward holds its device for stuck_ms while `stalled` is set: a device that stops
 // sending without failing.
 inline std::atomic<bool> stalled{false};
-constexpr int stall_ms = 1500;
+constexpr int stuck_ms = 1500;
 struct Stalling : ParameterFree {
   static constexpr std::size_t in_features = 4, out_features = 4;
   static constexpr std::size_t stash_per_row = 0, grad_stash_per_row = 0;
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if (stalled) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+    if (stalled) std::this_thread::sleep_for(std::chrono::milliseconds(stuck_ms));
     ctx.copy(a.rows * 4, a.x, a.y);
   }
   template <class Ctx>
@@ -74,7 +75,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(message.find("wait_timeout") != std::string::npos);
   CHECK(message.find("device 1") != std::string::npos);  // the device that waited
-  CHECK(waited >= std::chrono::milliseconds(stall_ms));  // the stuck work returned first
+  CHECK(waited >= std::chrono::milliseconds(stuck_ms));  // the stuck work returned first
   CHECK(std::isfinite(trainer.forward_backward(x, y)));
   CHECK_THROWS_AS(host::Backend(1, {.wait_timeout = std::chrono::milliseconds(0)}), Error);
 }
@@ -213,4 +214,10 @@ TEST_CASE("SpikeGuard: z-scores against the window, spikes kept out of it") {
   CHECK_THROWS_AS(
       optim::SpikeGuard({.window = 8, .threshold = std::numeric_limits<double>::infinity()}),
       Error);
+}
+
+TEST_CASE_TEMPLATE("locate_non_finite names the stage, tensor and micro-batch of the first NaN",
+                   Precision, Fp32, MixedBf16) {
+  check_locate_non_finite<GPipe, Precision, host::Backend>([] { return host::Backend(3); });
+  check_locate_non_finite<OneFOneB, Precision, host::Backend>([] { return host::Backend(3); });
 }

@@ -9,6 +9,11 @@
 //   stuck    (GPIPE_MPI_STUCK_RANK=1 in the environment, a CTest case of its own) rank 0 holds it
 //            for a minute: rank 1 ends with that Error within twice the deadline, and then its
 //            backend ends the job (MPI_Abort), so that the stuck rank does not outlive it.
+//   thrown between steps  (GPIPE_MPI_THROW_BETWEEN_STEPS=1, a CTest case of its own) with
+//            peer_timeout = 60 s, rank 1's Trainer::step runs out of its device's memory (the
+//            optimizer's state) while rank 0's succeeds; rank 0's next step ends within a few
+//            seconds, not at the deadline, with an Error naming rank 1, Trainer::step and the
+//            failure; then the backends end the job.
 
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -19,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -94,6 +100,54 @@ bool run_stuck_rank_step() {
     std::fprintf(stderr, "rank %zu ended (lost peers: %s): %s\n", backend.rank(),
                  backend.lost_peers() ? "yes" : "no", e.what());
   }
+  return true;
+}
+
+// With GPIPE_MPI_THROW_BETWEEN_STEPS=1 in the environment, on 2 ranks: see "thrown between steps"
+// at the top of this file. Each rank prints "rank r ended after t s ..." to stderr (what the CTest
+// case looks for). Returns whether it ran.
+template <class Backend>
+bool run_throw_between_steps() {
+  if (std::getenv("GPIPE_MPI_THROW_BETWEEN_STEPS") == nullptr) return false;
+  using Wide = Pipeline<Stage<Linear<4, 64>>, Stage<Linear<64, 64>, Linear<64, 3>>>;
+  constexpr std::chrono::milliseconds long_deadline{60'000};
+  const std::vector<float> x = random_inputs(4, 4, 1);
+  const std::vector<std::int32_t> y = random_classes(4, 3, 2);
+  const optim::AdamW adamw(optim::AdamW::Options{.lr = 1e-3});
+  // what a step takes on each rank's device, without the optimizer's state
+  std::size_t peak = 0;
+  {
+    Backend backend(MPI_COMM_WORLD, {.peer_timeout = long_deadline});
+    Trainer<Wide, SoftmaxCrossEntropy, Backend> trainer(backend, {.micro_batches = 2});
+    (void)trainer.forward_backward(x, y);
+    peak = backend.memory_stats(backend.device()).peak;
+    // AdamW's two moments (of 64 x 64 + 64 x 3 parameters and biases) do not fit in the peak
+    const std::size_t current = backend.memory_stats(backend.device()).current;
+    if (backend.rank() == 1 && peak - current >= 2 * sizeof(float) * (64 * 64 + 64 * 3))
+      std::fprintf(stderr, "rank 1: the optimizer's state would fit: no failure to test\n");
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Backend backend(MPI_COMM_WORLD,
+                  {.device_capacity = rank == 1 ? peak : 0, .peer_timeout = long_deadline});
+  Trainer<Wide, SoftmaxCrossEntropy, Backend> trainer(backend, {.micro_batches = 2});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    // rank 0 may learn of rank 1's failure in this step's end already (the loss's broadcast)
+    (void)trainer.forward_backward(x, y);
+    trainer.step(adamw);  // out of memory on rank 1 alone
+    (void)trainer.forward_backward(x, y);
+    std::fprintf(stderr, "rank %d: the next step ran although rank 1 failed\n", rank);
+  } catch (const Error& e) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(
+        stderr, "rank %d ended after %.1f s, %s half the peer_timeout (lost peers: %s): %s\n", rank,
+        seconds, seconds < 30 ? "within" : "past", backend.lost_peers() ? "yes" : "no", e.what());
+  }
+  // rank 1 goes on a while (its own code between steps) before its backend ends the job, so that
+  // rank 0 ends on its own first
+  if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
   return true;
 }
 

@@ -27,6 +27,9 @@
 // Under Remat::offload (with an Offload of a backend that supports it: runtime/offload.hpp) an
 // offloaded slot's stash goes to host memory right after its F, comes back ahead of the op
 // before its B, and its B waits for it; the OffloadPlan says which slots and when.
+//
+// With a NonFiniteProbe (runtime/non_finite.hpp; Trainer::locate_non_finite) each compute op's
+// work also checks what it wrote, and the step is issued op by op.
 
 #include <bit>
 #include <cstddef>
@@ -41,6 +44,7 @@
 #include "gpipe/model/precision.hpp"
 #include "gpipe/runtime/gradient_sums.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/non_finite.hpp"
 #include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/remat.hpp"
 #include "gpipe/runtime/slot_buffers.hpp"
@@ -78,11 +82,13 @@ class Executor {
   // token_input: stage 0's rows are token ids (StageOps's constructor says how they travel).
   // graphs: the owner's StepGraphs, which outlives the executor; null: every step issued op by op.
   // offload: the owner's Offload (Remat::offload), which outlives the executor; null: none.
+  // probe: the owner's NonFiniteProbe, which outlives the executor; null: no checks.
   Executor(Backend& backend, const Schedule& schedule, std::span<const OpPlace> order,
            std::span<const StageProgram<OpContext>> stages,
            const LossProgram<OpContext, Target>& loss, std::span<Buffer<float>> params,
            std::span<Buffer<float>> grads, Bf16Weights<Backend>& bf16, bool token_input = false,
-           StepGraphs<Backend>* graphs = nullptr, Offload<Backend>* offload = nullptr)
+           StepGraphs<Backend>* graphs = nullptr, Offload<Backend>* offload = nullptr,
+           NonFiniteProbe<Backend, Activation>* probe = nullptr)
       : backend_(backend),
         transport_(backend),
         schedule_(schedule),
@@ -97,7 +103,8 @@ class Executor {
         bf16_(bf16),
         token_input_(token_input),
         graphs_(graphs),
-        offload_(offload) {}
+        offload_(offload),
+        probe_(probe) {}
 
   // Runs the step (with a forward_only schedule: the inference into step.out); returns the summed
   // loss of every micro-batch (0 for inference). Throws (from the backend's
@@ -109,7 +116,7 @@ class Executor {
     std::vector<float> own_losses;
     std::vector<bf16> own_bits;
     StepMode mode = StepMode::eager;
-    const bool replayable = graphs_ != nullptr && !given.sum_over_replicas &&
+    const bool replayable = graphs_ != nullptr && probe_ == nullptr && !given.sum_over_replicas &&
                             !schedule_.forward_only && all_devices_local();
     if (replayable) {
       step.x = graphs_->input(HostArray::x, given.x);
@@ -206,12 +213,16 @@ class Executor {
       if (transport_.is_local(schedule_.device_of_stage(st)))
         ops_.prepare_weights(st, schedule_.device_of_stage(st));
     if (has_loss) loss_ = backend_.template allocate<float>(last_device, M, MemoryKind::workspace);
+    if (probe_ != nullptr)
+      probe_->begin(schedule_, order_, grads_, M,
+                    [this](std::size_t d) { return transport_.is_local(d); });
     for (const OpPlace& place : order_) {
       if (!transport_.is_local(place.device)) continue;
       for (const std::size_t slot : offload_plan_.fetches(place.device, place.position))
         fetch(place.device, slot / M, slot % M);
       issue(place.device, schedule_.ops[place.device][place.position]);
     }
+    if (probe_ != nullptr) probe_->end();
     if (has_loss)
       backend_.submit(last_device, {"read loss"}, [this, losses, M](Kernels& k) {
         k.download(M, loss_.data(), losses.data());
@@ -442,8 +453,28 @@ class Executor {
       allocate(buffers, s, device, rows, here);
       ops_.run(kind, k, {.stage = s, .device = device, .micro_batch = mb, .rows = rows}, at,
                here.buffers, *step_, loss);
+      if (probe_ != nullptr) check(kind, k, s, mb, rows, here, loss);
       release(buffers, here);
     });
+  }
+
+  // Under a probe, what the compute op `kind` of stage s on micro-batch mb wrote: F its output
+  // (the last stage its loss), B its input gradient (but stage 0's, which goes nowhere), W the
+  // stage's gradients.
+  void check(OpKind kind, Kernels& k, std::size_t s, std::size_t mb, std::size_t rows, Slot& here,
+             const float* loss) {
+    if (kind == OpKind::forward) {
+      if (s + 1 == num_stages_) return probe_->loss(k, s, mb, loss + mb);
+      return probe_->forward(k, s, mb, here[SlotBuffer::output].data(),
+                             rows * elements_per_row(stages_[s], SlotBuffer::output));
+    }
+    if (kind == OpKind::backward_input) {
+      const Activation* dx = s > 0 ? here[SlotBuffer::grad_input].data() : nullptr;
+      return probe_->input_gradient(
+          k, s, mb, dx,
+          dx != nullptr ? rows * elements_per_row(stages_[s], SlotBuffer::grad_input) : 0);
+    }
+    probe_->gradients(k, s, mb, grads_[s].data());
   }
 
   Backend& backend_;
@@ -461,9 +492,10 @@ class Executor {
   std::span<Buffer<float>> params_, grads_;
   Bf16Weights<Backend>& bf16_;
   bool token_input_;
-  StepGraphs<Backend>* graphs_;  // null: every step issued op by op
-  Offload<Backend>* offload_;    // null: no Remat::offload
-  OffloadPlan offload_plan_;     // the step's (empty unless Remat::offload)
+  StepGraphs<Backend>* graphs_;                 // null: every step issued op by op
+  Offload<Backend>* offload_;                   // null: no Remat::offload
+  OffloadPlan offload_plan_;                    // the step's (empty unless Remat::offload)
+  NonFiniteProbe<Backend, Activation>* probe_;  // null: no checks
 };
 
 }  // namespace gpipe::detail

@@ -5,6 +5,7 @@
 // stages' programs and shape, so it is compiled once per backend and target type.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "gpipe/error.hpp"
 #include "gpipe/runtime/executor.hpp"
 #include "gpipe/runtime/micro_batch.hpp"
+#include "gpipe/runtime/non_finite.hpp"
 #include "gpipe/runtime/offload.hpp"
 #include "gpipe/runtime/parameter_store.hpp"
 #include "gpipe/runtime/remat.hpp"
@@ -65,6 +67,16 @@ class StepRunner {
   }
   const StepStats& last_step() const { return last_step_; }
   BubbleBreakdown bubble_breakdown() const;
+
+  // Trainer::locate_non_finite: whether the training steps check what each op writes.
+  void locate_non_finite(bool on) {
+    locate_ = on;
+    if (!on) probe_.reset();
+  }
+  bool locates_non_finite() const { return locate_; }
+  // The first non-finite value of the last training step run with locating on (the same on
+  // every process); none when it found none or ran without.
+  const std::optional<NonFiniteOrigin>& non_finite_origin() const { return origin_; }
 
   // Trainer::forward_backward of a model of feature rows.
   float forward_backward(std::span<const float> x, std::span<const Target> y,
@@ -133,18 +145,23 @@ class StepRunner {
     // every replica divides by the whole mini-batch's normalizer (every process has all of y)
     const double normalizer = loss_.normalizer(y, out);
 
-    auto executor = this->executor(schedule_, issue_order_, store, &graphs_, &offload_);
+    const MicroBatchSplit split{mine, micro_batches_, T};
+    origin_.reset();
+    if (locate_ && !probe_) probe_.emplace(backend_, store.infos(), stages_.size());
+    auto executor = this->executor(schedule_, issue_order_, store, &graphs_, &offload_,
+                                   locate_ ? &*probe_ : nullptr);
     store.restart_tied_gradients();
     transport_.restart_timing();  // this step's count starts afresh (no collective: see there)
     // with replicas, each stage's gradients are summed over them during the step
     const double total = executor.run({.x = my_x,
                                        .y = my_y,
                                        .document = my_document,
-                                       .split = MicroBatchSplit{mine, micro_batches_, T},
+                                       .split = split,
                                        .remat = remat_,
                                        .loss_scale = static_cast<float>(1.0 / normalizer),
                                        .sum_over_replicas = replicas > 1});
     last_step_ = step_stats(take_timing(), schedule_.num_devices);
+    if (locate_) locate(my_x, split);
     store.sum_tied_gradients();
     float loss = static_cast<float>(total / normalizer);
     // the last stage's process has its replica's part; the replicas' parts add up
@@ -209,14 +226,51 @@ class StepRunner {
 
   std::vector<ComputeTiming> take_timing() { return backend_.take_timing(); }
 
+  // After a located step's work: origin_ <- the first finding of every process and replica.
+  // Collective: each device's process broadcasts its first key, then the replicas add up a
+  // vector where each writes its own (as two floats of 24 bits: keys are below 2^48).
+  void locate(std::span<const float> x, const MicroBatchSplit& split) {
+    std::optional<std::size_t> input;
+    if (!shape_.takes_tokens())
+      for (std::size_t mb = 0; mb < split.micro_batches && !input; ++mb)
+        for (std::size_t i = split.begin(mb) * shape_.in_features;
+             i < split.begin(mb + 1) * shape_.in_features; ++i)
+          if (!std::isfinite(x[i])) {
+            input = mb;
+            break;
+          }
+    const double mine = probe_->first_key(input);
+    probe_->clear();
+    double key = mine;
+    for (std::size_t d = 0; d < schedule_.num_devices; ++d) {
+      double theirs = mine;
+      transport_.broadcast(d, std::span<double>(&theirs, 1));
+      key = std::min(key, theirs);
+    }
+    constexpr double half = 16777216.0;  // 2^24
+    const std::size_t replicas = transport_.replicas();
+    std::vector<float> keys(2 * replicas, 0.0f);
+    const double hi = std::isfinite(key) ? std::floor(key / half) : half - 1;
+    keys[2 * transport_.replica()] = static_cast<float>(hi);
+    keys[2 * transport_.replica() + 1] = static_cast<float>(key - hi * half);
+    if (replicas > 1) transport_.allreduce_sum(std::span<float>(keys));
+    std::size_t replica = 0;
+    double best = (half - 1) * half;  // none
+    for (std::size_t r = 0; r < replicas; ++r) {
+      const double k =
+          static_cast<double>(keys[2 * r]) * half + static_cast<double>(keys[2 * r + 1]);
+      if (k < best) best = k, replica = r;
+    }
+    if (best < (half - 1) * half) origin_ = probe_->origin(best, schedule_, issue_order_, replica);
+  }
+
   // An executor of `program` (issued in `order`; both outlive it) over the store's arrays; with
   // `graphs`, the training steps' (a backend may replay them); with `offload`, theirs too
   // (Remat::offload).
-  Executor<Backend, Target, Precision> executor(const Schedule& program,
-                                                std::span<const OpPlace> order,
-                                                ParameterStore<Backend>& store,
-                                                StepGraphs<Backend>* graphs = nullptr,
-                                                Offload<Backend>* offload = nullptr) {
+  Executor<Backend, Target, Precision> executor(
+      const Schedule& program, std::span<const OpPlace> order, ParameterStore<Backend>& store,
+      StepGraphs<Backend>* graphs = nullptr, Offload<Backend>* offload = nullptr,
+      NonFiniteProbe<Backend, typename Precision::activation_type>* probe = nullptr) {
     return {backend_,
             program,
             order,
@@ -227,7 +281,8 @@ class StepRunner {
             store.bf16_weights(),
             shape_.takes_tokens(),
             graphs,
-            offload};
+            offload,
+            probe};
   }
 
   Backend& backend_;
@@ -244,6 +299,9 @@ class StepRunner {
   // and from them, so that it goes after them)
   Offload<Backend> offload_{backend_};
   StepGraphs<Backend> graphs_{backend_};  // the training steps' graphs, where the backend has them
+  bool locate_ = false;                   // Trainer::locate_non_finite
+  std::optional<NonFiniteProbe<Backend, typename Precision::activation_type>> probe_;
+  std::optional<NonFiniteOrigin> origin_;  // the last training step's, when located
 };
 
 // The members the Trainer calls are defined out of the class, so that a program that declares

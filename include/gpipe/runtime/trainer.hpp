@@ -183,7 +183,7 @@ class Trainer {
   float forward_backward(std::span<const float> x,
                          std::span<const target_type> y) requires(!Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(x, y, store_);
+    return located(runner_.forward_backward(x, y, store_));
   }
 
   /// Token models: tokens and targets are (B, T) token ids, row-major, B whole samples of T =
@@ -193,7 +193,7 @@ class Trainer {
   float forward_backward(std::span<const std::int32_t> tokens,
                          std::span<const target_type> targets) requires(Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(tokens, targets, std::nullopt, store_);
+    return located(runner_.forward_backward(tokens, targets, std::nullopt, store_));
   }
 
   /// Token models with packed documents: as forward_backward(tokens, targets), with
@@ -205,7 +205,7 @@ class Trainer {
       std::span<const std::int32_t> tokens, std::span<const target_type> targets,
       std::span<const std::int32_t> document_ids) requires(Model::is_token_model) {
     begin_step();
-    return runner_.forward_backward(tokens, targets, document_ids, store_);
+    return located(runner_.forward_backward(tokens, targets, document_ids, store_));
   }
 
   /// Inference: the model's output (N, out_features) for x (N, in_features), micro-batches
@@ -238,7 +238,7 @@ class Trainer {
   /// Sets every gradient (of this process's stages) to 0 and waits for the devices. Each
   /// `forward_backward` adds to the gradients, so without it gradients sum over mini-batches.
   void zero_grad() {
-    store_.zero_grad();
+    between_steps("Trainer::zero_grad", [&] { store_.zero_grad(); });
     known_norm_.reset();
   }
 
@@ -252,10 +252,12 @@ class Trainer {
                   "above)");
     last_step_skipped_ = false;
     if (options_.skip_non_finite) {
-      const double norm = known_norm_ ? *known_norm_ : store_.grad_norm();
+      const double norm = known_norm_
+                              ? *known_norm_
+                              : between_steps("Trainer::step", [&] { return store_.grad_norm(); });
       if (!std::isfinite(norm)) return skip_step();
     }
-    optimizer_.step(optimizer, store_, backend_);
+    between_steps("Trainer::step", [&] { optimizer_.step(optimizer, store_, backend_); });
     end_step();
   }
 
@@ -277,9 +279,26 @@ class Trainer {
   /// writes), in parameter order; empty when every gradient is finite. One pass over the
   /// gradients; collective with several processes (every process gets the same list).
   std::vector<std::string> non_finite_gradients() {
-    known_norm_ = store_.grad_norm();
+    known_norm_ =
+        between_steps("Trainer::non_finite_gradients", [&] { return store_.grad_norm(); });
     return store_.non_finite_tensors();
   }
+
+  /// Turns on (or off) locating the first non-finite value of each training step, for
+  /// non_finite_origin(): every forward_backward then checks, on the devices, what each of its
+  /// compute ops wrote (a forward's output or loss, a backward_input's input gradient, each
+  /// gradient tensor after a backward_weight) and the input rows on the host, and the processes
+  /// agree on the first finding in the schedule's issue order. It costs a pass over each op's
+  /// result and over each stage's gradients per micro-batch, a few small collectives per step,
+  /// and the step runs op by op (no CUDA graph); off (the default) it costs nothing.
+  void locate_non_finite(bool on = true) { runner_.locate_non_finite(on); }
+  /// Under locate_non_finite: where the first non-finite value of the current training step (of
+  /// the last one, after step() or skip_step(), until the next forward_backward) came from:
+  /// stage, micro-batch, replica and tensor (`gpipe::NonFiniteOrigin`), the same on every
+  /// process; none when every value was finite, or when locating was off. A gradient that was
+  /// already non-finite when a forward_backward began (not zeroed since an earlier step) is not
+  /// blamed on it.
+  const std::optional<NonFiniteOrigin>& non_finite_origin() const { return origin_; }
 
   /// The wall time of the last training step over every process, in seconds: from the earliest
   /// process's start of its first `forward_backward` after the previous `step` (or after
@@ -303,7 +322,11 @@ class Trainer {
   /// whatever the split into stages, devices and processes. Throws `gpipe::Error` for a negative
   /// max_norm; a non-finite norm is returned and leaves the gradients as they are.
   float clip_grad_norm(double max_norm) {
-    const double norm = store_.clip_grad_norm(max_norm);
+    detail::require(max_norm >= 0, [&] {
+      return "clip_grad_norm's max_norm must be >= 0, got " + std::to_string(max_norm);
+    });
+    const double norm =
+        between_steps("Trainer::clip_grad_norm", [&] { return store_.clip_grad_norm(max_norm); });
     // what step() under skip_non_finite asks (scaling by a factor below 1 keeps it finite)
     known_norm_ = norm;
     return static_cast<float>(norm);
@@ -317,7 +340,8 @@ class Trainer {
   void scale_gradients(double factor) {
     detail::require(std::isfinite(factor),
                     "scale_gradients' factor must be finite, got " + std::to_string(factor));
-    store_.scale_gradients(static_cast<float>(factor));
+    between_steps("Trainer::scale_gradients",
+                  [&] { store_.scale_gradients(static_cast<float>(factor)); });
     known_norm_.reset();
   }
 
@@ -380,10 +404,31 @@ class Trainer {
   using Kernels = typename Backend::Kernels;
   using Clock = std::chrono::steady_clock;
 
+  // Runs `work`, between-steps work of the member `what`. A throw from it may come on this
+  // process alone, which then skips collectives that the others wait in: with several processes
+  // it tells them at once (Transport::fail_between_steps) and rethrows.
+  template <class Work>
+  decltype(auto) between_steps(std::string_view what, Work&& work) {
+    try {
+      return std::forward<Work>(work)();
+    } catch (...) {
+      transport::Transport<Backend>(backend_).fail_between_steps(what, std::current_exception());
+      throw;
+    }
+  }
+
   // A training step starts with the first forward_backward after the last step().
   void begin_step() {
-    if (!step_start_) step_start_ = Clock::now();
+    if (!step_start_) {
+      step_start_ = Clock::now();
+      origin_.reset();
+    }
     known_norm_.reset();
+  }
+  // After a forward_backward: the training step's first non-finite value, if it is the first.
+  float located(float loss) {
+    if (!origin_) origin_ = runner_.non_finite_origin();
+    return loss;
   }
   void end_step() {
     const Clock::time_point end = Clock::now();
@@ -436,6 +481,7 @@ class Trainer {
   std::optional<double> known_norm_;
   std::size_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
+  std::optional<NonFiniteOrigin> origin_;  // the training step's first non-finite value
 };
 
 }  // namespace gpipe

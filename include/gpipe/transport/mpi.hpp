@@ -23,6 +23,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -163,6 +164,13 @@ class Transport<Backend> {
     }
     backend_.agree(detail::FaultAgreement::message_of(failure));
     throw Error("gpipe: rank " + std::to_string(backend_.rank()) + " failed");  // agree threw
+  }
+
+  /// `failure` was thrown on this rank between steps while doing `what` (a Trainer member): tells
+  /// every other rank at once (MpiRanks::fail_between_steps), since it may have skipped a
+  /// collective they wait in; the ranks are lost from then on.
+  void fail_between_steps(std::string_view what, std::exception_ptr failure) const {
+    backend_.fail_between_steps(what, detail::FaultAgreement::message_of(failure));
   }
 
   /// Collective over this replica's ranks: each gets `device`'s values.

@@ -22,6 +22,7 @@
 #include <exception>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -125,12 +126,16 @@ concept optimizer_shares = requires(const T& t, std::size_t n, std::span<float> 
 /// Between steps: `wall_seconds(start, end)`, seconds from the earliest process's start to the
 /// latest one's end (steady_clock; across processes on the traces' one clock); `copy(label,
 /// from, src, to, dst)`, an array of one of this process's devices into another's (or the
-/// same's), device to device (a tie within the process).
+/// same's), device to device (a tie within the process); `fail_between_steps(what, failure)`,
+/// this process's work between steps threw `failure` while doing `what`: with several
+/// processes the others are told at once.
 template <class T>
 concept between_steps = requires(const T& t, std::chrono::steady_clock::time_point time,
-                                 WorkLabel label, std::size_t d, std::span<float> dst) {
+                                 WorkLabel label, std::size_t d, std::span<float> dst,
+                                 std::exception_ptr failure) {
   { t.wall_seconds(time, time) } -> std::convertible_to<double>;
   t.copy(label, d, std::span<const float>(dst), d, dst);
+  t.fail_between_steps(std::string_view(), failure);
 };
 
 /// transport_interface<T, Backend>: what the runtime calls of `Transport<Backend>` (T), for
@@ -267,6 +272,8 @@ class Transport {
   }
   /// One replica: values are their own sum.
   void allreduce_sum(std::span<float>) const {}
+  /// One process: nobody to tell.
+  void fail_between_steps(std::string_view, std::exception_ptr) const {}
   /// Between steps: dst, on device `to`, <- src, on device `from` (both this process's), after
   /// the work queued on both, by the hand-over policy (device to device: never through the host);
   /// returns once copied.

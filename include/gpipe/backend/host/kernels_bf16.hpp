@@ -193,6 +193,10 @@ class KernelContext<bf16> {
   void convert(std::size_t n, const float* x, bf16* y) {
     in_blocks(n, 1, [&](std::size_t i, std::size_t c) { to_bf16(c, x + i, y + i); });
   }
+  /// y(n) = x(n) widened to float (exact), device memory.
+  void convert(std::size_t n, const bf16* x, float* y) {
+    in_blocks(n, 1, [&](std::size_t i, std::size_t c) { from_bf16(c, x + i, y + i); });
+  }
 
   /// dst(n) on the device = host_src(n): the same type (float, class ids, bf16), or floats
   /// rounded into bf16.

@@ -110,6 +110,12 @@ class FaultAgreement {
         check_mpi(MPI_Test(&request, &done, &status), "MPI_Test");
         if (done) return status;
         const bool failed = peer_failed();
+        if (deadline_.peer_abandoned()) {  // a rank failed between steps: the ranks are lost
+          MPI_Cancel(&request);
+          MPI_Wait(&request, MPI_STATUS_IGNORE);
+          stopped_for_peer_ = true;
+          deadline_.require_together();
+        }
         if (failed || timed_out(start)) {
           MPI_Cancel(&request);
           MPI_Wait(&request, MPI_STATUS_IGNORE);
@@ -185,6 +191,8 @@ class FaultAgreement {
   // The agreement cannot complete (a rank never reached it, `lost` says so): throws this rank's
   // own failure (`message`, "" if none) and that.
   [[noreturn]] void lost_at_the_end(std::string message, std::string lost) const {
+    // a rank's failure between steps: its Error alone (this rank's failure stems from it)
+    if (deadline_.abandoned()) deadline_.require_together();
     constexpr std::string_view prefix = "gpipe: ";
     if (message.starts_with(prefix)) message.erase(0, prefix.size());
     if (message.empty()) throw Error(lost);

@@ -399,7 +399,8 @@ class Backend : public detail::MpiRanks<Backend, host::Backend> {
     for (int polls = 0;; ++polls) {
       release_completed_sends();
       if (sends_.empty()) break;
-      if (agreement_.announced() || agreement_.peer_failed() || agreement_.timed_out(start)) {
+      if (agreement_.announced() || agreement_.peer_failed() || deadline_.peer_abandoned() ||
+          agreement_.timed_out(start)) {
         sends_.abandon();
         break;
       }

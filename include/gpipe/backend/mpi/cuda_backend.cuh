@@ -349,6 +349,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   const char* reason_to_abort(std::chrono::steady_clock::time_point start) {
     if (agreement_.announced()) return "this rank failed";
     if (agreement_.peer_failed()) return "another rank failed";
+    if (deadline_.peer_abandoned()) return "another rank failed between steps";
     if (nccl_.failed()) return "NCCL reported a failed peer (ncclCommGetAsyncError)";
     if (agreement_.timed_out(start)) return silent_peer;
     return nullptr;

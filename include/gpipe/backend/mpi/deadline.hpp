@@ -3,7 +3,9 @@
 // gradient sum, a collective between steps, the agreement that ends a step. A wait for a message
 // can be cancelled and the step fails; a collective cannot: once one passes the deadline the
 // ranks can run nothing more together ("lost"), every later collective throws at once, and the
-// backend ends the job when it goes (MPI_Finalize would wait for the lost rank forever).
+// backend ends the job when it goes (MPI_Finalize would wait for the lost rank forever). A rank
+// whose work fails between steps (abandon) leaves the ranks lost as well: it skipped collectives
+// the others may be in already; it tells them at once, and their waits end when they see it.
 
 #include <mpi.h>
 
@@ -59,6 +61,7 @@ class PeerDeadline {
       check_mpi(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses),
                 "MPI_Testall");
       if (done != 0) return;
+      if (peer_abandoned()) require_together();
       if (passed(start)) give_up(what);
       pause_between_polls(polls);
     }
@@ -80,10 +83,49 @@ class PeerDeadline {
   /// The Error's message of the collective that passed the deadline; empty while none did.
   const std::string& lost_message() const { return lost_message_; }
 
-  /// Whether a collective passed the deadline: the ranks can run nothing more together.
+  /// Between steps, this rank's work failed with `failure` while doing `what` (e.g.
+  /// "Trainer::step"): it may have skipped collectives that the other ranks run, so the ranks are
+  /// lost; tells every other rank at once (a message with the failure's text), unless they were
+  /// lost already. Its own later collectives throw at once.
+  void abandon(std::string_view what, std::string_view failure) {
+    if (lost()) return;
+    constexpr std::string_view prefix = "gpipe: ";
+    if (failure.starts_with(prefix)) failure.remove_prefix(prefix.size());
+    told_ = "in " + std::string(what) + ": " + std::string(failure);
+    for (std::size_t r = 0; r < layout_.size(); ++r) {
+      if (r == layout_.rank()) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(told_.data(), static_cast<int>(told_.size()), MPI_CHAR, static_cast<int>(r),
+                    layout_.abandon_tag(), layout_.comm(), &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);  // told_ stays until the backend goes
+    }
+    lose_to(layout_.rank(), told_);
+  }
+  /// Whether another rank failed between steps (abandon), or the ranks were lost before: a
+  /// poll; the first such message makes the ranks lost, naming that rank and its failure.
+  bool peer_abandoned() {
+    if (lost()) return true;
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, layout_.abandon_tag(), layout_.comm(), &flag, &status);
+    if (flag == 0) return false;
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string text(static_cast<std::size_t>(length), '\0');
+    MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, layout_.abandon_tag(),
+             layout_.comm(), MPI_STATUS_IGNORE);
+    lose_to(static_cast<std::size_t>(status.MPI_SOURCE), text);
+    return true;
+  }
+
+  /// Whether the ranks are lost to a rank's failure between steps (abandon, peer_abandoned).
+  bool abandoned() const { return !abandoned_.empty(); }
+  /// Whether a collective passed the deadline, or a rank failed between steps: the ranks can
+  /// run nothing more together.
   bool lost() const { return !lost_.empty(); }
   /// Throws `gpipe::Error` when lost().
   void require_together() const {
+    if (!abandoned_.empty()) throw Error(abandoned_);
     if (lost())
       throw Error("gpipe: rank " + std::to_string(layout_.rank()) + " lost its peers in " + lost_ +
                   " (a wait past Options::peer_timeout)" + lost_suffix());
@@ -95,8 +137,19 @@ class PeerDeadline {
            "the backend ends the job when it goes; restart it (from a checkpoint)";
   }
 
+  // The ranks are lost to rank `rank`'s failure between steps (`text`: what it did, its message).
+  void lose_to(std::size_t rank, const std::string& text) {
+    lost_ = "rank " + std::to_string(rank) + "'s failure between steps";
+    abandoned_ = "gpipe: rank " + std::to_string(rank) + " failed between steps, " + text +
+                 ": the ranks can run nothing more together: the backend ends the job when it "
+                 "goes; restart it (from a checkpoint)";
+    lost_message_ = abandoned_;
+  }
+
   const MpiLayout& layout_;
   std::chrono::milliseconds timeout_;
+  std::string told_;          ///< abandon()'s message to the others, kept while its sends may run
+  std::string abandoned_;     ///< the Error of a failure between steps; empty while none
   std::string lost_;          ///< the collective that passed the deadline; empty while none did
   std::string lost_message_;  ///< give_up's Error
 };

@@ -86,14 +86,15 @@ class MpiLayout {
     require(peer < devices_, "device " + std::to_string(peer) +
                                  " does not exist (the pipeline has " + std::to_string(devices_) +
                                  ")");
-    require(tag * epochs + epochs - 1 < max_tag_,
+    require(tag * epochs + epochs - 1 < max_tag_ - 1,
             "message tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB = " +
                 std::to_string(max_tag_) + " (too many stages x micro-batches)");
   }
 
   /// Message tags: the executor's tag (below MPI_TAG_UB / epochs) times `epochs`, plus the step
   /// modulo epochs, so that a failed step's unreceived messages never meet a later step's
-  /// receives; MPI_TAG_UB itself is the fault message's.
+  /// receives; MPI_TAG_UB itself is the fault message's, MPI_TAG_UB - 1 the failure between
+  /// steps'.
   static constexpr std::size_t epochs = 8;
   /// The MPI tag of this step's message `tag` to or from `peer` (checked as check_peer).
   int step_tag(std::size_t peer, std::size_t tag) const {
@@ -102,6 +103,8 @@ class MpiLayout {
   }
   /// The tag of the zero-byte message that tells a rank another one failed.
   int fault_tag() const { return static_cast<int>(max_tag_); }
+  /// The tag of the message that tells every rank another one failed between steps (its text).
+  int abandon_tag() const { return static_cast<int>(max_tag_ - 1); }
   /// A step has ended on every rank (the agreement): later messages take the next epoch's tags.
   void next_step() { ++step_; }
 

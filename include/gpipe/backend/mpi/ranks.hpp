@@ -94,6 +94,13 @@ class MpiRanks {
 
   /// Tells every other rank at once that this one failed (once a step).
   void announce_failure() { agreement_.announce_failure(); }
+  /// Between steps (no MPI call in flight), this rank failed with `failure` while doing `what`
+  /// (e.g. "Trainer::step"), on this rank alone perhaps: tells every other rank at once, whose
+  /// next wait for a peer (a step's message, a collective) throws `gpipe::Error` naming this rank,
+  /// `what` and the failure; the ranks are lost (lost_peers()) from then on.
+  void fail_between_steps(std::string_view what, std::string_view failure) {
+    deadline_.abandon(what, failure);
+  }
   /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none).
   /// Returns when no rank failed; otherwise every rank throws the same Error, naming the rank
   /// that failed first-hand and its message. The next step's messages carry other tags.
