@@ -566,19 +566,41 @@ TEST_SUITE("cuda emulator") {
     REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &relu,
                                            sizeof relu) == CUBLAS_STATUS_SUCCESS);
     CHECK(heuristic(a) == CUBLAS_STATUS_NOT_SUPPORTED);  // an epilogue not modelled
-    const std::uint32_t plain = CUBLASLT_EPILOGUE_DEFAULT;
-    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &plain,
-                                           sizeof plain) == CUBLAS_STATUS_SUCCESS);
-    REQUIRE(heuristic(a) == CUBLAS_STATUS_SUCCESS);  // 256-byte alignment, no workspace
-    REQUIRE(found == 1);
     void* memory = nullptr;
     REQUIRE(cudaMalloc(&memory, 1024) == cudaSuccess);
     auto* m = static_cast<float*>(memory);
+    // DGELU needs its auxiliary matrix, with a leading dimension of a multiple of 8 rows or more
+    const std::uint32_t dgelu = CUBLASLT_EPILOGUE_DGELU;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &dgelu,
+                                           sizeof dgelu) == CUBLAS_STATUS_SUCCESS);
+    CHECK(heuristic(a) == CUBLAS_STATUS_NOT_SUPPORTED);  // no auxiliary matrix
+    const void* aux = m + 128;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                           sizeof aux) == CUBLAS_STATUS_SUCCESS);
+    for (const std::int64_t ld : {4, 12}) {
+      REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                             sizeof ld) == CUBLAS_STATUS_SUCCESS);
+      CHECK(heuristic(a) == CUBLAS_STATUS_NOT_SUPPORTED);  // not a multiple of 8
+    }
+    const std::int64_t ld8 = 8;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld8,
+                                           sizeof ld8) == CUBLAS_STATUS_SUCCESS);
+    CHECK(heuristic(a) == CUBLAS_STATUS_SUCCESS);
     const float one = 1, zero = 0;
     auto matmul = [&](float* d_ptr) {
       return cublasLtMatmul(handle, desc, &one, m, a, m, a, &zero, d_ptr, d, d_ptr, d, &result.algo,
                             nullptr, 0, nullptr);
     };
+    const void* misaligned_aux = m + 129;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                           &misaligned_aux,
+                                           sizeof misaligned_aux) == CUBLAS_STATUS_SUCCESS);
+    CHECK(matmul(m + 64) == CUBLAS_STATUS_INVALID_VALUE);  // auxiliary matrix not 16-byte aligned
+    const std::uint32_t plain = CUBLASLT_EPILOGUE_DEFAULT;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &plain,
+                                           sizeof plain) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(heuristic(a) == CUBLAS_STATUS_SUCCESS);  // 256-byte alignment, no workspace
+    REQUIRE(found == 1);
     CHECK(matmul(m + 1) == CUBLAS_STATUS_INVALID_VALUE);  // D not as aligned as promised
     CHECK(matmul(m + 64) == CUBLAS_STATUS_SUCCESS);       // 256 bytes on (the null stream: at once)
     CHECK(cudaFree(memory) == cudaSuccess);
