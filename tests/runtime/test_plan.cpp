@@ -561,6 +561,8 @@ TEST_CASE("a plan into a trainer of another number of stages per device is an Er
   host::Backend backend4(4);
   CHECK_NOTHROW(TwoChunk(backend2, two));
   CHECK_NOTHROW(OneChunk(backend4, one));
+  using PlannedOne = Trainer<Model4, SoftmaxCrossEntropy, host::Backend, PlannedSchedule<1>>;
+  CHECK(PlannedOne(backend4, one).schedule() == one.schedule);
 }
 
 TEST_CASE("the planner needs as many devices as stages, or half as many") {
