@@ -1,6 +1,7 @@
 // gpipe::plan against the configurations a user would try by hand, on the host backend: a
-// GPT-2-shaped model of 4 stages on 4 devices under a memory limit of a fraction of what 1F1B
-// with M = 2K and Remat::never needs (predict_memory's bound on its largest device).
+// GPT-2-shaped model of 4 stages on 4 devices (and on 2 devices, two stages each) under a memory
+// limit of a fraction of what 1F1B with M = 2K and Remat::never needs (predict_memory's bound on
+// its largest device).
 //   model     Embedding<256, 128, 64>, 4 TransformerBlock<64, 4> (one per stage), LayerNorm,
 //             the LM head; batch 32 samples (4096 tokens); SoftmaxCrossEntropy; fp32
 //   plan      gpipe::plan under the limit (its two halves, measure_plan_costs and choose_plan,
@@ -19,6 +20,13 @@
 // >= 1; 1 means the plan was the fastest found), configs, plan_s, uniform_predicted_ms,
 // uniform_ms, best_uniform_ms, vs_uniform (uniform_ms / plan_ms: what the policy per stage gains).
 // Each configuration: one warm-up step, then --steps timed steps (default 3), their median.
+// BM_PlanTwoChunk: the same model's 4 stages on 2 devices, two per device: the plan among
+// Interleaved<2>, LoopedBFS<2>, ZB-V and DualPipeV (PlannedSchedule<2> runs it), under a limit of
+// a fraction of what Interleaved<2> with M = 2K = 4 and Remat::never needs; by hand:
+// Interleaved<2>, M = 2K, with the least recompute whose bound fits (never, selective, always:
+// hand_ms, speedup_vs_hand; at 75 % only always fits, at 100 % never does); all: every two-chunk
+// built-in schedule x M x policy (and the plan's mixes) that fits, timed (best_ms, plan_vs_best,
+// configs); plan_ms, predicted_ms, prediction_error_pct, plan_s as above.
 // BM_Remat: the same model under 1F1B with M = 2K and each remat policy, no limit: the step
 // (step_ms, its ratio to never's), the largest device's peak activations measured and predicted
 // (act_MiB, predicted_act_MiB, their ratio to never's) and its whole peak (peak_MiB).
@@ -196,6 +204,86 @@ BENCHMARK(BM_Plan)
     ->Arg(45)
     ->Arg(60)
     ->Arg(80)
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond);
+
+void BM_PlanTwoChunk(benchmark::State& state) {
+  constexpr std::size_t K2 = K / 2;  // devices: two stages each
+  const Batch b = make_batch();
+  const std::size_t rows = samples * T;
+  const double fraction = static_cast<double>(state.range(0)) / 100;
+  const auto bound_of = [&](std::size_t m, gpipe::Remat remat) {
+    std::size_t bound = 0;
+    for (const auto& p :
+         gpipe::predict_memory<Gpt>(gpipe::Interleaved<2>::make(K2, m), rows, remat, 2))
+      bound = std::max(bound, p.total_bound());
+    return bound;
+  };
+  const auto limit = static_cast<std::size_t>(
+      fraction * static_cast<double>(bound_of(2 * K2, gpipe::Remat::never)));
+  gpipe::host::Backend backend(K2, {.device_capacity = limit});
+  std::vector<gpipe::Remat> policies = gpipe::PlanOptions{}.remat;
+  std::erase(policies, gpipe::Remat::offload);
+
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    const gpipe::Plan plan = gpipe::plan<Gpt, Loss>(
+        backend, b.tokens, b.targets, {.micro_batches = {1, 2, 4, 8, 16}, .measure_steps = 2});
+    const double plan_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double plan_ms = 0;
+    {
+      gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, gpipe::PlannedSchedule<2>> trainer(backend,
+                                                                                         plan);
+      plan_ms = time_steps(trainer, b);
+    }
+    // by hand: Interleaved<2>, M = 2K, the least recompute that fits
+    double hand_ms = NAN;
+    std::string hand = "none fits";
+    for (const gpipe::Remat r :
+         {gpipe::Remat::never, gpipe::Remat::selective, gpipe::Remat::always})
+      if (bound_of(2 * K2, r) <= limit) {
+        hand_ms =
+            time_config<gpipe::Interleaved<2>>(backend, b, 2 * K2, std::vector<gpipe::Remat>(K, r));
+        hand = gpipe::to_string(r);
+        break;
+      }
+    double best_ms = plan_ms;
+    std::size_t configs = 0;
+    for (const gpipe::PlanCandidate& c : plan.candidates) {
+      if (!c.fits) continue;
+      double ms = 0;
+      if (c.schedule == "interleaved-2")
+        ms = time_config<gpipe::Interleaved<2>>(backend, b, c.micro_batches, c.stage_remat);
+      else if (c.schedule == "looped-bfs-2")
+        ms = time_config<gpipe::LoopedBFS<2>>(backend, b, c.micro_batches, c.stage_remat);
+      else if (c.schedule == "zb-v")
+        ms = time_config<gpipe::ZeroBubbleV>(backend, b, c.micro_batches, c.stage_remat);
+      else
+        ms = time_config<gpipe::DualPipeV>(backend, b, c.micro_batches, c.stage_remat);
+      best_ms = std::min(best_ms, ms);
+      ++configs;
+    }
+    state.counters["plan_ms"] = plan_ms;
+    state.counters["predicted_ms"] = plan.chosen.predicted_us / 1e3;
+    state.counters["prediction_error_pct"] =
+        100 * std::abs(plan_ms - plan.chosen.predicted_us / 1e3) / plan_ms;
+    state.counters["hand_ms"] = hand_ms;
+    state.counters["speedup_vs_hand"] = hand_ms / plan_ms;
+    state.counters["best_ms"] = best_ms;
+    state.counters["plan_vs_best"] = plan_ms / best_ms;
+    state.counters["configs"] = static_cast<double>(configs);
+    state.counters["plan_s"] = plan_s;
+    state.counters["limit_MiB"] = static_cast<double>(limit) / (1 << 20);
+    state.SetLabel(plan.chosen.schedule + " M " + std::to_string(plan.chosen.micro_batches) +
+                   " remat " + plan.chosen.policies() + "; by hand: interleaved-2 M " +
+                   std::to_string(2 * K2) + " remat " + hand);
+  }
+}
+BENCHMARK(BM_PlanTwoChunk)
+    ->ArgName("limit_pct")
+    ->Arg(75)
+    ->Arg(100)
     ->Iterations(1)
     ->Unit(benchmark::kSecond);
 

@@ -1,7 +1,8 @@
 // gpipe::plan: choose_plan on costs given by hand (the fastest candidate that fits, the limits
 // honoured, an Error naming the smallest bound when nothing fits), and the whole planner on the
 // host backend under a cap: the trainer built from the plan in one line stays within the
-// predicted bound, which stays within the limit.
+// predicted bound, which stays within the limit. Then the same for a model of twice as many
+// stages as devices (the two-chunk schedules), and the device counts the planner refuses.
 
 #include <doctest/doctest.h>
 
@@ -350,4 +351,228 @@ TEST_CASE("plan on the host backend leaves Remat::offload out") {
       backend, x, y, {.micro_batches = {2, 4}, .measure_steps = 1});
   CHECK(!plan.candidates.empty());
   for (const PlanCandidate& c : plan.candidates) CHECK(c.remat != Remat::offload);
+}
+
+namespace {
+
+// Model4's 4 stages on 2 devices: the costs of hand_costs' shape per stage, stage 3 twice as
+// slow (on device 1 round robin, on device 0 in a V), so that the per-stage costs matter.
+std::vector<PlanCosts> two_chunk_costs() {
+  std::vector<PlanCosts> out;
+  for (std::size_t m : {1, 2, 4, 8}) {
+    PlanCosts c;
+    c.micro_batches = m;
+    c.num_devices = 2;
+    for (std::size_t s = 0; s < Model4::num_stages; ++s) {
+      const double scale = s == 3 ? 2.0 : 1.0;
+      const double f = scale * (20.0 + 10.0 * static_cast<double>(rows / m));
+      c.never.push_back({.forward = f, .backward_input = f, .backward_weight = f});
+      c.always.push_back({.forward = f, .backward_input = 2 * f, .backward_weight = f});
+      c.selective.push_back({.forward = f, .backward_input = 1.25 * f, .backward_weight = f});
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool two_chunk_kind(const std::string& name) {
+  return name == "interleaved-2" || name == "looped-bfs-2" || name == "zb-v" ||
+         name == "dualpipe-v";
+}
+
+}  // namespace
+
+TEST_CASE("a model of 2K stages on K devices: the two-chunk schedules, simulated per stage") {
+  const std::vector<PlanCosts> costs = two_chunk_costs();
+  const Plan plan = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  // per count: interleaved-2, looped-bfs-2, zb-v, and dualpipe-v from M = 2K = 4 on
+  std::size_t expected = 0;
+  for (const PlanCosts& c : costs) expected += all_policies.size() * (c.micro_batches >= 4 ? 4 : 3);
+  CHECK(plan.candidates.size() == expected);
+  for (const PlanCandidate& c : plan.candidates) {
+    CAPTURE(c.schedule);
+    CHECK(two_chunk_kind(c.schedule));
+    CHECK((c.schedule != "dualpipe-v" || c.micro_batches >= 4));
+    CHECK(c.stage_remat.size() == 4);
+    CHECK(c.memory.size() == 2);
+    CHECK(c.predicted_us >= plan.chosen.predicted_us);
+  }
+  CHECK(plan.chunks_per_device() == 2);
+  CHECK(plan.schedule.num_devices == 2);
+  CHECK(validate(plan.schedule).ok);
+  // the prediction is the simulation with each stage's own costs, which the costs of the
+  // stages' devices (stage 3's device taken as slow as stage 3 on both its stages) would not be
+  for (const PlanCosts& c : costs) {
+    if (c.micro_batches != plan.chosen.micro_batches) continue;
+    CHECK(plan.chosen.predicted_us == simulate(plan.schedule, c.never).makespan);
+    std::vector<OpCosts> per_device(2, c.never[0]);
+    per_device[plan.schedule.device_of_stage(3)] = c.never[3];
+    CHECK(simulate(plan.schedule, per_device).makespan > plan.chosen.predicted_us);
+  }
+  // deterministic: the same costs give the same plan
+  const Plan again = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  CHECK(again.schedule == plan.schedule);
+  CHECK(again.describe() == plan.describe());
+}
+
+TEST_CASE("a model of 2K stages: a limit forbidding never on one device mixes per device") {
+  // device 1 capped below what it needs under Remat::never with every schedule and M, device 0
+  // free: device 1 recomputes, and a mix keeps everything on device 0
+  const std::vector<PlanCosts> costs = two_chunk_costs();
+  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  std::size_t never1 = std::numeric_limits<std::size_t>::max();
+  for (const PlanCandidate& c : free.candidates)
+    if (c.remat == Remat::never && c.uniform())
+      never1 = std::min(never1, c.memory[1].total_bound());
+  const std::vector<std::size_t> limit = {0, never1 - 1};
+  const Plan plan = choose_plan<Model4>(rows, costs, limit, all_policies);
+  CAPTURE(plan.describe());
+  CHECK(plan.chosen.memory[1].total_bound() <= limit[1]);
+  REQUIRE(plan.chosen.stage_remat.size() == 4);
+  for (std::size_t s = 0; s < 4; ++s)
+    if (plan.schedule.device_of_stage(s) == 1) CHECK(plan.chosen.stage_remat[s] != Remat::never);
+  // the mixes: a device's two stages share its policy; device 1's memory is the uniform
+  // candidate's of its policy (a device's memory depends on its own stages' policies), and the
+  // step no longer than that candidate's (device 0 does no more work)
+  std::size_t mixes = 0;
+  for (const PlanCandidate& c : plan.candidates) {
+    if (c.uniform() || !c.fits) continue;
+    CAPTURE(c.schedule);
+    CAPTURE(c.micro_batches);
+    CAPTURE(c.policies());
+    const Schedule placement = c.schedule == "zb-v" || c.schedule == "dualpipe-v"
+                                   ? ZeroBubbleV::make(2, c.micro_batches)
+                                   : Interleaved<2>::make(2, c.micro_batches);
+    Remat on[2] = {};
+    for (std::size_t s = 0; s < 4; ++s) on[placement.device_of_stage(s)] = c.stage_remat[s];
+    for (std::size_t s = 0; s < 4; ++s) CHECK(c.stage_remat[s] == on[placement.device_of_stage(s)]);
+    if (on[0] != Remat::never) continue;
+    ++mixes;
+    std::size_t uniform = 0;
+    for (const PlanCandidate& u : plan.candidates)
+      if (u.uniform() && u.remat == on[1] && u.schedule == c.schedule &&
+          u.micro_batches == c.micro_batches) {
+        ++uniform;
+        CHECK(u.memory[1].total_bound() == c.memory[1].total_bound());
+        CHECK(c.predicted_us <= u.predicted_us);
+      }
+    CHECK(uniform == 1);
+  }
+  CHECK(mixes > 0);
+}
+
+TEST_CASE("a model of 2K stages: a limit that nothing fits is an Error naming the smallest bound") {
+  const std::vector<PlanCosts> costs = two_chunk_costs();
+  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  const std::size_t any_min = smallest_peak(free, [](const PlanCandidate&) { return true; });
+  const std::string need = "needs up to " + std::to_string(any_min) + " bytes";
+  CHECK_THROWS_WITH_AS(
+      choose_plan<Model4>(rows, costs, std::vector<std::size_t>{any_min - 1}, all_policies),
+      doctest::Contains(need.c_str()), Error);
+  // costs for 3 devices: Model4 has neither 3 stages nor 6
+  std::vector<PlanCosts> three = costs;
+  for (PlanCosts& c : three) c.num_devices = 3;
+  CHECK_THROWS_WITH_AS(choose_plan<Model4>(rows, three, std::vector<std::size_t>{}, all_policies),
+                       doctest::Contains("costs are for 3 devices, and the model has 4 stages"),
+                       Error);
+}
+
+TEST_CASE(
+    "the planner on 2 capped devices for 4 stages: a two-chunk plan, within its bound, "
+    "with the unpipelined model's gradients") {
+  const std::vector<float> x = random_inputs(rows, Model4::in_features, 7);
+  const std::vector<std::int32_t> y = random_classes(rows, Model4::out_features, 8);
+  // the limit: below what every two-chunk schedule needs under Remat::never at M = 1
+  const Plan free =
+      choose_plan<Model4>(rows, two_chunk_costs(), std::vector<std::size_t>{}, all_policies);
+  const std::size_t never_m1 = smallest_peak(free, [](const PlanCandidate& c) {
+    return c.remat == Remat::never && c.uniform() && c.micro_batches == 1;
+  });
+  const std::size_t limit = never_m1 - 1;
+  host::Backend backend(2, {.device_capacity = limit});
+  const PlanOptions options = {.micro_batches = {1, 2, 4, 8}, .measure_steps = 1};
+
+  // the two halves of gpipe::plan: costs per stage, then the same choice twice
+  const std::vector<PlanCosts> costs =
+      measure_plan_costs<Model4, SoftmaxCrossEntropy>(backend, x, y, options);
+  REQUIRE(!costs.empty());
+  for (const PlanCosts& c : costs) {
+    CHECK(c.num_devices == 2);
+    REQUIRE(c.never.size() == 4);
+    for (std::size_t s = 0; s < 4; ++s) CHECK(c.always[s].forward > 0);
+  }
+  const std::vector<Remat> policies = {Remat::never, Remat::selective, Remat::except_last,
+                                       Remat::always};
+  const std::vector<std::size_t> limits = {limit};
+  const Plan first = choose_plan<Model4>(rows, costs, limits, policies);
+  const Plan second = choose_plan<Model4>(rows, costs, limits, policies);
+  CHECK(first.schedule == second.schedule);
+  CHECK(first.describe() == second.describe());
+
+  const Plan plan = gpipe::plan<Model4, SoftmaxCrossEntropy>(backend, x, y, options);
+  CAPTURE(plan.describe());
+  CHECK(plan.chunks_per_device() == 2);
+  CHECK(two_chunk_kind(plan.chosen.schedule));
+  CHECK(plan.chosen.peak_bytes <= limit);
+  const bool never_m1_chosen = plan.chosen.micro_batches == 1 &&
+                               plan.chosen.stage_remat == std::vector<Remat>(4, Remat::never);
+  CHECK_FALSE(never_m1_chosen);
+
+  Trainer<Model4, SoftmaxCrossEntropy, host::Backend, PlannedSchedule<2>> trainer(backend, plan);
+  CHECK(trainer.schedule() == plan.schedule);
+  for (std::size_t s = 0; s < 4; ++s)
+    CHECK(trainer.device_of_stage(s) == plan.schedule.device_of_stage(s));
+  CHECK(trainer.options().micro_batches == plan.chosen.micro_batches);
+  backend.reset_peak();
+  const float loss = trainer.forward_backward(x, y);
+  for (std::size_t d = 0; d < 2; ++d) {
+    CAPTURE(d);
+    const MemoryStats stats = backend.memory_stats(d);
+    CHECK(stats.peak_of(MemoryKind::activations) == plan.chosen.memory[d].activations_peak);
+    CHECK(stats.peak <= plan.chosen.memory[d].total_bound());
+    CHECK(plan.chosen.memory[d].total_bound() <= limit);
+  }
+  // the unpipelined model: the same layers in one stage on one device, the same seed
+  host::Backend one_device(1);
+  Trainer<Model1, SoftmaxCrossEntropy, host::Backend> plain(one_device, {.micro_batches = 1});
+  CHECK(plain.forward_backward(x, y) == doctest::Approx(loss).epsilon(1e-5));
+  REQUIRE(plain.parameter_info().size() == trainer.parameter_info().size());
+  for (const ParameterInfo& p : plain.parameter_info()) {
+    CAPTURE(p.name);
+    CHECK(relative_error(trainer.gradient(p.name), plain.gradient(p.name)) < 2e-6);
+  }
+}
+
+TEST_CASE("a plan into a trainer of another number of stages per device is an Error") {
+  // a two-chunk plan into a one-chunk schedule kind
+  const Plan two =
+      choose_plan<Model4>(rows, two_chunk_costs(), std::vector<std::size_t>{}, all_policies);
+  host::Backend backend2(2);
+  using OneChunk = Trainer<Model4, SoftmaxCrossEntropy, host::Backend, SearchedSchedule>;
+  CHECK_THROWS_WITH_AS(OneChunk(backend2, two), doctest::Contains("PlannedSchedule<2>"), Error);
+  // a one-chunk plan (Model4 on 4 devices) into a two-chunk one
+  std::vector<PlanCosts> four = two_chunk_costs();
+  for (PlanCosts& c : four) c.num_devices = 0;  // one stage per device
+  const Plan one = choose_plan<Model4>(rows, four, std::vector<std::size_t>{}, all_policies);
+  CHECK(one.chunks_per_device() == 1);
+  using TwoChunk = Trainer<Model4, SoftmaxCrossEntropy, host::Backend, PlannedSchedule<2>>;
+  CHECK_THROWS_WITH_AS(TwoChunk(backend2, one), doctest::Contains("PlannedSchedule<1>"), Error);
+  // the right tags take them
+  host::Backend backend4(4);
+  CHECK_NOTHROW(TwoChunk(backend2, two));
+  CHECK_NOTHROW(OneChunk(backend4, one));
+  using PlannedOne = Trainer<Model4, SoftmaxCrossEntropy, host::Backend, PlannedSchedule<1>>;
+  CHECK(PlannedOne(backend4, one).schedule() == one.schedule);
+}
+
+TEST_CASE("the planner needs as many devices as stages, or half as many") {
+  const std::vector<float> x = random_inputs(rows, Model4::in_features, 1);
+  const std::vector<std::int32_t> y = random_classes(rows, Model4::out_features, 2);
+  host::Backend backend(3);
+  CHECK_THROWS_WITH_AS(
+      (gpipe::plan<Model4, SoftmaxCrossEntropy>(backend, x, y, {.micro_batches = {2}})),
+      doctest::Contains("the model has 4 stages and the backend 3 devices"), Error);
+  CHECK_THROWS_WITH_AS(
+      (measure_plan_costs<Model4, SoftmaxCrossEntropy>(backend, x, y, {.micro_batches = {2}})),
+      doctest::Contains("the model has 4 stages and the backend 3 devices"), Error);
 }

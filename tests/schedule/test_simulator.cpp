@@ -234,6 +234,37 @@ TEST_CASE("costs per device: one OpCosts per device, non-negative, or gpipe::Err
   CHECK_THROWS_WITH_AS(simulate(s, costs), doctest::Contains("non-negative"), gpipe::Error);
 }
 
+TEST_CASE("costs per stage: each op takes its own stage's costs, a recv its stage's transfer") {
+  // interleaved 1F1B on K 2, 2 chunks, M 1: stages 0..3 on devices 0, 1, 0, 1 run one after
+  // another, F forward through the stages, then B W back; a recv of stage s waits transfer_s
+  // (activations into stages 1, 2, 3, gradients into stages 2, 1, 0)
+  const gpipe::Schedule s = gpipe::make_interleaved_schedule(2, 2, 1);
+  std::vector<OpCosts> stage(4);
+  double work = 0;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto x = static_cast<double>(i + 1);
+    stage[i] = {
+        .forward = x, .backward_input = 10 * x, .backward_weight = 100 * x, .transfer = 1000 * x};
+    work += 111 * x;
+  }
+  const SimulationResult r = simulate(s, stage);
+  CHECK(r.makespan == work + 1000 * (1 + 2 * 2 + 2 * 3 + 4));
+  CHECK(r.busy[0] == 111 * (1 + 3));
+  CHECK(r.busy[1] == 111 * (2 + 4));
+  // the same costs for both stages of a device: the per-device simulation
+  const gpipe::Schedule v = gpipe::make_zb_v_schedule(2, 4);
+  const std::vector<OpCosts> device = {{.forward = 1, .backward_input = 2, .transfer = 0.5},
+                                       {.forward = 3, .backward_input = 1, .backward_weight = 2}};
+  std::vector<OpCosts> same(4);
+  for (std::size_t i = 0; i < 4; ++i) same[i] = device[v.device_of_stage(i)];
+  CHECK(simulate(v, same).finish == simulate(v, device).finish);
+  // neither one per device nor one per stage
+  CHECK_THROWS_WITH_AS(simulate(v, std::vector<OpCosts>(3)),
+                       doctest::Contains("op costs for 3 devices; the schedule has 2 devices and "
+                                         "4 stages"),
+                       gpipe::Error);
+}
+
 namespace {
 
 // Checks issue_order(s): every op once, each device's list in order, every recv after its send,

@@ -1,7 +1,7 @@
 #pragma once
 // Costs measured on a backend: each layer's forward and backward (the measured variant of the
 // balanced cut, gpipe/model/cost.hpp, printed as the Pipeline type to paste), and a trainer's
-// F, B and W op times per device (what search_schedule takes).
+// F, B and W op times per device (what search_schedule takes) or per stage.
 //
 //   auto costs = gpipe::measure_layer_costs<Emb, Block, Block, Norm, Head>(backend, samples);
 //   auto cut = gpipe::balanced_cut(gpipe::totals(costs), K);
@@ -186,6 +186,43 @@ std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, s
   return out;
 }
 
+namespace detail {
+
+// The mean F, B and W durations (microseconds) over `steps` traced steps of `trainer`, grouped
+// by key(event) (n groups; a key of n or more drops the event), then the gradients zeroed.
+template <class TrainerT, class X, class Y, class Key>
+std::vector<OpCosts> mean_op_costs(TrainerT& trainer, const X& x, const Y& y, std::size_t steps,
+                                   std::size_t n, Key key) {
+  if (steps == 0) throw Error("gpipe: measure_op_costs needs at least one step");
+  auto& backend = trainer.backend();
+  std::vector<std::array<double, 3>> sum(n, {0, 0, 0});
+  std::vector<std::array<std::size_t, 3>> count(n, {0, 0, 0});
+  backend.set_tracing(true);
+  for (std::size_t i = 0; i < steps; ++i) trainer.forward_backward(x, y);
+  backend.set_tracing(false);
+  for (const TraceEvent& e : backend.take_trace()) {
+    const std::size_t kind = e.label.what == to_string(OpKind::forward)           ? 0
+                             : e.label.what == to_string(OpKind::backward_input)  ? 1
+                             : e.label.what == to_string(OpKind::backward_weight) ? 2
+                                                                                  : 3;
+    const std::size_t group = key(e);
+    if (kind == 3 || group >= n) continue;
+    sum[group][kind] += e.end_us - e.start_us;
+    ++count[group][kind];
+  }
+  trainer.zero_grad();
+  std::vector<OpCosts> out(n);
+  for (std::size_t g = 0; g < n; ++g) {
+    auto mean = [&](std::size_t kind) {
+      return count[g][kind] > 0 ? sum[g][kind] / static_cast<double>(count[g][kind]) : 0.0;
+    };
+    out[g] = {.forward = mean(0), .backward_input = mean(1), .backward_weight = mean(2)};
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// Per device the mean duration, in microseconds, of its forward, backward_input and
 /// backward_weight ops over `steps` traced forward_backward steps of `trainer` on (x, y): the
 /// costs search_schedule takes (transfer left 0: hand-overs are not timed apart). Uses the
@@ -195,32 +232,19 @@ std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, s
 template <class TrainerT, class X, class Y>
 std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
                                       std::size_t steps = 2) {
-  if (steps == 0) throw Error("gpipe: measure_op_costs needs at least one step");
-  auto& backend = trainer.backend();
-  const std::size_t k = TrainerT::num_devices;
-  std::vector<std::array<double, 3>> sum(k, {0, 0, 0});
-  std::vector<std::array<std::size_t, 3>> count(k, {0, 0, 0});
-  backend.set_tracing(true);
-  for (std::size_t i = 0; i < steps; ++i) trainer.forward_backward(x, y);
-  backend.set_tracing(false);
-  for (const TraceEvent& e : backend.take_trace()) {
-    const std::size_t kind = e.label.what == to_string(OpKind::forward)           ? 0
-                             : e.label.what == to_string(OpKind::backward_input)  ? 1
-                             : e.label.what == to_string(OpKind::backward_weight) ? 2
-                                                                                  : 3;
-    if (kind == 3 || e.device >= k) continue;
-    sum[e.device][kind] += e.end_us - e.start_us;
-    ++count[e.device][kind];
-  }
-  trainer.zero_grad();
-  std::vector<OpCosts> out(k);
-  for (std::size_t d = 0; d < k; ++d) {
-    auto mean = [&](std::size_t kind) {
-      return count[d][kind] > 0 ? sum[d][kind] / static_cast<double>(count[d][kind]) : 0.0;
-    };
-    out[d] = {.forward = mean(0), .backward_input = mean(1), .backward_weight = mean(2)};
-  }
-  return out;
+  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_devices,
+                               [](const TraceEvent& e) { return e.device; });
+}
+
+/// As measure_op_costs, per stage instead of per device, [stage]: what simulate takes for a
+/// schedule with several stages per device (its two stages on one device may cost differently).
+/// With one stage per device the same numbers as measure_op_costs. Only this process's stages
+/// are timed; the others get 0.
+template <class TrainerT, class X, class Y>
+std::vector<OpCosts> measure_stage_costs(TrainerT& trainer, const X& x, const Y& y,
+                                         std::size_t steps = 2) {
+  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_stages,
+                               [](const TraceEvent& e) { return e.label.stage; });
 }
 
 /// Each cost's total (forward + backward): balanced_cut's input.

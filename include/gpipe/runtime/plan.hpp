@@ -6,27 +6,36 @@
 //   gpipe::Plan plan = gpipe::plan<Model, Loss>(backend, x, y, {.device_limit = {6ull << 30}});
 //   std::cout << plan.describe();                 // the choice, and why not the others
 //   gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule> trainer(backend, plan);
+//   // a model of 2K stages on a backend of K devices: two stages per device
+//   gpipe::Trainer<Model8, Loss, Backend, gpipe::PlannedSchedule<2>> trainer8(backend, plan8);
 //
-// Two halves: measure_plan_costs times F, B and W per device for each micro-batch count, with
-// and without recompute, and with selective recompute where the model has cheap layers (a 1F1B
-// trainer per configuration, measure_op_costs); choose_plan, a pure
-// function of those costs, weighs every candidate (GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule
-// searched from the costs, each with every micro-batch count and remat policy, and with a policy
-// per stage): predict_memory's bound (total_bound: exact parameters, gradients, optimizer state
-// and activations, a bound on the workspace) against the limit, simulate's makespan with the
-// measured costs for the time.
+// Two halves: measure_plan_costs (runtime/plan_costs.hpp) times F, B and W per stage for each
+// micro-batch count, with and without recompute, and with selective recompute where the model
+// has cheap layers (a 1F1B trainer per configuration, or an Interleaved<2> one for two stages
+// per device, measure_stage_costs); choose_plan, a pure function of those costs, weighs every
+// candidate (one stage per device: GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule searched from the
+// costs; two: Interleaved<2>, LoopedBFS<2>, ZB-V and DualPipeV; each with every micro-batch count
+// and remat policy, and with a policy per device): predict_memory's bound (total_bound: exact
+// parameters, gradients, optimizer state and activations, a bound on the workspace) against the
+// limit, simulate's makespan with each stage's measured costs for the time.
 //
-// A policy per stage: for a given schedule and M, a device's memory depends on its own stage's
-// policy only, and its op costs are those measured under that policy. So each device may take
-// any policy that fits its limit (1F1B's stage d holds K - d stashes: the first stages recompute,
-// the last keeps everything); from each device's cheapest fitting policy (least F + B + W), a
-// descent moves one device at a time to another fitting policy while the simulated step gets
-// shorter. The mix is a candidate beside the uniform ones where it differs from them.
+// How many devices: the backend's pipeline devices, K = backend.num_devices(). A model of S
+// stages takes one stage per device where S <= K (on devices 0..S-1), two where S = 2K; any
+// other S is a gpipe::Error naming both numbers. choose_plan reads K from the costs
+// (PlanCosts::num_devices).
+//
+// A policy per device: for a given schedule and M, a device's memory depends on its own stages'
+// policies only, and their op costs are those measured under those policies. So each device may
+// take any policy (for all its stages) that fits its limit (1F1B's stage d holds K - d stashes:
+// the first stages recompute, the last keeps everything); from each device's cheapest fitting
+// policy (least F + B + W over its stages), a descent moves one device at a time to another
+// fitting policy while the simulated step gets shorter. The mix is a candidate beside the
+// uniform ones where it differs from them. (With two stages per device the device's two stages
+// share its policy: a device's bound is known for uniform policies only.)
 // Because memory is judged by a bound, a plan never exceeds a limit when run; a candidate whose
 // true peak would just fit may be turned away.
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -40,62 +49,31 @@
 #include "gpipe/backend/common.hpp"
 #include "gpipe/error.hpp"
 #include "gpipe/model/precision.hpp"
-#include "gpipe/runtime/measure_costs.hpp"
 #include "gpipe/runtime/memory_model.hpp"
 #include "gpipe/runtime/offload.hpp"
+#include "gpipe/runtime/plan_costs.hpp"
 #include "gpipe/runtime/remat.hpp"
-#include "gpipe/runtime/trainer.hpp"
+#include "gpipe/schedule/detail/program.hpp"
+#include "gpipe/schedule/dual_pipe_v.hpp"
 #include "gpipe/schedule/gpipe.hpp"
+#include "gpipe/schedule/interleaved.hpp"
+#include "gpipe/schedule/looped_bfs.hpp"
 #include "gpipe/schedule/one_f_one_b.hpp"
 #include "gpipe/schedule/search.hpp"
 #include "gpipe/schedule/simulator.hpp"
 #include "gpipe/schedule/zero_bubble.hpp"
+#include "gpipe/schedule/zero_bubble_v.hpp"
 #include "gpipe/transport/transport.hpp"
 
 namespace gpipe {
 
-/// What `plan` chooses among and under which limits; an empty list takes its default.
-struct PlanOptions {
-  /// Bytes each pipeline device may hold at its peak: one entry per device, or one for all.
-  /// Empty: each device's cap as the backend has it (`memory_stats(d).capacity`; 0: no limit).
-  std::vector<std::size_t> device_limit = {};
-  /// Micro-batch counts to weigh. Empty: 1, 2, 4, ... up to the batch's samples, and the
-  /// samples themselves.
-  std::vector<std::size_t> micro_batches = {};
-  /// Remat policies to weigh. `plan` and `measure_plan_costs` leave Remat::offload out on a
-  /// backend without a copy stream (the host backend), where a Trainer refuses it.
-  std::vector<Remat> remat = {Remat::never, Remat::selective, Remat::except_last, Remat::always,
-                              Remat::offload};
-  /// Floats of optimizer state per parameter the run will keep (AdamW 2, SGD with momentum 1,
-  /// no optimizer state 0), counted in every device's memory.
-  std::size_t optimizer_state_per_param = 2;
-  /// Traced steps per measured configuration, after one warm-up step.
-  std::size_t measure_steps = 2;
-};
-
-/// F, B and W per device (microseconds) at one micro-batch count, measured without and with
-/// recompute: what choose_plan predicts step times from.
-struct PlanCosts {
-  std::size_t micro_batches = 0;  ///< M of the measurement
-  std::vector<OpCosts> never;     ///< [device] under Remat::never
-  std::vector<OpCosts> always;    ///< [device] under Remat::always (B recomputes the forward)
-  /// [device] under Remat::selective (B recomputes the cheap layers); empty: taken as `never`'s
-  /// (a model without cheap layers recomputes nothing under selective).
-  std::vector<OpCosts> selective = {};
-  /// [device] under Remat::offload (its copies run beside the compute, and B waits for its
-  /// fetch); empty: taken as `never`'s.
-  std::vector<OpCosts> offload = {};
-  /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
-  /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
-  /// choose_plan adds it to every op's cost.
-  double overhead_us = 0;
-};
-
 /// One configuration the planner weighed, and its verdict.
 struct PlanCandidate {
-  std::string schedule;           ///< "gpipe", "1f1b", "zb-h1", "zb-h2" or "searched"
+  /// The schedule tag's name: "gpipe", "1f1b", "zb-h1", "zb-h2" or "searched" (one stage per
+  /// device); "interleaved-2", "looped-bfs-2", "zb-v" or "dualpipe-v" (two)
+  std::string schedule;
   std::size_t micro_batches = 0;  ///< M
-  /// The remat policy of every stage where they share one; for a policy per stage (`uniform()`
+  /// The remat policy of every stage where they share one; for a policy per device (`uniform()`
   /// false), the first stage's: `stage_remat` has them all.
   Remat remat = Remat::never;
   std::vector<Remat> stage_remat;  ///< [stage] each stage's remat policy
@@ -121,7 +99,7 @@ struct PlanCandidate {
 
 namespace detail {
 
-// The per-device costs of `remat` at costs.micro_batches (except_last recomputes every
+// The per-stage costs of `remat` at costs.micro_batches (except_last recomputes every
 // micro-batch's forward but the last one's, so its B is the mean of the two measured B's), with
 // the executor's overhead per op added to every op.
 inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
@@ -142,29 +120,40 @@ inline std::vector<OpCosts> costs_of(const PlanCosts& costs, Remat remat) {
   return out;
 }
 
-// The per-device costs of a policy per device, [device]: device d's from costs_of(policy[d]).
+// The per-stage costs of a policy per stage, [stage]: stage s's from costs_of(policy[s]).
 inline std::vector<OpCosts> costs_of(const PlanCosts& costs, std::span<const Remat> policy) {
   std::vector<OpCosts> out;
-  for (std::size_t d = 0; d < policy.size(); ++d) out.push_back(costs_of(costs, policy[d])[d]);
+  for (std::size_t s = 0; s < policy.size(); ++s) out.push_back(costs_of(costs, policy[s])[s]);
   return out;
 }
 
-// A policy per device for `schedule` (one stage per device) at costs.micro_batches, from
-// bound[p][d], device d's memory bound under policies[p] (a device's memory depends on its own
-// policy only): each device's cheapest policy (least F + B + W, the earlier on a tie) among those
-// within its limit, then one device at a time moved to another of its fitting policies while the
-// simulated step gets shorter. Where a device has none within its limit, every device's smallest
-// policy instead (`fits` false). Deterministic.
+// A policy per device for `schedule` at costs.micro_batches, from bound[p][d], device d's memory
+// bound under policies[p] on all its stages (a device's memory depends on its own stages'
+// policies only): each device's cheapest policy (least F + B + W over its stages, the earlier on
+// a tie) among those within its limit, then one device at a time moved to another of its fitting
+// policies while the simulated step gets shorter. Where a device has none within its limit,
+// every device's smallest policy instead (`fits` false). Deterministic. `policy` is per stage,
+// each stage its device's.
 struct PolicyMix {
-  std::vector<Remat> policy;  // [device]
+  std::vector<Remat> policy;  // [stage]
   bool fits = true;
 };
 inline PolicyMix mix_policies(const Schedule& schedule, const PlanCosts& costs,
                               std::span<const Remat> policies,
                               const std::vector<std::vector<std::size_t>>& bound,
                               std::span<const std::size_t> limit) {
-  const std::size_t K = schedule.num_devices;
+  const std::size_t K = schedule.num_devices, S = schedule.num_stages();
+  // [device] => [stage]
+  const auto per_stage = [&](const std::vector<Remat>& per_device) {
+    std::vector<Remat> out;
+    for (std::size_t s = 0; s < S; ++s) out.push_back(per_device[schedule.device_of_stage(s)]);
+    return out;
+  };
+  const auto step_of = [&](const std::vector<Remat>& per_device) {
+    return simulate(schedule, costs_of(costs, per_stage(per_device))).makespan;
+  };
   std::vector<std::vector<std::size_t>> fitting(K);  // [device] indices into policies
+  std::vector<Remat> device_policy;                  // [device]
   PolicyMix mix;
   for (std::size_t d = 0; d < K; ++d) {
     for (std::size_t p = 0; p < policies.size(); ++p)
@@ -176,38 +165,60 @@ inline PolicyMix mix_policies(const Schedule& schedule, const PlanCosts& costs,
       std::size_t smallest = 0;
       for (std::size_t p = 1; p < policies.size(); ++p)
         if (bound[p][d] < bound[smallest][d]) smallest = p;
-      mix.policy.push_back(policies[smallest]);
+      device_policy.push_back(policies[smallest]);
     }
+    mix.policy = per_stage(device_policy);
     return mix;
   }
   for (std::size_t d = 0; d < K; ++d) {
     const auto work = [&](std::size_t p) {
-      const OpCosts c = costs_of(costs, policies[p])[d];
-      return c.forward + c.backward_input + c.backward_weight;
+      const std::vector<OpCosts> c = costs_of(costs, policies[p]);
+      double sum = 0;
+      for (std::size_t s = 0; s < S; ++s)
+        if (schedule.device_of_stage(s) == d)
+          sum += c[s].forward + c[s].backward_input + c[s].backward_weight;
+      return sum;
     };
     std::size_t cheapest = fitting[d].front();
     for (const std::size_t p : fitting[d])
       if (work(p) < work(cheapest)) cheapest = p;
-    mix.policy.push_back(policies[cheapest]);
+    device_policy.push_back(policies[cheapest]);
   }
-  double step = simulate(schedule, costs_of(costs, mix.policy)).makespan;
+  double step = step_of(device_policy);
   // each accepted move shortens the step, so the descent ends; a bound on the passes anyway
   for (std::size_t pass = 0, moved = 1; moved != 0 && pass < K * policies.size(); ++pass) {
     moved = 0;
     for (std::size_t d = 0; d < K; ++d)
       for (const std::size_t p : fitting[d]) {
-        if (policies[p] == mix.policy[d]) continue;
-        std::vector<Remat> trial = mix.policy;
+        if (policies[p] == device_policy[d]) continue;
+        std::vector<Remat> trial = device_policy;
         trial[d] = policies[p];
-        const double t = simulate(schedule, costs_of(costs, trial)).makespan;
+        const double t = step_of(trial);
         if (t < step) {
           step = t;
-          mix.policy = std::move(trial);
+          device_policy = std::move(trial);
           ++moved;
         }
       }
   }
+  mix.policy = per_stage(device_policy);
   return mix;
+}
+
+// K of the costs (each entry's num_devices, 0 read as `stages`): `stages` or stages / 2, the
+// same in every entry, else an Error.
+inline std::size_t devices_of(std::span<const PlanCosts> costs, std::size_t stages) {
+  const auto devices = [&](const PlanCosts& c) {
+    return c.num_devices == 0 ? stages : c.num_devices;
+  };
+  const std::size_t k = devices(costs.front());
+  for (const PlanCosts& c : costs)
+    require(devices(c) == k, "plan's costs are for different device counts");
+  require(k == stages || 2 * k == stages, [&] {
+    return "plan's costs are for " + std::to_string(k) + " devices, and the model has " +
+           std::to_string(stages) + " stages: one or two stages per device";
+  });
+  return k;
 }
 
 // "12.3 MiB", "45.6 KiB" or "789 B".
@@ -240,26 +251,36 @@ inline std::vector<std::size_t> limits_for(std::span<const std::size_t> given, s
   return out;
 }
 
-// The default micro-batch counts for `samples` samples: powers of two below it, and it.
-inline std::vector<std::size_t> default_micro_batches(std::size_t samples) {
-  std::vector<std::size_t> out;
-  for (std::size_t m = 1; m < samples; m *= 2) out.push_back(m);
-  out.push_back(samples);
-  return out;
-}
+inline constexpr char planned_name_prefix[] = "planned-";
 
 }  // namespace detail
 
-/// What `plan` returns: the chosen configuration, its schedule (one stage per device), and every
-/// candidate with its verdict. It converts to the Options of any Trainer, so that a Trainer
-/// whose schedule kind has one chunk per device (`gpipe::SearchedSchedule` takes them all) is
-/// built from it in one line:
+/// Schedule tag for a Trainer built from a `gpipe::Plan` (or any schedule chosen at run time in
+/// Options::schedule) of V stages per device, with whatever placement that schedule has (round
+/// robin, or ZB-V's and DualPipeV's V): `PlannedSchedule<2>` runs a plan for a model of 2K stages
+/// on K devices, `PlannedSchedule<1>` (or `SearchedSchedule`) one of one stage per device. Name
+/// `"planned-V"`; without Options::schedule, make(K, M) is Interleaved<V>'s (1F1B's for V = 1).
+template <std::size_t V>
+struct PlannedSchedule
+    : detail::RoundRobinScheduleKind<V, detail::planned_name_prefix, make_interleaved_schedule> {
+  static_assert(V >= 1, "gpipe: PlannedSchedule<V> needs at least one chunk per device");
+};
+
+/// What `plan` returns: the chosen configuration, its schedule (one or two stages per device),
+/// and every candidate with its verdict. It converts to the Options of any Trainer, so that a
+/// Trainer whose schedule kind has as many chunks per device as the plan's schedule
+/// (`gpipe::SearchedSchedule` or `gpipe::PlannedSchedule<1>` for one, `PlannedSchedule<2>` for
+/// two; another count is a gpipe::Error) is built from it in one line:
 ///
 ///     gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule> trainer(backend, plan);
+///     gpipe::Trainer<Model8, Loss, Backend, gpipe::PlannedSchedule<2>> trainer8(backend, plan8);
 struct Plan {
   Schedule schedule;                      ///< the chosen candidate's ops
   PlanCandidate chosen;                   ///< the chosen candidate
   std::vector<PlanCandidate> candidates;  ///< every candidate weighed, the chosen one included
+
+  /// Stages per device of the schedule (1 or 2): the `V` of the PlannedSchedule<V> that runs it.
+  std::size_t chunks_per_device() const { return schedule.num_chunks; }
 
   /// Trainer options of the plan: micro_batches, schedule and the remat policies set (`remat`
   /// where every stage has the same one, else `stage_remat`), the rest as given.
@@ -301,28 +322,33 @@ struct Plan {
   }
 };
 
-/// Chooses among the candidates (see the top of this file) for Model on num_devices = S devices
-/// (one stage per device), a batch of `rows` rows (tokens in a token model), the measured
-/// `costs` (one entry per micro-batch count to weigh) and per-device `limits` (1 or S entries,
-/// 0 = none): the fastest predicted candidate whose predicted memory bound fits every device
-/// (ties: the smaller peak, then the earlier candidate: per micro-batch count, each policy on
-/// every stage with GPipe, 1F1B, ZB-H1, ZB-H2, searched, then a policy per stage with each).
+/// Chooses among the candidates (see the top of this file) for Model on K devices, K the costs'
+/// num_devices (S, the model's stages: one stage per device; S / 2: two), a batch of `rows` rows
+/// (tokens in a token model), the measured `costs` (one entry per micro-batch count to weigh)
+/// and per-device `limits` (1 or K entries, 0 = none): the fastest predicted candidate whose
+/// predicted memory bound fits every device (ties: the smaller peak, then the earlier
+/// candidate: per micro-batch count, each policy on every stage with GPipe, 1F1B, ZB-H1, ZB-H2,
+/// searched, then a policy per device with each; with two stages per device Interleaved<2>,
+/// LoopedBFS<2>, ZB-V and, where M >= 2K, DualPipeV in their place, none searched).
 /// target_bytes_per_row as predict_memory's. Deterministic: the same inputs give the same plan,
 /// so processes that share costs share the plan. Throws gpipe::Error when no candidate fits,
-/// naming the smallest bound and its configuration, or for costs without entries.
+/// naming the smallest bound and its configuration, for costs without entries, or for costs of
+/// another device count.
 template <class Model, class Precision = Fp32>
 Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
                  std::span<const std::size_t> limits, std::span<const Remat> policies,
                  std::size_t optimizer_state_per_param = 2, std::size_t target_bytes_per_row = 4) {
-  constexpr std::size_t K = Model::num_stages;
+  constexpr std::size_t S = Model::num_stages;
   detail::require(!costs.empty() && !policies.empty(),
                   "plan needs op costs and a remat policy to weigh");
+  const std::size_t K = detail::devices_of(costs, S);
+  const bool one_chunk = K == S;
   const std::vector<std::size_t> limit = detail::limits_for(limits, K);
 
   Plan plan;
   std::optional<std::size_t> best;
   std::vector<Schedule> schedules;  // [candidate]
-  // Weighs `schedule` under stage_remat ([stage]) with the devices' costs op_costs.
+  // Weighs `schedule` under stage_remat ([stage]) with the stages' costs op_costs.
   const auto weigh = [&](std::string name, std::size_t m, std::vector<Remat> stage_remat,
                          const std::vector<OpCosts>& op_costs, Schedule schedule) {
     PlanCandidate cand;
@@ -358,19 +384,35 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
     plan.candidates.push_back(std::move(cand));
     schedules.push_back(std::move(schedule));
   };
-  const std::vector<std::string> kinds = {"gpipe", "1f1b", "zb-h1", "zb-h2", "searched"};
   for (const PlanCosts& c : costs) {
-    detail::require(c.never.size() == K && c.always.size() == K &&
-                        (c.selective.empty() || c.selective.size() == K) &&
-                        (c.offload.empty() || c.offload.size() == K),
-                    [&] { return "plan's costs are for " + std::to_string(K) + " devices"; });
+    detail::require(c.never.size() == S && c.always.size() == S &&
+                        (c.selective.empty() || c.selective.size() == S) &&
+                        (c.offload.empty() || c.offload.size() == S),
+                    [&] { return "plan's costs are for " + std::to_string(S) + " stages"; });
     const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
     detail::require(m >= 1 && m <= samples, [&] {
       return "plan: costs for " + std::to_string(m) + " micro-batches of a batch of " +
              std::to_string(samples) + " samples";
     });
-    const std::vector<Schedule> built_in = {GPipe::make(K, m), OneFOneB::make(K, m),
-                                            ZeroBubbleH1::make(K, m), ZeroBubbleH2::make(K, m)};
+    // the built-in schedules' names and ops; with one stage per device a searched one follows
+    std::vector<std::string> kinds;
+    std::vector<Schedule> built_in;
+    const auto add = [&]<class Kind>(Kind) {
+      kinds.emplace_back(Kind::name);
+      built_in.push_back(Kind::make(K, m));
+    };
+    if (one_chunk) {
+      add(GPipe{});
+      add(OneFOneB{});
+      add(ZeroBubbleH1{});
+      add(ZeroBubbleH2{});
+      kinds.emplace_back(SearchedSchedule::name);
+    } else {
+      add(Interleaved<2>{});
+      add(LoopedBFS<2>{});
+      add(ZeroBubbleV{});
+      if (m >= 2 * K) add(DualPipeV{});  // which needs M >= 2K
+    }
     // [kind][policy][device]: the bound of each built-in schedule under each uniform policy
     std::vector<std::vector<std::vector<std::size_t>>> bound(
         built_in.size(), std::vector<std::vector<std::size_t>>(policies.size()));
@@ -381,20 +423,20 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
         Schedule schedule = k < built_in.size()
                                 ? built_in[k]
                                 : search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}});
-        weigh(kinds[k], m, std::vector<Remat>(K, policies[p]), op_costs, std::move(schedule));
+        weigh(kinds[k], m, std::vector<Remat>(S, policies[p]), op_costs, std::move(schedule));
         if (k < built_in.size())
           for (const DeviceMemoryPrediction& d : plan.candidates.back().memory)
             bound[k][p].push_back(d.total_bound());
       }
     }
-    // a policy per stage, where the mix differs from every uniform one; the searched schedule
+    // a policy per device, where the mix differs from every uniform one; the searched schedule
     // under 1F1B's mix, searched again from the mix's costs
     std::vector<Remat> one_f_one_b_mix;
     for (std::size_t k = 0; k < kinds.size(); ++k) {
       detail::PolicyMix mix;
       if (k < built_in.size()) {
         mix = detail::mix_policies(built_in[k], c, policies, bound[k], limit);
-        if (k == 1 && mix.fits) one_f_one_b_mix = mix.policy;
+        if (one_chunk && k == 1 && mix.fits) one_f_one_b_mix = mix.policy;
       } else {
         mix.policy = one_f_one_b_mix;
       }
@@ -433,135 +475,16 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   return plan;
 }
 
-/// Per micro-batch count in options.micro_batches (default: see PlanOptions), the op costs of
-/// Model on `backend` with the batch (x, y), measured with a 1F1B trainer under Remat::never and
-/// Remat::always, under Remat::selective where options.remat weighs it and a stage of Model
-/// has cheap layers, and under Remat::offload where options.remat weighs it and the backend
-/// supports it (one warm-up step, then options.measure_steps traced steps each; offload's ops
-/// also carry what its copies add to the step beyond the others' overhead). Where
-/// Remat::never runs out of memory (OutOfMemory), its B is taken as Remat::always's less the
-/// forward it recomputes, and selective's (out of memory too) as Remat::always's; a count at
-/// which Remat::always runs out of memory too is left out.
-/// With several processes every process gets every device's costs (each device's from the
-/// process that runs it). Throws gpipe::Error for a count of 0 or above the batch's samples.
-template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
-std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y& y,
-                                          const PlanOptions& options = {}) {
-  constexpr std::size_t K = Model::num_stages;
-  using TrainerT = Trainer<Model, Loss, Backend, OneFOneB, Precision>;
-  const std::size_t rows = Model::is_token_model ? std::size(x) : std::size(x) / Model::in_features;
-  const std::size_t samples = rows / Model::tokens_per_sample;
-  std::vector<std::size_t> counts = options.micro_batches.empty()
-                                        ? detail::default_micro_batches(samples)
-                                        : options.micro_batches;
-  for (std::size_t m : counts)
-    detail::require(m >= 1 && m <= samples, [&] {
-      return "plan: a micro-batch count of " + std::to_string(m) + " for a batch of " +
-             std::to_string(samples) + " samples";
-    });
-  transport::Transport<Backend> transport(backend);
-  // selective differs from never only where a stage has cheap layers
-  const bool weighs_selective =
-      std::ranges::find(options.remat, Remat::selective) !=
-      options.remat.end()&& [&]<std::size_t... S>(std::index_sequence<S...>) {
-    return ((Model::template stage_t<S>::cheap_stash_per_row > 0) || ...);
-  }
-  (std::make_index_sequence<K>{});
-  const bool weighs_offload =
-      detail::Offload<Backend>::supported &&
-      std::ranges::find(options.remat, Remat::offload) != options.remat.end();
-  std::vector<PlanCosts> out;
-  for (std::size_t m : counts) {
-    double overhead = -1;  // from the last configuration measured without running out
-    auto measure = [&](Remat remat) {
-      TrainerT trainer(backend, {.micro_batches = m, .remat = remat});
-      trainer.forward_backward(x, y);  // warm-up: first allocations, thread start-up
-      trainer.zero_grad();
-      const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
-      const auto start = std::chrono::steady_clock::now();
-      std::vector<OpCosts> measured = measure_op_costs(trainer, x, y, steps);
-      const double wall =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count() /
-          static_cast<double>(steps);
-      // per op slot of the critical path: (wall - simulated) / (simulated / mean op)
-      const SimulationResult sim = simulate(trainer.schedule(), measured);
-      double busy = 0;
-      for (double b : sim.busy) busy += b;
-      const double ops = 3.0 * static_cast<double>(m * K);
-      if (busy > 0 && sim.makespan > 0)
-        overhead = std::max(0.0, (wall - sim.makespan) / (sim.makespan / (busy / ops)));
-      return measured;
-    };
-    PlanCosts c;
-    c.micro_batches = m;
-    try {
-      c.always = measure(Remat::always);
-    } catch (const OutOfMemory&) {
-      continue;
-    }
-    try {
-      c.never = measure(Remat::never);
-    } catch (const OutOfMemory&) {
-      c.never = c.always;
-      for (std::size_t d = 0; d < K; ++d)
-        c.never[d].backward_input = std::max(0.0, c.always[d].backward_input - c.always[d].forward);
-    }
-    if (weighs_selective) {
-      try {
-        c.selective = measure(Remat::selective);
-      } catch (const OutOfMemory&) {
-        c.selective = c.always;
-      }
-    }
-    c.overhead_us = std::max(overhead, 0.0);
-    if (weighs_offload) {
-      // Its B waits for its fetch outside the op's timing: what the copies add to the step
-      // beyond the others' overhead goes into its ops, so that its prediction holds it.
-      try {
-        c.offload = measure(Remat::offload);
-        const double stall = std::max(0.0, overhead - c.overhead_us);
-        for (OpCosts& o : c.offload) {
-          o.forward += stall;
-          o.backward_input += stall;
-          o.backward_weight += stall;
-        }
-      } catch (const OutOfMemory&) {
-        c.offload = c.never;  // the same ops; the copies taken as hidden
-      }
-    }
-    // each device's costs as the process that runs it measured them (the overhead: rank 0's)
-    for (std::size_t d = 0; d < K; ++d) {
-      std::vector<std::vector<OpCosts>*> measured = {&c.never, &c.always};
-      if (weighs_selective) measured.push_back(&c.selective);
-      if (weighs_offload) measured.push_back(&c.offload);
-      std::vector<double> v;
-      for (const auto* costs : measured)
-        v.insert(v.end(),
-                 {(*costs)[d].forward, (*costs)[d].backward_input, (*costs)[d].backward_weight});
-      transport.broadcast(d, std::span<double>(v));
-      for (std::size_t i = 0; i < measured.size(); ++i)
-        (*measured[i])[d] = {
-            .forward = v[3 * i], .backward_input = v[3 * i + 1], .backward_weight = v[3 * i + 2]};
-    }
-    transport.broadcast(0, std::span<double>(&c.overhead_us, 1));
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
 /// The plan for training Model with Loss in Precision on `backend` with batches like (x, y):
 /// measure_plan_costs, then choose_plan under options.device_limit (default: each device's cap
-/// on the backend). Every process gets the same plan. Throws gpipe::Error when nothing fits
-/// (naming the smallest memory any candidate needs), or for options out of range.
+/// on the backend). One stage per device where the backend has at least as many devices as
+/// Model has stages, two where it has half as many (see the top of this file). Every process
+/// gets the same plan. Throws gpipe::Error when nothing fits (naming the smallest memory any
+/// candidate needs), for options out of range, or for another stage count (naming the model's
+/// stages and the backend's devices).
 template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
 Plan plan(Backend& backend, const X& x, const Y& y, const PlanOptions& options = {}) {
-  constexpr std::size_t K = Model::num_stages;
-  detail::require(backend.num_devices() >= K, [&] {
-    return "plan: the model has " + std::to_string(K) +
-           " stages, one per device, and the backend " + std::to_string(backend.num_devices()) +
-           " devices";
-  });
+  const std::size_t K = detail::plan_devices(Model::num_stages, backend.num_devices());
   std::vector<std::size_t> limits = options.device_limit;
   if (limits.empty()) {
     transport::Transport<Backend> transport(backend);

@@ -121,9 +121,9 @@ class Trainer {
     /// name, a shape mismatch, a self-tie or a chain.
     std::vector<Tie> ties = {};
     /// The ops to run instead of `ScheduleKind::make(num_devices, micro_batches)`'s: a schedule
-    /// chosen at run time (`gpipe::search_schedule`). It must be for num_devices devices,
-    /// `micro_batches` micro-batches and chunks_per_device chunks (else `gpipe::Error`), and the
-    /// validator proves it as it proves a generated one.
+    /// chosen at run time (`gpipe::search_schedule`, `gpipe::plan`), with any placement. It must
+    /// be for num_devices devices, `micro_batches` micro-batches and chunks_per_device chunks
+    /// (else `gpipe::Error`), and the validator proves it as it proves a generated one.
     std::optional<Schedule> schedule = std::nullopt;
     /// step() skips the update when the gradients' total norm is not finite (a NaN or an inf in
     /// any gradient of any stage, process or replica: every process decides alike): the
@@ -447,6 +447,17 @@ class Trainer {
   static Schedule generate_schedule(const Backend& backend, const Options& options) {
     const std::size_t micro_batches = options.micro_batches;
     detail::require(micro_batches >= 1, "micro_batches must be at least 1");
+    // before the device count: a plan of two stages per device handed to a tag of one would
+    // otherwise be refused for the backend's devices, which are right for the plan
+    if (options.schedule)
+      detail::require(options.schedule->num_chunks == ScheduleKind::chunks_per_device, [&] {
+        const std::string given = std::to_string(options.schedule->num_chunks);
+        return "Options::schedule runs " + given + " stage(s) per device, and this trainer's " +
+               "schedule kind \"" + std::string(std::string_view(ScheduleKind::name)) + "\" runs " +
+               std::to_string(ScheduleKind::chunks_per_device) +
+               ": build the trainer with a schedule kind of " + given +
+               " per device (a plan's: gpipe::PlannedSchedule<" + given + ">)";
+      });
     transport::Transport<Backend>::check_device_count(backend, num_devices, num_stages);
     if (!options.schedule) return ScheduleKind::make(num_devices, micro_batches);
     const Schedule& given = *options.schedule;

@@ -1,8 +1,9 @@
 #pragma once
 // simulate(schedule, costs) predicts what a schedule costs before running it (costs the same on
-// every device, or one OpCosts per device): makespan, bubble fraction and peak live activation
-// stashes per device, plus every op's start and finish for timelines. It is constexpr, so schedules
-// are compared in static_asserts, and it models exactly the execution rules of schedule/op.hpp:
+// every device, one OpCosts per device, or one per stage): makespan, bubble fraction and peak live
+// activation stashes per device, plus every op's start and finish for timelines. It is constexpr,
+// so schedules are compared in static_asserts, and it models exactly the execution rules of
+// schedule/op.hpp:
 //   - each device runs its list in order; an op starts at max(device free, its data ready);
 //   - forward, backward_input, backward_weight take their cost and keep the device busy;
 //   - sends and recvs take no device time; a recv's data is ready at its send's time + transfer
@@ -63,14 +64,19 @@ constexpr double duration(OpKind kind, const OpCosts& costs) {
   }
 }
 
-// Throws Error unless there is one OpCosts per device and every cost is a number >= 0 (NaN fails
-// every comparison, so it is caught too).
-constexpr void check_op_costs(std::span<const OpCosts> per_device, std::size_t num_devices) {
-  if (per_device.size() != num_devices) {
-    throw Error("gpipe: simulate got op costs for " + std::to_string(per_device.size()) +
-                " devices; the schedule has " + std::to_string(num_devices));
+// Throws Error unless there is one OpCosts per device or one per stage, and every cost is a
+// number >= 0 (NaN fails every comparison, so it is caught too).
+constexpr void check_op_costs(std::span<const OpCosts> given, std::size_t num_devices,
+                              std::size_t num_stages) {
+  if (given.size() != num_devices && given.size() != num_stages) {
+    throw Error("gpipe: simulate got op costs for " + std::to_string(given.size()) +
+                " devices; the schedule has " + std::to_string(num_devices) +
+                (num_stages == num_devices
+                     ? std::string()
+                     : " devices and " + std::to_string(num_stages) +
+                           " stages (one OpCosts per device, or one per stage)"));
   }
-  for (const OpCosts& costs : per_device) {
+  for (const OpCosts& costs : given) {
     if (!(costs.forward >= 0 && costs.backward_input >= 0 && costs.backward_weight >= 0 &&
           costs.transfer >= 0)) {
       throw Error("gpipe: op costs must be non-negative numbers");
@@ -96,14 +102,19 @@ constexpr std::size_t peak_live_stashes(const std::vector<Op>& ops) {
 
 /// Times `schedule` with the costs of each device's ops: per_device[d] for device d (a recv's
 /// transfer is its receiving device's), e.g. the op times measured per device of an unbalanced
-/// pipeline. Throws Error (and fails constant evaluation) when the schedule is invalid, there is
-/// not one OpCosts per device, or a cost is negative or NaN.
+/// pipeline. With several chunks per device, one OpCosts per stage instead
+/// (`schedule.num_stages()` entries) gives each op its own stage's costs, [stage]: the two
+/// stages a device runs under ZB-V may differ (the embedding and the loss). With one chunk per
+/// device the two readings are the same. Throws Error (and fails constant evaluation) when the
+/// schedule is invalid, there is neither one OpCosts per device nor one per stage, or a cost is
+/// negative or NaN.
 constexpr SimulationResult simulate(const Schedule& schedule, std::span<const OpCosts> per_device) {
   detail::OpIndex index;
   const ValidationResult check = detail::validate_into(schedule, index);
   if (!check) detail::throw_invalid_schedule(check);
-  detail::check_op_costs(per_device, schedule.num_devices);
+  detail::check_op_costs(per_device, schedule.num_devices, schedule.num_stages());
   const std::size_t num_devices = schedule.num_devices;
+  const bool per_stage = per_device.size() != num_devices;
 
   SimulationResult result;
   result.busy.assign(num_devices, 0.0);
@@ -119,14 +130,16 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
   // A valid schedule runs to completion, and execute() visits a recv only after its send.
   detail::execute(schedule, index, [&](std::size_t device, std::size_t position) {
     const Op& op = schedule.ops[device][position];
+    const std::size_t stage = schedule.stage_of(device, op.chunk);
+    const OpCosts& costs = per_device[per_stage ? stage : device];
     double start = free_at[device];
     if (is_recv(op.kind)) {
-      const detail::Peer peer = detail::peer_of(op.kind, schedule.stage_of(device, op.chunk));
+      const detail::Peer peer = detail::peer_of(op.kind, stage);
       const std::size_t sent_at = index.at(peer.stage, op.micro_batch, peer.kind);
       const double sent = result.finish[schedule.device_of_stage(peer.stage)][sent_at];
-      start = std::max(start, sent + per_device[device].transfer);
+      start = std::max(start, sent + costs.transfer);
     }
-    const double cost = detail::duration(op.kind, per_device[device]);
+    const double cost = detail::duration(op.kind, costs);
     result.start[device][position] = start;
     result.finish[device][position] = start + cost;
     result.busy[device] += cost;
