@@ -32,9 +32,11 @@
 // take_trace() and take_timing() throw an Error that names the first unfinished op of each busy
 // device (from the timing events around each op, cuda/timing.cuh), cancel() returns, and the
 // destructor leaks what that work may use. The waits that remain unbounded are of work already
-// finished (the timing events, once the streams are idle), and cudaFreeHost, which a real GPU
-// may make wait for its work: the backend frees pinned memory only once its streams were idle
-// in time, and leaks it otherwise (PinnedArray's owners are the Trainer's: see README, "Errors").
+// finished (the timing events, once the streams are idle), and cudaFreeHost, which a real driver
+// may make wait for the GPU's work: the backend frees its staging blocks only once its streams
+// were idle in time, and leaks them otherwise; the pinned arrays that a Trainer owns
+// (PinnedArray: CUDA Graphs' inputs and outputs, offload blocks) go with the Trainer (README,
+// "Walk-through", the Errors paragraph).
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
