@@ -22,6 +22,7 @@
 #include "support/faulty_layer.hpp"
 #include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
+#include "support/stuck_gpu.cuh"
 
 static_assert(gpipe::layer_for<gpipe::test::FaultyIdentity<8>, gpipe::cuda::Kernels>);
 
@@ -39,46 +40,8 @@ TEST_CASE_TEMPLATE(
 
 namespace gpipe::test::stuck {
 
-// While `armed`, the forward of the micro-batch of faulty_rows rows holds its device's compute
-// stream until `released`, as a kernel that does not end: a host function on the stream, checked
-// when the stream gets there, so that a CUDA graph captured unarmed holds when replayed armed.
-inline std::atomic<bool> armed{false}, held{false}, released{false};
-
-inline void CUDART_CB hold(void*) {
-  if (!armed) return;
-  held = true;
-  while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
-template <std::size_t N>
-struct HoldingIdentity : ParameterFree {
-  static constexpr std::size_t in_features = N;
-  static constexpr std::size_t out_features = N;
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
-
-  template <class Ctx>
-  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if (a.rows == faulty_rows) GPIPE_CUDA_CHECK(cudaLaunchHostFunc(ctx.stream(), &hold, nullptr));
-    ctx.copy(a.rows * N, a.x, a.y);
-  }
-  template <class Ctx>
-  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    ctx.copy(a.rows * N, a.dy, a.dx);
-  }
-};
-
 using Model = Pipeline<Stage<Linear<4, 8>, HoldingIdentity<8>, ReLU>, Stage<Linear<8, 3>>>;
 using StuckTrainer = Trainer<Model, SoftmaxCrossEntropy, cuda::Backend>;
-
-// Disarms and releases the hold when a test case ends, however it ends.
-struct HoldGuard {
-  HoldGuard() { armed = held = released = false; }
-  ~HoldGuard() {
-    armed = false;
-    released = true;
-  }
-};
 
 constexpr std::chrono::milliseconds timeout{500};
 

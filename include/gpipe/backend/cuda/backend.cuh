@@ -183,7 +183,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   Backend& operator=(const Backend&) = delete;
   /// Drops work not yet issued, waits for the streams and releases every resource. Buffers must
   /// not outlive the backend. Work that is still running after Options::wait_timeout (a kernel
-  /// that never ends) is left running: the destructor then returns without releasing the CUDA
+  /// that never ends; at once, when the latest wait for the GPUs gave up on it already) is left
+  /// running: the destructor then returns without releasing the CUDA
   /// resources (streams, memory pools, pinned staging), which that work may still use; they stay
   /// until the process ends, which is what such a process should do next.
   ~Backend() { destroy(); }
@@ -277,7 +278,9 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// and cancel() returns all the same (it does not throw: a caller cancels on its way out with
   /// another failure, which an Error of its own would hide); the next synchronize(), take_trace()
   /// or take_timing() waits for that work again, and fails naming it if it has not finished.
-  void cancel() {
+  void cancel() { cancel(Clock::now() + options_.wait_timeout); }
+  /// As cancel(), its wait for the GPUs ending at `deadline` (see synchronize(deadline)).
+  void cancel(std::chrono::steady_clock::time_point deadline) {
     if (capture_ != nullptr) {
       std::string ignored;
       (void)end_capture(ignored);
@@ -285,7 +288,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     failure_.fail(nullptr, {});
     pump();
     queues_.clear();
-    if (finished_in_time()) (void)devices_.wait_for_streams();
+    if (finished_in_time(deadline)) (void)devices_.wait_for_streams();
     failure_.take();
   }
 
@@ -429,10 +432,15 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// memory that it still had to do is skipped (its destination may be gone), and until it has
   /// finished every later wait for it (take_trace, take_timing, synchronize) fails in the same
   /// way after Options::wait_timeout, and cancel() returns after it.
-  void synchronize() {
+  void synchronize() { synchronize(Clock::now() + options_.wait_timeout); }
+  /// As synchronize(), its wait for the GPUs ending at `deadline` instead: for a caller that has
+  /// waited for the same work already, so that the two waits make one (mpi::CudaBackend waits
+  /// for its streams and its peers together, then here at most a poll). The Error still names
+  /// Options::wait_timeout, which the caller's wait and this one together last.
+  void synchronize(std::chrono::steady_clock::time_point deadline) {
     pump();
     queues_.drop_held(failure_, options_.first_device);
-    if (!finished_in_time()) {
+    if (!finished_in_time(deadline)) {
       failure_.fail(std::make_exception_ptr(Error(unfinished_work())), "synchronize");
       failure_.take().rethrow();
     }
@@ -465,8 +473,10 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   // Options::wait_timeout. Past it the backend gives up on the work still running (stuck_), which
   // runs on: the downloads into host memory issued so far skip their copy, since the caller, told
   // of an error, may free their destination. Whether the work finished in time.
-  bool finished_in_time() {
-    stuck_ = !devices_.idle_by(Clock::now() + options_.wait_timeout);
+  bool finished_in_time() { return finished_in_time(Clock::now() + options_.wait_timeout); }
+  // As finished_in_time(), until `deadline`.
+  bool finished_in_time(Clock::time_point deadline) {
+    stuck_ = !devices_.idle_by(deadline);
     if (stuck_) {
       for (std::size_t d = 0; d < num_devices(); ++d) {
         detail::DeviceState& s = devices_[d];
@@ -548,7 +558,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
     failure_.fail(nullptr, {});
     queues_.clear();  // drops work not yet run, and the buffers it holds
-    if (!finished_in_time()) {
+    // a wait that gave up on work still running is not made again: one poll
+    if (!finished_in_time(stuck_ ? Clock::now() : Clock::now() + options_.wait_timeout)) {
       // Work that never finished may still use all of it: let it go without freeing it.
       timer_.release();
       kernels_.clear();
