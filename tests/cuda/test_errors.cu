@@ -6,7 +6,6 @@
 
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <stop_token>

@@ -31,12 +31,14 @@
 // gives up on the work still running, which a kernel's nature lets run on: synchronize(),
 // take_trace() and take_timing() throw an Error that names the first unfinished op of each busy
 // device (from the timing events around each op, cuda/timing.cuh), cancel() returns, and the
-// destructor leaks what that work may use. The waits that remain unbounded are of work already
-// finished (the timing events, once the streams are idle), and cudaFreeHost, which a real driver
-// may make wait for the GPU's work: the backend frees its staging blocks only once its streams
-// were idle in time, and leaks them otherwise; the pinned arrays that a Trainer owns
-// (PinnedArray: CUDA Graphs' inputs and outputs, offload blocks) go with the Trainer (README,
-// "Walk-through", the Errors paragraph).
+// destructor leaks what that work may use (without waiting again when the latest wait gave up
+// on it). synchronize(deadline) and cancel(deadline) end their wait at a caller's deadline
+// instead, for a caller that waited for the same work before (mpi::CudaBackend). The waits that
+// remain unbounded are of work already finished (the timing events, once the streams are idle), and
+// cudaFreeHost, which a real driver may make wait for the GPU's work: the backend frees its staging
+// blocks only once its streams were idle in time, and leaks them otherwise; the pinned arrays that
+// a Trainer owns (PinnedArray: CUDA Graphs' inputs and outputs, offload blocks) go with the Trainer
+// (README, "Walk-through", the Errors paragraph).
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
