@@ -1,14 +1,16 @@
 // Every way a Trainer can fail ends in a gpipe::Error that says what was expected, nothing
 // hangs, and device memory and the numbers recover, on the CUDA backend: the backend-conformance
 // suite of tests/support/conformance_errors.hpp, with K virtual devices (K streams of one GPU,
-// or spread over several); then work stuck on the GPU against BackendOptions::wait_timeout.
+// or spread over several); then work stuck on the GPU against BackendOptions::wait_timeout, which
+// bounds every wait of the backend.
 
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "support/faulty_layer.hpp"
 #include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
+#include "support/stuck_gpu.cuh"
 
 static_assert(gpipe::layer_for<gpipe::test::FaultyIdentity<8>, gpipe::cuda::Kernels>);
 
@@ -36,46 +39,8 @@ TEST_CASE_TEMPLATE(
 
 namespace gpipe::test::stuck {
 
-// While `armed`, the forward of the micro-batch of faulty_rows rows holds its device's compute
-// stream until `released`, as a kernel that does not end: a host function on the stream, checked
-// when the stream gets there, so that a CUDA graph captured unarmed holds when replayed armed.
-inline std::atomic<bool> armed{false}, held{false}, released{false};
-
-inline void CUDART_CB hold(void*) {
-  if (!armed) return;
-  held = true;
-  while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
-template <std::size_t N>
-struct HoldingIdentity : ParameterFree {
-  static constexpr std::size_t in_features = N;
-  static constexpr std::size_t out_features = N;
-  static constexpr std::size_t stash_per_row = 0;
-  static constexpr std::size_t grad_stash_per_row = 0;
-
-  template <class Ctx>
-  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    if (a.rows == faulty_rows) GPIPE_CUDA_CHECK(cudaLaunchHostFunc(ctx.stream(), &hold, nullptr));
-    ctx.copy(a.rows * N, a.x, a.y);
-  }
-  template <class Ctx>
-  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    ctx.copy(a.rows * N, a.dy, a.dx);
-  }
-};
-
 using Model = Pipeline<Stage<Linear<4, 8>, HoldingIdentity<8>, ReLU>, Stage<Linear<8, 3>>>;
 using StuckTrainer = Trainer<Model, SoftmaxCrossEntropy, cuda::Backend>;
-
-// Disarms and releases the hold when a test case ends, however it ends.
-struct HoldGuard {
-  HoldGuard() { armed = held = released = false; }
-  ~HoldGuard() {
-    armed = false;
-    released = true;
-  }
-};
 
 constexpr std::chrono::milliseconds timeout{500};
 
@@ -137,6 +102,130 @@ TEST_CASE(
     CHECK(held);
   }  // the work is still held: its resources are left to it
   CHECK(!released);
+}
+
+// Ends the hold after `after`, so that a wait without a deadline fails the checks of its time
+// instead of hanging the test.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds after = std::chrono::seconds(20))
+      : thread_([after](std::stop_token stop) {
+          const auto until = std::chrono::steady_clock::now() + after;
+          while (!stop.stop_requested() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          if (!stop.stop_requested()) released = true;
+        }) {}
+
+ private:
+  std::jthread thread_;
+};
+
+constexpr std::chrono::milliseconds short_timeout{300};
+constexpr std::chrono::seconds well_under_watchdog{10};
+
+// How long f() took.
+template <class F>
+std::chrono::steady_clock::duration time_of(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::steady_clock::now() - start;
+}
+
+TEST_CASE(
+    "while work is stuck on the GPU take_trace and take_timing fail after wait_timeout naming it, "
+    "cancel returns after it, and once it ends the next step equals a fresh trainer's") {
+  const auto x = random_inputs(faulty_batch, 4, 45);
+  const auto y = random_classes(faulty_batch, 3, 46);
+  const StuckTrainer::Options options{.micro_batches = faulty_micro_batches, .seed = 9};
+  for (const bool graphs : {false, true}) {
+    CAPTURE(graphs);
+    HoldGuard guard;
+    cuda::Backend backend(2, {.graphs = graphs, .wait_timeout = short_timeout});
+    backend.set_tracing(true);
+    StuckTrainer trainer(backend, options);
+    for (int i = 0; i < 2; ++i) {  // with graphs, the held step replays the second one's graph
+      CHECK(std::isfinite(trainer.forward_backward(x, y)));
+      trainer.zero_grad();
+    }
+    (void)backend.take_trace();
+    armed = true;
+    CHECK_THROWS_AS(trainer.forward_backward(x, y), Error);
+    REQUIRE(held);
+
+    Watchdog watchdog;
+    for (const std::string_view member : {"take_trace", "take_timing"}) {
+      CAPTURE(member);
+      std::string message;
+      const auto waited = time_of([&] {
+        message = error_of([&] {
+          if (member == "take_trace")
+            (void)backend.take_trace();
+          else
+            (void)backend.take_timing();
+        });
+      });
+      CHECK(contains(message, std::string(member) +
+                                  ": the GPUs have not finished their work within 300 ms "
+                                  "(cuda::BackendOptions::wait_timeout)"));
+      CHECK(contains(message,
+                     "stage 0 (device 0), micro-batch 2, forward has started and not finished"));
+      CHECK(waited >= short_timeout);
+      CHECK(waited < well_under_watchdog);
+    }
+    const auto cancelled = time_of([&] { backend.cancel(); });
+    CHECK(cancelled >= short_timeout);
+    CHECK(cancelled < well_under_watchdog);
+    // the next step fails too, at its first wait (the timing it restarts)
+    const auto failed = time_of([&] {
+      CHECK(contains(error_of([&] { trainer.forward_backward(x, y); }), "within 300 ms"));
+    });
+    CHECK(failed < well_under_watchdog);
+    CHECK(!released);  // every wait ended at its own deadline, not the watchdog's
+
+    armed = false;
+    released = true;
+    CHECK(!backend.take_trace().empty());  // the held step's ops, now finished
+    trainer.zero_grad();
+    const float loss = trainer.forward_backward(x, y);
+    cuda::Backend fresh_backend(2, {.graphs = graphs});
+    StuckTrainer fresh(fresh_backend, options);
+    CHECK(fresh.forward_backward(x, y) == loss);
+    CHECK(conformance::errors::all_gradients(trainer) == conformance::errors::all_gradients(fresh));
+  }
+}
+
+TEST_CASE(
+    "an upload that waits for a pinned staging block behind work stuck on the GPU fails after "
+    "wait_timeout") {
+  HoldGuard guard;
+  Watchdog watchdog;
+  cuda::Backend backend(1, {.graphs = false, .wait_timeout = short_timeout});
+  // one more staging block's worth than there are blocks: the last chunk waits for the first's
+  const std::size_t n = (cuda::detail::HostStaging::max_blocks + 1) *
+                        cuda::detail::HostStaging::block_bytes / sizeof(float);
+  const std::vector<float> host(n, 1.0f);
+  auto device = backend.allocate<float>(0, n);
+  armed = true;
+  std::string message;
+  const auto waited = time_of([&] {
+    backend.submit(0, {.what = "hold"}, [](cuda::Kernels& k) {
+      GPIPE_CUDA_CHECK(cudaLaunchHostFunc(k.stream(), &hold, nullptr));
+    });
+    backend.submit(0, {.what = "upload", .stage = 0, .micro_batch = 1},
+                   [&](cuda::Kernels& k) { k.upload(n, host.data(), device.data()); });
+    message = error_of([&] { backend.synchronize(); });
+  });
+  CHECK(held);
+  CHECK(contains(message, "stage 0 (device 0), micro-batch 1, upload"));
+  CHECK(contains(message,
+                 "every pinned staging block of the device is still in use after 300 ms "
+                 "(cuda::BackendOptions::wait_timeout)"));
+  CHECK(waited >= short_timeout);
+  CHECK(waited < well_under_watchdog);
+  CHECK(!released);
+  armed = false;
+  released = true;
+  backend.synchronize();  // the failure was taken: the backend goes on
 }
 
 TEST_CASE("a wait_timeout that is not positive is an Error") {

@@ -15,15 +15,18 @@
 // a stream waits for a peer and makes new ones. With GPIPE_MPI_KILL_RANK=1 in the environment,
 // rank 1 kills itself in the middle of a step instead: CTest expects mpirun to end the job with
 // a failure, soon. A rank that stops sending, for a while or for good (GPIPE_MPI_STUCK_RANK=1):
-// support/mpi_deadlines.hpp.
+// support/mpi_deadlines.hpp. A rank whose GPU work does not end (GPIPE_MPI_STUCK_GPU=1):
+// run_stuck_gpu_step below.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include "support/models.hpp"
 #include "support/mpi_conformance.hpp"
 #include "support/mpi_deadlines.hpp"
+#include "support/stuck_gpu.cuh"
 
 namespace {
 
@@ -74,6 +78,65 @@ bool on_every_rank(bool own) {
 // refused).
 std::string refusal(mpi::CudaBackendOptions options = {}) {
   return error_of([&] { mpi::CudaBackend backend(MPI_COMM_WORLD, options); });
+}
+
+// With GPIPE_MPI_STUCK_GPU=1 in the environment, on 2 ranks with peer_timeout = 1 s: rank 0's
+// forward of micro-batch 2 holds its GPU's compute stream for good (support/stuck_gpu.cuh), its
+// host thread free. Rank 1, waiting in NCCL for that activation, fails at the deadline; rank 0's
+// wait for its streams gives up at about the same time, its communicators aborted, on work of its
+// own: every rank ends the step within a generous bound with rank 0's Error, which names its op,
+// stage and micro-batch; the ranks stay together (the agreement completes), and the backends go
+// without waiting for the held work, which is left running until the process ends. Each rank
+// prints "rank r ended after t s ...: <its Error>" to stderr; the ranks then agree (MPI) whether
+// every check held: exit status 0, else 1. Returns -1 when not asked for.
+int run_stuck_gpu_step() {
+  if (std::getenv("GPIPE_MPI_STUCK_GPU") == nullptr) return -1;
+  using Model = Pipeline<Stage<Linear<4, 8>, stuck::HoldingIdentity<8>, ReLU>, Stage<Linear<8, 3>>>;
+  constexpr std::chrono::milliseconds deadline{1000};
+  constexpr std::chrono::seconds generous{20};  // a wait without a deadline would hang instead
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string message;
+  bool lost = true;
+  double seconds = 0;
+  {
+    mpi::CudaBackend backend(MPI_COMM_WORLD, {.peer_timeout = deadline});
+    Trainer<Model, SoftmaxCrossEntropy, mpi::CudaBackend, OneFOneB> trainer(
+        backend, {.micro_batches = faulty_micro_batches});
+    stuck::armed = rank == 0;
+    const auto start = std::chrono::steady_clock::now();
+    message = error_of([&] {
+      (void)trainer.forward_backward(random_inputs(faulty_batch, 4, 1),
+                                     random_classes(faulty_batch, 3, 2));
+    });
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    lost = backend.lost_peers();
+  }  // neither the trainer nor the backend waits for the held work (the CTest's timeout)
+  std::fprintf(stderr, "rank %d ended after %.1f s (lost peers: %s): %s\n", rank, seconds,
+               lost ? "yes" : "no", message.c_str());
+  const auto has = [&](const char* part) {
+    if (message.find(part) != std::string::npos) return true;
+    std::fprintf(stderr, "rank %d: its Error does not say \"%s\"\n", rank, part);
+    return false;
+  };
+  bool ok = has("gpipe: rank 0 failed: ") && has("within 1000 ms") &&
+            has("stage 0 (device 0), micro-batch 2, forward has started and not finished");
+  if (!message.starts_with("gpipe: rank 0 failed: ")) {
+    std::fprintf(stderr, "rank %d: its Error is not rank 0's\n", rank);
+    ok = false;
+  }
+  if (lost || seconds >= generous.count()) {
+    std::fprintf(stderr, "rank %d: lost its peers, or ended past %lld s\n", rank,
+                 static_cast<long long>(generous.count()));
+    ok = false;
+  }
+  if (rank == 0 && (!stuck::held || stuck::released)) {
+    std::fprintf(stderr, "rank 0: its GPU work was not held throughout\n");
+    ok = false;
+  }
+  ok = on_every_rank(ok);
+  if (rank == 0) std::fprintf(stderr, "stuck GPU: %s\n", ok ? "every check held" : "FAILED");
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -249,5 +312,6 @@ int main(int argc, char** argv) {
   }
   if (run_killed_rank_step<mpi::CudaBackend>()) return 0;  // see the top of this file
   if (mpi_deadlines::run_stuck_rank_step<mpi::CudaBackend>()) return 0;
+  if (const int status = run_stuck_gpu_step(); status >= 0) return status;
   return run_mpi_tests(argc, argv);
 }

@@ -23,9 +23,22 @@
 // Failure. The first piece of work that throws (or whose event bookkeeping fails) is kept, with
 // describe(label, device), in a FailureLatch (backend/failure.hpp) as the host backend's; every
 // later item is skipped until synchronize(), which rethrows it. Faults inside kernels surface when
-// synchronize() waits for the streams. synchronize() waits at most BackendOptions::wait_timeout:
-// work still running on the GPU then fails it with an Error that names the first unfinished op of
-// each busy device (from the timing events around each op, cuda/timing.cuh).
+// synchronize() waits for the streams.
+//
+// Deadline. Every wait for the GPUs (synchronize, take_trace, take_timing, cancel, a staging
+// block, a graph's release, the destructor) polls through one helper (finished_in_time, and
+// detail::poll_until under it) for at most BackendOptions::wait_timeout. Past it the backend
+// gives up on the work still running, which a kernel's nature lets run on: synchronize(),
+// take_trace() and take_timing() throw an Error that names the first unfinished op of each busy
+// device (from the timing events around each op, cuda/timing.cuh), cancel() returns, and the
+// destructor leaks what that work may use (without waiting again when the latest wait gave up
+// on it). synchronize(deadline) and cancel(deadline) end their wait at a caller's deadline
+// instead, for a caller that waited for the same work before (mpi::CudaBackend). The waits that
+// remain unbounded are of work already finished (the timing events, once the streams are idle), and
+// cudaFreeHost, which a real driver may make wait for the GPU's work: the backend frees its staging
+// blocks only once its streams were idle in time, and leaks them otherwise; the pinned arrays that
+// a Trainer owns (PinnedArray: CUDA Graphs' inputs and outputs, offload blocks) go with the Trainer
+// (README, "Walk-through", the Errors paragraph).
 //
 // Not thread-safe: one thread at a time calls the backend (the Trainer's thread).
 
@@ -97,12 +110,13 @@ struct BackendOptions {
   /// every op's kernels. Not with `nccl` (its steps are issued op by op). false: every step is
   /// issued op by op.
   bool graphs = true;
-  /// How long synchronize() waits for the GPUs to finish the work submitted before it (as
-  /// host::BackendOptions::wait_timeout bounds a device's wait for another's): past it, the call
-  /// fails with an Error naming each device whose work has not finished and the first op (stage,
-  /// micro-batch) of it that has not, instead of hanging on a stuck kernel or a hand-over that
-  /// never comes. That work is not cancelled (a CUDA kernel cannot be): it runs on, before any
-  /// work submitted later to its device. Longer than the longest step's GPU time; positive.
+  /// How long any wait for the GPUs lasts (synchronize, take_trace, take_timing, cancel, a wait
+  /// for a pinned staging block; as host::BackendOptions::wait_timeout bounds a device's wait
+  /// for another's): past it, the call fails with an Error naming each device whose work has not
+  /// finished and the first op (stage, micro-batch) of it that has not, instead of hanging on a
+  /// stuck kernel or a hand-over that never comes (cancel() returns instead). That work is not
+  /// cancelled (a CUDA kernel cannot be): it runs on, before any work submitted later to its
+  /// device. Longer than the longest step's GPU time; positive.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
 };
 
@@ -171,7 +185,8 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   Backend& operator=(const Backend&) = delete;
   /// Drops work not yet issued, waits for the streams and releases every resource. Buffers must
   /// not outlive the backend. Work that is still running after Options::wait_timeout (a kernel
-  /// that never ends) is left running: the destructor then returns without releasing the CUDA
+  /// that never ends; at once, when the latest wait for the GPUs gave up on it already) is left
+  /// running: the destructor then returns without releasing the CUDA
   /// resources (streams, memory pools, pinned staging), which that work may still use; they stay
   /// until the process ends, which is what such a process should do next.
   ~Backend() { destroy(); }
@@ -242,17 +257,32 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// Whether tracing is on (set_tracing).
   bool tracing() const { return timer_.tracing(); }
   /// What ran since the last call, all devices, ordered by start time; microseconds since the
-  /// backend's epoch (as the host backend's). Waits for the work.
-  std::vector<TraceEvent> take_trace() { return timer_.take_trace(); }
+  /// backend's epoch (as the host backend's). Waits for the work, at most Options::wait_timeout:
+  /// past it, throws gpipe::Error naming each busy device's first unfinished op (as synchronize()),
+  /// and the work's events stay for a later call, once it has finished.
+  std::vector<TraceEvent> take_trace() {
+    require_finished("take_trace");
+    return timer_.take_trace();
+  }
   /// Compute time per device since the last call (see ComputeTiming): compute work (label.compute)
   /// is always timed by a pair of events on its stream. Waits for the work, then re-ties each
   /// GPU's clock to the backend's epoch, so that times keep microsecond precision however long
-  /// the backend lives (the Trainer calls this around every step).
-  std::vector<ComputeTiming> take_timing() { return timer_.take_timing(); }
+  /// the backend lives (the Trainer calls this around every step). Waits at most
+  /// Options::wait_timeout, as take_trace().
+  std::vector<ComputeTiming> take_timing() {
+    require_finished("take_timing");
+    return timer_.take_timing();
+  }
 
   /// Skips all work not yet issued and waits for the streams; the next synchronize() returns
-  /// normally. For a caller that cannot finish issuing a step.
-  void cancel() {
+  /// normally. For a caller that cannot finish issuing a step. Waits at most
+  /// Options::wait_timeout: work still running then is left running, as synchronize() leaves it,
+  /// and cancel() returns all the same (it does not throw: a caller cancels on its way out with
+  /// another failure, which an Error of its own would hide); the next synchronize(), take_trace()
+  /// or take_timing() waits for that work again, and fails naming it if it has not finished.
+  void cancel() { cancel(Clock::now() + options_.wait_timeout); }
+  /// As cancel(), its wait for the GPUs ending at `deadline` (see synchronize(deadline)).
+  void cancel(std::chrono::steady_clock::time_point deadline) {
     if (capture_ != nullptr) {
       std::string ignored;
       (void)end_capture(ignored);
@@ -260,7 +290,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     failure_.fail(nullptr, {});
     pump();
     queues_.clear();
-    (void)devices_.wait_for_streams();
+    if (finished_in_time(deadline)) (void)devices_.wait_for_streams();
     failure_.take();
   }
 
@@ -402,18 +432,18 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// device and its first unfinished op (unless other work failed first: that failure is thrown).
   /// That work then runs on, and completes before later work on its device; a download into host
   /// memory that it still had to do is skipped (its destination may be gone), and until it has
-  /// finished take_trace(), take_timing() and cancel() wait for it without a deadline.
-  void synchronize() {
+  /// finished every later wait for it (take_trace, take_timing, synchronize) fails in the same
+  /// way after Options::wait_timeout, and cancel() returns after it.
+  void synchronize() { synchronize(Clock::now() + options_.wait_timeout); }
+  /// As synchronize(), its wait for the GPUs ending at `deadline` instead: for a caller that has
+  /// waited for the same work already, so that the two waits make one (mpi::CudaBackend waits
+  /// for its streams and its peers together, then here at most a poll). The Error still names
+  /// Options::wait_timeout, which the caller's wait and this one together last.
+  void synchronize(std::chrono::steady_clock::time_point deadline) {
     pump();
     queues_.drop_held(failure_, options_.first_device);
-    stuck_ = !devices_.idle_by(Clock::now() + options_.wait_timeout);
-    if (stuck_) {
+    if (!finished_in_time(deadline)) {
       failure_.fail(std::make_exception_ptr(Error(unfinished_work())), "synchronize");
-      for (std::size_t d = 0; d < num_devices(); ++d) {
-        detail::DeviceState& s = devices_[d];
-        s.downloads_abandoned->store(true, std::memory_order_release);
-        s.downloads_abandoned = std::make_shared<std::atomic<bool>>();
-      }
       failure_.take().rethrow();
     }
     // A CUDA error of the streams is kept unless the work failed first.
@@ -441,8 +471,31 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
   }
 
-  // What synchronize() says of work that has not finished in time: each busy device and the first
-  // op of it that has not finished.
+  // The one wait for the GPUs' work: polls every stream until all are idle, at most
+  // Options::wait_timeout. Past it the backend gives up on the work still running (stuck_), which
+  // runs on: the downloads into host memory issued so far skip their copy, since the caller, told
+  // of an error, may free their destination. Whether the work finished in time.
+  bool finished_in_time() { return finished_in_time(Clock::now() + options_.wait_timeout); }
+  // As finished_in_time(), until `deadline`.
+  bool finished_in_time(Clock::time_point deadline) {
+    stuck_ = !devices_.idle_by(deadline);
+    if (stuck_) {
+      for (std::size_t d = 0; d < num_devices(); ++d) {
+        detail::DeviceState& s = devices_[d];
+        s.downloads_abandoned->store(true, std::memory_order_release);
+        s.downloads_abandoned = std::make_shared<std::atomic<bool>>();
+      }
+    }
+    return !stuck_;
+  }
+  // finished_in_time(), or throws the Error that names the unfinished work, `caller` in front.
+  void require_finished(const char* caller) {
+    if (!finished_in_time())
+      gpipe::detail::rethrow_from(std::make_exception_ptr(Error(unfinished_work())), caller);
+  }
+
+  // What a wait for the GPUs says of work that has not finished in time: each busy device and the
+  // first op of it that has not finished.
   std::string unfinished_work() const {
     std::string out = "the GPUs have not finished their work within " +
                       std::to_string(options_.wait_timeout.count()) +
@@ -470,10 +523,12 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   // A StepGraph goes: once its launches are done, its graph and events. Never throws.
   void release(StepGraph& graph) noexcept {
-    // A graph still running after a synchronize() that timed out is not waited for: CUDA frees
-    // an executable graph and events once the work that uses them ends.
-    if (origin_ != nullptr && (!stuck_ || devices_.streams_idle()))
-      (void)cudaStreamSynchronize(origin_);
+    // Waits for the graph's launches, at most Options::wait_timeout, and not at all once a wait
+    // gave up on the work (stuck_): CUDA frees an executable graph and events still in use once
+    // the work that uses them ends.
+    if (origin_ != nullptr)
+      (void)detail::poll_until(Clock::now() + (stuck_ ? Clock::duration{} : options_.wait_timeout),
+                               [this] { return cudaStreamQuery(origin_) != cudaErrorNotReady; });
     timer_.forget(graph.timed_);
     if (graph.exec_ != nullptr) (void)cudaGraphExecDestroy(graph.exec_);
     graph.exec_ = nullptr;
@@ -483,7 +538,7 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
   /// The devices' resources, then what the backend keeps per device over them: its allocator
   /// (ordered on the stream that order_ names), its kernel context; then the clocks of the GPUs.
   void create(const std::vector<int>& mapping) {
-    devices_.create(mapping, options_.tf32, options_.nccl);
+    devices_.create(mapping, options_.tf32, options_.nccl, options_.wait_timeout);
     for (std::size_t d = 0; d < devices_.size(); ++d) {
       detail::DeviceState& s = devices_[d];
       order_.add_device(s.compute);
@@ -505,16 +560,17 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
     }
     failure_.fail(nullptr, {});
     queues_.clear();  // drops work not yet run, and the buffers it holds
-    if (!devices_.idle_by(Clock::now() + options_.wait_timeout)) {
+    // a wait that gave up on work still running is not made again: one poll
+    if (!finished_in_time(stuck_ ? Clock::now() : Clock::now() + options_.wait_timeout)) {
       // Work that never finished may still use all of it: let it go without freeing it.
       timer_.release();
       kernels_.clear();
       devices_.abandon();
       return;
     }
-    (void)devices_.wait_for_streams();
+    (void)devices_.wait_for_streams();  // idle: these waits and the ones below return at once
     if (origin_ != nullptr) {
-      (void)cudaStreamSynchronize(origin_);
+      (void)cudaStreamSynchronize(origin_);  // every device's streams waited for its last launch
       for (cudaEvent_t e : joins_)
         if (e != nullptr) (void)cudaEventDestroy(e);
       if (fork_ != nullptr) (void)cudaEventDestroy(fork_);

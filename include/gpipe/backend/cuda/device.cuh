@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/backend/cuda/error.cuh"
@@ -42,6 +44,30 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// Every wait of the CUDA backend for the GPU polls through this, so that none outlasts its
+// deadline (BackendOptions::wait_timeout). Polls `done()` until it holds, or until `deadline`:
+// whether it held. Yields the core between polls (as cudaStreamSynchronize spins by default) and,
+// once it has waited over poll_spin, sleeps between them for 1 % of the time waited so far, at
+// most 1 ms: a long wait costs about no CPU, and the polls' lateness is at most 1 % of the wait.
+// `done` is polled at least once, also past the deadline.
+inline constexpr std::chrono::milliseconds poll_spin{10};
+template <class Done>
+bool poll_until(std::chrono::steady_clock::time_point deadline, Done done) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    if (done()) return true;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    if (now - start < poll_spin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::min<Clock::duration>(
+          {(now - start) / 100, std::chrono::milliseconds(1), deadline - now}));
+    }
+  }
+}
+
 // One physical GPU of the backend.
 struct GpuState {
   int id = 0;                       // CUDA device ordinal
@@ -59,11 +85,14 @@ struct GpuState {
 // memory never blocks the caller until the stream drains: the caller copies into a pinned block,
 // the stream copies the block to the device. Blocks are reused once their last copy finished (an
 // event per block), at most max_blocks per virtual device; with all of them in flight the caller
-// waits for the oldest.
+// waits for the oldest, at most `wait_timeout`.
 class HostStaging {
  public:
   static constexpr std::size_t block_bytes = std::size_t{4} << 20;
   static constexpr std::size_t max_blocks = 8;
+
+  // How long acquire() waits for a block (BackendOptions::wait_timeout).
+  std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
 
   struct Block {
     void* data = nullptr;
@@ -96,7 +125,18 @@ class HostStaging {
       blocks_.push_back(b);
       return blocks_.back();
     }
-    GPIPE_CUDA_CHECK(cudaEventSynchronize(oldest->done));
+    // the oldest block's copy waits behind the stream's earlier work, which may never end
+    cudaError_t state = cudaSuccess;
+    const bool done = poll_until(std::chrono::steady_clock::now() + wait_timeout, [&] {
+      state = cudaEventQuery(oldest->done);
+      return state != cudaErrorNotReady;
+    });
+    if (!done)
+      throw Error("gpipe: every pinned staging block of the device is still in use after " +
+                  std::to_string(wait_timeout.count()) +
+                  " ms (cuda::BackendOptions::wait_timeout): the copies through them wait behind "
+                  "the stream's earlier work, which has not finished (is a kernel stuck?)");
+    GPIPE_CUDA_CHECK(state);
     return *oldest;
   }
   // The block is in use until everything enqueued on `stream` so far has run.

@@ -18,7 +18,6 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "gpipe/backend/cuda/device.cuh"
@@ -79,8 +78,10 @@ class DeviceSet {
   ~DeviceSet() { release(); }
 
   // Virtual device d on GPU mapping[d]; cuBLAS in TF32 math when `tf32`; cross-GPU hand-overs
-  // through NCCL when `nccl` and the mapping spans several GPUs (a build with NCCL).
-  void create(const std::vector<int>& mapping, bool tf32, bool nccl) {
+  // through NCCL when `nccl` and the mapping spans several GPUs (a build with NCCL); a wait for a
+  // staging block lasts at most `wait_timeout` (HostStaging).
+  void create(const std::vector<int>& mapping, bool tf32, bool nccl,
+              std::chrono::milliseconds wait_timeout) {
     std::vector<int> ids;
     for (int g : mapping)
       if (std::find(ids.begin(), ids.end(), g) == ids.end()) ids.push_back(g);
@@ -92,6 +93,7 @@ class DeviceSet {
     for (std::size_t d = 0; d < mapping.size(); ++d) {
       const auto gpu = std::find(ids.begin(), ids.end(), mapping[d]) - ids.begin();
       create_device(d, gpus_[static_cast<std::size_t>(gpu)], tf32, nccl);
+      devices_.back()->staging.wait_timeout = wait_timeout;
     }
   }
 
@@ -118,28 +120,12 @@ class DeviceSet {
     return first;
   }
 
-  // Polls every stream (cudaStreamQuery) until none has work left, or until `deadline`: false
-  // when one still has work then. Yields the core between polls (as cudaStreamSynchronize spins
-  // by default) and, once it has waited over poll_spin, sleeps between them for 1 % of the time
-  // waited so far, at most 1 ms: a long wait costs about no CPU, and the polls' lateness is at
-  // most 1 % of the wait. A stream's error counts as finished: wait_for_streams() reports it.
+  // Polls every stream (cudaStreamQuery, through poll_until) until none has work left, or until
+  // `deadline`: false when one still has work then. A stream's error counts as finished:
+  // wait_for_streams() reports it.
   bool idle_by(std::chrono::steady_clock::time_point deadline) noexcept {
-    using Clock = std::chrono::steady_clock;
-    const Clock::time_point start = Clock::now();
-    for (;;) {
-      if (streams_idle()) return true;
-      const Clock::time_point now = Clock::now();
-      if (now >= deadline) return false;
-      if (now - start < poll_spin) {
-        std::this_thread::yield();
-      } else {
-        const Clock::duration nap = std::min<Clock::duration>(
-            {(now - start) / 100, std::chrono::milliseconds(1), deadline - now});
-        std::this_thread::sleep_for(nap);
-      }
-    }
+    return poll_until(deadline, [this]() noexcept { return streams_idle(); });
   }
-  static constexpr std::chrono::milliseconds poll_spin{10};
 
   // Whether every stream has finished the work enqueued on it (cudaStreamQuery).
   bool streams_idle() noexcept {

@@ -1,7 +1,10 @@
 #pragma once
 // Tracing and compute timing of the CUDA backend's work: a pair of CUDA events around each timed
 // piece of work on its compute stream, turned into TraceEvents and ComputeTimings when taken,
-// with each GPU's event clock tied to the backend's host epoch.
+// with each GPU's event clock tied to the backend's host epoch. Its waits for events and streams
+// (take_trace, take_timing, anchor_all) have no deadline of their own: cuda::Backend calls them
+// once its streams are idle (its bounded wait, BackendOptions::wait_timeout, came first), so that
+// they find their work done; the epoch's record on an idle stream is all they wait for.
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
 #error "gpipe/backend/cuda/timing.cuh is CUDA code: compile it with nvcc"
@@ -90,14 +93,18 @@ class WorkTimer {
       resolve();
     pending_.insert(pending_.end(), timed.begin(), timed.end());
   }
-  // Destroys a graph's events, once nothing pending refers to them (the caller waited for its
-  // launches). Never throws.
+  // A graph's events, when the graph goes (its launches finished, or a wait gave up on one still
+  // running): those of its latest launch not taken yet stay pending as plain work's (their times
+  // are still to be taken, and first_unfinished names the op of a launch still running; CUDA
+  // events outlive the graph that records them), and the others are destroyed. Never throws.
   void forget(const std::vector<Timed>& timed) noexcept {
-    std::erase_if(pending_, [&](const Timed& p) {
-      return p.graph && std::any_of(timed.begin(), timed.end(),
-                                    [&](const Timed& t) { return t.start == p.start; });
-    });
     for (const Timed& t : timed) {
+      const auto kept = std::find_if(pending_.begin(), pending_.end(),
+                                     [&](const Timed& p) { return p.graph && p.start == t.start; });
+      if (kept != pending_.end()) {
+        kept->graph = false;
+        continue;
+      }
       (void)cudaEventDestroy(t.start);
       (void)cudaEventDestroy(t.end);
     }

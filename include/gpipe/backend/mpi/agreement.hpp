@@ -68,6 +68,13 @@ class FaultAgreement {
       throw;
     }
   }
+  /// This rank's own work failed, even though it stopped waiting for a peer's failure before
+  /// (its GPU's work did not end: a peer that waited for it may have failed first, for want of
+  /// it): its failure is first-hand; tells the others, unless it did already.
+  void fail_first_hand() {
+    stopped_for_peer_ = false;
+    announce_failure();
+  }
   /// Tells every other rank that this one failed (a zero-byte message each; sent once a step).
   void announce_failure() {
     if (announced_) return;

@@ -15,6 +15,12 @@
 //   faults        as mpi::Backend; a rank that knows of a failure, or waits past
 //                 Options::peer_timeout, aborts its NCCL communicators so that no stream waits
 //                 forever, and after a failed step every rank makes new ones.
+//   deadline      Options::peer_timeout bounds every wait of a rank, for its peers and for its
+//                 GPU alike (a stream that waits for a receive looks like one whose kernel does
+//                 not end): wait_for_streams waits for both at once, and the rank's cuda::Backend
+//                 has it as its wait_timeout. Work still running past it, even with the NCCL
+//                 communicators aborted, is the rank's own and stuck: its step fails first-hand
+//                 naming the op, and the work is left running with what it uses (leaked).
 // MPI is called by the thread that calls the backend (a cuda::Backend's work runs there).
 
 #if !defined(__CUDACC__) && !defined(GPIPE_CUDA_EMULATION)
@@ -54,7 +60,11 @@ struct CudaBackendOptions {
   /// ends a step) before it fails the step (and aborts its NCCL communicators) with an Error
   /// naming what it waited for (op, stage, micro-batch and the peer's rank): a peer that is stuck
   /// or dead ends the step on every other rank within about twice this time. A peer that throws
-  /// ends it at once. As mpi::BackendOptions::peer_timeout; positive.
+  /// ends it at once. As mpi::BackendOptions::peer_timeout; positive. It bounds every wait for
+  /// the rank's GPU as well (its cuda::Backend's wait_timeout, which that Error then names): a
+  /// kernel that does not end fails the step on its rank, first-hand, naming its op, stage and
+  /// micro-batch, within about 1.1 times this (the NCCL work gets a tenth more to end once
+  /// aborted). So it must exceed a step's GPU time, as a peer waits that long for its messages.
   std::chrono::milliseconds peer_timeout{std::chrono::minutes(10)};
   /// CUDA device ordinal of this rank's GPU; -1: the rank's index among the ranks on its machine,
   /// modulo the GPUs there (one rank per GPU when launched with as many ranks per node as GPUs).
@@ -104,19 +114,21 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
   /// Aborts the NCCL communicators (nothing waits for a peer any more), drops work not yet issued
-  /// and releases every resource.
+  /// and releases every resource. Work still running after Options::peer_timeout (a kernel that
+  /// does not end) is left running, with the streams, memory and buffers it may use (as
+  /// cuda::Backend's destructor leaves them).
   ~CudaBackend() {
     if (streams_busy())
       nccl_.abort();  // nothing may wait for a peer now
     else
       nccl_.destroy();
+    const bool idle = wait_for_streams(/*abort_on_failure=*/false, agreement_.peer_timeout());
     try {
-      wait_for_streams(/*abort_on_failure=*/false);
-      local_.cancel();
-    } catch (...) {  // a destructor reports nothing
+      local_.cancel(wait_ends_);  // the same deadline; local_'s destructor then does not wait again
+    } catch (...) {               // a destructor reports nothing
     }
-    groups_.drop();
-    if (reduce_stream_ != nullptr) (void)cudaStreamDestroy(reduce_stream_);
+    groups_.drop();  // frees the groups that completed
+    if (reduce_stream_ != nullptr && idle) (void)cudaStreamDestroy(reduce_stream_);
   }
 
   /// The CUDA device ordinal of this rank's GPU.
@@ -236,26 +248,38 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   }
 
   /// Drops this rank's work not yet issued and waits for its streams (aborting its NCCL
-  /// communicators if this rank failed or a peer did); local: it tells no other rank.
+  /// communicators if this rank failed or a peer did), at most Options::peer_timeout: work still
+  /// running then is left running, and cancel() returns all the same (as cuda::Backend::cancel);
+  /// local: it tells no other rank.
   void cancel() {
     flush(layout_.device());
-    wait_for_streams(/*abort_on_failure=*/true);
-    local_.cancel();
+    gave_up_ = !wait_for_streams(/*abort_on_failure=*/true, agreement_.peer_timeout());
+    local_.cancel(wait_ends_);  // its copy stream, by the same deadline
     groups_.drop();
   }
-  /// Waits for this rank's work and its transfers; rethrows the first failure on this rank.
+  /// Waits for this rank's work and its transfers, at most Options::peer_timeout; rethrows the
+  /// first failure on this rank. Work still running then (the communicators aborted) is this
+  /// rank's own failure: it tells the others and throws `gpipe::Error` naming the op, stage and
+  /// micro-batch that has not finished (as cuda::Backend::synchronize).
   void synchronize() {
     flush(layout_.device());
-    wait_for_streams(/*abort_on_failure=*/true);
-    local_.synchronize();
+    gave_up_ = !wait_for_streams(/*abort_on_failure=*/true, agreement_.peer_timeout());
+    if (gave_up_) fail_unfinished();
+    local_.synchronize(wait_ends_);  // its copy stream, by the same deadline
     groups_.release_all();
   }
 
-  /// Between steps: starts the expected sums not started, then waits for all of them.
+  /// Between steps: starts the expected sums not started, then waits for all of them (not again
+  /// when the synchronize() or cancel() before it gave up on this rank's work, at most
+  /// Options::peer_timeout otherwise); throws `gpipe::Error` as synchronize() when they have not
+  /// finished then.
   void finish_reductions() {
     while (!sums_.all_started()) start_next_reduction(compute_stream_);
     sums_.clear();
-    wait_for_streams(/*abort_on_failure=*/true);
+    const bool again = std::exchange(gave_up_, false);
+    if (!wait_for_streams(/*abort_on_failure=*/true,
+                          again ? std::chrono::milliseconds{} : agreement_.peer_timeout()))
+      fail_unfinished();
   }
 
   /// Collective, the agreement that ends every step (`failure`: this rank's, "" if none): first
@@ -294,9 +318,11 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
 
  private:
   friend class detail::MpiRanks<CudaBackend, cuda::Backend>;
+  using Clock = std::chrono::steady_clock;
 
   /// The rank's one-device cuda::Backend: its GPU (Options::gpu, or its index among its
-  /// machine's ranks modulo the GPUs there), capacity and pipeline device.
+  /// machine's ranks modulo the GPUs there), capacity and pipeline device; its waits for the GPU
+  /// last at most Options::peer_timeout (see the top of this file, "deadline").
   static cuda::BackendOptions local_options(const detail::MpiLayout& layout,
                                             const Options& options) {
     int gpu = options.gpu;
@@ -308,7 +334,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     return {.device_capacity = options.device_capacity,
             .gpus = {gpu},
             .tf32 = options.tf32,
-            .first_device = layout.device()};
+            .first_device = layout.device(),
+            .wait_timeout = options.peer_timeout};
   }
   /// Collective: the common clock, and the compute and reduction streams.
   void start() {
@@ -354,28 +381,63 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
     if (agreement_.timed_out(start)) return silent_peer;
     return nullptr;
   }
-  /// Waits until this rank's streams are idle. With abort_on_failure, once reason_to_abort gives
-  /// one, it aborts the NCCL communicators first, so that no operation waits for a peer forever;
-  /// the caller's transport's finish_step then fails the step.
-  void wait_for_streams(bool abort_on_failure) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0; streams_busy(); ++polls) {
-      if (abort_on_failure && !nccl_.aborted()) {
-        if (const char* reason = reason_to_abort(start)) {
-          if (reason == silent_peer) {  // first-hand: tell the others, who may wait for this one
-            awaited_ = groups_.awaited(layout_.replica() * layout_.devices());
-            agreement_.announce_failure();
-          } else if (!agreement_.announced()) {
-            agreement_.stop_for_peer();
-          }
-          nccl_.abort();
-          abort_reason_ = reason;
-        }
+  /// The rank's one wait for its GPU and its peers: polls its streams (cuda::detail::poll_until)
+  /// until they are idle, for at most `patience` (Options::peer_timeout; zero: one poll). With
+  /// abort_on_failure, once reason_to_abort gives one, and at the latest when `patience` has
+  /// passed (a silent peer), it aborts the NCCL communicators, so that no operation waits for a
+  /// peer forever; the streams then get until the end of `patience`, and at least abort_grace()
+  /// after the abort, to end their NCCL work. Whether the streams are idle: work still running
+  /// then is left running (fail_unfinished names it). Frees the groups that completed. The
+  /// wait's end (wait_ends_) is the deadline of the rank's cuda::Backend's wait that follows, for
+  /// its copy stream: one deadline for both.
+  bool wait_for_streams(bool abort_on_failure, Clock::duration patience) {
+    const Clock::time_point start = Clock::now();
+    std::optional<Clock::time_point> aborted_at;
+    const auto abort = [&](const char* reason) {
+      if (reason == silent_peer) {  // first-hand: tell the others, who may wait for this one
+        awaited_ = groups_.awaited(layout_.replica() * layout_.devices());
+        agreement_.announce_failure();
+      } else if (!agreement_.announced()) {
+        agreement_.stop_for_peer();
       }
-      detail::pause_between_polls(polls);
+      nccl_.abort();
+      abort_reason_ = reason;
+      aborted_at = Clock::now();
+    };
+    const auto idle = [this] { return !streams_busy(); };
+    bool done = cuda::detail::poll_until(start + patience, [&] {
+      if (idle()) return true;
+      if (abort_on_failure && !nccl_.aborted())
+        if (const char* reason = reason_to_abort(start)) abort(reason);
+      return false;
+    });
+    if (!done && abort_on_failure && !nccl_.aborted()) {  // the deadline has passed
+      const char* reason = reason_to_abort(start);
+      abort(reason != nullptr ? reason : silent_peer);
     }
+    wait_ends_ = start + patience;
+    if (aborted_at && *aborted_at + abort_grace() > wait_ends_)
+      wait_ends_ = *aborted_at + abort_grace();
+    if (!done) done = cuda::detail::poll_until(wait_ends_, idle);
     (void)cudaGetLastError();
     groups_.release_completed();
+    return done;
+  }
+  /// How long the streams may still take to end their NCCL work once the communicators were
+  /// aborted: a tenth of Options::peer_timeout.
+  Clock::duration abort_grace() const { return agreement_.peer_timeout() / 10; }
+  /// After a wait that gave up on this rank's streams: the rank failed first-hand (its own work
+  /// did not end, even with its communicators aborted); throws `gpipe::Error` naming the op,
+  /// stage and micro-batch of its device that has not finished (cuda::Backend's), or, when its
+  /// device is idle, the transfers that have not (NcclGroups::awaited).
+  [[noreturn]] void fail_unfinished() {
+    agreement_.fail_first_hand();
+    local_.synchronize(wait_ends_);  // passed: a poll; throws when the device is busy
+    const std::string awaited = groups_.awaited(layout_.replica() * layout_.devices());
+    throw Error("gpipe: the NCCL work of rank " + std::to_string(layout_.rank()) +
+                " has not ended within " + std::to_string(agreement_.peer_timeout().count()) +
+                " ms (Options::peer_timeout), although its communicators were aborted" +
+                (awaited.empty() ? std::string() : ": " + awaited));
   }
 
   cuda::Backend local_;                                     ///< the rank's device
@@ -387,6 +449,8 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
   cudaStream_t reduce_stream_ = nullptr;                    ///< NCCL gradient sums
   const char* abort_reason_ = "";  ///< why the communicators were aborted this step
   std::string awaited_;            ///< the transfers a silent peer held up (NcclGroups::awaited)
+  bool gave_up_ = false;           ///< the latest synchronize() or cancel() gave up on the work
+  Clock::time_point wait_ends_;    ///< the deadline of the latest wait_for_streams
   static constexpr const char* silent_peer = "a peer was silent too long";
 };
 

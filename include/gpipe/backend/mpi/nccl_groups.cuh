@@ -2,7 +2,9 @@
 // mpi::CudaBackend's sends and receives: queued as they are issued, a run of them with no other
 // work between is posted as one NCCL group on the rank's communication stream, after an event of
 // the compute stream; the compute stream waits for a group that receives, and a sent buffer is
-// freed once its group has completed.
+// freed once its group has completed. Nothing here waits for the GPU: the backend waits for its
+// streams (bounded, mpi::CudaBackend::wait_for_streams) before it frees the groups, and a group
+// still running then (behind a kernel that does not end) keeps its buffers and stream for good.
 
 #include <cstddef>
 #include <string>
@@ -78,9 +80,10 @@ class NcclGroups {
     GPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~NcclGroups() {
-    queue_.clear();
-    pending_.clear();
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    drop();
+    // a stream still in work is left to it (destroying it may wait for that work)
+    if (stream_ != nullptr && cudaStreamQuery(stream_) != cudaErrorNotReady)
+      (void)cudaStreamDestroy(stream_);
   }
   NcclGroups(const NcclGroups&) = delete;
   NcclGroups& operator=(const NcclGroups&) = delete;
@@ -143,9 +146,11 @@ class NcclGroups {
     }
     return "";
   }
-  /// Frees every posted group's buffers; the streams are idle, or the communicators aborted.
+  /// Forgets every posted group: frees the buffers of those that have completed, and leaves
+  /// those of a group still running to it (never freed: its sends may still read them). For
+  /// after the streams were waited for.
   void release_all() { pending_.clear(); }
-  /// Drops the queued transfers and frees the posted ones (as release_all).
+  /// Drops the queued transfers and forgets the posted ones (as release_all).
   void drop() {
     queue_.clear();
     pending_.clear();
@@ -172,11 +177,14 @@ class NcclGroups {
       return *this;
     }
     ~Posted() { release(); }
-    // Waits for the group (its streams are idle or its communicator aborted when this runs),
-    // then frees the buffers.
-    void release() {
+    // Frees the buffers once the group has completed; does not wait for it (the backend waited
+    // for its streams, at most Options::peer_timeout): a group still running then waits behind
+    // work that does not end, and its buffers are left to it, never freed. The event goes either
+    // way (CUDA frees a pending event once it completes).
+    void release() noexcept {
       if (done != nullptr) {
-        (void)cudaEventSynchronize(done);
+        if (cudaEventQuery(done) == cudaErrorNotReady)
+          (void)new std::vector<NcclTransfer>(std::move(sends));  // leaked on purpose
         (void)cudaEventDestroy(done);
         done = nullptr;
       }
