@@ -95,9 +95,7 @@ class KernelContext<bf16> {
     static_assert(is_storage<W>,
                   "gpipe: cuda::KernelContext<bf16>::linear_forward takes bf16 or float weights");
     if (rows == 0) return;
-    const std::size_t w_cast = std::is_same_v<W, float> ? padded((out * in + 1) / 2) : 0;
-    float* cast = detail::grow_scratch(*s_, s_->cast, s_->cast_floats, w_cast);
-    const bf16* w16 = operand(w, out * in, reinterpret_cast<bf16*>(cast));
+    const bf16* w16 = weights(w, out * in);
     if (linear_forward_lt(*s_, rows, in, out, x, w16, b, y)) return;
     gemm(false, true, rows, out, in, 1.0f, x, w16, 0.0f, y);
     bias_add(rows, out, b, y);
