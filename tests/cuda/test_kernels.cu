@@ -82,6 +82,7 @@ TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_bias, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm_bf16, GpuDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_residual_layer_norm, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss_bf16, GpuDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, GpuDevice);

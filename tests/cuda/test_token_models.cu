@@ -147,6 +147,13 @@ TEST_SUITE("launch records") {
     // kernel forward only (one a block)
     CHECK(count(records, "activation_forward_kernel") == 2);
     CHECK(count(records, "activation_backward_kernel") == 0);
+    // every residual add in the LayerNorm after it: forward, ln_2 of each block, ln_1 of the
+    // second and ln_f; input gradient, ln_1 and ln_2 of each (the first ln_1 and ln_f alone)
+    CHECK(count(records, "residual_layer_norm_forward_kernel") == 4);
+    CHECK(count(records, "layer_norm_forward_resident_kernel") == 1);
+    CHECK(count(records, "residual_layer_norm_backward_input_kernel") == 4);
+    CHECK(count(records, "layer_norm_backward_input_resident_kernel") == 1);
+    CHECK(count(records, "add_kernel") == 0);
   }
 
   TEST_CASE("an elementwise launch records its elements' bytes; recorders do not nest") {

@@ -31,8 +31,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/layer_norm.cuh"
 #include "gpipe/backend/host.hpp"
 #include "gpipe/model/layer.hpp"
@@ -427,6 +429,122 @@ TEST_CASE_TEMPLATE_DEFINE(
                              ref_stats.data(), ref_dgamma.data(), ref_dbeta.data());
       CHECK(relative_error(wide(dev.get(dgamma, cols)), ref_dgamma) < 1e-5);
       CHECK(relative_error(wide(dev.get(dbeta, cols)), ref_dbeta) < 1e-5);
+    }
+  }
+}
+
+namespace gpipe::test::conformance {
+
+// One shape of kernels_residual_layer_norm in T (float or bf16).
+template <class T, class Device>
+void check_residual_layer_norm(Device& dev, std::size_t rows, std::size_t cols,
+                               std::size_t offset) {
+  const std::size_t n = rows * cols;
+  const auto as_t = [](const std::vector<float>& v) {
+    if constexpr (std::is_same_v<T, float>)
+      return v;
+    else
+      return to_bf16(v);
+  };
+  const auto t_nan = [](std::size_t count) {
+    if constexpr (std::is_same_v<T, float>)
+      return std::vector<float>(count, std::nanf(""));
+    else
+      return bf16_nan(count);
+  };
+  const auto t_bits = [](const std::vector<T>& v) {
+    std::vector<std::uint32_t> out;
+    for (const T x : v) {
+      if constexpr (std::is_same_v<T, float>)
+        out.push_back(std::bit_cast<std::uint32_t>(x));
+      else
+        out.push_back(x.bits);
+    }
+    return out;
+  };
+  // x: a block's output, r: its input (an offset mean, as a residual stream has); dy, and the
+  // residual gradient r_grad added to LayerNorm's input gradient
+  const std::vector<T> x = as_t(random_floats(n, rows * 41 + cols, -1, 1));
+  const std::vector<T> r = as_t(random_floats(n, rows * 43 + cols, 2, 4));
+  const std::vector<T> dy = as_t(random_floats(n, rows * 47 + cols));
+  const std::vector<T> r_grad = as_t(random_floats(n, rows * 53 + cols));
+  const auto gamma = random_floats(cols, cols + 7, 0.5, 1.5), beta = random_floats(cols, cols + 8);
+  T* fused_x = dev.put(x, offset);
+  T* plain_x = dev.put(x, offset);
+  const T* dr = dev.put(r, offset);
+  const T* ddy = dev.put(dy, offset);
+  const T* dr_grad = dev.put(r_grad, offset);
+  const float* dgamma = dev.put(gamma, offset);
+  const float* dbeta = dev.put(beta, offset);
+  T* fused_y = dev.put(t_nan(n), offset);
+  T* plain_y = dev.put(t_nan(n), offset);
+  T* fused_stats = dev.put(t_nan(2 * rows));
+  T* plain_stats = dev.put(t_nan(2 * rows));
+  T* fused_dx = dev.put(t_nan(n), offset);
+  T* plain_dx = dev.put(t_nan(n), offset);
+  dev.run([&](auto& k) {
+    const cudaStream_t s = k.stream();
+    cuda::residual_layer_norm_forward(rows, cols, 1e-5, fused_x, dr, dgamma, dbeta, fused_y,
+                                      fused_stats, s);
+    cuda::add(n, plain_x, dr, plain_x, s);
+    cuda::layer_norm_forward(rows, cols, 1e-5, plain_x, dgamma, dbeta, plain_y, plain_stats, s);
+    cuda::residual_layer_norm_backward_input(rows, cols, plain_x, ddy, dgamma, plain_stats, dr_grad,
+                                             fused_dx, s);
+    cuda::layer_norm_backward_input(rows, cols, plain_x, ddy, dgamma, plain_stats, plain_dx, s);
+    cuda::add(n, plain_dx, dr_grad, plain_dx, s);
+  });
+  // bit for bit the add then LayerNorm, and LayerNorm's input gradient then the add
+  const std::vector<T> sum = dev.get(fused_x, n);
+  CHECK(t_bits(sum) == t_bits(dev.get(plain_x, n)));
+  CHECK(t_bits(dev.get(fused_y, n)) == t_bits(dev.get(plain_y, n)));
+  CHECK(t_bits(dev.get(fused_stats, 2 * rows)) == t_bits(dev.get(plain_stats, 2 * rows)));
+  const std::vector<T> dx = dev.get(fused_dx, n);
+  CHECK(t_bits(dx) == t_bits(dev.get(plain_dx, n)));
+
+  // against the double reference: the sum within one rounding of x + r; LayerNorm's output and
+  // input gradient from the stored sum, the latter plus r_grad
+  std::vector<double> ref_sum(n), ref_y(n), ref_stats(2 * rows), ref_dx(n);
+  for (std::size_t i = 0; i < n; ++i)
+    ref_sum[i] = static_cast<double>(x[i]) + static_cast<double>(r[i]);
+  const std::vector<double> stored(sum.begin(), sum.end());
+  const auto ln_ref = gpipe::test::layer_kernels<gpipe::LayerNormOp>(kernel_reference);
+  ln_ref.forward(kernel_reference, rows, cols, 1e-5, stored.data(), wide(gamma).data(),
+                 wide(beta).data(), ref_y.data(), ref_stats.data());
+  ln_ref.backward_input(kernel_reference, rows, cols, stored.data(), wide(dy).data(),
+                        wide(gamma).data(), ref_stats.data(), ref_dx.data());
+  for (std::size_t i = 0; i < n; ++i) ref_dx[i] += static_cast<double>(r_grad[i]);
+  const std::vector<T> y = dev.get(fused_y, n);
+  if constexpr (std::is_same_v<T, float>) {
+    CHECK(relative_error(wide(sum), ref_sum) < 1e-7);
+    CHECK(relative_error(wide(y), ref_y) < 1e-5);
+    CHECK(relative_error(wide(dx), ref_dx) < 1e-5);
+  } else {
+    CHECK(bf16_error(sum, ref_sum, 0) <= 1);
+    CHECK(bf16_error(y, ref_y, 1e-5) <= 1);
+    // LayerNorm's gradient rounded once before the add, the sum once after
+    CHECK(bf16_error(dx, ref_dx, 2 * bf16_u + 1e-5) <= 1);
+  }
+}
+
+}  // namespace gpipe::test::conformance
+
+TEST_CASE_TEMPLATE_DEFINE(
+    "a residual's add fused into LayerNorm is the add then LayerNorm, bit for bit, float and "
+    "bf16",
+    Device, kernels_residual_layer_norm) {
+  // Forward: x = x + r in place, then y and the stats from it; input gradient: LayerNorm's dx
+  // plus r. Shapes: the resident kernels' layouts (a warp per row, a block per row), rows too
+  // wide for registers and (offset 1) unaligned rows, which take the add and the plain kernels.
+  using namespace gpipe::test::conformance;
+  Device dev;
+  const std::size_t shapes[][2] = {{3, 5}, {9, 256}, {6, 12}, {7, 512}, {5, 2048}, {2, 20000}};
+  for (const auto& [rows, cols] : shapes) {
+    for (std::size_t offset : {0u, 1u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(offset);
+      check_residual_layer_norm<float>(dev, rows, cols, offset);
+      check_residual_layer_norm<gpipe::bf16>(dev, rows, cols, offset);
     }
   }
 }

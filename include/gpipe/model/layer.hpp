@@ -161,6 +161,39 @@ namespace detail {
 template <class A, class B>
 struct LayerPair {};
 
+// A residual add fused into the layer norm next to it (forward and input gradient), as three
+// optional static members, found by the concepts below for one kernel context Ctx (T its
+// value_type); a Chain uses them where two consecutive layers have them:
+//   forward_adding_input(ctx, const ForwardArgs<T>& a, const T* r): the layer's input is a.x + r,
+//     not yet formed: writes a.x + r into a.x (in place: a.x is writable memory of the caller's
+//     whenever r is given), then runs forward on it.
+//   forward_leaving_add(ctx, const ForwardArgs<T>& a, const T* r_in) -> const T* r: forward (of
+//     the input a.x + r_in where r_in is not nullptr, as forward_adding_input), except that the
+//     output is left as a.y + r, r returned (not nullptr): the next layer forms it with its
+//     forward_adding_input.
+//   backward_input_adding(ctx, const BackwardInputArgs<T>& a, const T* r): dx = B(dy) + r.
+// Residual leaves its add (model/residual.hpp) and gives its input gradient's add to its body's
+// first layer; LayerNorm takes both where its kernels have the fused forms (model/layer_norm.hpp);
+// a Chain passes them on to its first and last layers. Each result equals the unfused one bit for
+// bit: the sum is rounded to T and stored before it is normalized, and the layer's own input
+// gradient is rounded to T before r is added.
+template <class L, class Ctx>
+concept adds_input = requires(Ctx& c, const ForwardArgs<typename Ctx::value_type>& a,
+                              const typename Ctx::value_type* r) {
+  L::forward_adding_input(c, a, r);
+};
+template <class L, class Ctx>
+concept leaves_add = requires(Ctx& c, const ForwardArgs<typename Ctx::value_type>& a,
+                              const typename Ctx::value_type* r) {
+  { L::forward_leaving_add(c, a, r) } -> std::same_as<const typename Ctx::value_type*>;
+};
+template <class L, class Ctx>
+concept adds_to_input_gradient = requires(Ctx& c,
+                                          const BackwardInputArgs<typename Ctx::value_type>& a,
+                                          const typename Ctx::value_type* r) {
+  L::backward_input_adding(c, a, r);
+};
+
 }  // namespace detail
 
 /// The compute copy of a sub-range starting at `offset` (nullptr stays nullptr), for composite

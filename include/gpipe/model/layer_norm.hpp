@@ -17,6 +17,21 @@ namespace gpipe {
 ///   backward_weight(ctx, rows, cols, x, dy, stats, dgamma +=, dbeta +=)
 struct LayerNormOp {};
 
+namespace detail {
+// LayerKernels<LayerNormOp, Ctx> with a residual add fused in (model/layer.hpp), T the context's
+// value_type, gamma and beta master_t<T>:
+//   forward_add(ctx, rows, cols, eps, x, r, gamma, beta, y, stats): x = x + r rounded to T, in
+//     place, then y and stats from it, as forward's;
+//   backward_input_add(ctx, rows, cols, x, dy, gamma, stats, r, dx): dx = backward_input's dx
+//     rounded to T, plus r.
+template <class Ctx, class T = typename Ctx::value_type>
+concept layer_norm_adds = has_layer_kernels<LayerNormOp, Ctx> &&
+    requires(Ctx& c, std::size_t n, T* x, const T* r, const master_t<T>* g, T* s) {
+  LayerKernels<LayerNormOp, Ctx>::forward_add(c, n, n, 1e-5, x, r, g, g, x, s);
+  LayerKernels<LayerNormOp, Ctx>::backward_input_add(c, n, n, r, r, g, r, r, x);
+};
+}  // namespace detail
+
 /// Layer normalization over the N features of each row, as torch.nn.LayerNorm(N):
 /// y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps), var biased (divided by N).
 template <std::size_t N>
@@ -59,6 +74,24 @@ struct LayerNorm {
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     LayerKernels<LayerNormOp, Ctx>::backward_input(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
                                                    a.dx);
+  }
+  /// forward of the input x + r, formed in place in x (its memory is writable when r is given):
+  /// a residual's add fused into the norm after it, where the backend's kernels have it.
+  template <class Ctx>
+  requires detail::layer_norm_adds<Ctx>
+  static void forward_adding_input(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                                   const typename Ctx::value_type* r) {
+    LayerKernels<LayerNormOp, Ctx>::forward_add(ctx, a.rows, N, eps,
+                                                const_cast<typename Ctx::value_type*>(a.x), r,
+                                                a.params, a.params + N, a.y, a.stash);
+  }
+  /// backward_input's dx plus r (a residual's input gradient), where the kernels have it.
+  template <class Ctx>
+  requires detail::layer_norm_adds<Ctx>
+  static void backward_input_adding(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a,
+                                    const typename Ctx::value_type* r) {
+    LayerKernels<LayerNormOp, Ctx>::backward_input_add(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
+                                                       r, a.dx);
   }
   /// dweight (N) += sum_rows dy * x_hat,  dbias (N) += sum_rows dy.
   template <class Ctx>

@@ -25,12 +25,43 @@ struct ResidualOf : Body {
     Body::forward(ctx, a);
     ctx.add(a.rows * Body::out_features, a.y, a.x, a.y);
   }
-  // dx = dy + B_f(dy)
+  // dx = dy + B_f(dy): the add in the body's first layer's B where it takes it (a layer norm's)
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    Body::backward_input(ctx, a);
-    ctx.add(a.rows * Body::in_features, a.dx, a.dy, a.dx);
+    if constexpr (adds_to_input_gradient<Body, Ctx>) {
+      Body::backward_input_adding(ctx, a, a.dy);
+    } else {
+      Body::backward_input(ctx, a);
+      ctx.add(a.rows * Body::in_features, a.dx, a.dy, a.dx);
+    }
   }
+
+  // The residual-add fusion (model/layer.hpp): y = f(x) + x left to the next layer as y = f(x)
+  // and r = x; the input's own pending add given to the body's first layer where it takes it.
+  template <class Ctx>
+  requires adds_input<Body, Ctx>
+  static void forward_adding_input(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                                   const typename Ctx::value_type* r) {
+    Body::forward_adding_input(ctx, a, r);
+    ctx.add(a.rows * Body::out_features, a.y, a.x, a.y);
+  }
+  template <class Ctx>
+  static const typename Ctx::value_type* forward_leaving_add(
+      Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+      const typename Ctx::value_type* r_in) {
+    if constexpr (adds_input<Body, Ctx>) {
+      if (r_in != nullptr) {
+        Body::forward_adding_input(ctx, a, r_in);
+        return a.x;
+      }
+    }
+    Body::forward(ctx, a);
+    return a.x;
+  }
+  // Hides the body's: the residual's input gradient has an add of its own, so it takes none.
+  template <class Ctx>
+  static void backward_input_adding(Ctx&, const BackwardInputArgs<typename Ctx::value_type>&,
+                                    const typename Ctx::value_type*) = delete;
 };
 
 }  // namespace detail

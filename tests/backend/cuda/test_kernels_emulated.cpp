@@ -222,6 +222,7 @@ TEST_CASE_TEMPLATE_INVOKE(kernels_elementwise, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_bias, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_layer_norm_bf16, EmulatedDevice);
+TEST_CASE_TEMPLATE_INVOKE(kernels_residual_layer_norm, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_loss_bf16, EmulatedDevice);
 TEST_CASE_TEMPLATE_INVOKE(kernels_empty_loss, EmulatedDevice);

@@ -16,17 +16,21 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels_bf16.hpp"
 #include "gpipe/backend/host/layers/activation.hpp"
 #include "gpipe/backend/host/layers/attention.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/backend/host/layers/layer_norm.hpp"
 #include "gpipe/model/layer.hpp"
+#include "gpipe/model/layer_norm.hpp"
 #include "support/layer_kernels.hpp"
 #include "support/relative_error.hpp"
 
@@ -448,6 +452,67 @@ TEST_SUITE("backend host kernels") {
         CHECK(dqkv_split == dqkv_alone);
       }
     }
+  }
+
+  TEST_CASE("a residual's add fused into LayerNorm is the add then LayerNorm, bit for bit") {
+    // LayerNorm's forward_adding_input (x = x + r in place, then forward) and
+    // backward_input_adding (dx + r) against ctx.add and the plain ops, in float on one thread
+    // and split over a team of three, in double and in bf16 (the sum rounded before it is
+    // normalized, LayerNorm's dx rounded before r is added).
+    constexpr std::size_t cols = 256;
+    const std::size_t rows = 3 * gpipe::host::Kernels<float>::split_min_elements / cols + 5;
+    using LN = gpipe::LayerNorm<cols>;
+    gpipe::host::Team team(3);
+    gpipe::host::Kernels<float> split(0, &team), alone;
+    REQUIRE(split.split(rows, cols).parts == 3);
+    gpipe::host::Kernels<double> wide;
+    gpipe::host::Kernels<gpipe::bf16> half;
+    auto check = [&](auto& k) {
+      using T = typename std::remove_reference_t<decltype(k)>::value_type;
+      using P = gpipe::master_t<T>;
+      auto values = [&](std::uint64_t seed, float lo, float hi) {
+        gpipe::Rng rng(seed);
+        std::vector<T> v(rows * cols);
+        for (T& x : v) x = T(rng.uniform(lo, hi));
+        return v;
+      };
+      const std::vector<T> x = values(51, -1, 1), r = values(52, 2, 4), dy = values(53, -1, 1),
+                           r_grad = values(54, -1, 1);
+      std::vector<P> params(LN::num_params);
+      gpipe::Rng rng(55);
+      for (P& p : params) p = P(rng.uniform(0.5f, 1.5f));
+      const auto bits_of = [](const std::vector<T>& v) {
+        std::vector<unsigned char> out(v.size() * sizeof(T));
+        std::memcpy(out.data(), v.data(), out.size());
+        return out;
+      };
+      std::vector<T> fused_x = x, plain_x = x, fused_y(x.size()), plain_y(x.size()),
+                     fused_stats(2 * rows), plain_stats(2 * rows), fused_dx(x.size()),
+                     plain_dx(x.size());
+      LN::forward_adding_input(
+          k, {rows, fused_x.data(), fused_y.data(), params.data(), fused_stats.data()}, r.data());
+      k.add(x.size(), plain_x.data(), r.data(), plain_x.data());
+      LN::forward(k, {rows, plain_x.data(), plain_y.data(), params.data(), plain_stats.data()});
+      CHECK(bits_of(fused_x) == bits_of(plain_x));
+      CHECK(bits_of(fused_y) == bits_of(plain_y));
+      CHECK(bits_of(fused_stats) == bits_of(plain_stats));
+      LN::backward_input_adding(k,
+                                {rows, plain_x.data(), dy.data(), fused_dx.data(), params.data(),
+                                 plain_stats.data(), nullptr},
+                                r_grad.data());
+      LN::backward_input(k, {rows, plain_x.data(), dy.data(), plain_dx.data(), params.data(),
+                             plain_stats.data(), nullptr});
+      k.add(x.size(), plain_dx.data(), r_grad.data(), plain_dx.data());
+      CHECK(bits_of(fused_dx) == bits_of(plain_dx));
+      // and not the same as leaving the adds out
+      LN::backward_input(k, {rows, plain_x.data(), dy.data(), plain_dx.data(), params.data(),
+                             plain_stats.data(), nullptr});
+      CHECK(bits_of(fused_dx) != bits_of(plain_dx));
+    };
+    SUBCASE("float, one thread") { check(alone); }
+    SUBCASE("float, a team of three") { check(split); }
+    SUBCASE("double") { check(wide); }
+    SUBCASE("bf16") { check(half); }
   }
 
   TEST_CASE("reference_gemm matches the definition, in float and in double") {

@@ -23,8 +23,8 @@
 //   - cp.async (gpipe/backend/cuda/kernels/async_copy.cuh): a thread's group of copies lands at
 //     the cp.async.wait_group that covers it, not before (the latest moment a GPU may land it):
 //     a kernel that reads a tile before waiting reads stale data. Misaligned copies are errors.
-//   - __fmul_rn(a, b): a product rounded once, which the GPU never contracts into an FMA (here,
-//     where nothing is contracted, a plain product).
+//   - __fmul_rn(a, b), __fadd_rn(a, b): a product or sum rounded once, which the GPU never
+//     contracts into an FMA (here, where nothing is contracted, a plain product or sum).
 //   - launch configurations outside CUDA's limits fail as cudaErrorInvalidConfiguration, which
 //     the next cudaGetLastError() returns (and GPIPE_CUDA_CHECK_LAUNCH turns into an Error).
 //   - between barriers, warps run one at a time in a pseudo-random order, each as far as it can
@@ -672,6 +672,7 @@ inline void complete_ldmatrix_x4(Thread* warp, const Collective& op, const std::
 inline void __syncthreads() { ::gpipe::test::cuda_emulation::Emulator::instance().barrier(); }
 
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {

@@ -23,6 +23,10 @@
 // Where two consecutive layers form a LayerPair (model/layer.hpp) for the context, B runs the
 // pair's backward_input in place of theirs (it may leave g_{i+1}, the gradient between them,
 // unwritten), or the two layers' where the pair declines.
+// Where a layer leaves a residual add and the next one adds its input (model/layer.hpp), F lets
+// the next layer form a_{i+1} = a_{i+1} + r (a residual's add fused into the layer norm after it);
+// the chain itself adds its input, leaves its add and adds to its input gradient where its first
+// or last layer does.
 // Every layer of the chain gets the chain's document ids (the Args' `document`) as they are.
 
 #include <array>
@@ -211,6 +215,8 @@ struct Chain {
   }
 
   static constexpr std::size_t size = sizeof...(Bs);
+  using first_layer = std::tuple_element_t<0, std::tuple<Bs...>>;
+  using last_layer = std::tuple_element_t<size - 1, std::tuple<Bs...>>;
   static constexpr std::array<std::size_t, size> ins{Bs::in_features...};
   static constexpr std::array<std::size_t, size> outs{Bs::out_features...};
   static constexpr std::size_t in_features = ins.front();
@@ -330,11 +336,31 @@ struct Chain {
 
   template <class Ctx>
   static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
-    forward_impl(ctx, a, std::index_sequence_for<Bs...>{});
+    forward_impl<false>(ctx, a, nullptr, std::index_sequence_for<Bs...>{});
   }
   template <class Ctx>
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
-    backward_input_impl(ctx, a, std::index_sequence_for<Bs...>{});
+    backward_input_impl(ctx, a, nullptr, std::index_sequence_for<Bs...>{});
+  }
+  // The residual-add fusion (model/layer.hpp), where the first or last layer has its part.
+  template <class Ctx>
+  requires adds_input<first_layer, Ctx>
+  static void forward_adding_input(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                                   const typename Ctx::value_type* r) {
+    forward_impl<false>(ctx, a, r, std::index_sequence_for<Bs...>{});
+  }
+  template <class Ctx>
+  requires leaves_add<last_layer, Ctx>
+  static const typename Ctx::value_type* forward_leaving_add(
+      Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+      const typename Ctx::value_type* r_in) {
+    return forward_impl<true>(ctx, a, r_in, std::index_sequence_for<Bs...>{});
+  }
+  template <class Ctx>
+  requires adds_to_input_gradient<first_layer, Ctx>
+  static void backward_input_adding(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a,
+                                    const typename Ctx::value_type* r) {
+    backward_input_impl(ctx, a, r, std::index_sequence_for<Bs...>{});
   }
   template <class Ctx>
   static void backward_weight(Ctx& ctx, const BackwardWeightArgs<typename Ctx::value_type>& a) {
@@ -420,22 +446,57 @@ struct Chain {
     { LayerPair<layer_t<I>, layer_t<I + 1>>::backward_input(c, b, b) } -> std::same_as<bool>;
   };
 
-  template <class Ctx, std::size_t... I>
-  static void forward_impl(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
-                           std::index_sequence<I...>) {
+  // Layer I leaves its residual add to layer I + 1, which adds its input (Leave: the chain's last
+  // layer leaves it to whoever called forward_leaving_add).
+  template <std::size_t I, class Ctx, bool Leave>
+  static constexpr bool leaves_at() {
+    if constexpr (I + 1 < size)
+      return leaves_add<layer_t<I>, Ctx> && adds_input<layer_t<I + 1>, Ctx>;
+    else
+      return Leave;
+  }
+
+  // F of every layer; `pending`: the add the chain's input still needs (forward_adding_input),
+  // then the one the layer before left. Returns the add the last layer left (Leave), else nullptr.
+  template <bool Leave, class Ctx, std::size_t... I>
+  static const typename Ctx::value_type* forward_impl(
+      Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+      const typename Ctx::value_type* pending, std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);  // only read through the I == 0 path
     const Parts<T> p = parts(a);
-    (Bs::forward(ctx, ForwardArgs<T>{a.rows, act<I>(x, a.y, p), act<I + 1>(x, a.y, p),
-                                     a.params + param_offset[I], p.stash(I), a.workspace,
-                                     compute_params_at(a.compute_params, param_offset[I]),
-                                     a.document, p.cheap_stash(I)}),
-     ...);
+    auto step = [&](auto i_const) {
+      constexpr std::size_t i = decltype(i_const)::value;
+      using L = layer_t<i>;
+      const ForwardArgs<T> args{a.rows,
+                                act<i>(x, a.y, p),
+                                act<i + 1>(x, a.y, p),
+                                a.params + param_offset[i],
+                                p.stash(i),
+                                a.workspace,
+                                compute_params_at(a.compute_params, param_offset[i]),
+                                a.document,
+                                p.cheap_stash(i)};
+      if constexpr (leaves_at<i, Ctx, Leave>()) {
+        pending = L::forward_leaving_add(ctx, args, pending);
+        return;
+      } else if constexpr (adds_input<L, Ctx>) {
+        if (pending != nullptr) {
+          L::forward_adding_input(ctx, args, std::exchange(pending, nullptr));
+          return;
+        }
+      }
+      L::forward(ctx, args);
+    };
+    (step(index_t<I>{}), ...);
+    return pending;
   }
 
+  // B of every layer, in reverse; `add` (not nullptr): dx = B(dy) + add, by the first layer's
+  // backward_input_adding.
   template <class Ctx, std::size_t... I>
   static void backward_input_impl(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a,
-                                  std::index_sequence<I...>) {
+                                  const typename Ctx::value_type* add, std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
     T* x = const_cast<T*>(a.x);
     const Parts<T> p = parts(a);
@@ -474,13 +535,17 @@ struct Chain {
       }
       if constexpr (i > 0) {
         if constexpr (pair_backward<i - 1, Ctx>) {
-          // not where the pair's dx would be the chain's, which nobody wants (skipped above)
-          if (i - 1 != 0 || !skips_input_gradient || a.dx != nullptr) {
+          // not where the pair's dx would be the chain's, which nobody wants (skipped above) or
+          // which the first layer adds to
+          if (i - 1 != 0 || ((!skips_input_gradient || a.dx != nullptr) && add == nullptr)) {
             done = LayerPair<layer_t<i - 1>, layer_t<i>>::backward_input(
                 ctx, args(index_t<i - 1>{}), args(index_t<i>{}));
             if (done) return;
           }
         }
+      }
+      if constexpr (i == 0 && adds_to_input_gradient<layer_t<0>, Ctx>) {
+        if (add != nullptr) return layer_t<0>::backward_input_adding(ctx, args(index_t<0>{}), add);
       }
       layer_t<i>::backward_input(ctx, args(index_t<i>{}));
     };

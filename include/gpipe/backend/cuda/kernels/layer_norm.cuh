@@ -34,6 +34,7 @@
 
 #include "gpipe/backend/cuda/kernels/bias.cuh"
 #include "gpipe/backend/cuda/kernels/common.cuh"
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/launch_log.cuh"
 
 namespace gpipe::cuda {
@@ -212,19 +213,33 @@ __device__ __forceinline__ float streaming_mean(const T* xr, std::size_t cols, u
 
 }  // namespace detail
 
-/// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
-/// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
-template <int Packs, bool WholeBlock, class T>
-__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
-    layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps, const T* x,
-                                       const float* gamma, const float* beta, T* y, T* stats) {
-  using Group = detail::RowGroup<WholeBlock>;
-  using P4 = detail::Pack<float, 4>;
+namespace detail {
+// The rows of layer_norm_forward_resident_kernel (AddInput: of residual_layer_norm_forward_kernel,
+// each row first formed as x + r, rounded to T and stored in x, then normalized as stored).
+template <int Packs, bool WholeBlock, bool AddInput, class T>
+__device__ __forceinline__ void layer_norm_forward_rows(std::size_t rows, std::size_t cols,
+                                                        float eps, const T* x, const T* r, T* sum,
+                                                        const float* gamma, const float* beta, T* y,
+                                                        T* stats) {
+  using Group = RowGroup<WholeBlock>;
+  using P4 = Pack<float, 4>;
   const std::size_t row_packs = cols / 4;
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     P4 v[Packs];
     Group::load(v, x + row * cols, row_packs);
+    if constexpr (AddInput) {
+      P4 rv[Packs];
+      Group::load(rv, r + row * cols, row_packs);
+#pragma unroll
+      for (int p = 0; p < Packs; ++p) {
+        const std::size_t q = Group::pack(p);
+        if (q >= row_packs) break;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[p].v[j] = widen(narrow<T>(__fadd_rn(v[p].v[j], rv[p].v[j])));
+        store_narrowed<4>(sum + row * cols + 4 * q, v[p]);
+      }
+    }
     const float mean = Group::mean(v, n);
     float sum_sq = 0;
 #pragma unroll
@@ -238,14 +253,35 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     for (int p = 0; p < Packs; ++p) {
       const std::size_t q = Group::pack(p);
       if (q >= row_packs) break;
-      const P4 g = detail::load_pack<4>(gamma + 4 * q), b = detail::load_pack<4>(beta + 4 * q);
+      const P4 g = load_pack<4>(gamma + 4 * q), b = load_pack<4>(beta + 4 * q);
       P4 out;
 #pragma unroll
       for (int j = 0; j < 4; ++j) out.v[j] = (v[p].v[j] - mean) * rstd * g.v[j] + b.v[j];
-      detail::store_narrowed<4>(y + row * cols + 4 * q, out);
+      store_narrowed<4>(y + row * cols + 4 * q, out);
     }
-    if (Group::rank() == 0) detail::store_stats(stats, row, mean, rstd);
+    if (Group::rank() == 0) store_stats(stats, row, mean, rstd);
   }
+}
+}  // namespace detail
+
+/// x (rows, cols) -> y (rows, cols), stats (rows, 2), cols % 4 == 0, each row held in registers
+/// (Packs packs per thread, see RowLayout): mean, then the variance as the mean of (x - mean)^2.
+template <int Packs, bool WholeBlock, class T>
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
+    layer_norm_forward_resident_kernel(std::size_t rows, std::size_t cols, float eps, const T* x,
+                                       const float* gamma, const float* beta, T* y, T* stats) {
+  detail::layer_norm_forward_rows<Packs, WholeBlock, false, T>(rows, cols, eps, x, nullptr, nullptr,
+                                                               gamma, beta, y, stats);
+}
+/// x = x + r (a residual's add, each sum rounded to T and stored), then y and stats from the
+/// stored x as layer_norm_forward_resident_kernel computes them: bit for bit add_kernel then it.
+template <int Packs, bool WholeBlock, class T>
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
+    residual_layer_norm_forward_kernel(std::size_t rows, std::size_t cols, float eps, T* x,
+                                       const T* r, const float* gamma, const float* beta, T* y,
+                                       T* stats) {
+  detail::layer_norm_forward_rows<Packs, WholeBlock, true, T>(rows, cols, eps, x, r, x, gamma, beta,
+                                                              y, stats);
 }
 
 /// The streaming form of layer_norm_forward_resident_kernel, for any cols and alignment: the
@@ -318,25 +354,25 @@ void layer_norm_forward(std::size_t rows, std::size_t cols, double eps, const T*
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_forward_resident_kernel");
 }
 
-/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
-/// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
-/// held in registers (Packs packs each per thread, see RowLayout).
-template <int Packs, bool WholeBlock, class T>
-__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
-    layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const T* x,
-                                              const T* dy, const float* gamma, const T* stats,
-                                              T* dx) {
-  using Group = detail::RowGroup<WholeBlock>;
-  using P4 = detail::Pack<float, 4>;
+namespace detail {
+// The rows of layer_norm_backward_input_resident_kernel (AddOutput: of
+// residual_layer_norm_backward_input_kernel, each dx rounded to T, then r added).
+template <int Packs, bool WholeBlock, bool AddOutput, class T>
+__device__ __forceinline__ void layer_norm_backward_input_rows(std::size_t rows, std::size_t cols,
+                                                               const T* x, const T* dy,
+                                                               const float* gamma, const T* stats,
+                                                               const T* r, T* dx) {
+  using Group = RowGroup<WholeBlock>;
+  using P4 = Pack<float, 4>;
   const std::size_t row_packs = cols / 4;
   const float n = static_cast<float>(cols);
   for (std::size_t row = Group::first_row(); row < rows; row += Group::row_stride()) {
     P4 xv[Packs], gv[Packs];
     Group::load(xv, x + row * cols, row_packs);
     Group::load(gv, dy + row * cols, row_packs);
-    const float rstd = detail::stored_rstd(stats, row);
+    const float rstd = stored_rstd(stats, row);
     float mean;
-    if constexpr (detail::stats_hold_mean<T>) {
+    if constexpr (stats_hold_mean<T>) {
       mean = stats[2 * row];
     } else {
       mean = Group::mean(xv, n);
@@ -346,7 +382,7 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
     for (int p = 0; p < Packs; ++p) {
       const std::size_t q = Group::pack(p);
       if (q >= row_packs) break;
-      const P4 w = detail::load_pack<4>(gamma + 4 * q);
+      const P4 w = load_pack<4>(gamma + 4 * q);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         gv[p].v[j] = __fmul_rn(gv[p].v[j], w.v[j]);  // rounded once: see the streaming kernel
@@ -366,9 +402,37 @@ __global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_thread
         const float xhat = (xv[p].v[j] - mean) * rstd;
         out.v[j] = rstd * (gv[p].v[j] - mean_g - xhat * mean_gx);
       }
-      detail::store_narrowed<4>(dx + row * cols + 4 * q, out);
+      if constexpr (AddOutput) {
+        const P4 rv = load_widened<4>(r + row * cols + 4 * q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) out.v[j] = __fadd_rn(widen(narrow<T>(out.v[j])), rv.v[j]);
+      }
+      store_narrowed<4>(dx + row * cols + 4 * q, out);
     }
   }
+}
+}  // namespace detail
+
+/// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,  xhat = (x - mean) * rstd
+/// x, dy, dx (rows, cols), cols % 4 == 0; gamma (cols); stats (rows, 2). Each row's x and g are
+/// held in registers (Packs packs each per thread, see RowLayout).
+template <int Packs, bool WholeBlock, class T>
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
+    layer_norm_backward_input_resident_kernel(std::size_t rows, std::size_t cols, const T* x,
+                                              const T* dy, const float* gamma, const T* stats,
+                                              T* dx) {
+  detail::layer_norm_backward_input_rows<Packs, WholeBlock, false, T>(rows, cols, x, dy, gamma,
+                                                                      stats, nullptr, dx);
+}
+/// layer_norm_backward_input_resident_kernel's dx rounded to T, plus r (a residual's input
+/// gradient): bit for bit that kernel then add_kernel.
+template <int Packs, bool WholeBlock, class T>
+__global__ void __launch_bounds__(detail::RowGroup<WholeBlock>::max_block_threads)
+    residual_layer_norm_backward_input_kernel(std::size_t rows, std::size_t cols, const T* x,
+                                              const T* dy, const float* gamma, const T* stats,
+                                              const T* r, T* dx) {
+  detail::layer_norm_backward_input_rows<Packs, WholeBlock, true, T>(rows, cols, x, dy, gamma,
+                                                                     stats, r, dx);
 }
 
 /// The streaming form of layer_norm_backward_input_resident_kernel, for any cols and alignment.
@@ -457,6 +521,61 @@ void layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, c
     (rows, cols, x, dy, gamma, stats, dx);
   });
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_backward_input_resident_kernel");
+}
+
+/// A residual's add fused into the LayerNorm after it: x = x + r (rounded to T, in place), then
+/// y and stats from x as layer_norm_forward computes them, on `stream`, in one kernel where the
+/// resident kernels hold the row (else add then layer_norm_forward): bit for bit those two.
+template <class T>
+void residual_layer_norm_forward(std::size_t rows, std::size_t cols, double eps, T* x, const T* r,
+                                 const float* gamma, const float* beta, T* y, T* stats,
+                                 cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const detail::RowLayout layout(cols);
+  if (layout.threads == 0 || !detail::aligned<4>(x, r, gamma, beta, y)) {
+    add(rows * cols, x, r, x, stream);
+    return layer_norm_forward(rows, cols, eps, x, gamma, beta, y, stats, stream);
+  }
+  const std::size_t n = rows * cols;
+  // x and r read, x and y written; gamma and beta read; the stats written
+  detail::record_kernel("residual_layer_norm_forward_kernel", {rows, cols, 0},
+                        9.0 * static_cast<double>(n),
+                        detail::bytes_of<T>(2 * n) + detail::bytes_of<float>(2 * cols),
+                        detail::bytes_of<T>(2 * n + 2 * rows), stream);
+  layout.dispatch([&](auto packs, auto whole_block) {
+    constexpr auto kernel = &residual_layer_norm_forward_kernel<decltype(packs)::value,
+                                                                decltype(whole_block)::value, T>;
+    GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
+    (rows, cols, static_cast<float>(eps), x, r, gamma, beta, y, stats);
+  });
+  GPIPE_CUDA_CHECK_LAUNCH("residual_layer_norm_forward_kernel");
+}
+/// layer_norm_backward_input's dx, then dx += r (a residual's input gradient), on `stream`, in
+/// one kernel where the resident kernels hold the row (else the two): bit for bit those two.
+template <class T>
+void residual_layer_norm_backward_input(std::size_t rows, std::size_t cols, const T* x, const T* dy,
+                                        const float* gamma, const T* stats, const T* r, T* dx,
+                                        cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  const detail::RowLayout layout(cols);
+  if (layout.threads == 0 || !detail::aligned<4>(x, dy, gamma, r, dx)) {
+    layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, stream);
+    return add(rows * cols, dx, r, dx, stream);
+  }
+  const std::size_t n = rows * cols;
+  // x, dy and r read, dx written; gamma and the stats read
+  detail::record_kernel("residual_layer_norm_backward_input_kernel", {rows, cols, 0},
+                        13.0 * static_cast<double>(n),
+                        detail::bytes_of<T>(3 * n + 2 * rows) + detail::bytes_of<float>(cols),
+                        detail::bytes_of<T>(n), stream);
+  layout.dispatch([&](auto packs, auto whole_block) {
+    constexpr auto kernel =
+        &residual_layer_norm_backward_input_kernel<decltype(packs)::value,
+                                                   decltype(whole_block)::value, T>;
+    GPIPE_CUDA_LAUNCH(kernel, layout.grid(rows), layout.block(), stream)
+    (rows, cols, x, dy, gamma, stats, r, dx);
+  });
+  GPIPE_CUDA_CHECK_LAUNCH("residual_layer_norm_backward_input_kernel");
 }
 
 /// Pass 1 of dgamma(cols) += sum_rows dy * xhat and dbeta(cols) += sum_rows dy over column tiles,

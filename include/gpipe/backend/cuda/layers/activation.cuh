@@ -63,6 +63,17 @@ struct LayerKernels<LayerNormOp, cuda::KernelContext<T>> {
                              const T* x, const T* dy, const float* gamma, const T* stats, T* dx) {
     cuda::layer_norm_backward_input(rows, cols, x, dy, gamma, stats, dx, k.stream());
   }
+  /// x = x + r (a residual's add, in place), then forward from it: one kernel where it can.
+  static void forward_add(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                          T* x, const T* r, const float* gamma, const float* beta, T* y, T* stats) {
+    cuda::residual_layer_norm_forward(rows, cols, eps, x, r, gamma, beta, y, stats, k.stream());
+  }
+  /// backward_input's dx plus r (a residual's input gradient): one kernel where it can.
+  static void backward_input_add(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                                 const T* x, const T* dy, const float* gamma, const T* stats,
+                                 const T* r, T* dx) {
+    cuda::residual_layer_norm_backward_input(rows, cols, x, dy, gamma, stats, r, dx, k.stream());
+  }
   /// dgamma(cols) += sum over rows of dy xhat, dbeta(cols) += sum over rows of dy, in float.
   static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
                               const T* x, const T* dy, const T* stats, float* dgamma,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/backend/host/kernels/layer_norm.hpp"
 #include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
@@ -30,6 +31,14 @@ struct LayerKernels<LayerNormOp, host::KernelContext<T>> {
   /// dgamma(cols) += the column sums of dy xhat, dbeta(cols) += the column sums of dy.
   static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
                               const T* x, const T* dy, const T* stats, T* dgamma, T* dbeta);
+  /// x += r (a residual's add, in place), then forward from it, a block of rows at a time while
+  /// it is in cache: bit for bit the add then forward.
+  static void forward_add(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                          T* x, const T* r, const T* gamma, const T* beta, T* y, T* stats);
+  /// backward_input's dx, then dx += r, a block of rows at a time: bit for bit the two.
+  static void backward_input_add(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                                 const T* x, const T* dy, const T* gamma, const T* stats,
+                                 const T* r, T* dx);
 };
 
 // Defined out of the classes, so that a program on gpipe::compiled compiles none of them (the
@@ -69,6 +78,30 @@ void LayerKernels<LayerNormOp, host::KernelContext<T>>::backward_weight(
   });
 }
 
+template <class T>
+void LayerKernels<LayerNormOp, host::KernelContext<T>>::forward_add(
+    host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps, T* x, const T* r,
+    const T* gamma, const T* beta, T* y, T* stats) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    T* xb = x + first * cols;
+    host::add(count * cols, xb, r + first * cols, xb);
+    host::layer_norm_forward(count, cols, eps, xb, gamma, beta, y + first * cols,
+                             stats + 2 * first);
+  });
+}
+
+template <class T>
+void LayerKernels<LayerNormOp, host::KernelContext<T>>::backward_input_add(
+    host::KernelContext<T>& k, std::size_t rows, std::size_t cols, const T* x, const T* dy,
+    const T* gamma, const T* stats, const T* r, T* dx) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    T* dxb = dx + first * cols;
+    host::layer_norm_backward_input(count, cols, x + first * cols, dy + first * cols, gamma,
+                                    stats + 2 * first, dxb);
+    host::add(count * cols, dxb, r + first * cols, dxb);
+  });
+}
+
 GPIPE_HOST_INSTANTIATION(struct LayerKernels<LayerNormOp, host::KernelContext<float>>);
 
 /// LayerNorm on bf16 activations: each row widened to float and run through the float kernels,
@@ -91,9 +124,7 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
         host::layer_norm_forward(std::size_t{1}, cols, eps, row.data(), gamma, beta,
                                  row.data() + cols, st);
         host::to_bf16(cols, row.data() + cols, y + r * cols);
-        const auto bits = std::bit_cast<std::uint32_t>(st[1]);
-        stats[2 * r] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
-        stats[2 * r + 1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+        store_rstd(st[1], stats + 2 * r);
       }
     });
   }
@@ -110,6 +141,49 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
         host::layer_norm_backward_input(std::size_t{1}, cols, row.data(), row.data() + cols, gamma,
                                         st, row.data() + 2 * cols);
         host::to_bf16(cols, row.data() + 2 * cols, dx + r * cols);
+      }
+    });
+  }
+
+  /// x = x + r rounded to bf16 (a residual's add, in place), then forward from it, a row at a
+  /// time: bit for bit the add then forward.
+  static void forward_add(Ctx& k, std::size_t rows, std::size_t cols, double eps, bf16* x,
+                          const bf16* r, const float* gamma, const float* beta, bf16* y,
+                          bf16* stats) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(2 * cols);
+      for (std::size_t i = first; i < first + count; ++i) {
+        float st[2];
+        host::from_bf16(cols, x + i * cols, row.data());
+        host::from_bf16(cols, r + i * cols, row.data() + cols);
+        host::add(cols, row.data(), row.data() + cols, row.data());
+        host::to_bf16(cols, row.data(), x + i * cols);
+        host::from_bf16(cols, x + i * cols, row.data());  // the sum as stored
+        host::layer_norm_forward(std::size_t{1}, cols, eps, row.data(), gamma, beta,
+                                 row.data() + cols, st);
+        host::to_bf16(cols, row.data() + cols, y + i * cols);
+        store_rstd(st[1], stats + 2 * i);
+      }
+    });
+  }
+
+  /// backward_input's dx rounded to bf16, then dx + r rounded to bf16: bit for bit the two.
+  static void backward_input_add(Ctx& k, std::size_t rows, std::size_t cols, const bf16* x,
+                                 const bf16* dy, const float* gamma, const bf16* stats,
+                                 const bf16* r, bf16* dx) {
+    k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+      std::vector<float> row(3 * cols);
+      for (std::size_t i = first; i < first + count; ++i) {
+        float st[2];
+        widen_row(cols, x + i * cols, stats + 2 * i, row.data(), st);
+        host::from_bf16(cols, dy + i * cols, row.data() + cols);
+        host::layer_norm_backward_input(std::size_t{1}, cols, row.data(), row.data() + cols, gamma,
+                                        st, row.data() + 2 * cols);
+        host::to_bf16(cols, row.data() + 2 * cols, dx + i * cols);
+        host::from_bf16(cols, dx + i * cols, row.data());  // dx as stored
+        host::from_bf16(cols, r + i * cols, row.data() + cols);
+        host::add(cols, row.data(), row.data() + cols, row.data());
+        host::to_bf16(cols, row.data(), dx + i * cols);
       }
     });
   }
@@ -131,6 +205,12 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
   }
 
  private:
+  // rstd's 32 bits in a row's two stash slots, high half first.
+  static void store_rstd(float rstd, bf16* stash) {
+    const auto bits = std::bit_cast<std::uint32_t>(rstd);
+    stash[0] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
+    stash[1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+  }
   // x's row widened into `row`, and its (mean, rstd): the mean as forward computed it, rstd from
   // the stash's bits.
   static void widen_row(std::size_t cols, const bf16* x, const bf16* stash, float* row, float* st) {
