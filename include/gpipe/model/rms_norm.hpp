@@ -21,6 +21,21 @@ namespace gpipe {
 /// the stash, wherever a chain puts it).
 struct RMSNormOp {};
 
+namespace detail {
+// LayerKernels<RMSNormOp, Ctx> with a residual add fused in (model/layer.hpp), as LayerNorm's
+// (model/layer_norm.hpp):
+//   forward_add(ctx, rows, cols, eps, x, r, weight, y, stats): x = x + r rounded to T, in place,
+//     then y and stats from it, as forward's;
+//   backward_input_add(ctx, rows, cols, x, dy, weight, stats, r, dx): dx = backward_input's dx
+//     rounded to T, plus r.
+template <class Ctx, class T = typename Ctx::value_type>
+concept rms_norm_adds = has_layer_kernels<RMSNormOp, Ctx> &&
+    requires(Ctx& c, std::size_t n, T* x, const T* r, const master_t<T>* w, T* s) {
+  LayerKernels<RMSNormOp, Ctx>::forward_add(c, n, n, 1e-5, x, r, w, x, s);
+  LayerKernels<RMSNormOp, Ctx>::backward_input_add(c, n, n, r, r, w, r, r, x);
+};
+}  // namespace detail
+
 /// Root-mean-square normalization over the N features of each row, as Hugging Face's
 /// LlamaRMSNorm: y = x rstd weight, rstd = 1 / sqrt(mean(x^2) + eps); no mean subtracted, no bias.
 template <std::size_t N>
@@ -61,6 +76,23 @@ struct RMSNorm {
   static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
     LayerKernels<RMSNormOp, Ctx>::backward_input(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
                                                  a.dx);
+  }
+  /// forward of the input x + r, formed in place in x (its memory is writable when r is given):
+  /// a residual's add fused into the norm after it, where the backend's kernels have it.
+  template <class Ctx>
+  requires detail::rms_norm_adds<Ctx>
+  static void forward_adding_input(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
+                                   const typename Ctx::value_type* r) {
+    LayerKernels<RMSNormOp, Ctx>::forward_add(
+        ctx, a.rows, N, eps, const_cast<typename Ctx::value_type*>(a.x), r, a.params, a.y, a.stash);
+  }
+  /// backward_input's dx plus r (a residual's input gradient), where the kernels have it.
+  template <class Ctx>
+  requires detail::rms_norm_adds<Ctx>
+  static void backward_input_adding(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a,
+                                    const typename Ctx::value_type* r) {
+    LayerKernels<RMSNormOp, Ctx>::backward_input_add(ctx, a.rows, N, a.x, a.dy, a.params, a.stash,
+                                                     r, a.dx);
   }
   /// dweight (N) += sum_rows dy * x_hat.
   template <class Ctx>

@@ -29,8 +29,10 @@
 #include "gpipe/backend/host/layers/attention.hpp"
 #include "gpipe/backend/host/layers/gelu_tanh.hpp"
 #include "gpipe/backend/host/layers/layer_norm.hpp"
+#include "gpipe/backend/host/layers/rms_norm.hpp"
 #include "gpipe/model/layer.hpp"
 #include "gpipe/model/layer_norm.hpp"
+#include "gpipe/model/rms_norm.hpp"
 #include "support/layer_kernels.hpp"
 #include "support/relative_error.hpp"
 
@@ -454,21 +456,23 @@ TEST_SUITE("backend host kernels") {
     }
   }
 
-  TEST_CASE("a residual's add fused into LayerNorm is the add then LayerNorm, bit for bit") {
-    // LayerNorm's forward_adding_input (x = x + r in place, then forward) and
+  TEST_CASE("a residual's add fused into LayerNorm or RMSNorm is the add then the norm, exactly") {
+    // LayerNorm's (and RMSNorm's) forward_adding_input (x = x + r in place, then forward) and
     // backward_input_adding (dx + r) against ctx.add and the plain ops, in float on one thread
     // and split over a team of three, in double and in bf16 (the sum rounded before it is
     // normalized, LayerNorm's dx rounded before r is added).
     constexpr std::size_t cols = 256;
     const std::size_t rows = 3 * gpipe::host::Kernels<float>::split_min_elements / cols + 5;
     using LN = gpipe::LayerNorm<cols>;
+    using RMS = gpipe::RMSNorm<cols>;
     gpipe::host::Team team(3);
     gpipe::host::Kernels<float> split(0, &team), alone;
     REQUIRE(split.split(rows, cols).parts == 3);
     gpipe::host::Kernels<double> wide;
     gpipe::host::Kernels<gpipe::bf16> half;
-    auto check = [&](auto& k) {
+    auto check = [&](auto& k, auto norm) {
       using T = typename std::remove_reference_t<decltype(k)>::value_type;
+      using LN = decltype(norm);
       using P = gpipe::master_t<T>;
       auto values = [&](std::uint64_t seed, float lo, float hi) {
         gpipe::Rng rng(seed);
@@ -509,10 +513,14 @@ TEST_SUITE("backend host kernels") {
                              plain_stats.data(), nullptr});
       CHECK(bits_of(fused_dx) != bits_of(plain_dx));
     };
-    SUBCASE("float, one thread") { check(alone); }
-    SUBCASE("float, a team of three") { check(split); }
-    SUBCASE("double") { check(wide); }
-    SUBCASE("bf16") { check(half); }
+    SUBCASE("float, one thread") { check(alone, LN{}); }
+    SUBCASE("float, a team of three") { check(split, LN{}); }
+    SUBCASE("double") { check(wide, LN{}); }
+    SUBCASE("bf16") { check(half, LN{}); }
+    SUBCASE("RMSNorm, float, one thread") { check(alone, RMS{}); }
+    SUBCASE("RMSNorm, float, a team of three") { check(split, RMS{}); }
+    SUBCASE("RMSNorm, double") { check(wide, RMS{}); }
+    SUBCASE("RMSNorm, bf16") { check(half, RMS{}); }
   }
 
   TEST_CASE("reference_gemm matches the definition, in float and in double") {

@@ -544,8 +544,8 @@ struct Chain {
           }
         }
       }
-      if constexpr (i == 0 && adds_to_input_gradient<layer_t<0>, Ctx>) {
-        if (add != nullptr) return layer_t<0>::backward_input_adding(ctx, args(index_t<0>{}), add);
+      if constexpr (i == 0 && adds_to_input_gradient<layer_t<i>, Ctx>) {
+        if (add != nullptr) return layer_t<i>::backward_input_adding(ctx, args(index_t<i>{}), add);
       }
       layer_t<i>::backward_input(ctx, args(index_t<i>{}));
     };

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpipe/backend/cuda/kernels/elementwise.cuh"
 #include "gpipe/backend/cuda/kernels/llama.cuh"
 #include "gpipe/backend/cuda/kernels/rms_norm.cuh"
 #include "gpipe/backend/host.hpp"
@@ -110,6 +111,55 @@ void check_rms_norm(std::size_t rows, std::size_t cols) {
   CHECK(relative_error(widened(ddw, cols), widened(dweight.data(), cols)) < 1e-5);
 }
 
+// A residual's add fused into RMSNorm, forward and input gradient: bit for bit the add kernel and
+// the plain kernels, and within tolerance of the host's fused kernels.
+template <class T>
+void check_residual_rms_norm(std::size_t rows, std::size_t cols) {
+  CAPTURE(rows);
+  CAPTURE(cols);
+  const std::size_t n = rows * cols;
+  using Host = gpipe::LayerKernels<gpipe::RMSNormOp, gpipe::host::Kernels<T>>;
+  gpipe::host::Kernels<T> host;
+  const auto x = random<T>(n, 11), r = random<T>(n, 12), dy = random<T>(n, 13),
+             r_grad = random<T>(n, 14);
+  const auto weight = random<float>(cols, 15, 0.5f, 1.5f);
+  std::vector<T> host_x = x, y(n), dx(n), stats(2 * rows);
+  Host::forward_add(host, rows, cols, 1e-5, host_x.data(), r.data(), weight.data(), y.data(),
+                    stats.data());
+  Host::backward_input_add(host, rows, cols, host_x.data(), dy.data(), weight.data(), stats.data(),
+                           r_grad.data(), dx.data());
+
+  Buffers mem;
+  const auto nan = [](std::size_t count) { return std::vector<T>(count, T(std::nanf(""))); };
+  T* fused_x = mem.put(x);
+  T* plain_x = mem.put(x);
+  const T* dr = mem.put(r);
+  const T* ddy = mem.put(dy);
+  const T* dr_grad = mem.put(r_grad);
+  const float* dw = mem.put(weight);
+  T *fused_y = mem.put(nan(n)), *plain_y = mem.put(nan(n));
+  T *fused_stats = mem.put(nan(2 * rows)), *plain_stats = mem.put(nan(2 * rows));
+  T *fused_dx = mem.put(nan(n)), *plain_dx = mem.put(nan(n));
+  cu::residual_rms_norm_forward(rows, cols, 1e-5, fused_x, dr, dw, fused_y, fused_stats, nullptr);
+  cu::add(n, plain_x, dr, plain_x, nullptr);
+  cu::rms_norm_forward(rows, cols, 1e-5, plain_x, dw, plain_y, plain_stats, nullptr);
+  cu::residual_rms_norm_backward_input(rows, cols, plain_x, ddy, dw, plain_stats, dr_grad, fused_dx,
+                                       nullptr);
+  cu::rms_norm_backward_input(rows, cols, plain_x, ddy, dw, plain_stats, plain_dx, nullptr);
+  cu::add(n, plain_dx, dr_grad, plain_dx, nullptr);
+  REQUIRE_MESSAGE(mem.intact(), "a kernel wrote past a buffer");
+  const auto same = [](const T* a, const T* b, std::size_t count) {
+    return std::memcmp(a, b, count * sizeof(T)) == 0;
+  };
+  CHECK(same(fused_x, plain_x, n));
+  CHECK(same(fused_y, plain_y, n));
+  CHECK(same(fused_stats, plain_stats, 2 * rows));
+  CHECK(same(fused_dx, plain_dx, n));
+  CHECK(relative_error(widened(fused_x, n), widened(host_x.data(), n)) == 0);  // one add, rounded
+  CHECK(relative_error(widened(fused_y, n), widened(y.data(), n)) < tolerance<T>);
+  CHECK(relative_error(widened(fused_dx, n), widened(dx.data(), n)) < 2 * tolerance<T>);
+}
+
 template <class T>
 void check_rope(bool documents, bool transpose) {
   CAPTURE(documents);
@@ -173,6 +223,11 @@ TEST_SUITE("cuda llama kernels, emulated") {
     check_rms_norm<T>(37, 100);
     check_rms_norm<T>(5, 33);
     check_rms_norm<T>(300, 16);  // several row chunks: partial sums added in order
+  }
+  TEST_CASE_TEMPLATE("a residual's add fused into RMSNorm is the add then RMSNorm, bit for bit", T,
+                     float, bf16) {
+    check_residual_rms_norm<T>(37, 100);
+    check_residual_rms_norm<T>(5, 33);
   }
   TEST_CASE_TEMPLATE("RoPE's kernel is the host's, forward and back, with and without documents", T,
                      float, bf16) {

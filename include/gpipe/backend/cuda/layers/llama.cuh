@@ -32,6 +32,17 @@ struct LayerKernels<RMSNormOp, cuda::KernelContext<T>> {
                              const T* x, const T* dy, const float* weight, const T* stats, T* dx) {
     cuda::rms_norm_backward_input(rows, cols, x, dy, weight, stats, dx, k.stream());
   }
+  /// x = x + r (a residual's add, in place), then forward from it, in one kernel.
+  static void forward_add(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                          T* x, const T* r, const float* weight, T* y, T* stats) {
+    cuda::residual_rms_norm_forward(rows, cols, eps, x, r, weight, y, stats, k.stream());
+  }
+  /// backward_input's dx plus r (a residual's input gradient), in one kernel.
+  static void backward_input_add(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                                 const T* x, const T* dy, const float* weight, const T* stats,
+                                 const T* r, T* dx) {
+    cuda::residual_rms_norm_backward_input(rows, cols, x, dy, weight, stats, r, dx, k.stream());
+  }
   /// dweight(cols) += sum over rows of dy x rstd, in float, deterministic.
   static void backward_weight(cuda::KernelContext<T>& k, std::size_t rows, std::size_t cols,
                               const T* x, const T* dy, const T* stats, float* dweight) {

@@ -3,6 +3,7 @@
 // sums in double, each output rounded once; split over the context's team by rows (forward,
 // input gradient) or by columns (weight gradient).
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
+#include "gpipe/backend/host/kernels/bf16.hpp"
+#include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/backend/host/linkage.hpp"
 #include "gpipe/model/kernel_context.hpp"
 #include "gpipe/model/precision.hpp"
@@ -62,6 +65,23 @@ struct LayerKernels<RMSNormOp, host::KernelContext<T>> {
   /// dweight(cols) += the column sums of dy xhat, each column summed in row order.
   static void backward_weight(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
                               const T* x, const T* dy, const T* stats, M* dweight);
+  /// x += r (a residual's add, in place, rounded as the context's add), then forward from it, a
+  /// block of rows at a time: bit for bit the add then forward.
+  static void forward_add(host::KernelContext<T>& k, std::size_t rows, std::size_t cols, double eps,
+                          T* x, const T* r, const M* weight, T* y, T* stats);
+  /// backward_input's dx, then dx += r, a block of rows at a time: bit for bit the two.
+  static void backward_input_add(host::KernelContext<T>& k, std::size_t rows, std::size_t cols,
+                                 const T* x, const T* dy, const M* weight, const T* stats,
+                                 const T* r, T* dx);
+
+ private:
+  // Rows [first, first + count) of forward and backward_input.
+  static void forward_rows(std::size_t first, std::size_t count, std::size_t cols, double eps,
+                           const T* x, const M* weight, T* y, T* stats);
+  static void backward_input_rows(std::size_t first, std::size_t count, std::size_t cols,
+                                  const T* x, const T* dy, const M* weight, const T* stats, T* dx);
+  // y(n) = y + a as the context's add rounds it (bf16: in float, rounded once).
+  static void add_into(std::size_t n, T* y, const T* a);
 };
 
 // Defined out of the class, so that a program on gpipe::compiled compiles none of them (the
@@ -73,16 +93,7 @@ void LayerKernels<RMSNormOp, host::KernelContext<T>>::forward(host::KernelContex
                                                               double eps, const T* x,
                                                               const M* weight, T* y, T* stats) {
   k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
-    for (std::size_t r = first; r < first + count; ++r) {
-      const T* xr = x + r * cols;
-      double sq = 0;
-      for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
-      // rounded to M first, so that B and W use the very rstd that y was formed with
-      const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
-      detail::put_rstd(stats, r, s);
-      for (std::size_t c = 0; c < cols; ++c)
-        y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
-    }
+    forward_rows(first, count, cols, eps, x, weight, y, stats);
   });
 }
 
@@ -93,19 +104,83 @@ void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input(host::Kerne
                                                                      const T* dy, const M* weight,
                                                                      const T* stats, T* dx) {
   k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
-    for (std::size_t r = first; r < first + count; ++r) {
-      const double s = detail::rstd_of(stats, r);
-      double sum_gx = 0;
-      for (std::size_t c = 0; c < cols; ++c)
-        sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
-      const double mean_gx = sum_gx / static_cast<double>(cols);
-      for (std::size_t c = 0; c < cols; ++c) {
-        const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
-        const double xhat = static_cast<double>(x[r * cols + c]) * s;
-        dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
-      }
-    }
+    backward_input_rows(first, count, cols, x, dy, weight, stats, dx);
   });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::forward_add(host::KernelContext<T>& k,
+                                                                  std::size_t rows,
+                                                                  std::size_t cols, double eps,
+                                                                  T* x, const T* r, const M* weight,
+                                                                  T* y, T* stats) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    add_into(count * cols, x + first * cols, r + first * cols);
+    forward_rows(first, count, cols, eps, x, weight, y, stats);
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input_add(
+    host::KernelContext<T>& k, std::size_t rows, std::size_t cols, const T* x, const T* dy,
+    const M* weight, const T* stats, const T* r, T* dx) {
+  k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
+    backward_input_rows(first, count, cols, x, dy, weight, stats, dx);
+    add_into(count * cols, dx + first * cols, r + first * cols);
+  });
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::forward_rows(std::size_t first,
+                                                                   std::size_t count,
+                                                                   std::size_t cols, double eps,
+                                                                   const T* x, const M* weight,
+                                                                   T* y, T* stats) {
+  for (std::size_t r = first; r < first + count; ++r) {
+    const T* xr = x + r * cols;
+    double sq = 0;
+    for (std::size_t c = 0; c < cols; ++c) sq += static_cast<double>(xr[c]) * xr[c];
+    // rounded to M first, so that B and W use the very rstd that y was formed with
+    const M s = static_cast<M>(1.0 / std::sqrt(sq / static_cast<double>(cols) + eps));
+    detail::put_rstd(stats, r, s);
+    for (std::size_t c = 0; c < cols; ++c)
+      y[r * cols + c] = static_cast<T>(static_cast<double>(xr[c]) * s * weight[c]);
+  }
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input_rows(
+    std::size_t first, std::size_t count, std::size_t cols, const T* x, const T* dy,
+    const M* weight, const T* stats, T* dx) {
+  for (std::size_t r = first; r < first + count; ++r) {
+    const double s = detail::rstd_of(stats, r);
+    double sum_gx = 0;
+    for (std::size_t c = 0; c < cols; ++c)
+      sum_gx += static_cast<double>(dy[r * cols + c]) * weight[c] * x[r * cols + c] * s;
+    const double mean_gx = sum_gx / static_cast<double>(cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const double g = static_cast<double>(dy[r * cols + c]) * weight[c];
+      const double xhat = static_cast<double>(x[r * cols + c]) * s;
+      dx[r * cols + c] = static_cast<T>(s * (g - xhat * mean_gx));
+    }
+  }
+}
+
+template <class T>
+void LayerKernels<RMSNormOp, host::KernelContext<T>>::add_into(std::size_t n, T* y, const T* a) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    constexpr std::size_t chunk = 256;
+    float wide_y[chunk], wide_a[chunk];
+    for (std::size_t i = 0; i < n; i += chunk) {
+      const std::size_t c = std::min(chunk, n - i);
+      host::from_bf16(c, y + i, wide_y);
+      host::from_bf16(c, a + i, wide_a);
+      host::add(c, wide_y, wide_a, wide_y);
+      host::to_bf16(c, wide_y, y + i);
+    }
+  } else {
+    host::add(n, y, a, y);
+  }
 }
 
 template <class T>
