@@ -425,7 +425,7 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
       add(ZeroBubbleV{});
       if (m >= 2 * K) add(DualPipeV{});  // which needs M >= 2K
     }
-    // the patterns of a policy per chunk (runtime/plan.hpp's mix_policies): first each policy on
+    // the patterns of a policy per chunk (detail::mix_policies): first each policy on
     // every chunk, then, with two chunks, every pair of two policies
     const std::size_t chunks = one_chunk ? 1 : 2;
     std::vector<std::vector<Remat>> patterns;
