@@ -2,7 +2,7 @@
 // an LM head tied to the token embedding), or with --model llama a Llama-shaped one (a token
 // table, LlamaBlocks, RMSNorm, an untied head) on packed documents, in 4 pipeline stages: on 4
 // host devices (threads), or, as example_train_gpt_mpi, on 4 x R MPI ranks (R data-parallel
-// replicas). A training run as
+// replicas); with --devices 2 two stages per device (2 threads, or 2 x R ranks). A training run as
 // nanoGPT and llm.c do it: AdamW with nanoGPT's two groups (no weight decay on biases and
 // LayerNorms), a linear warmup and a cosine learning rate, global-norm gradient clipping,
 // gradient accumulation, validation every N steps, a checkpoint every N steps that --resume
@@ -100,7 +100,8 @@ struct Options {
   std::vector<std::filesystem::path> data;
   std::filesystem::path out = "train_gpt_out";
   std::size_t steps = 600, batch = 16, accumulate = 1, micro_batches = 4;
-  std::size_t replicas = 0;  // 0: the MPI world's ranks / 4 (1 in one process)
+  std::size_t replicas = 0;  // 0: the MPI world's ranks / devices (1 in one process)
+  std::size_t devices = 4;   // pipeline devices: 4 (a stage each) or 2 (two stages each)
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, clip = 1.0;
   std::size_t warmup = 30, eval_every = 50, eval_batches = 4, checkpoint_every = 100;
   std::size_t sample = 300, seed = 1;
@@ -136,12 +137,16 @@ const char* const usage = R"(usage: example_train_gpt [options]
   --resume               continue from DIR/checkpoint when there is one
   --sample N             bytes (or tokens) generated at the end (300)
   --seed S               initialization and data order (1)
-  --replicas R           data-parallel replicas (example_train_gpt_mpi: 4 x R ranks; default
-                         the world's ranks / 4, so that a restart on other ranks needs no edit)
+  --devices K            pipeline devices for the 4 stages: 4, a stage each (1F1B), or 2, two
+                         stages each (Interleaved<2>; with --plan the two-chunk schedules) (4)
+  --replicas R           data-parallel replicas (example_train_gpt_mpi: K x R ranks; default
+                         the world's ranks / K, so that a restart on other ranks needs no edit)
   --quiet                no progress line per step (validation lines only)
   --bf16                 gpipe::MixedBf16: bf16 activations and GEMMs, fp32 master weights
-  --plan                 let gpipe::plan choose schedule, micro-batches and remat from costs it
-                         measures first (under --memory-limit); prints the plan and why
+  --plan                 let gpipe::plan choose schedule, micro-batches and remat (per stage)
+                         from costs it measures first (under --memory-limit), among the schedules
+                         of one stage per device, or of two with --devices 2; prints the plan and
+                         why
   --memory-limit MIB     bytes each device may hold, in MiB (the host build also caps its
                          devices at it); 0 = none (0)
   --skip-loss-z Z        skip the update of a step whose loss scores a z-score above Z against
@@ -219,7 +224,13 @@ Options parse(int argc, char** argv) {
       o.sample = count();
     else if (flag == "--seed")
       o.seed = count();
-    else if (flag == "--replicas") {
+    else if (flag == "--devices") {
+      o.devices = count();
+      if (o.devices != 4 && o.devices != 2)
+        throw gpipe::Error(
+            "train_gpt: --devices is 4 (a stage per device) or 2 (two stages per device), got " +
+            std::string(value));
+    } else if (flag == "--replicas") {
       o.replicas = count();
       if (o.replicas == 0) throw gpipe::Error("train_gpt: --replicas must be >= 1");
     } else if (flag == "--memory-limit")
@@ -440,7 +451,7 @@ class Run {
 #else
     const double one = train_gpt::measure_gemm_flops();
     const std::size_t cores =
-        std::min<std::size_t>(4, std::max(1u, std::thread::hardware_concurrency()));
+        std::min<std::size_t>(o_.devices, std::max(1u, std::thread::hardware_concurrency()));
     say("GEMM peak: %.1f GFLOP/s per core (measured) x %zu cores\n", one * 1e-9, cores);
     return one * static_cast<double>(cores);
 #endif
@@ -544,15 +555,22 @@ template <class Family, std::size_t V, class Precision>
 int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, bool prints) {
   using Loss = gpipe::SoftmaxCrossEntropy;
   using Model = typename Family::template model<V>;
+  // two stages per device: PlannedSchedule<2> runs a plan's schedule, and without one
+  // Interleaved<2>'s (one Trainer type for both, which keeps the compile time down)
+  using TwoPerDevice = gpipe::Trainer<Model, Loss, Backend, gpipe::PlannedSchedule<2>, Precision>;
   const auto limit = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20));
+  const std::string stages = o.devices == 4 ? "4 stages" : "4 stages on 2 devices (two each)";
   if (!o.plan) {
-    using Trainer = gpipe::Trainer<Model, Loss, Backend, gpipe::OneFOneB, Precision>;
     if (prints)
       std::printf(
-          "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), 4 stages, 1F1B, M = %zu, %zu x "
-          "%zu samples per step, %s\n",
-          Family::name, Model::num_params, V, T, D, Family::shape, o.micro_batches, o.accumulate,
-          o.batch, std::string(Precision::name).c_str());
+          "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), %s, %s, M = %zu, %zu x %zu "
+          "samples per step, %s\n",
+          Family::name, Model::num_params, V, T, D, Family::shape, stages.c_str(),
+          o.devices == 4 ? "1F1B" : "Interleaved<2>", o.micro_batches, o.accumulate, o.batch,
+          std::string(Precision::name).c_str());
+    if (o.devices == 2)
+      return Run<Family, TwoPerDevice>(backend, o, corpus, prints, nullptr).train();
+    using Trainer = gpipe::Trainer<Model, Loss, Backend, gpipe::OneFOneB, Precision>;
     return Run<Family, Trainer>(backend, o, corpus, prints, nullptr).train();
   }
   // the plan, from costs measured on a batch of the training data; every rank gets the same
@@ -563,10 +581,10 @@ int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, b
   const gpipe::Plan plan = gpipe::plan<Model, Loss, Precision>(backend, batch.x, batch.y, options);
   if (prints) {
     std::printf(
-        "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), 4 stages, %zu x %zu samples per "
-        "step, %s\n",
-        Family::name, Model::num_params, V, T, D, Family::shape, o.accumulate, o.batch,
-        std::string(Precision::name).c_str());
+        "%s: %zu parameters (vocabulary %zu, T %zu, D %zu, %s), %s, %zu x %zu samples per step, "
+        "%s\n",
+        Family::name, Model::num_params, V, T, D, Family::shape, stages.c_str(), o.accumulate,
+        o.batch, std::string(Precision::name).c_str());
     // the choice and the ten fastest candidates, with why each was not chosen
     const std::string text = plan.describe();
     std::size_t end = 0;
@@ -575,6 +593,8 @@ int train(Backend& backend, const Options& o, const train_gpt::Corpus& corpus, b
     std::printf("%s\n  ... %zu candidates in all\n", text.substr(0, end).c_str(),
                 plan.candidates.size());
   }
+  if (plan.chunks_per_device() == 2)
+    return Run<Family, TwoPerDevice>(backend, o, corpus, prints, &plan).train();
   using Trainer = gpipe::Trainer<Model, Loss, Backend, gpipe::SearchedSchedule, Precision>;
   return Run<Family, Trainer>(backend, o, corpus, prints, &plan).train();
 }
@@ -597,14 +617,20 @@ int main(int argc, char** argv) try {
   if (o.replicas == 0) {
     int ranks = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    o.replicas = std::max(1, ranks / 4);
+    o.replicas = std::max<std::size_t>(1, static_cast<std::size_t>(ranks) / o.devices);
   }
   Backend backend(argc, argv, {.data_parallel = o.replicas});
+  if (backend.num_devices() != o.devices)
+    throw gpipe::Error("train_gpt: --devices " + std::to_string(o.devices) + " and " +
+                       std::to_string(o.replicas) + " replica(s) need " +
+                       std::to_string(o.devices * o.replicas) + " ranks, got " +
+                       std::to_string(backend.world_size()));
   const bool prints = backend.rank() == 0;
 #else
   if (o.replicas > 1)
     throw gpipe::Error("train_gpt: --replicas needs MPI: run example_train_gpt_mpi under mpirun");
-  Backend backend(4, {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
+  Backend backend(o.devices,
+                  {.device_capacity = static_cast<std::size_t>(o.memory_limit_mib * (1 << 20))});
   const bool prints = true;
 #endif
   train_gpt::Corpus corpus = train_gpt::load_corpus(o.data, T + 1);

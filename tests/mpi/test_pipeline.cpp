@@ -15,10 +15,12 @@
 // last W; every rank's last_step() is the whole pipeline's. ZeRO-1 (shard_optimizer) gives the
 // unsharded parameters bit for bit with half the optimizer state per rank and the same
 // checkpoint files. Packed documents and ignored targets give the one-process step, with replicas
-// too. A rank whose threads_per_device exceed its cores says so on stderr. With
-// GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in the middle of a step instead:
-// CTest expects mpirun to end the job with a failure, soon (tests/CMakeLists.txt). A rank that
-// stops sending, for a while or for good (GPIPE_MPI_STUCK_RANK=1): support/mpi_deadlines.hpp.
+// too. gpipe::plan for two stages per rank gives every rank one plan, also where measuring runs
+// out of memory, and its trainer the one-process steps. A rank whose threads_per_device exceed its
+// cores says so on stderr. With GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in
+// the middle of a step instead: CTest expects mpirun to end the job with a failure, soon
+// (tests/CMakeLists.txt). A rank that stops sending, for a while or for good
+// (GPIPE_MPI_STUCK_RANK=1): support/mpi_deadlines.hpp.
 //
 // Each rank runs the one-process reference itself (same seed, same data), so nothing but the
 // checked values crosses between ranks. CHECK only (no REQUIRE): a rank that left a test case
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "gpipe/mpi.hpp"
+#include "gpipe/runtime/plan.hpp"
 #include "support/faulty_layer.hpp"
 #include "support/locate_non_finite.hpp"
 #include "support/models.hpp"
@@ -187,6 +190,77 @@ TEST_CASE("one trace and one step timing for all ranks, on one clock") {
 TEST_CASE("every schedule over MPI gives the one-process step bit for bit") {
   mpi::Backend backend;
   check_every_schedule<mpi::Backend, host::Backend>(backend);
+}
+
+// gpipe::plan for 4 stages on 2 ranks (two stages per rank). Measuring under a cap that a
+// micro-batch count exceeds on every rank: each rank's step runs out of memory, and since the
+// agreement keeps it an OutOfMemory on every rank, every rank leaves that count out alike (a
+// plain Error would end the planner). Then: every rank gets the same plan, and the trainer built
+// from it gives the one-process trainer's steps bit for bit.
+TEST_CASE("the two-chunk planner over MPI: one plan on every rank, the one-process steps") {
+  mpi::Backend backend;
+  if (backend.num_devices() != 2) return;
+  using Loss = SoftmaxCrossEntropy;
+  constexpr std::size_t batch = 64;
+  const std::vector<float> x = random_inputs(batch, Model4::in_features, 33);
+  const std::vector<std::int32_t> y = random_classes(batch, Model4::out_features, 34);
+  CAPTURE(backend.rank());
+  // this rank's peak under Remat::always at M 1 and M 8, with the measuring trainer's schedule
+  const auto peak_at = [&](std::size_t m) {
+    Trainer<Model4, Loss, mpi::Backend, Interleaved<2>> trainer(
+        backend, {.micro_batches = m, .remat = Remat::always});
+    backend.reset_peak();
+    (void)trainer.forward_backward(x, y);
+    return backend.memory_stats(backend.device()).peak;
+  };
+  const std::size_t whole = peak_at(1), eighth = peak_at(8);
+  CHECK(eighth < whole);
+  mpi::Backend capped(MPI_COMM_WORLD, {.device_capacity = (whole + eighth) / 2});
+  const std::vector<PlanCosts> costs =
+      measure_plan_costs<Model4, Loss>(capped, x, y, {.micro_batches = {1, 8}, .measure_steps = 1});
+  CHECK(costs.size() == 1);  // M 1 ran out of memory on every rank, even recomputing
+  if (costs.size() == 1) CHECK(costs[0].micro_batches == 8);
+
+  const Plan plan =
+      gpipe::plan<Model4, Loss>(backend, x, y, {.micro_batches = {2, 4}, .measure_steps = 1});
+  CHECK(plan.chunks_per_device() == 2);
+  // the same plan on every rank: rank 0's description, sent to all
+  const std::string mine = plan.describe();
+  std::string first = mine;
+  int length = static_cast<int>(first.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  first.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(first.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  CHECK(mine == first);
+
+  using Planned = Trainer<Model4, Loss, mpi::Backend, PlannedSchedule<2>>;
+  using OneProcess = Trainer<Model4, Loss, host::Backend, PlannedSchedule<2>>;
+  Planned::Options options = plan;
+  OneProcess::Options one_process_options = plan;
+  options.seed = one_process_options.seed = seed;
+  Planned trainer(backend, options);
+  CHECK(trainer.schedule() == plan.schedule);
+  host::Backend one_process(2);
+  OneProcess reference(one_process, one_process_options);
+  const optim::SGD sgd({.lr = 0.1});
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    CHECK(trainer.forward_backward(x, y) == reference.forward_backward(x, y));
+    for (const ParameterInfo& info : trainer.parameter_info())
+      if (backend.is_local(trainer.device_of_stage(info.stage))) {
+        CAPTURE(info.name);
+        CHECK(trainer.gradient(info.name) == reference.gradient(info.name));
+      }
+    trainer.step(sgd);
+    reference.step(sgd);
+    trainer.zero_grad();
+    reference.zero_grad();
+  }
+  for (const ParameterInfo& info : trainer.parameter_info())
+    if (backend.is_local(trainer.device_of_stage(info.stage))) {
+      CAPTURE(info.name);
+      CHECK(trainer.parameter(info.name) == reference.parameter(info.name));
+    }
 }
 
 TEST_CASE("a rank's device with a team of threads runs every schedule, and says so") {

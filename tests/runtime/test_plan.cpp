@@ -2,7 +2,8 @@
 // honoured, an Error naming the smallest bound when nothing fits), and the whole planner on the
 // host backend under a cap: the trainer built from the plan in one line stays within the
 // predicted bound, which stays within the limit. Then the same for a model of twice as many
-// stages as devices (the two-chunk schedules), and the device counts the planner refuses.
+// stages as devices (the two-chunk schedules, with a policy per device and per stage), and the
+// device counts the planner refuses.
 
 #include <doctest/doctest.h>
 
@@ -429,11 +430,13 @@ TEST_CASE("a model of 2K stages: a limit forbidding never on one device mixes pe
   CAPTURE(plan.describe());
   CHECK(plan.chosen.memory[1].total_bound() <= limit[1]);
   REQUIRE(plan.chosen.stage_remat.size() == 4);
+  std::size_t kept = 0;  // device 1's stages under never
   for (std::size_t s = 0; s < 4; ++s)
-    if (plan.schedule.device_of_stage(s) == 1) CHECK(plan.chosen.stage_remat[s] != Remat::never);
-  // the mixes: a device's two stages share its policy; device 1's memory is the uniform
-  // candidate's of its policy (a device's memory depends on its own stages' policies), and the
-  // step no longer than that candidate's (device 0 does no more work)
+    if (plan.schedule.device_of_stage(s) == 1 && plan.chosen.stage_remat[s] == Remat::never) ++kept;
+  CHECK(kept < 2);
+  // the mixes of a policy per device (those of a policy per stage: the next test case): device
+  // 1's memory is the uniform candidate's of its policy (a device's memory depends on its own
+  // stages' policies), and the step no longer than that candidate's (device 0 does no more work)
   std::size_t mixes = 0;
   for (const PlanCandidate& c : plan.candidates) {
     if (c.uniform() || !c.fits) continue;
@@ -445,8 +448,10 @@ TEST_CASE("a model of 2K stages: a limit forbidding never on one device mixes pe
                                    : Interleaved<2>::make(2, c.micro_batches);
     Remat on[2] = {};
     for (std::size_t s = 0; s < 4; ++s) on[placement.device_of_stage(s)] = c.stage_remat[s];
-    for (std::size_t s = 0; s < 4; ++s) CHECK(c.stage_remat[s] == on[placement.device_of_stage(s)]);
-    if (on[0] != Remat::never) continue;
+    bool per_device = true;
+    for (std::size_t s = 0; s < 4; ++s)
+      per_device = per_device && c.stage_remat[s] == on[placement.device_of_stage(s)];
+    if (!per_device || on[0] != Remat::never) continue;
     ++mixes;
     std::size_t uniform = 0;
     for (const PlanCandidate& u : plan.candidates)
@@ -459,6 +464,108 @@ TEST_CASE("a model of 2K stages: a limit forbidding never on one device mixes pe
     CHECK(uniform == 1);
   }
   CHECK(mixes > 0);
+}
+
+namespace {
+
+// The ops of a two-chunk schedule by its name, for Model4 on 2 devices.
+Schedule two_chunk_schedule(const std::string& name, std::size_t m) {
+  if (name == "interleaved-2") return Interleaved<2>::make(2, m);
+  if (name == "looped-bfs-2") return LoopedBFS<2>::make(2, m);
+  if (name == "zb-v") return ZeroBubbleV::make(2, m);
+  return DualPipeV::make(2, m);
+}
+
+// Whether some device of `schedule` runs its two stages under different policies.
+bool splits_a_device(const Schedule& schedule, const std::vector<Remat>& stage_remat) {
+  for (std::size_t d = 0; d < schedule.num_devices; ++d)
+    if (stage_remat[schedule.stage_of(d, 0)] != stage_remat[schedule.stage_of(d, 1)]) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a model of 2K stages: a policy per stage (the device's chunks apart) beats every uniform "
+    "candidate and every policy per device, and fits") {
+  // Device 1 capped 1 byte below the least it needs under Remat::never on both its stages (over
+  // every schedule and M): a policy per device recomputes both of its stages, a policy per stage
+  // only the one whose stash saves the bytes. Every assignment of a policy to each stage, at
+  // every schedule and M, weighed here by brute force: the planner's choice fits, splits a
+  // device, and is faster than any uniform or per-device assignment that fits.
+  const std::vector<PlanCosts> costs = two_chunk_costs();
+  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  std::size_t never1 = std::numeric_limits<std::size_t>::max();
+  for (const PlanCandidate& c : free.candidates)
+    if (c.remat == Remat::never && c.uniform())
+      never1 = std::min(never1, c.memory[1].total_bound());
+  const std::vector<std::size_t> limit = {0, never1 - 1};
+  const Plan plan = choose_plan<Model4>(rows, costs, limit, all_policies);
+  CAPTURE(plan.describe());
+
+  double best_uniform = std::numeric_limits<double>::max();     // one policy for all stages
+  double best_per_device = std::numeric_limits<double>::max();  // a device's stages share one
+  double best_per_stage = std::numeric_limits<double>::max();   // any
+  for (const PlanCosts& c : costs)
+    for (const std::string name : {"interleaved-2", "looped-bfs-2", "zb-v", "dualpipe-v"}) {
+      if (name == "dualpipe-v" && c.micro_batches < 4) continue;
+      const Schedule schedule = two_chunk_schedule(name, c.micro_batches);
+      for (std::size_t code = 0; code < 256; ++code) {  // 4 stages, 4 policies each
+        std::vector<Remat> stage_remat;
+        for (std::size_t s = 0; s < 4; ++s)
+          stage_remat.push_back(all_policies[(code >> 2 * s) & 3]);
+        const std::vector<DeviceMemoryPrediction> memory =
+            predict_memory<Model4>(schedule, rows, stage_remat, 2, 4);
+        if (memory[1].total_bound() > limit[1]) continue;
+        const double t =
+            simulate(schedule, detail::costs_of(c, std::span<const Remat>(stage_remat))).makespan;
+        best_per_stage = std::min(best_per_stage, t);
+        if (splits_a_device(schedule, stage_remat)) continue;
+        best_per_device = std::min(best_per_device, t);
+        if (std::ranges::count(stage_remat, stage_remat[0]) == 4)
+          best_uniform = std::min(best_uniform, t);
+      }
+    }
+  REQUIRE(best_per_stage < best_per_device);  // the case this test is about exists
+  CHECK(best_per_device <= best_uniform);
+  CHECK(plan.chosen.predicted_us < best_per_device);
+  CHECK(plan.chosen.predicted_us >= best_per_stage);
+  CHECK(splits_a_device(plan.schedule, plan.chosen.stage_remat));
+  CHECK(plan.chosen.fits);
+  CHECK(plan.chosen.memory[1].total_bound() <= limit[1]);
+  // every candidate's memory is predict_memory's for its policies, and its verdict follows it
+  for (const PlanCandidate& c : plan.candidates) {
+    CAPTURE(c.schedule);
+    CAPTURE(c.micro_batches);
+    CAPTURE(c.policies());
+    const std::vector<DeviceMemoryPrediction> memory = predict_memory<Model4>(
+        two_chunk_schedule(c.schedule, c.micro_batches), rows, c.stage_remat, 2, 4);
+    CHECK(c.memory[1].total_bound() == memory[1].total_bound());
+    CHECK(c.fits == (memory[1].total_bound() <= limit[1]));
+  }
+
+  // the trainer built from the plan runs each stage under its policy: measured peak <= predicted
+  // <= limit on every device, and the unpipelined model's loss and gradients
+  const std::vector<float> x = random_inputs(rows, Model4::in_features, 9);
+  const std::vector<std::int32_t> y = random_classes(rows, Model4::out_features, 10);
+  host::Backend backend(2);
+  Trainer<Model4, SoftmaxCrossEntropy, host::Backend, PlannedSchedule<2>> trainer(backend, plan);
+  CHECK(trainer.options().stage_remat == plan.chosen.stage_remat);
+  backend.reset_peak();
+  const float loss = trainer.forward_backward(x, y);
+  for (std::size_t d = 0; d < 2; ++d) {
+    CAPTURE(d);
+    const MemoryStats stats = backend.memory_stats(d);
+    CHECK(stats.peak_of(MemoryKind::activations) == plan.chosen.memory[d].activations_peak);
+    CHECK(stats.peak <= plan.chosen.memory[d].total_bound());
+  }
+  host::Backend one_device(1);
+  Trainer<Model1, SoftmaxCrossEntropy, host::Backend> plain(one_device, {.micro_batches = 1});
+  CHECK(plain.forward_backward(x, y) == doctest::Approx(loss).epsilon(1e-5));
+  for (const ParameterInfo& p : plain.parameter_info()) {
+    CAPTURE(p.name);
+    CHECK(relative_error(trainer.gradient(p.name), plain.gradient(p.name)) < 2e-6);
+  }
 }
 
 TEST_CASE("a model of 2K stages: a limit that nothing fits is an Error naming the smallest bound") {

@@ -75,11 +75,11 @@ concept backend = requires(B& b, const B& cb, std::size_t device, WorkLabel labe
 /// tag, buffer, count, kind)` fills `buffer`, allocated on d as `kind` (a tag's parity is its
 /// direction, see transport/mpi.hpp); the step's gradient sums over the replicas
 /// (`expect_reductions`, `start_reduction`, `finish_reductions`); the failure agreement
-/// (`announce_failure`, `agree(failure)`, collective: every process throws the same Error if
-/// one failed); `restart_timing()`, which starts the rank's count of compute time afresh
-/// without a collective (`take_timing()` gathers it, collectively); and the collectives between
-/// steps (`broadcast` of floats or doubles, `exchange`, `allreduce_sum`, `all_succeeded`, and
-/// `wall_seconds(start, end)`: from the earliest rank's start to the latest one's end, on the
+/// (`announce_failure`, `agree(failure, out_of_memory)`, collective: all throw one Error if one
+/// failed, OutOfMemory if so); `restart_timing()`, which starts the rank's count of compute time
+/// afresh without a collective (`take_timing()` gathers it, collectively); and the collectives
+/// between steps (`broadcast` of floats or doubles, `exchange`, `allreduce_sum`, `all_succeeded`,
+/// and `wall_seconds(start, end)`: from the earliest rank's start to the latest one's end, on the
 /// ranks' one clock). The runtime reaches it only through `transport::Transport`
 /// (transport/mpi.hpp).
 template <class B>

@@ -15,9 +15,10 @@
 // per device, measure_stage_costs); choose_plan, a pure function of those costs, weighs every
 // candidate (one stage per device: GPipe, 1F1B, ZB-H1, ZB-H2 and a schedule searched from the
 // costs; two: Interleaved<2>, LoopedBFS<2>, ZB-V and DualPipeV; each with every micro-batch count
-// and remat policy, and with a policy per device): predict_memory's bound (total_bound: exact
-// parameters, gradients, optimizer state and activations, a bound on the workspace) against the
-// limit, simulate's makespan with each stage's measured costs for the time.
+// and remat policy, with a policy per device and, with two stages per device, a policy per
+// stage): predict_memory's bound (total_bound: exact parameters, gradients, optimizer state and
+// activations, a bound on the workspace) against the limit, simulate's makespan with each stage's
+// measured costs for the time.
 //
 // How many devices: the backend's pipeline devices, K = backend.num_devices(). A model of S
 // stages takes one stage per device where S <= K (on devices 0..S-1), two where S = 2K; any
@@ -30,8 +31,11 @@
 // the first stages recompute, the last keeps everything); from each device's cheapest fitting
 // policy (least F + B + W over its stages), a descent moves one device at a time to another
 // fitting policy while the simulated step gets shorter. The mix is a candidate beside the
-// uniform ones where it differs from them. (With two stages per device the device's two stages
-// share its policy: a device's bound is known for uniform policies only.)
+// uniform ones where it differs from them. With two stages per device there are two mixes: one
+// where a device's two stages share its policy, and one where each stage has its own (the
+// earlier chunk recomputes, the later keeps its activations, say): there a device picks a
+// pattern, a policy per chunk, and each pattern's bounds are predict_memory's with that pattern
+// on every device (exact as for a uniform policy, since a device's memory is its own stages').
 // Because memory is judged by a bound, a plan never exceeds a limit when run; a candidate whose
 // true peak would just fit may be turned away.
 
@@ -73,8 +77,8 @@ struct PlanCandidate {
   /// device); "interleaved-2", "looped-bfs-2", "zb-v" or "dualpipe-v" (two)
   std::string schedule;
   std::size_t micro_batches = 0;  ///< M
-  /// The remat policy of every stage where they share one; for a policy per device (`uniform()`
-  /// false), the first stage's: `stage_remat` has them all.
+  /// The remat policy of every stage where they share one; for a policy per device or per stage
+  /// (`uniform()` false), the first stage's: `stage_remat` has them all.
   Remat remat = Remat::never;
   std::vector<Remat> stage_remat;  ///< [stage] each stage's remat policy
   double predicted_us = 0;         ///< simulated step with the measured op costs, microseconds
@@ -127,81 +131,88 @@ inline std::vector<OpCosts> costs_of(const PlanCosts& costs, std::span<const Rem
   return out;
 }
 
-// A policy per device for `schedule` at costs.micro_batches, from bound[p][d], device d's memory
-// bound under policies[p] on all its stages (a device's memory depends on its own stages'
-// policies only): each device's cheapest policy (least F + B + W over its stages, the earlier on
-// a tie) among those within its limit, then one device at a time moved to another of its fitting
-// policies while the simulated step gets shorter. Where a device has none within its limit,
-// every device's smallest policy instead (`fits` false). Deterministic. `policy` is per stage,
-// each stage its device's.
+// A policy per stage for `schedule` at costs.micro_batches, chosen per device among
+// `patterns`: a pattern is one policy per chunk (stage s under pattern[chunk_of_stage(s)]), and
+// bound[p][d] is device d's memory bound under patterns[p] on every device (a device's memory
+// depends on its own stages' policies only, so any choice of a pattern per device has each
+// device's bound of its own pattern). Each device takes its cheapest pattern (least F + B + W over
+// its stages, the earlier on a tie) among those within its limit, then one device at a time moves
+// to another of its fitting patterns while the simulated step gets shorter. Where a device has
+// none within its limit, every device's smallest pattern instead (`fits` false). Deterministic.
+// With one chunk the patterns are the policies; with two, the uniform pairs give a policy per
+// device, and all pairs a policy per stage.
 struct PolicyMix {
   std::vector<Remat> policy;  // [stage]
   bool fits = true;
 };
 inline PolicyMix mix_policies(const Schedule& schedule, const PlanCosts& costs,
-                              std::span<const Remat> policies,
+                              std::span<const std::vector<Remat>> patterns,
                               const std::vector<std::vector<std::size_t>>& bound,
                               std::span<const std::size_t> limit) {
   const std::size_t K = schedule.num_devices, S = schedule.num_stages();
-  // [device] => [stage]
-  const auto per_stage = [&](const std::vector<Remat>& per_device) {
+  // [device] pattern index => [stage] policy
+  const auto per_stage = [&](const std::vector<std::size_t>& per_device) {
     std::vector<Remat> out;
-    for (std::size_t s = 0; s < S; ++s) out.push_back(per_device[schedule.device_of_stage(s)]);
+    for (std::size_t s = 0; s < S; ++s)
+      out.push_back(patterns[per_device[schedule.device_of_stage(s)]][schedule.chunk_of_stage(s)]);
     return out;
   };
-  const auto step_of = [&](const std::vector<Remat>& per_device) {
-    return simulate(schedule, costs_of(costs, per_stage(per_device))).makespan;
+  const auto step_of = [&](const std::vector<std::size_t>& per_device) {
+    const std::vector<Remat> policy = per_stage(per_device);
+    return simulate(schedule, costs_of(costs, std::span<const Remat>(policy))).makespan;
   };
-  std::vector<std::vector<std::size_t>> fitting(K);  // [device] indices into policies
-  std::vector<Remat> device_policy;                  // [device]
+  std::vector<std::vector<std::size_t>> fitting(K);  // [device] indices into patterns
+  std::vector<std::size_t> choice;                   // [device] index into patterns
   PolicyMix mix;
   for (std::size_t d = 0; d < K; ++d) {
-    for (std::size_t p = 0; p < policies.size(); ++p)
+    for (std::size_t p = 0; p < patterns.size(); ++p)
       if (limit[d] == 0 || bound[p][d] <= limit[d]) fitting[d].push_back(p);
     mix.fits = mix.fits && !fitting[d].empty();
   }
   if (!mix.fits) {
     for (std::size_t d = 0; d < K; ++d) {
       std::size_t smallest = 0;
-      for (std::size_t p = 1; p < policies.size(); ++p)
+      for (std::size_t p = 1; p < patterns.size(); ++p)
         if (bound[p][d] < bound[smallest][d]) smallest = p;
-      device_policy.push_back(policies[smallest]);
+      choice.push_back(smallest);
     }
-    mix.policy = per_stage(device_policy);
+    mix.policy = per_stage(choice);
     return mix;
   }
   for (std::size_t d = 0; d < K; ++d) {
+    // F + B + W of device d's stages under pattern p
     const auto work = [&](std::size_t p) {
-      const std::vector<OpCosts> c = costs_of(costs, policies[p]);
       double sum = 0;
       for (std::size_t s = 0; s < S; ++s)
-        if (schedule.device_of_stage(s) == d)
-          sum += c[s].forward + c[s].backward_input + c[s].backward_weight;
+        if (schedule.device_of_stage(s) == d) {
+          const OpCosts c = costs_of(costs, patterns[p][schedule.chunk_of_stage(s)])[s];
+          sum += c.forward + c.backward_input + c.backward_weight;
+        }
       return sum;
     };
     std::size_t cheapest = fitting[d].front();
     for (const std::size_t p : fitting[d])
       if (work(p) < work(cheapest)) cheapest = p;
-    device_policy.push_back(policies[cheapest]);
+    choice.push_back(cheapest);
   }
-  double step = step_of(device_policy);
+  double step = step_of(choice);
   // each accepted move shortens the step, so the descent ends; a bound on the passes anyway
-  for (std::size_t pass = 0, moved = 1; moved != 0 && pass < K * policies.size(); ++pass) {
+  for (std::size_t pass = 0, moved = 1; moved != 0 && pass < K * patterns.size(); ++pass) {
     moved = 0;
     for (std::size_t d = 0; d < K; ++d)
       for (const std::size_t p : fitting[d]) {
-        if (policies[p] == device_policy[d]) continue;
-        std::vector<Remat> trial = device_policy;
-        trial[d] = policies[p];
+        if (p == choice[d]) continue;
+        std::vector<std::size_t> trial = choice;
+        trial[d] = p;
         const double t = step_of(trial);
         if (t < step) {
           step = t;
-          device_policy = std::move(trial);
+          choice = std::move(trial);
           ++moved;
         }
       }
   }
-  mix.policy = per_stage(device_policy);
+  mix.policy = per_stage(choice);
   return mix;
 }
 
@@ -329,7 +340,8 @@ struct Plan {
 /// predicted memory bound fits every device (ties: the smaller peak, then the earlier
 /// candidate: per micro-batch count, each policy on every stage with GPipe, 1F1B, ZB-H1, ZB-H2,
 /// searched, then a policy per device with each; with two stages per device Interleaved<2>,
-/// LoopedBFS<2>, ZB-V and, where M >= 2K, DualPipeV in their place, none searched).
+/// LoopedBFS<2>, ZB-V and, where M >= 2K, DualPipeV in their place, none searched, each then
+/// with a policy per device and with a policy per stage).
 /// target_bytes_per_row as predict_memory's. Deterministic: the same inputs give the same plan,
 /// so processes that share costs share the plan. Throws gpipe::Error when no candidate fits,
 /// naming the smallest bound and its configuration, for costs without entries, or for costs of
@@ -413,9 +425,18 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
       add(ZeroBubbleV{});
       if (m >= 2 * K) add(DualPipeV{});  // which needs M >= 2K
     }
-    // [kind][policy][device]: the bound of each built-in schedule under each uniform policy
+    // the patterns of a policy per chunk (detail::mix_policies): first each policy on
+    // every chunk, then, with two chunks, every pair of two policies
+    const std::size_t chunks = one_chunk ? 1 : 2;
+    std::vector<std::vector<Remat>> patterns;
+    for (const Remat r : policies) patterns.emplace_back(chunks, r);
+    if (!one_chunk)
+      for (const Remat first : policies)
+        for (const Remat second : policies)
+          if (first != second) patterns.push_back({first, second});
+    // [kind][pattern][device]: the bound of each built-in schedule under each pattern
     std::vector<std::vector<std::vector<std::size_t>>> bound(
-        built_in.size(), std::vector<std::vector<std::size_t>>(policies.size()));
+        built_in.size(), std::vector<std::vector<std::size_t>>(patterns.size()));
     for (std::size_t p = 0; p < policies.size(); ++p) {
       const std::vector<OpCosts> op_costs = detail::costs_of(c, policies[p]);
       for (std::size_t k = 0; k < kinds.size(); ++k) {
@@ -429,25 +450,43 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
             bound[k][p].push_back(d.total_bound());
       }
     }
-    // a policy per device, where the mix differs from every uniform one; the searched schedule
-    // under 1F1B's mix, searched again from the mix's costs
+    for (std::size_t k = 0; k < built_in.size(); ++k)
+      for (std::size_t p = policies.size(); p < patterns.size(); ++p) {
+        std::vector<Remat> stage_remat;
+        for (std::size_t s = 0; s < S; ++s)
+          stage_remat.push_back(patterns[p][built_in[k].chunk_of_stage(s)]);
+        for (const DeviceMemoryPrediction& d : predict_memory<Model, Precision>(
+                 built_in[k], rows, stage_remat, optimizer_state_per_param, target_bytes_per_row))
+          bound[k][p].push_back(d.total_bound());
+      }
+    // the mixes, each where it differs from every uniform policy and from the mixes before it: a
+    // policy per device (the uniform patterns) and, with two chunks, a policy per stage (every
+    // pattern); the searched schedule under 1F1B's mix, searched again from the mix's costs
+    const std::span<const std::vector<Remat>> uniform_patterns(patterns.data(), policies.size());
     std::vector<Remat> one_f_one_b_mix;
     for (std::size_t k = 0; k < kinds.size(); ++k) {
-      detail::PolicyMix mix;
+      std::vector<detail::PolicyMix> mixes(1);
       if (k < built_in.size()) {
-        mix = detail::mix_policies(built_in[k], c, policies, bound[k], limit);
-        if (one_chunk && k == 1 && mix.fits) one_f_one_b_mix = mix.policy;
+        mixes[0] = detail::mix_policies(built_in[k], c, uniform_patterns, bound[k], limit);
+        if (one_chunk && k == 1 && mixes[0].fits) one_f_one_b_mix = mixes[0].policy;
+        if (!one_chunk)
+          mixes.push_back(detail::mix_policies(built_in[k], c, patterns, bound[k], limit));
       } else {
-        mix.policy = one_f_one_b_mix;
+        mixes[0].policy = one_f_one_b_mix;
       }
-      if (mix.policy.empty() ||
-          std::ranges::all_of(mix.policy, [&](Remat r) { return r == mix.policy.front(); }))
-        continue;
-      const std::vector<OpCosts> op_costs = detail::costs_of(c, std::span<const Remat>(mix.policy));
-      Schedule schedule = k < built_in.size()
-                              ? built_in[k]
-                              : search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}});
-      weigh(kinds[k], m, mix.policy, op_costs, std::move(schedule));
+      for (std::size_t i = 0; i < mixes.size(); ++i) {
+        const std::vector<Remat>& policy = mixes[i].policy;
+        if (policy.empty() ||
+            std::ranges::all_of(policy, [&](Remat r) { return r == policy.front(); }) ||
+            std::any_of(mixes.begin(), mixes.begin() + static_cast<std::ptrdiff_t>(i),
+                        [&](const detail::PolicyMix& before) { return before.policy == policy; }))
+          continue;
+        const std::vector<OpCosts> op_costs = detail::costs_of(c, std::span<const Remat>(policy));
+        Schedule schedule = k < built_in.size()
+                                ? built_in[k]
+                                : search_schedule(K, m, {.costs = op_costs, .max_stashes = {K}});
+        weigh(kinds[k], m, policy, op_costs, std::move(schedule));
+      }
     }
   }
 

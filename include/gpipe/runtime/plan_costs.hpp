@@ -103,8 +103,10 @@ inline std::size_t plan_devices(std::size_t stages, std::size_t devices) {
 /// forward it recomputes, and selective's (out of memory too) as Remat::always's; a count at
 /// which Remat::always runs out of memory too is left out.
 /// With several processes every process gets every stage's costs (each stage's from the
-/// process that runs it). Throws gpipe::Error for a count of 0 or above the batch's samples,
-/// or for a backend of fewer than S devices other than S / 2 (naming both numbers).
+/// process that runs it), and an OutOfMemory on one process is one on all (the step's
+/// agreement keeps it), so that every process leaves out the same configurations. Throws
+/// gpipe::Error for a count of 0 or above the batch's samples, or for a backend of fewer than S
+/// devices other than S / 2 (naming both numbers).
 template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
 std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y& y,
                                           const PlanOptions& options = {}) {

@@ -140,17 +140,23 @@ class Transport<Backend> {
   /// any failed; if one did, every rank throws the same Error.
   void finish_step() const {
     std::string failure;
+    bool out_of_memory = false;
+    const auto keep = [&](std::exception_ptr e) {
+      if (!failure.empty()) return;
+      failure = detail::FaultAgreement::message_of(e);
+      out_of_memory = detail::FaultAgreement::out_of_memory(e);
+    };
     try {
       backend_.synchronize();
     } catch (...) {
-      failure = detail::FaultAgreement::message_of(std::current_exception());
+      keep(std::current_exception());
     }
     try {
       backend_.finish_reductions();
     } catch (...) {
-      if (failure.empty()) failure = detail::FaultAgreement::message_of(std::current_exception());
+      keep(std::current_exception());
     }
-    backend_.agree(std::move(failure));
+    backend_.agree(std::move(failure), out_of_memory);
   }
   /// Collective, instead of finish_step when issuing this rank's part of a step threw `failure`
   /// (before its work could fail): tells the other ranks at once, drops the work issued, and
@@ -162,7 +168,8 @@ class Transport<Backend> {
       backend_.finish_reductions();
     } catch (...) {  // the failure to report is `failure`
     }
-    backend_.agree(detail::FaultAgreement::message_of(failure));
+    backend_.agree(detail::FaultAgreement::message_of(failure),
+                   detail::FaultAgreement::out_of_memory(failure));
     throw Error("gpipe: rank " + std::to_string(backend_.rank()) + " failed");  // agree threw
   }
 

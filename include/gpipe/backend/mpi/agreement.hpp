@@ -141,10 +141,12 @@ class FaultAgreement {
   }
 
   /// Collective over the world, the agreement that ends every step: `message` is this rank's
-  /// failure ("" if none). Returns when no rank failed; otherwise every rank throws the Error of
-  /// the rank that failed first-hand (the lowest such rank), carrying its message. Either way the
-  /// next step's messages take other tags.
-  void agree(std::string message) {
+  /// failure ("" if none), `out_of_memory` whether it was an OutOfMemory. Returns when no rank
+  /// failed; otherwise every rank throws the Error of the rank that failed first-hand (the lowest
+  /// such rank), carrying its message: an OutOfMemory where that rank's was one, so that a caller
+  /// that tries a smaller configuration on OutOfMemory (gpipe::measure_plan_costs) does so on
+  /// every rank alike. Either way the next step's messages take other tags.
+  void agree(std::string message, bool out_of_memory = false) {
     if (deadline_.lost()) lost_at_the_end(message, deadline_.lost_message());
     // 2: this rank failed first-hand; 1: it stopped because another did. Members, not locals:
     // a collective past the deadline may still write into them.
@@ -167,22 +169,35 @@ class FaultAgreement {
     layout_.next_step();
     stopped_for_peer_ = announced_ = false;
     if (worst_.failed == 0) return;
-    length_ = static_cast<int>(message.size());
+    header_[0] = static_cast<int>(message.size());
+    header_[1] = out_of_memory ? 1 : 0;
     MPI_Request request = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ibcast(&length_, 1, MPI_INT, worst_.rank, layout_.comm(), &request),
-              "MPI_Ibcast");
+    check_mpi(MPI_Ibcast(header_, 2, MPI_INT, worst_.rank, layout_.comm(), &request), "MPI_Ibcast");
     deadline_.complete(request, "the agreement's message");
     message_.assign(message);
-    message_.resize(static_cast<std::size_t>(length_));
-    check_mpi(MPI_Ibcast(message_.data(), length_, MPI_CHAR, worst_.rank, layout_.comm(), &request),
-              "MPI_Ibcast");
+    message_.resize(static_cast<std::size_t>(header_[0]));
+    check_mpi(
+        MPI_Ibcast(message_.data(), header_[0], MPI_CHAR, worst_.rank, layout_.comm(), &request),
+        "MPI_Ibcast");
     deadline_.complete(request, "the agreement's message");
     constexpr std::string_view prefix = "gpipe: ";
     message = message_;
     if (message.starts_with(prefix)) message.erase(0, prefix.size());
-    throw Error("gpipe: rank " + std::to_string(worst_.rank) + " failed: " + message);
+    message = "gpipe: rank " + std::to_string(worst_.rank) + " failed: " + message;
+    if (header_[1] != 0) throw OutOfMemory(message);
+    throw Error(message);
   }
 
+  /// Whether `failure` is an OutOfMemory (what the agreement carries beside its message).
+  static bool out_of_memory(std::exception_ptr failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const OutOfMemory&) {
+      return true;
+    } catch (...) {
+    }
+    return false;
+  }
   /// The message of `failure`, the one the agreement carries.
   static std::string message_of(std::exception_ptr failure) {
     try {
@@ -227,7 +242,7 @@ class FaultAgreement {
     int rank = 0;
   } mine_, worst_;
   int announced_count_[2] = {0, 0};  ///< this rank's announcement, the world's
-  int length_ = 0;
+  int header_[2] = {0, 0};           ///< the failed rank's message length, and whether OutOfMemory
   std::string message_;
 };
 

@@ -282,11 +282,12 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
       fail_unfinished();
   }
 
-  /// Collective, the agreement that ends every step (`failure`: this rank's, "" if none): first
-  /// checks that every pair of ranks posted the same messages in the same order this step, then
-  /// the ranks agree whether any failed; if one did, every rank throws the same Error (rank,
-  /// stage, micro-batch and the original message) and all make new NCCL communicators.
-  void agree(std::string failure) {
+  /// Collective, the agreement that ends every step (`failure`: this rank's, "" if none;
+  /// `out_of_memory`: whether it was an OutOfMemory): first checks that every pair of ranks
+  /// posted the same messages in the same order this step, then the ranks agree whether any
+  /// failed; if one did, every rank throws the same Error (rank, stage, micro-batch and the
+  /// original message; an OutOfMemory where that was one) and all make new NCCL communicators.
+  void agree(std::string failure, bool out_of_memory = false) {
     // after a failure the ranks' messages differ anyway; the failure is what to report. A rank
     // may see the mismatch before it hears of another rank's failure (whose messages were never
     // posted): so a mismatch counts as second-hand, and a first-hand failure elsewhere wins.
@@ -307,7 +308,7 @@ class CudaBackend : public detail::MpiRanks<CudaBackend, cuda::Backend> {
                     : std::string("gpipe: stopped waiting for its peers (NCCL aborted): ") +
                           abort_reason_;
     try {
-      agreement_.agree(std::move(failure));
+      agreement_.agree(std::move(failure), out_of_memory);
     } catch (...) {
       abort_reason_ = "";
       nccl_.abort();

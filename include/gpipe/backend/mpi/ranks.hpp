@@ -101,10 +101,13 @@ class MpiRanks {
   void fail_between_steps(std::string_view what, std::string_view failure) {
     deadline_.abandon(what, failure);
   }
-  /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none).
-  /// Returns when no rank failed; otherwise every rank throws the same Error, naming the rank
-  /// that failed first-hand and its message. The next step's messages carry other tags.
-  void agree(std::string failure) { agreement_.agree(std::move(failure)); }
+  /// Collective, the agreement that ends every step: `failure` is this rank's ("" if none),
+  /// `out_of_memory` whether it was an OutOfMemory. Returns when no rank failed; otherwise every
+  /// rank throws the same Error (an OutOfMemory where the failure reported was one), naming the
+  /// rank that failed first-hand and its message. The next step's messages carry other tags.
+  void agree(std::string failure, bool out_of_memory = false) {
+    agreement_.agree(std::move(failure), out_of_memory);
+  }
 
   /// How long this rank waits for its peers (Options::peer_timeout).
   std::chrono::milliseconds peer_timeout() const { return deadline_.timeout(); }
