@@ -60,8 +60,8 @@ struct PlanCosts {
   /// the same) or S / 2 (two stages per device: the two-chunk schedules are weighed).
   std::size_t num_devices = 0;
   /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
-  /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
-  /// choose_plan adds it to every op's cost.
+  /// microseconds: the measured steps' wall time less their simulated makespan, per slot (the
+  /// median over the policies measured at this count). choose_plan adds it to every op's cost.
   double overhead_us = 0;
   /// The cores the devices share, counted in devices (a host backend with more device threads
   /// than cores): the costs are each op's work on a core of its own, and choose_plan times
@@ -164,7 +164,8 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
   std::vector<std::size_t> owner(S);  // [stage] the device that ran it while measuring
   std::vector<PlanCosts> out;
   for (std::size_t m : counts) {
-    double overhead = -1;  // from the last configuration measured without running out
+    double overhead = -1;           // of the last configuration measured without running out
+    std::vector<double> overheads;  // of never's, always's and selective's, where measured
     // the trainer of `Kind` under `remat`: its costs per stage, and the overhead of its steps
     const auto measure_with = [&]<class Kind>(Kind, Remat remat) {
       Trainer<Model, Loss, Backend, Kind, Precision> trainer(backend,
@@ -199,11 +200,13 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     c.cores = cores;
     try {
       c.always = measure(Remat::always);
+      overheads.push_back(overhead);
     } catch (const OutOfMemory&) {
       continue;
     }
     try {
       c.never = measure(Remat::never);
+      overheads.push_back(overhead);
     } catch (const OutOfMemory&) {
       c.never = c.always;
       for (std::size_t st = 0; st < S; ++st)
@@ -213,11 +216,14 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     if (weighs_selective) {
       try {
         c.selective = measure(Remat::selective);
+        overheads.push_back(overhead);
       } catch (const OutOfMemory&) {
         c.selective = c.always;
       }
     }
-    c.overhead_us = std::max(overhead, 0.0);
+    // their median: one configuration's steps may catch the machine busy with other work
+    std::ranges::sort(overheads);
+    c.overhead_us = std::max(overheads[(overheads.size() - 1) / 2], 0.0);
     if (weighs_offload) {
       // Its B waits for its fetch outside the op's timing: what the copies add to the step
       // beyond the others' overhead goes into its ops, so that its prediction holds it.
