@@ -17,7 +17,8 @@
 //             uniform_ms; the fastest of them measured: best_uniform_ms
 // Counters: plan_ms, predicted_ms, prediction_error_pct (|measured - predicted| / measured),
 // always_ms, speedup_vs_always (always_ms / plan_ms), best_ms, plan_vs_best (plan_ms / best_ms,
-// >= 1; 1 means the plan was the fastest found), configs, plan_s, uniform_predicted_ms,
+// >= 1; 1 means the plan was the fastest found), configs, median_error_pct and max_error_pct
+// (the prediction's error over every configuration run), plan_s, uniform_predicted_ms,
 // uniform_ms, best_uniform_ms, vs_uniform (uniform_ms / plan_ms: what the policy per stage gains).
 // Each configuration: one warm-up step, then --steps timed steps (default 3), their median.
 // BM_PlanTwoChunk: the same model's 4 stages on 2 devices, two per device: the plan among
@@ -27,6 +28,9 @@
 // hand_ms, speedup_vs_hand; at 75 % only always fits, at 100 % never does); all: every two-chunk
 // built-in schedule x M x policy (and the plan's mixes) that fits, timed (best_ms, plan_vs_best,
 // configs); plan_ms, predicted_ms, prediction_error_pct, plan_s as above.
+// BM_PlanTwoDevices: as BM_Plan, the same layers in 2 stages (two blocks each) on 2 devices, one
+// stage per device: no more device threads than cores on a 2-core machine, where BM_Plan's 4
+// devices share them.
 // BM_Remat: the same model under 1F1B with M = 2K and each remat policy, no limit: the step
 // (step_ms, its ratio to never's), the largest device's peak activations measured and predicted
 // (act_MiB, predicted_act_MiB, their ratio to never's) and its whole peak (peak_MiB).
@@ -59,6 +63,8 @@ using Block = gpipe::TransformerBlock<D, H>;
 using Gpt = gpipe::Pipeline<gpipe::Stage<Emb, Block>, gpipe::Stage<Block>, gpipe::Stage<Block>,
                             gpipe::Stage<Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
 constexpr std::size_t K = Gpt::num_stages;
+using Gpt2 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>,
+                             gpipe::Stage<Block, Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
 using Loss = gpipe::SoftmaxCrossEntropy;
 
 long steps_flag = 3;
@@ -93,22 +99,34 @@ double time_steps(TrainerT& trainer, const Batch& b) {
   return ms[ms.size() / 2];
 }
 
-// The median step of Schedule with M and each stage's remat policy on `backend`.
-template <class Schedule>
+// The median step of Model under Schedule with M and each stage's remat policy on `backend`.
+template <class Schedule, class Model = Gpt>
 double time_config(gpipe::host::Backend& backend, const Batch& b, std::size_t m,
                    const std::vector<gpipe::Remat>& stage_remat) {
-  gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, Schedule> trainer(
+  gpipe::Trainer<Model, Loss, gpipe::host::Backend, Schedule> trainer(
       backend, {.micro_batches = m, .stage_remat = stage_remat});
   return time_steps(trainer, b);
 }
 
-void BM_Plan(benchmark::State& state) {
+// median_error_pct, max_error_pct: over the configurations run, |measured - predicted| /
+// measured in percent (the planner's prediction of every candidate, not only the chosen one's).
+void set_error_counters(benchmark::State& state, std::vector<double> errors) {
+  if (errors.empty()) return;
+  std::sort(errors.begin(), errors.end());
+  state.counters["median_error_pct"] = errors[errors.size() / 2];
+  state.counters["max_error_pct"] = errors.back();
+}
+
+// BM_Plan's body for Model, one stage per device.
+template <class Model>
+void run_plan(benchmark::State& state) {
+  constexpr std::size_t K = Model::num_stages;
   const Batch b = make_batch();
   const std::size_t rows = samples * T;
   const double fraction = static_cast<double>(state.range(0)) / 100;
   std::size_t never_bound = 0;
   for (const auto& p :
-       gpipe::predict_memory<Gpt>(gpipe::OneFOneB::make(K, 2 * K), rows, gpipe::Remat::never, 2))
+       gpipe::predict_memory<Model>(gpipe::OneFOneB::make(K, 2 * K), rows, gpipe::Remat::never, 2))
     never_bound = std::max(never_bound, p.total_bound());
   const auto limit = static_cast<std::size_t>(fraction * static_cast<double>(never_bound));
   gpipe::host::Backend backend(K, {.device_capacity = limit});
@@ -120,16 +138,16 @@ void BM_Plan(benchmark::State& state) {
   for (auto _ : state) {
     // gpipe::plan's two halves, so that the uniform plan below reuses the measured costs
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<gpipe::PlanCosts> costs = gpipe::measure_plan_costs<Gpt, Loss>(
+    const std::vector<gpipe::PlanCosts> costs = gpipe::measure_plan_costs<Model, Loss>(
         backend, b.tokens, b.targets, {.micro_batches = counts, .measure_steps = 2});
     const std::vector<std::size_t> limits = {limit};
-    const gpipe::Plan plan = gpipe::choose_plan<Gpt>(rows, costs, limits, policies);
+    const gpipe::Plan plan = gpipe::choose_plan<Model>(rows, costs, limits, policies);
     const double plan_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double plan_ms = 0;
     {
-      gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, gpipe::SearchedSchedule> trainer(backend,
-                                                                                       plan);
+      gpipe::Trainer<Model, Loss, gpipe::host::Backend, gpipe::SearchedSchedule> trainer(backend,
+                                                                                         plan);
       plan_ms = time_steps(trainer, b);
     }
     // the plan without a policy per stage: the fastest predicted of the plans that weigh one
@@ -137,7 +155,7 @@ void BM_Plan(benchmark::State& state) {
     std::optional<gpipe::Plan> uniform;
     for (const gpipe::Remat p : policies) {
       try {
-        gpipe::Plan one = gpipe::choose_plan<Gpt>(rows, costs, limits, std::vector{p});
+        gpipe::Plan one = gpipe::choose_plan<Model>(rows, costs, limits, std::vector{p});
         if (!uniform || one.chosen.predicted_us < uniform->chosen.predicted_us)
           uniform = std::move(one);
       } catch (const gpipe::Error&) {  // nothing fits under p
@@ -145,36 +163,39 @@ void BM_Plan(benchmark::State& state) {
     }
     double uniform_ms = NAN, uniform_predicted_ms = NAN;
     if (uniform) {
-      gpipe::Trainer<Gpt, Loss, gpipe::host::Backend, gpipe::SearchedSchedule> trainer(backend,
-                                                                                       *uniform);
+      gpipe::Trainer<Model, Loss, gpipe::host::Backend, gpipe::SearchedSchedule> trainer(backend,
+                                                                                         *uniform);
       uniform_ms = time_steps(trainer, b);
       uniform_predicted_ms = uniform->chosen.predicted_us / 1e3;
     }
     double always_ms = 0;
     try {
-      always_ms = time_config<gpipe::OneFOneB>(backend, b, 2 * K,
-                                               std::vector<gpipe::Remat>(K, gpipe::Remat::always));
+      always_ms = time_config<gpipe::OneFOneB, Model>(
+          backend, b, 2 * K, std::vector<gpipe::Remat>(K, gpipe::Remat::always));
     } catch (const gpipe::OutOfMemory&) {
       always_ms = NAN;  // even this does not fit
     }
     // every built-in candidate that fits, by the plan's own verdicts
     double best_ms = plan_ms, best_uniform_ms = uniform_ms;
     std::size_t configs = 0;
+    std::vector<double> errors;  // [config] |measured - predicted| / measured, percent
     for (const gpipe::PlanCandidate& c : plan.candidates) {
       if (!c.fits || c.schedule == "searched") continue;
       double ms = 0;
       if (c.schedule == "gpipe")
-        ms = time_config<gpipe::GPipe>(backend, b, c.micro_batches, c.stage_remat);
+        ms = time_config<gpipe::GPipe, Model>(backend, b, c.micro_batches, c.stage_remat);
       else if (c.schedule == "1f1b")
-        ms = time_config<gpipe::OneFOneB>(backend, b, c.micro_batches, c.stage_remat);
+        ms = time_config<gpipe::OneFOneB, Model>(backend, b, c.micro_batches, c.stage_remat);
       else if (c.schedule == "zb-h1")
-        ms = time_config<gpipe::ZeroBubbleH1>(backend, b, c.micro_batches, c.stage_remat);
+        ms = time_config<gpipe::ZeroBubbleH1, Model>(backend, b, c.micro_batches, c.stage_remat);
       else
-        ms = time_config<gpipe::ZeroBubbleH2>(backend, b, c.micro_batches, c.stage_remat);
+        ms = time_config<gpipe::ZeroBubbleH2, Model>(backend, b, c.micro_batches, c.stage_remat);
       best_ms = std::min(best_ms, ms);
       if (c.uniform()) best_uniform_ms = std::min(best_uniform_ms, ms);
+      errors.push_back(100 * std::abs(ms - c.predicted_us / 1e3) / ms);
       ++configs;
     }
+    set_error_counters(state, errors);
     state.counters["uniform_ms"] = uniform_ms;
     state.counters["uniform_predicted_ms"] = uniform_predicted_ms;
     state.counters["best_uniform_ms"] = best_uniform_ms;
@@ -199,6 +220,7 @@ void BM_Plan(benchmark::State& state) {
     state.SetLabel(label);
   }
 }
+void BM_Plan(benchmark::State& state) { run_plan<Gpt>(state); }
 BENCHMARK(BM_Plan)
     ->ArgName("limit_pct")
     ->Arg(45)
@@ -250,6 +272,7 @@ void BM_PlanTwoChunk(benchmark::State& state) {
       }
     double best_ms = plan_ms;
     std::size_t configs = 0;
+    std::vector<double> errors;
     for (const gpipe::PlanCandidate& c : plan.candidates) {
       if (!c.fits) continue;
       double ms = 0;
@@ -262,8 +285,10 @@ void BM_PlanTwoChunk(benchmark::State& state) {
       else
         ms = time_config<gpipe::DualPipeV>(backend, b, c.micro_batches, c.stage_remat);
       best_ms = std::min(best_ms, ms);
+      errors.push_back(100 * std::abs(ms - c.predicted_us / 1e3) / ms);
       ++configs;
     }
+    set_error_counters(state, errors);
     state.counters["plan_ms"] = plan_ms;
     state.counters["predicted_ms"] = plan.chosen.predicted_us / 1e3;
     state.counters["prediction_error_pct"] =
@@ -280,6 +305,17 @@ void BM_PlanTwoChunk(benchmark::State& state) {
                    std::to_string(2 * K2) + " remat " + hand);
   }
 }
+// The same layers in 2 stages on 2 devices (as many device threads as this machine's cores, where
+// it has 2): one chunk per device without devices sharing cores.
+void BM_PlanTwoDevices(benchmark::State& state) { run_plan<Gpt2>(state); }
+BENCHMARK(BM_PlanTwoDevices)
+    ->ArgName("limit_pct")
+    ->Arg(45)
+    ->Arg(60)
+    ->Arg(80)
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond);
+
 BENCHMARK(BM_PlanTwoChunk)
     ->ArgName("limit_pct")
     ->Arg(75)

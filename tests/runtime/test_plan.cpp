@@ -99,6 +99,41 @@ TEST_CASE("without a limit the plan is the fastest candidate, and every other on
   }
 }
 
+TEST_CASE("costs of devices that share cores: every candidate is timed on the shared cores") {
+  // the same costs with PlanCosts::cores 1 (3 devices on one core) and 2: each candidate's
+  // step is simulate_on_cores', at least all its work on that many cores
+  for (const double cores : {1.0, 2.0}) {
+    std::vector<PlanCosts> costs = hand_costs();
+    for (PlanCosts& c : costs) c.cores = cores;
+    const Plan plan = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+    const Plan alone =
+        choose_plan<Model3>(rows, hand_costs(), std::vector<std::size_t>{}, all_policies);
+    REQUIRE(plan.candidates.size() == alone.candidates.size());
+    bool slower = false;  // some candidate loses time to the shared cores
+    for (std::size_t i = 0; i < plan.candidates.size(); ++i) {
+      const PlanCandidate& c = plan.candidates[i];
+      if (c.schedule == "searched") continue;  // searched from costs: not the same schedule
+      CAPTURE(c.schedule);
+      CAPTURE(c.micro_batches);
+      CHECK(c.predicted_us >= alone.candidates[i].predicted_us);
+      slower = slower || c.predicted_us > alone.candidates[i].predicted_us;
+      double work = 0;
+      for (const PlanCosts& pc : costs)
+        if (pc.micro_batches == c.micro_batches)
+          for (const OpCosts& o : detail::costs_of(pc, c.remat))
+            work += static_cast<double>(c.micro_batches) *
+                    (o.forward + o.backward_input + o.backward_weight);
+      CHECK(c.predicted_us >= work / cores * (1 - 1e-12));
+    }
+    CHECK(slower);
+    for (const PlanCosts& c : costs)
+      if (c.micro_batches == plan.chosen.micro_batches && plan.chosen.uniform())
+        CHECK(plan.chosen.predicted_us ==
+              simulate_on_cores(plan.schedule, detail::costs_of(c, plan.chosen.remat), cores)
+                  .makespan);
+  }
+}
+
 TEST_CASE("selective keeps less than never and more than always; a limit between picks it") {
   // Model3 has cheap layers in stages 1 and 2 (GELU, the residual body's GELU), not in stage 0,
   // whose ReLU is its last layer.

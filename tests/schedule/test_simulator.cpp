@@ -265,6 +265,71 @@ TEST_CASE("costs per stage: each op takes its own stage's costs, a recv its stag
                        gpipe::Error);
 }
 
+// Devices sharing cores (simulate_on_cores). GPipe on K 2, M 2, F 1, B = W = 0, one core:
+// device 0's F0 runs alone on [0, 1]; then device 0's F1 and device 1's F0 run at once at half
+// rate, both ending at 3 (where simulate ends them at 2); device 1's F1 runs alone on [3, 4].
+TEST_CASE("devices sharing one core: two forwards at once take twice as long") {
+  const gpipe::Schedule s = make_gpipe_schedule(2, 2);
+  const OpCosts f{.forward = 1, .backward_input = 0, .backward_weight = 0};
+  const SimulationResult r = gpipe::simulate_on_cores(s, std::vector<OpCosts>(2, f), 1);
+  CHECK(r.makespan == 4);
+  CHECK(simulate(s, f).makespan == 3);
+  std::vector<double> forward_finish[2];
+  for (std::size_t d = 0; d < 2; ++d)
+    for (std::size_t p = 0; p < s.ops[d].size(); ++p)
+      if (s.ops[d][p].kind == OpKind::forward) forward_finish[d].push_back(r.finish[d][p]);
+  CHECK(forward_finish[0] == std::vector<double>{1, 3});
+  CHECK(forward_finish[1] == std::vector<double>{3, 4});
+  CHECK(r.busy[0] == 3);  // stretched, as a trace records it
+  CHECK(r.busy[1] == 3);
+}
+
+TEST_CASE("devices sharing cores: as many cores as devices (or 0) is simulate; fewer, bounded") {
+  // per-stage costs that differ, a transfer, several schedules
+  const auto costs_for = [](const gpipe::Schedule& s) {
+    std::vector<OpCosts> c;
+    for (std::size_t i = 0; i < s.num_stages(); ++i) {
+      const auto x = static_cast<double>(i + 1);
+      c.push_back({.forward = 1 + 0.5 * x,
+                   .backward_input = 2 + 0.25 * x,
+                   .backward_weight = 0.5 * x,
+                   .transfer = 0.125});
+    }
+    return c;
+  };
+  const std::vector<gpipe::Schedule> schedules = {
+      make_gpipe_schedule(4, 8), gpipe::make_1f1b_schedule(4, 8), gpipe::make_zb_h1_schedule(4, 8),
+      gpipe::make_interleaved_schedule(2, 2, 4), gpipe::make_zb_v_schedule(2, 4)};
+  for (const gpipe::Schedule& s : schedules) {
+    const std::vector<OpCosts> c = costs_for(s);
+    const SimulationResult alone = simulate(s, c);
+    for (const double cores : {0.0, static_cast<double>(s.num_devices), 8.0}) {
+      const SimulationResult r = gpipe::simulate_on_cores(s, c, cores);
+      CHECK(r.finish == alone.finish);
+      CHECK(r.start == alone.start);
+      CHECK(r.busy == alone.busy);
+    }
+    double work = 0;
+    for (std::size_t d = 0; d < s.num_devices; ++d) work += alone.busy[d];
+    for (const double cores : {1.0, 1.5, 2.0, 3.0}) {
+      if (cores >= static_cast<double>(s.num_devices)) continue;
+      const SimulationResult r = gpipe::simulate_on_cores(s, c, cores);
+      // never faster than the devices alone or than the cores doing all the work; an op
+      // stretches at most K / cores times
+      CHECK(r.makespan >= alone.makespan - 1e-9);
+      CHECK(r.makespan >= work / cores - 1e-9);
+      CHECK(r.makespan <= alone.makespan * static_cast<double>(s.num_devices) / cores + 1e-9);
+      CHECK(r.peak_live_activations == alone.peak_live_activations);
+    }
+    // one core and no transfer: something always runs, so the step is the total work
+    std::vector<OpCosts> no_transfer = c;
+    for (OpCosts& o : no_transfer) o.transfer = 0;
+    CHECK(gpipe::simulate_on_cores(s, no_transfer, 1).makespan == doctest::Approx(work));
+  }
+  CHECK_THROWS_AS(gpipe::simulate_on_cores(schedules[0], costs_for(schedules[0]), -1),
+                  gpipe::Error);
+}
+
 namespace {
 
 // Checks issue_order(s): every op once, each device's list in order, every recv after its send,

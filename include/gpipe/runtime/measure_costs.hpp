@@ -18,10 +18,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpipe/backend/concepts.hpp"
@@ -186,28 +188,70 @@ std::array<LayerCost, sizeof...(Layers)> measure_layer_costs(Backend& backend, s
   return out;
 }
 
+/// [event] each event's duration as work on a core of its own, microseconds: where devices share
+/// `cores` cores (simulate_on_cores' model), the time an event ran while n > cores compute events
+/// (of any device) ran at once counts cores / n of itself; `cores` 0 (or at least the events'
+/// most at once) gives each event's duration. Work that is not compute (WorkLabel::compute false)
+/// keeps its duration and is not counted among those running. So simulate_on_cores with these
+/// costs and `cores` reproduces the trace's stretched durations where the OS shares cores evenly.
+inline std::vector<double> core_work(std::span<const TraceEvent> events, double cores) {
+  std::vector<double> out;
+  for (const TraceEvent& e : events) out.push_back(e.end_us - e.start_us);
+  if (!(cores > 0)) return out;
+  // (time, +1 at a start / -1 at an end) of compute events; effective[i]: the work a running
+  // event does from the first edge to times[i]
+  std::vector<std::pair<double, int>> edges;
+  for (const TraceEvent& e : events)
+    if (e.label.compute) edges.insert(edges.end(), {{e.start_us, 1}, {e.end_us, -1}});
+  std::sort(edges.begin(), edges.end());
+  std::vector<double> times, effective;
+  int running = 0;
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    if (times.empty() || edges[i].first != times.back()) {
+      const double rate =
+          running > cores ? cores / static_cast<double>(running) : 1.0;  // since times.back()
+      effective.push_back(
+          times.empty() ? 0.0 : effective.back() + (edges[i].first - times.back()) * rate);
+      times.push_back(edges[i].first);
+    }
+    running += edges[i].second;
+  }
+  const auto at = [&](double t) {
+    return effective[static_cast<std::size_t>(std::lower_bound(times.begin(), times.end(), t) -
+                                              times.begin())];
+  };
+  for (std::size_t i = 0; i < events.size(); ++i)
+    if (events[i].label.compute) out[i] = at(events[i].end_us) - at(events[i].start_us);
+  return out;
+}
+
 namespace detail {
 
 // The mean F, B and W durations (microseconds) over `steps` traced steps of `trainer`, grouped
-// by key(event) (n groups; a key of n or more drops the event), then the gradients zeroed.
+// by key(event) (n groups; a key of n or more drops the event), each as core_work counts it
+// under `cores`, then the gradients zeroed.
 template <class TrainerT, class X, class Y, class Key>
 std::vector<OpCosts> mean_op_costs(TrainerT& trainer, const X& x, const Y& y, std::size_t steps,
-                                   std::size_t n, Key key) {
+                                   std::size_t n, double cores, Key key) {
   if (steps == 0) throw Error("gpipe: measure_op_costs needs at least one step");
+  if (!(cores >= 0)) throw Error("gpipe: measure_op_costs needs cores >= 0");
   auto& backend = trainer.backend();
   std::vector<std::array<double, 3>> sum(n, {0, 0, 0});
   std::vector<std::array<std::size_t, 3>> count(n, {0, 0, 0});
   backend.set_tracing(true);
   for (std::size_t i = 0; i < steps; ++i) trainer.forward_backward(x, y);
   backend.set_tracing(false);
-  for (const TraceEvent& e : backend.take_trace()) {
+  const std::vector<TraceEvent> trace = backend.take_trace();
+  const std::vector<double> work = core_work(trace, cores);
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const TraceEvent& e = trace[i];
     const std::size_t kind = e.label.what == to_string(OpKind::forward)           ? 0
                              : e.label.what == to_string(OpKind::backward_input)  ? 1
                              : e.label.what == to_string(OpKind::backward_weight) ? 2
                                                                                   : 3;
     const std::size_t group = key(e);
     if (kind == 3 || group >= n) continue;
-    sum[group][kind] += e.end_us - e.start_us;
+    sum[group][kind] += work[i];
     ++count[group][kind];
   }
   trainer.zero_grad();
@@ -228,11 +272,13 @@ std::vector<OpCosts> mean_op_costs(TrainerT& trainer, const X& x, const Y& y, st
 /// costs search_schedule takes (transfer left 0: hand-overs are not timed apart). Uses the
 /// backend's tracing (on for these steps, off after) and leaves the trainer's gradients zero.
 /// Only this process's devices are timed; a device that ran none of an op kind gets 0 for it.
-/// Throws gpipe::Error for 0 steps.
+/// `cores` > 0: the devices share that many cores, and each op's duration is taken as its work
+/// on a core of its own (core_work), what simulate_on_cores with the same `cores` takes; 0: as
+/// the ops ran. Throws gpipe::Error for 0 steps or negative cores.
 template <class TrainerT, class X, class Y>
 std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
-                                      std::size_t steps = 2) {
-  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_devices,
+                                      std::size_t steps = 2, double cores = 0) {
+  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_devices, cores,
                                [](const TraceEvent& e) { return e.device; });
 }
 
@@ -242,8 +288,8 @@ std::vector<OpCosts> measure_op_costs(TrainerT& trainer, const X& x, const Y& y,
 /// are timed; the others get 0.
 template <class TrainerT, class X, class Y>
 std::vector<OpCosts> measure_stage_costs(TrainerT& trainer, const X& x, const Y& y,
-                                         std::size_t steps = 2) {
-  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_stages,
+                                         std::size_t steps = 2, double cores = 0) {
+  return detail::mean_op_costs(trainer, x, y, steps, TrainerT::num_stages, cores,
                                [](const TraceEvent& e) { return e.label.stage; });
 }
 

@@ -18,7 +18,8 @@
 // and remat policy, with a policy per device and, with two stages per device, a policy per
 // stage): predict_memory's bound (total_bound: exact parameters, gradients, optimizer state and
 // activations, a bound on the workspace) against the limit, simulate's makespan with each stage's
-// measured costs for the time.
+// measured costs for the time (simulate_on_cores' where the devices share cores:
+// PlanCosts::cores).
 //
 // How many devices: the backend's pipeline devices, K = backend.num_devices(). A model of S
 // stages takes one stage per device where S <= K (on devices 0..S-1), two where S = 2K; any
@@ -159,7 +160,8 @@ inline PolicyMix mix_policies(const Schedule& schedule, const PlanCosts& costs,
   };
   const auto step_of = [&](const std::vector<std::size_t>& per_device) {
     const std::vector<Remat> policy = per_stage(per_device);
-    return simulate(schedule, costs_of(costs, std::span<const Remat>(policy))).makespan;
+    return simulate_step(schedule, costs_of(costs, std::span<const Remat>(policy)), costs.cores)
+        .makespan;
   };
   std::vector<std::vector<std::size_t>> fitting(K);  // [device] indices into patterns
   std::vector<std::size_t> choice;                   // [device] index into patterns
@@ -361,6 +363,7 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   std::optional<std::size_t> best;
   std::vector<Schedule> schedules;  // [candidate]
   // Weighs `schedule` under stage_remat ([stage]) with the stages' costs op_costs.
+  double cores = 0;  // the costs' cores, of the entry being weighed
   const auto weigh = [&](std::string name, std::size_t m, std::vector<Remat> stage_remat,
                          const std::vector<OpCosts>& op_costs, Schedule schedule) {
     PlanCandidate cand;
@@ -368,7 +371,7 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
     cand.micro_batches = m;
     cand.remat = stage_remat.front();
     cand.stage_remat = std::move(stage_remat);
-    cand.predicted_us = simulate(schedule, op_costs).makespan;
+    cand.predicted_us = detail::simulate_step(schedule, op_costs, cores).makespan;
     cand.memory = predict_memory<Model, Precision>(schedule, rows, cand.stage_remat,
                                                    optimizer_state_per_param, target_bytes_per_row);
     cand.fits = true;
@@ -401,6 +404,7 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
                         (c.selective.empty() || c.selective.size() == S) &&
                         (c.offload.empty() || c.offload.size() == S),
                     [&] { return "plan's costs are for " + std::to_string(S) + " stages"; });
+    cores = c.cores;
     const std::size_t m = c.micro_batches, samples = rows / Model::tokens_per_sample;
     detail::require(m >= 1 && m <= samples, [&] {
       return "plan: costs for " + std::to_string(m) + " micro-batches of a batch of " +

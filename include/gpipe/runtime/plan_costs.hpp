@@ -60,9 +60,13 @@ struct PlanCosts {
   /// the same) or S / 2 (two stages per device: the two-chunk schedules are weighed).
   std::size_t num_devices = 0;
   /// What the executor adds to each op slot of the critical path (hand-overs, issuing), in
-  /// microseconds: the measured steps' wall time less their simulated makespan, per slot.
-  /// choose_plan adds it to every op's cost.
+  /// microseconds: the measured steps' wall time less their simulated makespan, per slot (the
+  /// median over the policies measured at this count). choose_plan adds it to every op's cost.
   double overhead_us = 0;
+  /// The cores the devices share, counted in devices (a host backend with more device threads
+  /// than cores): the costs are each op's work on a core of its own, and choose_plan times
+  /// candidates with simulate_on_cores. 0: each device computes on cores of its own (simulate).
+  double cores = 0;
 };
 
 namespace detail {
@@ -86,6 +90,31 @@ inline std::size_t plan_devices(std::size_t stages, std::size_t devices) {
            "least as many devices as stages) or two (twice as many stages as devices)";
   });
   return devices;
+}
+
+// How many of the K pipeline devices of `backend` compute at once without sharing cores, where
+// fewer than K do (the backend's devices_share_cores; each device of this process); 0 where all
+// K do, or the backend does not say, or a device is another process's (whose cores it does not
+// know).
+template <class Backend>
+double shared_cores(const Backend& backend, transport::Transport<Backend>& transport,
+                    std::size_t K) {
+  if constexpr (requires { backend.devices_share_cores(K); }) {
+    for (std::size_t d = 0; d < K; ++d)
+      if (!transport.is_local(d)) return 0;
+    if (!backend.devices_share_cores(K)) return 0;
+    std::size_t fit = 1;
+    while (fit + 1 < K && !backend.devices_share_cores(fit + 1)) ++fit;
+    return static_cast<double>(fit);
+  } else {
+    return 0;
+  }
+}
+
+// simulate_on_cores where `cores` > 0, else simulate: the planner's step.
+inline SimulationResult simulate_step(const Schedule& schedule, std::span<const OpCosts> costs,
+                                      double cores) {
+  return cores > 0 ? simulate_on_cores(schedule, costs, cores) : simulate(schedule, costs);
 }
 
 }  // namespace detail
@@ -133,10 +162,12 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
   const bool weighs_offload =
       detail::Offload<Backend>::supported &&
       std::ranges::find(options.remat, Remat::offload) != options.remat.end();
+  const double cores = detail::shared_cores(backend, transport, K);
   std::vector<std::size_t> owner(S);  // [stage] the device that ran it while measuring
   std::vector<PlanCosts> out;
   for (std::size_t m : counts) {
-    double overhead = -1;  // from the last configuration measured without running out
+    double overhead = -1;           // of the last configuration measured without running out
+    std::vector<double> overheads;  // of never's, always's and selective's, where measured
     // the trainer of `Kind` under `remat`: its costs per stage, and the overhead of its steps
     const auto measure_with = [&]<class Kind>(Kind, Remat remat) {
       Trainer<Model, Loss, Backend, Kind, Precision> trainer(backend,
@@ -146,13 +177,13 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       trainer.zero_grad();
       const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
       const auto start = std::chrono::steady_clock::now();
-      std::vector<OpCosts> measured = measure_stage_costs(trainer, x, y, steps);
+      std::vector<OpCosts> measured = measure_stage_costs(trainer, x, y, steps, cores);
       const double wall =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
               .count() /
           static_cast<double>(steps);
       // per op slot of the critical path: (wall - simulated) / (simulated / mean op)
-      const SimulationResult sim = simulate(trainer.schedule(), measured);
+      const SimulationResult sim = detail::simulate_step(trainer.schedule(), measured, cores);
       double busy = 0;
       for (double b : sim.busy) busy += b;
       const double ops = 3.0 * static_cast<double>(m * S);
@@ -168,13 +199,16 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     PlanCosts c;
     c.micro_batches = m;
     c.num_devices = K;
+    c.cores = cores;
     try {
       c.always = measure(Remat::always);
+      overheads.push_back(overhead);
     } catch (const OutOfMemory&) {
       continue;
     }
     try {
       c.never = measure(Remat::never);
+      overheads.push_back(overhead);
     } catch (const OutOfMemory&) {
       c.never = c.always;
       for (std::size_t st = 0; st < S; ++st)
@@ -184,11 +218,14 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     if (weighs_selective) {
       try {
         c.selective = measure(Remat::selective);
+        overheads.push_back(overhead);
       } catch (const OutOfMemory&) {
         c.selective = c.always;
       }
     }
-    c.overhead_us = std::max(overhead, 0.0);
+    // their median: one configuration's steps may catch the machine busy with other work
+    std::ranges::sort(overheads);
+    c.overhead_us = std::max(overheads[(overheads.size() - 1) / 2], 0.0);
     if (weighs_offload) {
       // Its B waits for its fetch outside the op's timing: what the copies add to the step
       // beyond the others' overhead goes into its ops, so that its prediction holds it.

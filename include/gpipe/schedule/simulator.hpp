@@ -11,7 +11,9 @@
 // bubble_fraction = 1 - sum(busy) / (num_devices * makespan), 0 when the makespan is 0.
 // A stash (stage, micro-batch) is live from its forward to its backward_weight; peaks follow
 // list order, independent of costs. issue_order(schedule) is the order in which the runtime
-// issues the ops: by their simulated start.
+// issues the ops: by their simulated start. simulate_on_cores(schedule, costs, C) is the same with
+// the devices sharing C cores (more device threads than cores on a host): n > C devices computing
+// at once each advance at C / n of their rate.
 
 #include <algorithm>
 #include <cstddef>
@@ -164,6 +166,105 @@ constexpr SimulationResult simulate(const Schedule& schedule, std::span<const Op
 constexpr SimulationResult simulate(const Schedule& schedule, const OpCosts& costs = {}) {
   const std::vector<OpCosts> per_device(schedule.num_devices, costs);
   return simulate(schedule, std::span<const OpCosts>(per_device));
+}
+
+/// simulate()'s rules on devices that share `cores` cores (a host backend with more device threads
+/// than cores): an op's cost is its work on a core of its own, and while n devices compute at
+/// once, n > cores, each advances at cores / n of that rate (the OS shares the cores evenly), so
+/// its duration stretches. `cores` of 0, or at least the schedule's devices, gives simulate()'s
+/// result. start, finish and busy are the stretched times, as a trace of the step records them;
+/// peaks as simulate()'s. Costs per device or per stage as simulate()'s. Throws Error (and fails
+/// constant evaluation) when the schedule is invalid, the costs are not one per device or one
+/// per stage, a cost is negative or NaN, or `cores` is negative or NaN.
+constexpr SimulationResult simulate_on_cores(const Schedule& schedule,
+                                             std::span<const OpCosts> costs, double cores) {
+  detail::OpIndex index;
+  const ValidationResult check = detail::validate_into(schedule, index);
+  if (!check) detail::throw_invalid_schedule(check);
+  detail::check_op_costs(costs, schedule.num_devices, schedule.num_stages());
+  if (!(cores >= 0)) throw Error("gpipe: simulate_on_cores needs cores >= 0");
+  const std::size_t K = schedule.num_devices;
+  const bool per_stage = costs.size() != K;
+  const auto costs_at = [&](std::size_t d, const Op& op) -> const OpCosts& {
+    return costs[per_stage ? schedule.stage_of(d, op.chunk) : d];
+  };
+
+  SimulationResult result;
+  result.busy.assign(K, 0.0);
+  result.peak_live_activations.assign(K, 0);
+  result.start.resize(K);
+  result.finish.resize(K);
+  for (std::size_t d = 0; d < K; ++d) {
+    result.start[d].assign(schedule.ops[d].size(), 0.0);
+    result.finish[d].assign(schedule.ops[d].size(), 0.0);
+  }
+  // next[d]: the first op of d not yet started; left[d]: the work its running op still has
+  // (< 0: none runs, so next[d] waits for its data or d is done)
+  std::vector<std::size_t> next(K, 0);
+  std::vector<double> left(K, -1.0);
+  double now = 0;
+  for (;;) {
+    // start what can start at `now`: transfers take no time, so follow them until a compute op
+    // starts or a recv's data is not there yet (wake: when the earliest such data arrives)
+    double wake = -1;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (std::size_t d = 0; d < K; ++d) {
+        const std::vector<Op>& ops = schedule.ops[d];
+        while (left[d] < 0 && next[d] < ops.size()) {
+          const Op& op = ops[next[d]];
+          if (is_recv(op.kind)) {
+            const OpPlace sender = detail::partner_place(schedule, index, d, op);
+            if (sender.position >= next[sender.device]) break;  // its send has not run
+            const double ready =
+                result.finish[sender.device][sender.position] + costs_at(d, op).transfer;
+            if (ready > now) {
+              wake = wake < 0 ? ready : std::min(wake, ready);
+              break;
+            }
+          }
+          const std::size_t p = next[d]++;
+          result.start[d][p] = now;
+          result.finish[d][p] = now;
+          const double work = detail::duration(op.kind, costs_at(d, op));
+          if (work > 0) left[d] = work;
+          moved = true;
+        }
+      }
+    }
+    std::size_t running = 0;
+    for (std::size_t d = 0; d < K; ++d) running += left[d] >= 0 ? 1 : 0;
+    if (running == 0 && wake < 0) break;  // every list is done (a valid schedule cannot stall)
+    const double n = static_cast<double>(running);
+    const double rate = cores > 0 && n > cores ? cores / n : 1.0;
+    // the next event: the first running op to end, or the first awaited data to arrive
+    double step = wake < 0 ? -1 : wake - now;
+    for (std::size_t d = 0; d < K; ++d)
+      if (left[d] >= 0) step = step < 0 ? left[d] / rate : std::min(step, left[d] / rate);
+    now += step;
+    for (std::size_t d = 0; d < K; ++d) {
+      if (left[d] < 0) continue;
+      left[d] -= step * rate;
+      const std::size_t p = next[d] - 1;
+      const double cost =
+          detail::duration(schedule.ops[d][p].kind, costs_at(d, schedule.ops[d][p]));
+      if (left[d] <= cost * 1e-12) {  // this op ends now (rounding aside)
+        left[d] = -1.0;
+        result.finish[d][p] = now;
+        result.busy[d] += now - result.start[d][p];
+      }
+    }
+  }
+
+  double total_busy = 0;
+  for (std::size_t d = 0; d < K; ++d) {
+    for (const double f : result.finish[d]) result.makespan = std::max(result.makespan, f);
+    total_busy += result.busy[d];
+    result.peak_live_activations[d] = detail::peak_live_stashes(schedule.ops[d]);
+  }
+  if (result.makespan > 0)
+    result.bubble_fraction = 1.0 - total_busy / (static_cast<double>(K) * result.makespan);
+  return result;
 }
 
 /// (device, position) of every op of a valid schedule, in the order in which to issue them to
