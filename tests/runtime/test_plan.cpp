@@ -418,6 +418,17 @@ bool two_chunk_kind(const std::string& name) {
 
 }  // namespace
 
+// Device 0 free, device 1 capped one byte below the least it needs under Remat::never on all
+// its stages, over every two-chunk schedule and M of `costs`.
+std::vector<std::size_t> limit_below_never_on_device_1(const std::vector<PlanCosts>& costs) {
+  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  std::size_t never1 = std::numeric_limits<std::size_t>::max();
+  for (const PlanCandidate& c : free.candidates)
+    if (c.remat == Remat::never && c.uniform())
+      never1 = std::min(never1, c.memory[1].total_bound());
+  return {0, never1 - 1};
+}
+
 TEST_CASE("a model of 2K stages on K devices: the two-chunk schedules, simulated per stage") {
   const std::vector<PlanCosts> costs = two_chunk_costs();
   const Plan plan = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
@@ -455,12 +466,7 @@ TEST_CASE("a model of 2K stages: a limit forbidding never on one device mixes pe
   // device 1 capped below what it needs under Remat::never with every schedule and M, device 0
   // free: device 1 recomputes, and a mix keeps everything on device 0
   const std::vector<PlanCosts> costs = two_chunk_costs();
-  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
-  std::size_t never1 = std::numeric_limits<std::size_t>::max();
-  for (const PlanCandidate& c : free.candidates)
-    if (c.remat == Remat::never && c.uniform())
-      never1 = std::min(never1, c.memory[1].total_bound());
-  const std::vector<std::size_t> limit = {0, never1 - 1};
+  const std::vector<std::size_t> limit = limit_below_never_on_device_1(costs);
   const Plan plan = choose_plan<Model4>(rows, costs, limit, all_policies);
   CAPTURE(plan.describe());
   CHECK(plan.chosen.memory[1].total_bound() <= limit[1]);
@@ -529,12 +535,7 @@ TEST_CASE(
   // every schedule and M, weighed here by brute force: the planner's choice fits, splits a
   // device, and is faster than any uniform or per-device assignment that fits.
   const std::vector<PlanCosts> costs = two_chunk_costs();
-  const Plan free = choose_plan<Model4>(rows, costs, std::vector<std::size_t>{}, all_policies);
-  std::size_t never1 = std::numeric_limits<std::size_t>::max();
-  for (const PlanCandidate& c : free.candidates)
-    if (c.remat == Remat::never && c.uniform())
-      never1 = std::min(never1, c.memory[1].total_bound());
-  const std::vector<std::size_t> limit = {0, never1 - 1};
+  const std::vector<std::size_t> limit = limit_below_never_on_device_1(costs);
   const Plan plan = choose_plan<Model4>(rows, costs, limit, all_policies);
   CAPTURE(plan.describe());
 
