@@ -7,17 +7,22 @@
 //                        else four at a time on 16-byte packs
 //   from_bf16_bits(b)    exact (a bf16 is a float whose low 16 bits are 0)
 //   from_bf16(n, x, y)   y(n) = x(n), exact, 16 or four at a time likewise
+//   add_bf16(n, a, b, y) y(n) = a + b summed in float, rounded once
+//   store_float_bits / load_float_bits   a float kept exactly in two bf16 slots
 //
 // Rounding is gpipe::to_bf16_bits' (model/precision.hpp), here on many lanes at once: every path
 // gives the same bits. The AVX-512 path is compiled for that target alone (a function attribute)
 // and chosen at run time, so the library still runs on any x86-64. AVX512-BF16's vcvtneps2bf16 is
 // not used: it treats denormal inputs as 0, which this does not.
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "gpipe/backend/host/kernels/elementwise.hpp"
 #include "gpipe/model/precision.hpp"
 
 namespace gpipe::host {
@@ -131,6 +136,31 @@ inline void to_bf16(std::size_t n, const float* x, bf16* y) {
 /// from_bf16 from gpipe::bf16 storage.
 inline void from_bf16(std::size_t n, const bf16* x, float* y) {
   from_bf16(n, reinterpret_cast<const std::uint16_t*>(x), y);
+}
+
+/// y(n) = a + b, each widened exactly, summed in float and rounded once (y may be a or b): the
+/// bits of KernelContext<bf16>::add, on the calling thread alone.
+inline void add_bf16(std::size_t n, const bf16* a, const bf16* b, bf16* y) {
+  constexpr std::size_t chunk = 256;
+  float wide_a[chunk], wide_b[chunk];
+  for (std::size_t i = 0; i < n; i += chunk) {
+    const std::size_t c = std::min(chunk, n - i);
+    from_bf16(c, a + i, wide_a);
+    from_bf16(c, b + i, wide_b);
+    add(c, wide_a, wide_b, wide_a);
+    to_bf16(c, wide_a, y + i);
+  }
+}
+
+/// A float's 32 bits in two bf16 slots, high half first (float statistics in a bf16 stash).
+inline void store_float_bits(float f, bf16* two) {
+  const auto bits = std::bit_cast<std::uint32_t>(f);
+  two[0] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
+  two[1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+}
+/// The float that store_float_bits kept in two, exactly.
+inline float load_float_bits(const bf16* two) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(two[0].bits) << 16 | two[1].bits);
 }
 
 }  // namespace gpipe::host

@@ -2,9 +2,7 @@
 // LayerNorm on the host: the kernels of kernels/layer_norm.hpp, split over the context's team by
 // rows (forward, input gradient) or by columns (weight gradient).
 
-#include <bit>
 #include <cstddef>
-#include <cstdint>
 #include <vector>
 
 #include "gpipe/backend/host/kernels.hpp"
@@ -118,14 +116,8 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
                       const float* gamma, const float* beta, bf16* y, bf16* stats) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(2 * cols);
-      for (std::size_t r = first; r < first + count; ++r) {
-        float st[2];
-        host::from_bf16(cols, x + r * cols, row.data());
-        host::layer_norm_forward(std::size_t{1}, cols, eps, row.data(), gamma, beta,
-                                 row.data() + cols, st);
-        host::to_bf16(cols, row.data() + cols, y + r * cols);
-        store_rstd(st[1], stats + 2 * r);
-      }
+      for (std::size_t i = first; i < first + count; ++i)
+        forward_row(cols, eps, x + i * cols, gamma, beta, y + i * cols, stats + 2 * i, row.data());
     });
   }
 
@@ -134,14 +126,9 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
                              const bf16* dy, const float* gamma, const bf16* stats, bf16* dx) {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(3 * cols);
-      for (std::size_t r = first; r < first + count; ++r) {
-        float st[2];
-        widen_row(cols, x + r * cols, stats + 2 * r, row.data(), st);
-        host::from_bf16(cols, dy + r * cols, row.data() + cols);
-        host::layer_norm_backward_input(std::size_t{1}, cols, row.data(), row.data() + cols, gamma,
-                                        st, row.data() + 2 * cols);
-        host::to_bf16(cols, row.data() + 2 * cols, dx + r * cols);
-      }
+      for (std::size_t i = first; i < first + count; ++i)
+        backward_input_row(cols, x + i * cols, dy + i * cols, gamma, stats + 2 * i, dx + i * cols,
+                           row.data());
     });
   }
 
@@ -153,16 +140,8 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(2 * cols);
       for (std::size_t i = first; i < first + count; ++i) {
-        float st[2];
-        host::from_bf16(cols, x + i * cols, row.data());
-        host::from_bf16(cols, r + i * cols, row.data() + cols);
-        host::add(cols, row.data(), row.data() + cols, row.data());
-        host::to_bf16(cols, row.data(), x + i * cols);
-        host::from_bf16(cols, x + i * cols, row.data());  // the sum as stored
-        host::layer_norm_forward(std::size_t{1}, cols, eps, row.data(), gamma, beta,
-                                 row.data() + cols, st);
-        host::to_bf16(cols, row.data() + cols, y + i * cols);
-        store_rstd(st[1], stats + 2 * i);
+        host::add_bf16(cols, x + i * cols, r + i * cols, x + i * cols);
+        forward_row(cols, eps, x + i * cols, gamma, beta, y + i * cols, stats + 2 * i, row.data());
       }
     });
   }
@@ -174,16 +153,9 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
     k.in_blocks(rows, cols, [&](std::size_t first, std::size_t count) {
       std::vector<float> row(3 * cols);
       for (std::size_t i = first; i < first + count; ++i) {
-        float st[2];
-        widen_row(cols, x + i * cols, stats + 2 * i, row.data(), st);
-        host::from_bf16(cols, dy + i * cols, row.data() + cols);
-        host::layer_norm_backward_input(std::size_t{1}, cols, row.data(), row.data() + cols, gamma,
-                                        st, row.data() + 2 * cols);
-        host::to_bf16(cols, row.data() + 2 * cols, dx + i * cols);
-        host::from_bf16(cols, dx + i * cols, row.data());  // dx as stored
-        host::from_bf16(cols, r + i * cols, row.data() + cols);
-        host::add(cols, row.data(), row.data() + cols, row.data());
-        host::to_bf16(cols, row.data(), dx + i * cols);
+        backward_input_row(cols, x + i * cols, dy + i * cols, gamma, stats + 2 * i, dx + i * cols,
+                           row.data());
+        host::add_bf16(cols, dx + i * cols, r + i * cols, dx + i * cols);
       }
     });
   }
@@ -205,11 +177,24 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
   }
 
  private:
-  // rstd's 32 bits in a row's two stash slots, high half first.
-  static void store_rstd(float rstd, bf16* stash) {
-    const auto bits = std::bit_cast<std::uint32_t>(rstd);
-    stash[0] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
-    stash[1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+  // One row of forward; row: 2 cols floats of scratch.
+  static void forward_row(std::size_t cols, double eps, const bf16* x, const float* gamma,
+                          const float* beta, bf16* y, bf16* stash, float* row) {
+    float st[2];
+    host::from_bf16(cols, x, row);
+    host::layer_norm_forward(std::size_t{1}, cols, eps, row, gamma, beta, row + cols, st);
+    host::to_bf16(cols, row + cols, y);
+    host::store_float_bits(st[1], stash);
+  }
+  // One row of backward_input; row: 3 cols floats of scratch.
+  static void backward_input_row(std::size_t cols, const bf16* x, const bf16* dy,
+                                 const float* gamma, const bf16* stash, bf16* dx, float* row) {
+    float st[2];
+    widen_row(cols, x, stash, row, st);
+    host::from_bf16(cols, dy, row + cols);
+    host::layer_norm_backward_input(std::size_t{1}, cols, row, row + cols, gamma, st,
+                                    row + 2 * cols);
+    host::to_bf16(cols, row + 2 * cols, dx);
   }
   // x's row widened into `row`, and its (mean, rstd): the mean as forward computed it, rstd from
   // the stash's bits.
@@ -218,7 +203,7 @@ struct LayerKernels<LayerNormOp, host::KernelContext<bf16>> {
     double sum = 0;
     for (std::size_t c = 0; c < cols; ++c) sum += row[c];
     st[0] = static_cast<float>(sum / static_cast<double>(cols));
-    st[1] = std::bit_cast<float>(static_cast<std::uint32_t>(stash[0].bits) << 16 | stash[1].bits);
+    st[1] = host::load_float_bits(stash);
   }
 };
 

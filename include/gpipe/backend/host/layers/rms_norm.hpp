@@ -3,8 +3,6 @@
 // sums in double, each output rounded once; split over the context's team by rows (forward,
 // input gradient) or by columns (weight gradient).
 
-#include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -28,9 +26,7 @@ namespace detail {
 template <class T>
 void put_rstd(T* stats, std::size_t r, master_t<T> rstd) {
   if constexpr (std::is_same_v<T, bf16>) {
-    const auto bits = std::bit_cast<std::uint32_t>(rstd);
-    stats[2 * r] = bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
-    stats[2 * r + 1] = bf16::from_bits(static_cast<std::uint16_t>(bits & 0xffffu));
+    host::store_float_bits(rstd, stats + 2 * r);
   } else {
     stats[2 * r] = T(0);
     stats[2 * r + 1] = rstd;
@@ -39,8 +35,7 @@ void put_rstd(T* stats, std::size_t r, master_t<T> rstd) {
 template <class T>
 master_t<T> rstd_of(const T* stats, std::size_t r) {
   if constexpr (std::is_same_v<T, bf16>)
-    return std::bit_cast<float>(static_cast<std::uint32_t>(stats[2 * r].bits) << 16 |
-                                stats[2 * r + 1].bits);
+    return host::load_float_bits(stats + 2 * r);
   else
     return stats[2 * r + 1];
 }
@@ -168,19 +163,10 @@ void LayerKernels<RMSNormOp, host::KernelContext<T>>::backward_input_rows(
 
 template <class T>
 void LayerKernels<RMSNormOp, host::KernelContext<T>>::add_into(std::size_t n, T* y, const T* a) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    constexpr std::size_t chunk = 256;
-    float wide_y[chunk], wide_a[chunk];
-    for (std::size_t i = 0; i < n; i += chunk) {
-      const std::size_t c = std::min(chunk, n - i);
-      host::from_bf16(c, y + i, wide_y);
-      host::from_bf16(c, a + i, wide_a);
-      host::add(c, wide_y, wide_a, wide_y);
-      host::to_bf16(c, wide_y, y + i);
-    }
-  } else {
+  if constexpr (std::is_same_v<T, bf16>)
+    host::add_bf16(n, y, a, y);
+  else
     host::add(n, y, a, y);
-  }
 }
 
 template <class T>
