@@ -407,25 +407,32 @@ struct Chain {
       return p.act(I - 1);
   }
 
+  // Layer I's ForwardArgs within the chain's `a`: a_I in, a_{I+1} out (y: the chain's output,
+  // nullptr where it is not written), its parameters and its parts of the stashes.
+  template <std::size_t I, class T>
+  static ForwardArgs<T> layer_forward_args(const ForwardArgs<T>& a, const Parts<T>& p, T* y) {
+    T* x = const_cast<T*>(a.x);
+    return {a.rows,
+            act<I>(x, y, p),
+            act<I + 1>(x, y, p),
+            a.params + param_offset[I],
+            p.stash(I),
+            a.workspace,
+            compute_params_at(a.compute_params, param_offset[I]),
+            a.document,
+            p.cheap_stash(I)};
+  }
+
   template <class Ctx, std::size_t... I>
   static void recompute_impl(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
                              std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
-    T* x = const_cast<T*>(a.x);
     const Parts<T> p = parts(a);
     auto step = [&](auto i_const) {
       constexpr std::size_t i = decltype(i_const)::value;
-      using L = std::tuple_element_t<i, std::tuple<Bs...>>;
+      using L = layer_t<i>;
       if constexpr (dropped[i] || layer_cheap_stash[i] > 0) {
-        const ForwardArgs<T> args{a.rows,
-                                  act<i>(x, static_cast<T*>(nullptr), p),
-                                  act<i + 1>(x, static_cast<T*>(nullptr), p),
-                                  a.params + param_offset[i],
-                                  p.stash(i),
-                                  a.workspace,
-                                  compute_params_at(a.compute_params, param_offset[i]),
-                                  a.document,
-                                  p.cheap_stash(i)};
+        const ForwardArgs<T> args = layer_forward_args<i>(a, p, static_cast<T*>(nullptr));
         if constexpr (dropped[i])
           L::forward(ctx, args);
         else
@@ -463,20 +470,11 @@ struct Chain {
       Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a,
       const typename Ctx::value_type* pending, std::index_sequence<I...>) {
     using T = typename Ctx::value_type;
-    T* x = const_cast<T*>(a.x);  // only read through the I == 0 path
     const Parts<T> p = parts(a);
     auto step = [&](auto i_const) {
       constexpr std::size_t i = decltype(i_const)::value;
       using L = layer_t<i>;
-      const ForwardArgs<T> args{a.rows,
-                                act<i>(x, a.y, p),
-                                act<i + 1>(x, a.y, p),
-                                a.params + param_offset[i],
-                                p.stash(i),
-                                a.workspace,
-                                compute_params_at(a.compute_params, param_offset[i]),
-                                a.document,
-                                p.cheap_stash(i)};
+      const ForwardArgs<T> args = layer_forward_args<i>(a, p, a.y);
       if constexpr (leaves_at<i, Ctx, Leave>()) {
         pending = L::forward_leaving_add(ctx, args, pending);
         return;
