@@ -388,8 +388,8 @@ void record_attention(std::string_view kernel, const AttentionGeometry& g, doubl
 /// on `stream`; document (rows) or null (CausalAttentionOp's contract). T is float or bf16. A
 /// head size above flash_attention_max_head_size is a gpipe::Error.
 template <class T>
-inline void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T* o, float* lse,
-                                    const std::int32_t* document, cudaStream_t stream) {
+void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T* o, float* lse,
+                             const std::int32_t* document, cudaStream_t stream) {
   g.check();
   if (g.rows() == 0) return;
   const bool mma = std::is_same_v<T, bf16> && detail::mma_takes(g.head_size);
@@ -448,9 +448,9 @@ inline void flash_attention_backward_mma(const AttentionGeometry& g, const bf16*
 /// and dout (rows, H d), on `stream`; delta (rows, H) is scratch; document (rows) or null.
 /// Deterministic: the same bits every run.
 template <class T>
-inline void flash_attention_backward(const AttentionGeometry& g, const T* qkv, const T* o,
-                                     const float* lse, const T* dout, T* dqkv, float* delta,
-                                     const std::int32_t* document, cudaStream_t stream) {
+void flash_attention_backward(const AttentionGeometry& g, const T* qkv, const T* o,
+                              const float* lse, const T* dout, T* dqkv, float* delta,
+                              const std::int32_t* document, cudaStream_t stream) {
   g.check();
   if (g.rows() == 0) return;
   const std::size_t warps = g.rows() * g.heads;

@@ -115,8 +115,8 @@ __global__ void bias_add_forward_kernel(std::size_t rows, std::size_t cols, cons
 /// y(rows, cols) += bias(cols), on `stream`: 16-byte packs when cols % 4 == 0 and both pointers
 /// allow them.
 template <class T>
-inline void bias_add_forward(std::size_t rows, std::size_t cols, const float* bias, T* y,
-                             cudaStream_t stream) {
+void bias_add_forward(std::size_t rows, std::size_t cols, const float* bias, T* y,
+                      cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const bool vectorized = cols % 4 == 0 && detail::aligned<4>(bias, y);
   const std::size_t packs = vectorized ? cols / 4 : cols;
@@ -175,8 +175,8 @@ inline std::size_t bias_grad_scratch(std::size_t rows, std::size_t cols) {
 /// bias_grad_scratch(rows, cols) floats (null if that is 0) and stays in use until the launches
 /// run.
 template <class T>
-inline void bias_grad_backward(std::size_t rows, std::size_t cols, const T* dy, float* db,
-                               float* scratch, cudaStream_t stream) {
+void bias_grad_backward(std::size_t rows, std::size_t cols, const T* dy, float* db, float* scratch,
+                        cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const detail::ColumnSplit split(rows, cols);
   detail::record_kernel("bias_grad_backward_kernel", {rows, cols, 0},

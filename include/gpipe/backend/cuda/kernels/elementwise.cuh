@@ -89,7 +89,7 @@ __global__ void activation_forward_kernel(std::size_t n, const T* x, T* y) {
 }
 /// y(n) = Math::forward(x(n)), float or bf16 (computed in float), on `stream`; y may alias x.
 template <class Math, class T>
-inline void activation_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+void activation_forward(std::size_t n, const T* x, T* y, cudaStream_t stream) {
   detail::launch_map<activation_forward_kernel<Math, 4, T>, activation_forward_kernel<Math, 1, T>>(
       "activation_forward_kernel", n, detail::aligned<4>(x, y), stream,
       {Math::flops, sizeof(T), sizeof(T)}, x, y);
@@ -103,8 +103,7 @@ __global__ void activation_backward_kernel(std::size_t n, const T* x, const T* d
 }
 /// dx(n) = Math::backward(x(n), dy(n)), on `stream`.
 template <class Math, class T>
-inline void activation_backward(std::size_t n, const T* x, const T* dy, T* dx,
-                                cudaStream_t stream) {
+void activation_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t stream) {
   detail::launch_map<activation_backward_kernel<Math, 4, T>,
                      activation_backward_kernel<Math, 1, T>>(
       "activation_backward_kernel", n, detail::aligned<4>(x, dy, dx), stream,
@@ -119,7 +118,7 @@ __global__ void add_kernel(std::size_t n, const T* a, const T* b, T* y) {
 }
 /// y(n) = a + b, on `stream`; y may alias a or b.
 template <class T>
-inline void add(std::size_t n, const T* a, const T* b, T* y, cudaStream_t stream) {
+void add(std::size_t n, const T* a, const T* b, T* y, cudaStream_t stream) {
   detail::launch_map<add_kernel<4, T>, add_kernel<1, T>>("add_kernel", n,
                                                          detail::aligned<4>(a, b, y), stream,
                                                          {1, 2.0 * sizeof(T), sizeof(T)}, a, b, y);
@@ -133,7 +132,7 @@ __global__ void accumulate_kernel(std::size_t n, const T* x, T* y) {
 }
 /// y(n) += x, on `stream`.
 template <class T>
-inline void accumulate(std::size_t n, const T* x, T* y, cudaStream_t stream) {
+void accumulate(std::size_t n, const T* x, T* y, cudaStream_t stream) {
   detail::launch_map<accumulate_kernel<4, T>, accumulate_kernel<1, T>>(
       "accumulate_kernel", n, detail::aligned<4>(x, y), stream, {1, 2.0 * sizeof(T), sizeof(T)}, x,
       y);
@@ -147,7 +146,7 @@ __global__ void fill_kernel(std::size_t n, float value, T* y) {
 }
 /// y(n) = value, on `stream`.
 template <class T>
-inline void fill(std::size_t n, float value, T* y, cudaStream_t stream) {
+void fill(std::size_t n, float value, T* y, cudaStream_t stream) {
   detail::launch_map<fill_kernel<4, T>, fill_kernel<1, T>>("fill_kernel", n, detail::aligned<4>(y),
                                                            stream, {0, 0, sizeof(T)}, value, y);
 }
@@ -160,7 +159,7 @@ __global__ void scale_kernel(std::size_t n, float alpha, T* y) {
 }
 /// y(n) *= alpha, on `stream` (gemm's beta C when k == 0).
 template <class T>
-inline void scale(std::size_t n, float alpha, T* y, cudaStream_t stream) {
+void scale(std::size_t n, float alpha, T* y, cudaStream_t stream) {
   detail::launch_map<scale_kernel<4, T>, scale_kernel<1, T>>(
       "scale_kernel", n, detail::aligned<4>(y), stream, {1, sizeof(T), sizeof(T)}, alpha, y);
 }
@@ -174,7 +173,7 @@ __global__ void convert_kernel(std::size_t n, const X* x, Y* y) {
 }
 /// y(n) = x(n) as Y (gpipe::MixedBf16's weight casts and widenings), on `stream`.
 template <class X, class Y>
-inline void convert(std::size_t n, const X* x, Y* y, cudaStream_t stream) {
+void convert(std::size_t n, const X* x, Y* y, cudaStream_t stream) {
   detail::launch_map<convert_kernel<4, X, Y>, convert_kernel<1, X, Y>>(
       "convert_kernel", n, detail::aligned<4>(x, y), stream, {0, sizeof(X), sizeof(Y)}, x, y);
 }
