@@ -423,10 +423,17 @@ void flash_attention_forward(const AttentionGeometry& g, const T* qkv, T* o, flo
 
 /// flash_attention_backward's dk, dv and dq kernels on the tensor cores, delta computed (bf16,
 /// head sizes that detail::mma_takes).
-inline void flash_attention_backward_mma(const AttentionGeometry& g, const bf16* qkv,
-                                         const float* lse, const bf16* dout, bf16* dqkv,
-                                         const float* delta, const std::int32_t* document,
-                                         cudaStream_t stream) {
+GPIPE_CUDA_INLINE void flash_attention_backward_mma(const AttentionGeometry& g, const bf16* qkv,
+                                                    const float* lse, const bf16* dout, bf16* dqkv,
+                                                    const float* delta,
+                                                    const std::int32_t* document,
+                                                    cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void flash_attention_backward_mma(const AttentionGeometry& g, const bf16* qkv,
+                                                    const float* lse, const bf16* dout, bf16* dqkv,
+                                                    const float* delta,
+                                                    const std::int32_t* document,
+                                                    cudaStream_t stream) {
   const bool packed = detail::mma_packed(g, qkv, dout);
   detail::with_mma_head_size(g.head_size, [&](auto dmax) {
     constexpr int D = decltype(dmax)::value;
@@ -443,6 +450,7 @@ inline void flash_attention_backward_mma(const AttentionGeometry& g, const bf16*
     GPIPE_CUDA_CHECK_LAUNCH("flash_attention_backward_q_mma_kernel");
   });
 }
+#endif
 
 /// The q, k and v heads of dqkv (rows, g.ld), overwritten, from the forward's qkv, o and lse
 /// and dout (rows, H d), on `stream`; delta (rows, H) is scratch; document (rows) or null.

@@ -85,8 +85,11 @@ __global__ void column_sum_kernel(std::size_t chunks, std::size_t cols, const T*
   }
 }
 /// dst(cols) += the sum of partial(chunks, cols)'s rows, added in chunk order, on `stream`.
-inline void column_sum(std::size_t chunks, std::size_t cols, const float* partial, float* dst,
-                       cudaStream_t stream) {
+GPIPE_CUDA_INLINE void column_sum(std::size_t chunks, std::size_t cols, const float* partial,
+                                  float* dst, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void column_sum(std::size_t chunks, std::size_t cols, const float* partial,
+                                  float* dst, cudaStream_t stream) {
   detail::record_kernel("column_sum_kernel", {chunks, cols, 0},
                         static_cast<double>(chunks) * static_cast<double>(cols),
                         detail::bytes_of<float>(chunks * cols + cols),
@@ -95,6 +98,7 @@ inline void column_sum(std::size_t chunks, std::size_t cols, const float* partia
   (chunks, cols, partial, dst);
   GPIPE_CUDA_CHECK_LAUNCH("column_sum_kernel");
 }
+#endif
 
 /// y(rows, cols) += bias(cols): thread (c, r) adds the pack of bias at column c * V to rows r,
 /// r + gridDim.y * blockDim.y, ...

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "gpipe/backend/cuda/error.cuh"
+#include "gpipe/backend/cuda/linkage.cuh"
 #include "gpipe/model/precision.hpp"
 
 #ifndef GPIPE_CUDA_LAUNCH

@@ -211,8 +211,11 @@ __global__ void sum_in_order_kernel(std::size_t count, const T* values, T* out) 
 }
 /// out[0] (device memory) = the sum of x(n)'s squares in double, in the fixed order of
 /// backend/common.hpp; chunk_sums: scratch of (n + squares_chunk - 1) / squares_chunk doubles.
-inline void sum_of_squares(std::size_t n, const float* x, double* out, double* chunk_sums,
-                           cudaStream_t stream) {
+GPIPE_CUDA_INLINE void sum_of_squares(std::size_t n, const float* x, double* out,
+                                      double* chunk_sums, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void sum_of_squares(std::size_t n, const float* x, double* out,
+                                      double* chunk_sums, cudaStream_t stream) {
   const std::size_t chunks = (n + gpipe::detail::squares_chunk - 1) / gpipe::detail::squares_chunk;
   detail::record_launch({.kernel = "chunk_squares_kernel",
                          .shape = {n, chunks, 0},
@@ -235,5 +238,6 @@ inline void sum_of_squares(std::size_t n, const float* x, double* out, double* c
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) detail::throw_cuda_error(error, "sum_of_squares", __FILE__, __LINE__);
 }
+#endif
 
 }  // namespace gpipe::cuda

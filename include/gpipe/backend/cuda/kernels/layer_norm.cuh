@@ -759,8 +759,11 @@ inline const float* float_stats(std::size_t, std::size_t, const float*, const fl
                                 cudaStream_t) {
   return stats;
 }
-inline const float* float_stats(std::size_t rows, std::size_t cols, const bf16* x,
-                                const bf16* stash, float* scratch, cudaStream_t stream) {
+GPIPE_CUDA_INLINE const float* float_stats(std::size_t rows, std::size_t cols, const bf16* x,
+                                           const bf16* stash, float* scratch, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE const float* float_stats(std::size_t rows, std::size_t cols, const bf16* x,
+                                           const bf16* stash, float* scratch, cudaStream_t stream) {
   record_kernel("layer_norm_stats_from_stash_kernel", {rows, cols, 0},
                 static_cast<double>(rows * cols), bytes_of<bf16>(rows * cols + 2 * rows),
                 bytes_of<float>(2 * rows), stream);
@@ -775,6 +778,7 @@ inline const float* float_stats(std::size_t rows, std::size_t cols, const bf16* 
   GPIPE_CUDA_CHECK_LAUNCH("layer_norm_stats_from_stash_kernel");
   return scratch;
 }
+#endif
 
 // layer_norm_backward_weight by row groups (split.blocks != 0): the kernel, then the blocks'
 // partial sums (2, blocks, cols) added in block order by column_sum, one thread a column.

@@ -35,12 +35,15 @@ __global__ void __launch_bounds__(1024) sum_kernel(std::size_t n, const T* parti
   if (threadIdx.x == 0) out[0] = sum;
 }
 /// out[0] = sum of partial(n), overwritten, on `stream`; one block, in a fixed order.
-inline void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
+GPIPE_CUDA_INLINE void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void sum(std::size_t n, const float* partial, float* out, cudaStream_t stream) {
   detail::record_kernel("sum_kernel", {n, 0, 0}, static_cast<double>(n), detail::bytes_of<float>(n),
                         sizeof(float), stream);
   GPIPE_CUDA_LAUNCH(sum_kernel<float>, 1, 1024, stream)(n, partial, out);
   GPIPE_CUDA_CHECK_LAUNCH("sum_kernel");
 }
+#endif
 
 /// One block per row r of logits (rows, classes), target t = targets[r]:
 ///   loss[r] = logsumexp(z_r) - z_r[t]          (into partial(rows))

@@ -69,9 +69,13 @@ __global__ void sgd_update_kernel(std::size_t n, float* p, const float* g, float
 }
 /// Kernels::sgd_update on `stream`: p and momentum_buf (n) updated in place; 16-byte packs where
 /// all three pointers allow them.
-inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf, double lr,
-                       double momentum, double dampening, double weight_decay, bool nesterov,
-                       bool first_step, cudaStream_t stream) {
+GPIPE_CUDA_INLINE void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf,
+                                  double lr, double momentum, double dampening, double weight_decay,
+                                  bool nesterov, bool first_step, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void sgd_update(std::size_t n, float* p, const float* g, float* momentum_buf,
+                                  double lr, double momentum, double dampening, double weight_decay,
+                                  bool nesterov, bool first_step, cudaStream_t stream) {
   if (n == 0) return;
   const SgdHyper h{static_cast<float>(lr),
                    static_cast<float>(momentum),
@@ -95,6 +99,7 @@ inline void sgd_update(std::size_t n, float* p, const float* g, float* momentum_
   }
   GPIPE_CUDA_CHECK_LAUNCH("sgd_update_kernel");
 }
+#endif
 
 /// adamw_update's hyperparameters as its kernel takes them: rounded to float, with the step's bias
 /// corrections and the decoupled weight decay folded in on the host (in double).
@@ -158,9 +163,13 @@ __global__ void adamw_update_kernel(std::size_t n, float* p, const float* g, flo
     detail::adamw_element(p[i], g[i], m[i], v[i], h.decay, h);
 }
 /// Kernels::adamw_update on `stream`: p, m and v (n) updated in place; `step` counts from 1.
-inline void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v, double lr,
-                         double beta1, double beta2, double eps, double weight_decay,
-                         std::size_t step, cudaStream_t stream) {
+GPIPE_CUDA_INLINE void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v,
+                                    double lr, double beta1, double beta2, double eps,
+                                    double weight_decay, std::size_t step, cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void adamw_update(std::size_t n, float* p, const float* g, float* m, float* v,
+                                    double lr, double beta1, double beta2, double eps,
+                                    double weight_decay, std::size_t step, cudaStream_t stream) {
   if (n == 0) return;
   const AdamWHyper h = detail::adamw_hyper(lr, beta1, beta2, eps, weight_decay, step);
   detail::record_map("adamw_update_kernel", n, 14, 4 * sizeof(float), 3 * sizeof(float), stream);
@@ -174,6 +183,7 @@ inline void adamw_update(std::size_t n, float* p, const float* g, float* m, floa
   }
   GPIPE_CUDA_CHECK_LAUNCH("adamw_update_kernel");
 }
+#endif
 
 /// adamw_update_ranges' runs of weight decay, as one launch takes them (by value, within the 4 KiB
 /// of a launch's parameters): run r covers elements [end[r - 1], end[r]) (end[-1] = 0) and
@@ -276,10 +286,17 @@ inline AdamWRuns adamw_runs(std::span<const DecayRange> ranges, std::size_t firs
 /// decay only in the `ranges` that decay (in order, covering [0, n); gpipe::Error otherwise),
 /// and p_bf16 (n), unless null, = the updated p rounded to bf16. One launch for up to
 /// AdamWRuns::capacity runs of one setting.
-inline void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m, float* v,
-                                std::span<const DecayRange> ranges, double lr, double beta1,
-                                double beta2, double eps, double weight_decay, std::size_t step,
-                                bf16* p_bf16, cudaStream_t stream) {
+GPIPE_CUDA_INLINE void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m,
+                                           float* v, std::span<const DecayRange> ranges, double lr,
+                                           double beta1, double beta2, double eps,
+                                           double weight_decay, std::size_t step, bf16* p_bf16,
+                                           cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void adamw_update_ranges(std::size_t n, float* p, const float* g, float* m,
+                                           float* v, std::span<const DecayRange> ranges, double lr,
+                                           double beta1, double beta2, double eps,
+                                           double weight_decay, std::size_t step, bf16* p_bf16,
+                                           cudaStream_t stream) {
   gpipe::detail::check_decay_ranges(n, ranges);
   if (n == 0) return;
   const AdamWHyper h = detail::adamw_hyper(lr, beta1, beta2, eps, weight_decay, step);
@@ -303,5 +320,6 @@ inline void adamw_update_ranges(std::size_t n, float* p, const float* g, float* 
     GPIPE_CUDA_CHECK_LAUNCH("adamw_update_ranges_kernel");
   }
 }
+#endif
 
 }  // namespace gpipe::cuda

@@ -62,8 +62,13 @@ __global__ void __launch_bounds__(detail::position_threads)
 /// position (rows) <- each row's place in its run of equal ids in document (rows) within its
 /// sample of `tokens` rows, rows a whole number of samples, on `stream` (host reference:
 /// host::document_positions, there as std::size_t).
-inline void document_positions(std::size_t rows, std::size_t tokens, const std::int32_t* document,
-                               std::uint32_t* position, cudaStream_t stream) {
+GPIPE_CUDA_INLINE void document_positions(std::size_t rows, std::size_t tokens,
+                                          const std::int32_t* document, std::uint32_t* position,
+                                          cudaStream_t stream);
+#if GPIPE_CUDA_DEFINITIONS
+GPIPE_CUDA_INLINE void document_positions(std::size_t rows, std::size_t tokens,
+                                          const std::int32_t* document, std::uint32_t* position,
+                                          cudaStream_t stream) {
   if (rows == 0) return;
   detail::record_kernel("document_positions_kernel", {rows, tokens, 0}, 0,
                         detail::bytes_of<std::int32_t>(rows), detail::bytes_of<std::uint32_t>(rows),
@@ -73,5 +78,6 @@ inline void document_positions(std::size_t rows, std::size_t tokens, const std::
   (tokens, document, position);
   GPIPE_CUDA_CHECK_LAUNCH("document_positions_kernel");
 }
+#endif
 
 }  // namespace gpipe::cuda
