@@ -10,17 +10,18 @@
 // micro-batch and the original message, and the next step runs normally; so does a failure
 // while a rank issues its step (its loss buffer out of memory), bad input on one rank alone
 // (its targets, then predict's input), and a throw in one replica of two (the replicas' gradient
-// sums stay in step). One merged trace of every rank runs on one clock (a message's receiver starts
-// after its sender ended) and shows each rank's gradient sum over the replicas after its stage's
-// last W; every rank's last_step() is the whole pipeline's. ZeRO-1 (shard_optimizer) gives the
-// unsharded parameters bit for bit with half the optimizer state per rank and the same
-// checkpoint files. Packed documents and ignored targets give the one-process step, with replicas
-// too. gpipe::plan for two stages per rank gives every rank one plan, also where measuring runs
-// out of memory, and its trainer the one-process steps. A rank whose threads_per_device exceed its
-// cores says so on stderr. With GPIPE_MPI_KILL_RANK=1 in the environment, rank 1 kills itself in
-// the middle of a step instead: CTest expects mpirun to end the job with a failure, soon
-// (tests/CMakeLists.txt). A rank that stops sending, for a while or for good
-// (GPIPE_MPI_STUCK_RANK=1): support/mpi_deadlines.hpp.
+// sums stay in step). A trainer whose parameters (or their bf16 copy) do not fit on one rank
+// throws OutOfMemory on every rank as it is built, and the ranks stay together. One merged trace of
+// every rank runs on one clock (a message's receiver starts after its sender ended) and shows each
+// rank's gradient sum over the replicas after its stage's last W; every rank's last_step() is the
+// whole pipeline's. ZeRO-1 (shard_optimizer) gives the unsharded parameters bit for bit with half
+// the optimizer state per rank and the same checkpoint files. Packed documents and ignored targets
+// give the one-process step, with replicas too. gpipe::plan for two stages per rank gives every
+// rank one plan, also where measuring runs out of memory, and its trainer the one-process steps. A
+// rank whose threads_per_device exceed its cores says so on stderr. With GPIPE_MPI_KILL_RANK=1 in
+// the environment, rank 1 kills itself in the middle of a step instead: CTest expects mpirun to end
+// the job with a failure, soon (tests/CMakeLists.txt). A rank that stops sending, for a while or
+// for good (GPIPE_MPI_STUCK_RANK=1): support/mpi_deadlines.hpp.
 //
 // Each rank runs the one-process reference itself (same seed, same data), so nothing but the
 // checked values crosses between ranks. CHECK only (no REQUIRE): a rank that left a test case
@@ -36,10 +37,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpipe/mpi.hpp"
@@ -119,6 +122,56 @@ TEST_CASE("a failure while one rank issues its part of a step ends the step on e
   CAPTURE(message);
   CHECK(message.starts_with("gpipe: rank 2 failed: "));
   CHECK(message.find("exceeds the capacity") != std::string::npos);
+}
+
+// Building a trainer where the last rank's device cannot hold its stages' parameters and
+// gradients (Fp32), or their bf16 copy (MixedBf16): OutOfMemory on every rank, none left waiting,
+// and the ranks still go on together.
+template <class Model, class Precision>
+void check_trainer_out_of_memory_on_one_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int last = static_cast<int>(Model::num_stages) - 1;
+  std::size_t built = 0;  // what the last rank holds once an Fp32 trainer is built
+  {
+    mpi::Backend backend;
+    Trainer<Model, SoftmaxCrossEntropy, mpi::Backend> trainer(backend, {.micro_batches = 2});
+    built = backend.memory_stats(backend.device()).current;
+  }
+  const std::size_t cap =
+      std::is_same_v<Precision, Fp32> ? built - sizeof(float) : built + sizeof(float);
+  mpi::Backend backend(MPI_COMM_WORLD, {.device_capacity = rank == last ? cap : 0});
+  bool out_of_memory = false;
+  std::string message;
+  try {
+    Trainer<Model, SoftmaxCrossEntropy, mpi::Backend, OneFOneB, Precision> trainer(
+        backend, {.micro_batches = 2});
+  } catch (const OutOfMemory& e) {
+    out_of_memory = true;
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CAPTURE(rank);
+  CAPTURE(message);
+  CHECK(out_of_memory);
+  if (rank == last)
+    CHECK(message.find("exceeds the capacity") != std::string::npos);
+  else
+    CHECK(message ==
+          "gpipe: another process ran out of memory: it could not allocate its stages' "
+          "parameters and gradients (its error says how much)");
+  CHECK(!backend.lost_peers());
+  CHECK(backend.all_succeeded(true));
+}
+
+TEST_CASE("a trainer that does not fit on one rank: OutOfMemory on every rank, none waiting") {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 2) check_trainer_out_of_memory_on_one_rank<Model2, Fp32>();
+  if (size == 2) check_trainer_out_of_memory_on_one_rank<Model2, MixedBf16>();
+  if (size == 3) check_trainer_out_of_memory_on_one_rank<Model3, Fp32>();
+  if (size == 4) check_trainer_out_of_memory_on_one_rank<Model4, MixedBf16>();
 }
 
 TEST_CASE("a training step's wall time over all ranks, from the trainer") {

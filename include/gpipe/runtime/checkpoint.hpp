@@ -164,15 +164,7 @@ class Checkpoint {
   // own error, or one saying another process could not `what`).
   template <class Work>
   void together(const std::string& what, Work work) {
-    std::exception_ptr failure;
-    try {
-      work();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    if (transport_.all_succeeded(failure == nullptr)) return;
-    if (failure) std::rethrow_exception(failure);
-    throw Error("gpipe: another process could not " + what + " (its error says why)");
+    transport::together(transport_, what, work);
   }
 
   // Reads the index and this process's tensors of checkpoint `dir` into `values` and `record`,

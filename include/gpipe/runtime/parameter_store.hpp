@@ -61,12 +61,14 @@ class ParameterStore {
 
   // stages[s]: stage s's program (its parameter count and initializer), device_of_stage[s] its
   // device; infos: every tensor (Pipeline::parameters()). Allocates the parameters and gradients
-  // of every stage this process runs and checks the ties (gpipe::Error for an unknown name, a
-  // shape mismatch, a self-tie or a chain); initialize() sets the values. `stages` outlives the
-  // store.
+  // of every stage this process runs (with bf16_weights, for gpipe::MixedBf16, their bf16 copy
+  // too) and checks the ties (gpipe::Error for an unknown name, a shape mismatch, a self-tie or
+  // a chain); initialize() sets the values. With several processes they agree on the
+  // allocations (transport::together): where one process runs out of memory, every process
+  // throws OutOfMemory, and none waits for it. `stages` outlives the store.
   ParameterStore(Backend& backend, std::span<const StageProgram<Kernels>> stages,
                  std::vector<std::size_t> device_of_stage, std::vector<ParameterInfo> infos,
-                 std::span<const Tie> ties);
+                 std::span<const Tie> ties, bool bf16_weights);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -80,12 +82,6 @@ class ParameterStore {
   std::vector<Buffer<float>>& params() { return params_; }
   std::vector<Buffer<float>>& grads() { return grads_; }
 
-  // gpipe::MixedBf16: keeps a bf16 copy of every local stage's parameters from now on (called
-  // once, by the Trainer's constructor).
-  void keep_bf16_weights() {
-    for (std::size_t s = 0; s < num_stages(); ++s)
-      bf16_.keep(backend_, s, device_of_stage_[s], local(s) ? stages_[s].num_params : 0);
-  }
   Bf16Weights<Backend>& bf16_weights() { return bf16_; }
 
   // Every parameter from `seed` in nn.Sequential order (each stage's initializer), tied followers
@@ -360,24 +356,30 @@ template <class Backend>
 ParameterStore<Backend>::ParameterStore(Backend& backend,
                                         std::span<const StageProgram<Kernels>> stages,
                                         std::vector<std::size_t> device_of_stage,
-                                        std::vector<ParameterInfo> infos, std::span<const Tie> ties)
+                                        std::vector<ParameterInfo> infos, std::span<const Tie> ties,
+                                        bool bf16_weights)
     : backend_(backend),
       transport_(backend),
       stages_(stages),
       device_of_stage_(std::move(device_of_stage)),
       infos_(std::move(infos)) {
-  for (std::size_t s = 0; s < device_of_stage_.size(); ++s) {
-    // Another process's stage keeps no memory here (a multi_process_backend).
-    if (!local(s)) {
-      params_.emplace_back();
-      grads_.emplace_back();
-      continue;
+  transport::together(transport_, "allocate its stages' parameters and gradients", [&] {
+    for (std::size_t s = 0; s < device_of_stage_.size(); ++s) {
+      // Another process's stage keeps no memory here (a multi_process_backend).
+      if (!local(s)) {
+        params_.emplace_back();
+        grads_.emplace_back();
+        continue;
+      }
+      const std::size_t d = device_of_stage_[s];
+      const std::size_t n = stages_[s].num_params;
+      params_.push_back(backend_.template allocate<float>(d, n, MemoryKind::parameters));
+      grads_.push_back(backend_.template allocate<float>(d, n, MemoryKind::gradients));
     }
-    const std::size_t d = device_of_stage_[s];
-    const std::size_t n = stages_[s].num_params;
-    params_.push_back(backend_.template allocate<float>(d, n, MemoryKind::parameters));
-    grads_.push_back(backend_.template allocate<float>(d, n, MemoryKind::gradients));
-  }
+    if (bf16_weights)  // from now on, a bf16 copy of every local stage's parameters
+      for (std::size_t s = 0; s < num_stages(); ++s)
+        bf16_.keep(backend_, s, device_of_stage_[s], local(s) ? stages_[s].num_params : 0);
+  });
   resolve_ties(ties);
 }
 

@@ -149,17 +149,16 @@ class Trainer {
   /// Throws `gpipe::Error` for micro_batches == 0, stage_remat of another length than num_stages, a
   /// backend with fewer devices than num_devices
   /// (across processes: other than num_devices per replica) or a bad tie; `OutOfMemory` when an
-  /// allocation exceeds a device's capacity.
+  /// allocation exceeds a device's capacity (across processes: on every process when one
+  /// process's does: none is left waiting, and the processes can go on together).
   Trainer(Backend& backend, Options options)
       : backend_(backend),
         options_(std::move(options)),
         runner_(backend, generate_schedule(backend, options_), activation_programs_,
                 detail::loss_program<Loss, ActivationKernels>, shape(), options_.micro_batches,
                 detail::stage_policies(options_.remat, options_.stage_remat, num_stages)),
-        store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(),
-               options_.ties) {
-    if constexpr (!std::is_same_v<typename Precision::activation_type, float>)
-      store_.keep_bf16_weights();
+        store_(backend, programs_, runner_.devices_of_stages(), Model::parameters(), options_.ties,
+               !std::is_same_v<typename Precision::activation_type, float>) {
     store_.initialize(options_.seed);
   }
   Trainer(const Trainer&) = delete;

@@ -319,4 +319,31 @@ class Transport {
   Backend& backend_;
 };
 
+/// Runs `work` on this process, then every process agrees whether it threw anywhere
+/// (collective: every process calls it, through a transport of its backend). When none threw, it
+/// returns; otherwise it throws on every process: its own exception where `work` threw, elsewhere
+/// gpipe::Error saying that another process could not `what`, an OutOfMemory where a process ran
+/// out of memory. For work that may fail on one process alone outside a step (its allocations,
+/// its files), after which the processes must still agree, and may go on together.
+template <class T, class Work>
+void together(const T& transport, std::string_view what, Work&& work) {
+  std::exception_ptr failure;
+  bool out_of_memory = false;
+  try {
+    std::forward<Work>(work)();
+  } catch (const OutOfMemory&) {
+    failure = std::current_exception();
+    out_of_memory = true;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (transport.all_succeeded(failure == nullptr)) return;
+  const bool any_out_of_memory = !transport.all_succeeded(!out_of_memory);
+  if (failure) std::rethrow_exception(failure);
+  if (any_out_of_memory)
+    throw OutOfMemory("gpipe: another process ran out of memory: it could not " +
+                      std::string(what) + " (its error says how much)");
+  throw Error("gpipe: another process could not " + std::string(what) + " (its error says why)");
+}
+
 }  // namespace gpipe::transport
