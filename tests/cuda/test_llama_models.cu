@@ -20,6 +20,8 @@
 #include "support/cuda_factory.cuh"
 #include "support/reference_model.hpp"
 
+// Named, so that the CUDA tests also compile as one program (tests/CMakeLists.txt).
+namespace cuda_llama_models {
 namespace {
 
 using namespace gpipe;
@@ -152,3 +154,5 @@ TEST_SUITE("llama models on the CUDA backend") {
                          std::vector<double>(want.begin(), want.end())) < 1e-5);
   }
 }
+
+}  // namespace cuda_llama_models

@@ -23,6 +23,8 @@
 #include "support/cuda_factory.cuh"
 #include "support/models.hpp"
 
+// Named, so that the CUDA tests also compile as one program (tests/CMakeLists.txt).
+namespace cuda_mixed_precision {
 namespace {
 
 using namespace gpipe;
@@ -410,3 +412,5 @@ TEST_CASE("MixedBf16 on CUDA: inference and an MLP with MSE against Fp32") {
           (2 * 11 + 5) * u);
   }
 }
+
+}  // namespace cuda_mixed_precision

@@ -23,6 +23,8 @@
 #include "support/cuda_factory.cuh"
 #include "support/reference_model.hpp"
 
+// Named, so that the CUDA tests also compile as one program (tests/CMakeLists.txt).
+namespace cuda_token_models {
 namespace {
 
 using namespace gpipe;
@@ -227,3 +229,5 @@ TEST_SUITE("token models on the CUDA backend") {
                          std::vector<double>(want.begin(), want.end())) > 1e-3);
   }
 }
+
+}  // namespace cuda_token_models

@@ -7,6 +7,8 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_llama_models.cu"
 
+using namespace cuda_llama_models;  // the .cu file's models and helpers
+
 TEST_CASE("emulated: every kernel launch and GEMM of a Llama step has its launch record") {
   using namespace gpipe;
   auto& counts = test::cuda_emulation::counts();

@@ -7,6 +7,8 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_mixed_precision.cu"
 
+using namespace cuda_mixed_precision;  // the .cu file's models and helpers
+
 // The launches of a GPT step's optimizer, counted by the emulator: AdamW (Decay::matrices, whose
 // groups alternate within every block) is one launch per device and step, in Fp32 and MixedBf16;
 // under MixedBf16 the first step rounds each stage's weights to bf16 once, and after an AdamW

@@ -6,6 +6,8 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_token_models.cu"
 
+using namespace cuda_token_models;  // the .cu file's models and helpers
+
 TEST_CASE("emulated: every kernel launch and GEMM of a GPT step has its launch record") {
   auto& counts = gpipe::test::cuda_emulation::counts();
   std::size_t kernels = 0, gemms = 0;  // what the emulator ran during the step
