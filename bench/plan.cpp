@@ -23,7 +23,9 @@
 // Each configuration is timed in --rounds rounds (default 7) that alternate the configurations:
 // in each, its trainer is built on the row's backend, runs one warm-up step and --steps timed
 // steps (default 1); its figure is the median of all its timed steps. plan_spread_pct:
-// (slowest - fastest) / median of the plan's steps, how much one configuration swung in the run.
+// (slowest - fastest) / median of the plan's steps, how much one configuration swung in the run;
+// twin_ms: the plan's configuration timed again as the built-in candidate it is, twin_gap_pct
+// their difference: the noise that plan_vs_best and prediction_error_pct are read against.
 // BM_PlanTwoChunk: the same model's 4 stages on 2 devices, two per device: the plan among
 // Interleaved<2>, LoopedBFS<2>, ZB-V and DualPipeV (PlannedSchedule<2> runs it), under a limit of
 // a fraction of what Interleaved<2> with M = 2K = 4 and Remat::never needs; by hand:
@@ -197,6 +199,32 @@ void set_error_counters(benchmark::State& state, std::vector<double> errors) {
   state.counters["max_error_pct"] = errors.back();
 }
 
+// The configurations of a row that ran: (index in the Rounds, the candidate it runs).
+using Timed = std::vector<std::pair<std::size_t, const gpipe::PlanCandidate*>>;
+
+// The index of the plan's chosen candidate among `all`, timed as a built-in schedule beside the
+// plan's own trainer; none where the plan's schedule is a searched one.
+std::optional<std::size_t> twin_of(const gpipe::Plan& plan, const Timed& all) {
+  for (const auto& [i, c] : all)
+    if (c->schedule == plan.chosen.schedule && c->micro_batches == plan.chosen.micro_batches &&
+        c->stage_remat == plan.chosen.stage_remat)
+      return i;
+  return std::nullopt;
+}
+
+// plan_spread_pct: how much the plan's steps swung in the run ((slowest - fastest) / median);
+// twin_ms, twin_gap_pct: the plan's configuration timed a second time (as the built-in candidate
+// it is) and |plan_ms - twin_ms| / twin_ms: two figures of one configuration, the noise that
+// plan_vs_best and the prediction's error are read against.
+void set_noise_counters(benchmark::State& state, const Rounds& rounds, std::size_t plan_i,
+                        std::optional<std::size_t> twin_i) {
+  state.counters["plan_spread_pct"] = rounds.spread_pct(plan_i);
+  if (!twin_i) return;
+  state.counters["twin_ms"] = rounds.ms(*twin_i);
+  state.counters["twin_gap_pct"] =
+      100 * std::abs(rounds.ms(plan_i) - rounds.ms(*twin_i)) / rounds.ms(*twin_i);
+}
+
 // BM_Plan's body for Model, one stage per device.
 template <class Model>
 void run_plan(benchmark::State& state) {
@@ -243,7 +271,7 @@ void run_plan(benchmark::State& state) {
     const std::size_t always_i = rounds.add<Model, gpipe::OneFOneB>(Setting{
         .micro_batches = 2 * K, .stage_remat = std::vector<gpipe::Remat>(K, gpipe::Remat::always)});
     // every built-in candidate that fits, by the plan's own verdicts
-    std::vector<std::pair<std::size_t, const gpipe::PlanCandidate*>> all;
+    Timed all;
     for (const gpipe::PlanCandidate& c : plan.candidates) {
       if (!c.fits || c.schedule == "searched") continue;
       const Setting o{.micro_batches = c.micro_batches, .stage_remat = c.stage_remat};
@@ -273,7 +301,7 @@ void run_plan(benchmark::State& state) {
       errors.push_back(100 * std::abs(ms - c->predicted_us / 1e3) / ms);
     }
     const std::size_t configs = all.size();
-    state.counters["plan_spread_pct"] = rounds.spread_pct(plan_i);
+    set_noise_counters(state, rounds, plan_i, twin_of(plan, all));
     set_error_counters(state, errors);
     state.counters["uniform_ms"] = uniform_ms;
     state.counters["uniform_predicted_ms"] = uniform_predicted_ms;
@@ -345,7 +373,7 @@ void BM_PlanTwoChunk(benchmark::State& state) {
         hand = gpipe::to_string(r);
         break;
       }
-    std::vector<std::pair<std::size_t, const gpipe::PlanCandidate*>> all;
+    Timed all;
     for (const gpipe::PlanCandidate& c : plan.candidates) {
       if (!c.fits) continue;
       const Setting o{.micro_batches = c.micro_batches, .stage_remat = c.stage_remat};
@@ -372,7 +400,7 @@ void BM_PlanTwoChunk(benchmark::State& state) {
       errors.push_back(100 * std::abs(ms - c->predicted_us / 1e3) / ms);
     }
     const std::size_t configs = all.size();
-    state.counters["plan_spread_pct"] = rounds.spread_pct(plan_i);
+    set_noise_counters(state, rounds, plan_i, twin_of(plan, all));
     set_error_counters(state, errors);
     state.counters["plan_ms"] = plan_ms;
     state.counters["predicted_ms"] = plan.chosen.predicted_us / 1e3;
