@@ -21,7 +21,8 @@
 #include "support/faulty_layer.hpp"
 #include "support/tiny_gpt.hpp"
 
-namespace {
+// Named, so that every emulated test compiles into one program (tests/CMakeLists.txt).
+namespace emulated_graphs {
 
 using namespace gpipe;
 
@@ -278,4 +279,4 @@ TEST_CASE("emulated CUDA graphs: a step that fails while captured fails as it do
   CHECK(backend.graph_launches() == 2);
 }
 
-}  // namespace
+}  // namespace emulated_graphs

@@ -7,6 +7,9 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_llama_models.cu"
 
+// Named, so that every emulated test compiles into one program (tests/CMakeLists.txt).
+namespace emulated_llama_models {
+
 using namespace cuda_llama_models;  // the .cu file's models and helpers
 
 TEST_CASE("emulated: every kernel launch and GEMM of a Llama step has its launch record") {
@@ -40,3 +43,5 @@ TEST_CASE("emulated: every kernel launch and GEMM of a Llama step has its launch
       step.operator()<Fp32>();
   }
 }
+
+}  // namespace emulated_llama_models

@@ -7,6 +7,9 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_mixed_precision.cu"
 
+// Named, so that every emulated test compiles into one program (tests/CMakeLists.txt).
+namespace emulated_mixed_precision {
+
 using namespace cuda_mixed_precision;  // the .cu file's models and helpers
 
 // The launches of a GPT step's optimizer, counted by the emulator: AdamW (Decay::matrices, whose
@@ -75,3 +78,5 @@ TEST_CASE("a GPT's AdamW step is one launch per device, and after it no step rou
   check_launches_per_step<gpipe::Fp32>();
   check_launches_per_step<gpipe::MixedBf16>();
 }
+
+}  // namespace emulated_mixed_precision

@@ -25,7 +25,8 @@
 #include "support/faulty_layer.hpp"
 #include "support/tiny_gpt.hpp"
 
-namespace {
+// Named, so that every emulated test compiles into one program (tests/CMakeLists.txt).
+namespace emulated_offload {
 
 using namespace gpipe;
 
@@ -116,8 +117,6 @@ void check_offload(std::size_t micro_batches, bool documents = false, Gpus gpus 
   }
   CHECK(offloaded > 0);
 }
-
-}  // namespace
 
 TEST_CASE("Remat::offload gives never's steps bit for bit, with predict_memory's peaks") {
   SUBCASE("GPipe, K 4, M 3") { check_offload<Gpt4>(3); }
@@ -231,3 +230,5 @@ TEST_CASE("Remat::offload: a step that fails mid-way fails as under never, and t
     }
   }
 }
+
+}  // namespace emulated_offload

@@ -6,6 +6,9 @@
 // The emulated runtime first: it defines what the CUDA headers leave to nvcc.
 #include "cuda/test_token_models.cu"
 
+// Named, so that every emulated test compiles into one program (tests/CMakeLists.txt).
+namespace emulated_token_models {
+
 using namespace cuda_token_models;  // the .cu file's models and helpers
 
 TEST_CASE("emulated: every kernel launch and GEMM of a GPT step has its launch record") {
@@ -32,3 +35,5 @@ TEST_CASE("emulated: every kernel launch and GEMM of a GPT step has its launch r
   check(recorded_step<Gpt1, gpipe::MixedBf16>(1, counted));
   check(recorded_step<Gpt4, gpipe::MixedBf16>(3, counted));
 }
+
+}  // namespace emulated_token_models
