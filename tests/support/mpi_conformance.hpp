@@ -563,8 +563,9 @@ void check_inputs_refused_on_one_rank(Backend& backend) {
 // rank; at least the pipeline's compute makespan and a pause that the last rank alone takes
 // between its forward_backward and its step() (no collective in between, so the other ranks' own
 // steps end before it); at most from the earliest rank's time before zero_grad to the latest
-// rank's after step() (one machine here: the ranks share steady_clock); zero_grad before the
-// first forward_backward is not part of it.
+// rank's after step() (one machine here: the ranks share steady_clock; where MPI takes them for
+// two machines, network namespaces, the wall time's ends are each within a rank's clock error);
+// zero_grad before the first forward_backward is not part of it.
 template <class Model, class Backend>
 void check_step_wall_time(Backend& backend) {
   using Clock = std::chrono::steady_clock;
@@ -588,7 +589,10 @@ void check_step_wall_time(Backend& backend) {
   CHECK(wall == first);
   CHECK(wall >= 0.050);
   CHECK(wall >= trainer.last_step().makespan_us / 1e6);
-  CHECK(wall <= widest[0] + widest[1]);
+  const double error = backend.clock_error_us();
+  double most_error = 0;
+  MPI_Allreduce(&error, &most_error, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(wall <= widest[0] + widest[1] + 2 * most_error / 1e6);
 }
 
 template <class Backend>

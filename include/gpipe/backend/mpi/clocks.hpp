@@ -37,6 +37,9 @@ class RankClocks {
 
   /// Turns this rank's microseconds since the aligned `epoch` into microseconds since the origin.
   double offset_us() const { return offset_us_; }
+  /// How far offset_us() may be from the true offset: 0 on rank 0 and where all ranks share a
+  /// machine; across machines half the fastest round trip of align().
+  double error_us() const { return error_us_; }
 
   /// Collective: one origin for every rank's clock, this rank's `epoch` (its device backend's)
   /// being offset_us() after it. When all ranks share a machine they share steady_clock
@@ -51,12 +54,14 @@ class RankClocks {
       const long long own = first;
       check_mpi(MPI_Bcast(&first, 1, MPI_LONG_LONG, 0, layout_.comm()), "MPI_Bcast");
       offset_us_ = static_cast<double>(own - first) / 1000.0;
+      error_us_ = 0;
       return;
     }
     MPI_Comm clocks = MPI_COMM_NULL;  // no message of the caller's can meet these
     check_mpi(MPI_Comm_dup(layout_.comm(), &clocks), "MPI_Comm_dup");
     if (layout_.rank() == 0) {
       offset_us_ = 0;
+      error_us_ = 0;
       for (int r = 1; r < static_cast<int>(layout_.size()); ++r) ask_clock(epoch, r, clocks);
     } else {
       tell_clock(epoch, clocks);
@@ -133,7 +138,8 @@ class RankClocks {
   static double us_since(Clock::time_point epoch) {
     return std::chrono::duration<double, std::micro>(Clock::now() - epoch).count();
   }
-  // On rank 0: rank r's offset from the fastest of `rounds` round trips, sent back to it.
+  // On rank 0: rank r's offset from the fastest of `rounds` round trips, sent back to it with
+  // half that round trip, its error bound.
   static void ask_clock(Clock::time_point epoch, int r, MPI_Comm clocks) {
     double best_trip = std::numeric_limits<double>::infinity(), offset = 0;
     for (int i = 0; i < rounds; ++i) {
@@ -147,16 +153,20 @@ class RankClocks {
         offset = (sent + back) / 2 - theirs;
       }
     }
-    check_mpi(MPI_Send(&offset, 1, MPI_DOUBLE, r, 1, clocks), "MPI_Send");
+    const double result[2] = {offset, best_trip / 2};
+    check_mpi(MPI_Send(result, 2, MPI_DOUBLE, r, 1, clocks), "MPI_Send");
   }
-  // On the other ranks: answers rank 0's rounds, then receives the offset.
+  // On the other ranks: answers rank 0's rounds, then receives the offset and its error.
   void tell_clock(Clock::time_point epoch, MPI_Comm clocks) {
     for (int i = 0; i < rounds; ++i) {
       check_mpi(MPI_Recv(nullptr, 0, MPI_BYTE, 0, 0, clocks, MPI_STATUS_IGNORE), "MPI_Recv");
       const double ours = us_since(epoch);
       check_mpi(MPI_Send(&ours, 1, MPI_DOUBLE, 0, 0, clocks), "MPI_Send");
     }
-    check_mpi(MPI_Recv(&offset_us_, 1, MPI_DOUBLE, 0, 1, clocks, MPI_STATUS_IGNORE), "MPI_Recv");
+    double result[2] = {0, 0};  // the offset and its error
+    check_mpi(MPI_Recv(result, 2, MPI_DOUBLE, 0, 1, clocks, MPI_STATUS_IGNORE), "MPI_Recv");
+    offset_us_ = result[0];
+    error_us_ = result[1];
   }
 
   // A trace event as bytes (all_gather's unit), and back; `what` is interned in labels_.
@@ -227,6 +237,7 @@ class RankClocks {
   double span_[4] = {0, 0, 0, 0};  ///< span_seconds()'s, and timing_ gather_timing()'s: members,
   std::vector<double> timing_;     ///< as a collective past the deadline may still write them
   double offset_us_ = 0;           ///< see align
+  double error_us_ = 0;            ///< see error_us
   std::set<std::string, std::less<>> labels_;  ///< the `what` of events from other ranks
 };
 

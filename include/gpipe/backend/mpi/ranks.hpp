@@ -91,6 +91,11 @@ class MpiRanks {
   }
   /// Traces and timings count microseconds from one origin on every rank (RankClocks::align).
   void set_tracing(bool on) { local().set_tracing(on); }
+  /// How far this rank's trace and timing microseconds may be off that origin: 0 where all ranks
+  /// share a machine (one steady_clock) and on rank 0; across machines half the fastest of the
+  /// round trips that aligned this rank's clock with rank 0's (Cristian's method), so that two
+  /// ranks' times compare within the sum of their bounds.
+  double clock_error_us() const { return clocks_.error_us(); }
 
   /// Tells every other rank at once that this one failed (once a step).
   void announce_failure() { agreement_.announce_failure(); }
