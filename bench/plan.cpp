@@ -20,7 +20,7 @@
 // >= 1; 1 means the plan was the fastest found), configs, median_error_pct and max_error_pct
 // (the prediction's error over every configuration run), plan_s, uniform_predicted_ms,
 // uniform_ms, best_uniform_ms, vs_uniform (uniform_ms / plan_ms: what the policy per stage gains).
-// Each configuration is timed in --rounds rounds (default 7) that alternate the configurations:
+// Each configuration is timed in --rounds rounds (default 15) that alternate the configurations:
 // in each, its trainer is built on the row's backend, runs one warm-up step and --steps timed
 // steps (default 1); its figure is the median of all its timed steps. plan_spread_pct:
 // (slowest - fastest) / median of the plan's steps, how much one configuration swung in the run;
@@ -76,7 +76,7 @@ using Gpt2 = gpipe::Pipeline<gpipe::Stage<Emb, Block, Block>,
                              gpipe::Stage<Block, Block, gpipe::LayerNorm<D>, gpipe::Linear<D, V>>>;
 using Loss = gpipe::SoftmaxCrossEntropy;
 
-long steps_flag = 1, rounds_flag = 7;
+long steps_flag = 1, rounds_flag = 15;
 
 struct Batch {
   std::vector<std::int32_t> tokens, targets;
