@@ -125,11 +125,11 @@ double time_step(TrainerT& trainer, const Batch& b) {
 // The configurations of a row, timed in alternation: --rounds rounds, each of which builds every
 // configuration's trainer in turn on the row's backend (the order rotated by one each round), runs
 // one warm-up step and times --steps steps; a configuration's figure is the median of all its
-// timed steps. On a shared VM one configuration's steps vary by more than 10 % from one second
-// to the next (BENCHMARKS.md): timed one after the other, configurations would be compared across
-// those swings; alternated, every configuration sees them alike. (Keeping every trainer alive
-// instead, each on a backend of its own, made the same configuration's medians differ by up to
-// 15 % between instances: the machine's memory state changes with dozens of trainers held.)
+// timed steps. On a shared VM one configuration's steps swing widely from one second to the next
+// (BENCHMARKS.md, "Let gpipe choose"): timed one after the other, configurations would be compared
+// across those swings; alternated, every configuration sees them alike. (Keeping every trainer
+// alive instead, each on a backend of its own, made instances of one configuration differ: the
+// machine's memory state changes with dozens of trainers held.)
 class Rounds {
  public:
   // Times on `backend` with the batch b; both outlive the Rounds.
