@@ -58,7 +58,6 @@
 #include <functional>
 #include <gpipe/gpipe.hpp>
 #include <gpipe/runtime/plan.hpp>
-#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
