@@ -246,7 +246,7 @@ void run_plan(benchmark::State& state) {
     // gpipe::plan's two halves, so that the uniform plan below reuses the measured costs
     const auto start = std::chrono::steady_clock::now();
     const std::vector<gpipe::PlanCosts> costs = gpipe::measure_plan_costs<Model, Loss>(
-        backend, b.tokens, b.targets, {.micro_batches = counts, .measure_steps = 2});
+        backend, b.tokens, b.targets, {.micro_batches = counts});
     const std::vector<std::size_t> limits = {limit};
     const gpipe::Plan plan = gpipe::choose_plan<Model>(rows, costs, limits, policies);
     const double plan_s =
@@ -355,8 +355,8 @@ void BM_PlanTwoChunk(benchmark::State& state) {
 
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    const gpipe::Plan plan = gpipe::plan<Gpt, Loss>(
-        backend, b.tokens, b.targets, {.micro_batches = {1, 2, 4, 8, 16}, .measure_steps = 2});
+    const gpipe::Plan plan =
+        gpipe::plan<Gpt, Loss>(backend, b.tokens, b.targets, {.micro_batches = {1, 2, 4, 8, 16}});
     const double plan_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     Rounds rounds(backend, b);

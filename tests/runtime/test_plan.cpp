@@ -8,10 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
@@ -341,6 +344,72 @@ TEST_CASE("the planner refuses micro-batch counts the batch cannot split into") 
   };
   CHECK_THROWS_AS(plan_with(0), Error);
   CHECK_THROWS_AS(plan_with(rows + 1), Error);
+}
+
+namespace {
+
+// y = x, whose forward calls (counted in forward_calls from 0) numbered in [slow_from, slow_to)
+// each sleep slow_ms first: a stretch of time in which the machine is busy with other work.
+inline std::atomic<std::size_t> forward_calls{0}, slow_from{0}, slow_to{0};
+constexpr int slow_ms = 6;
+struct SlowedIdentity : ParameterFree {
+  static constexpr std::size_t in_features = 4, out_features = 4;
+  static constexpr std::size_t stash_per_row = 0, grad_stash_per_row = 0;
+  template <class Ctx>
+  static void forward(Ctx& ctx, const ForwardArgs<typename Ctx::value_type>& a) {
+    const std::size_t call = forward_calls++;
+    if (call >= slow_from && call < slow_to)
+      std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+    ctx.copy(a.rows * 4, a.x, a.y);
+  }
+  template <class Ctx>
+  static void backward_input(Ctx& ctx, const BackwardInputArgs<typename Ctx::value_type>& a) {
+    ctx.copy(a.rows * 4, a.dy, a.dx);
+  }
+};
+using SlowedModel = Pipeline<Stage<Linear<4, 4>, SlowedIdentity>, Stage<Linear<4, 3>>>;
+
+}  // namespace
+
+TEST_CASE("the planner's measurement rounds: one slow round moves no op cost") {
+  const std::vector<float> x = random_inputs(rows, 4, 3);
+  const std::vector<std::int32_t> y = random_classes(rows, 3, 4);
+  host::Backend backend(2);
+  const std::vector<Remat> policies = {Remat::never, Remat::always};
+  const auto measure = [&](std::size_t rounds) {
+    forward_calls = 0;
+    return measure_plan_costs<SlowedModel, SoftmaxCrossEntropy>(
+        backend, x, y,
+        {.micro_batches = {2, 4}, .remat = policies, .measure_steps = 1, .measure_rounds = rounds});
+  };
+  // the forward calls of one round: every count and policy, a warm-up and a step each
+  slow_from = slow_to = 0;
+  measure(1);
+  const std::size_t per_round = forward_calls;
+  REQUIRE(per_round > 0);
+  // stage 0's forward, slept in the slow calls (as costs it at least slow_ms)
+  const auto stage0_forwards = [](const std::vector<PlanCosts>& costs) {
+    std::vector<double> out;
+    for (const PlanCosts& c : costs)
+      out.insert(out.end(), {c.never[0].forward, c.always[0].forward});
+    return out;
+  };
+  const double slow_us = 1000.0 * slow_ms;
+
+  // one round, slow throughout: what the slow calls cost
+  slow_from = 0;
+  slow_to = per_round;
+  for (double f : stage0_forwards(measure(1))) CHECK(f >= slow_us);
+
+  // three rounds, the middle one slow: every median is a quick round's (a mean would carry a
+  // third of the sleep)
+  slow_from = per_round;
+  slow_to = 2 * per_round;
+  const std::vector<PlanCosts> costs = measure(3);
+  CHECK(forward_calls == 3 * per_round);  // the rounds ran every configuration, each as often
+  REQUIRE(costs.size() == 2);
+  for (double f : stage0_forwards(costs)) CHECK(f < slow_us / 6);
+  slow_from = slow_to = 0;
 }
 
 TEST_CASE(

@@ -39,8 +39,13 @@ struct PlanOptions {
   /// Floats of optimizer state per parameter the run will keep (AdamW 2, SGD with momentum 1,
   /// no optimizer state 0), counted in every device's memory.
   std::size_t optimizer_state_per_param = 2;
-  /// Traced steps per measured configuration, after one warm-up step.
-  std::size_t measure_steps = 2;
+  /// Traced steps per measured configuration in each round, after one warm-up step.
+  std::size_t measure_steps = 1;
+  /// Rounds of measurement: each measures every configuration (micro-batch count and policy)
+  /// once, in turn, and a configuration's op costs and overhead are the medians over its rounds.
+  /// Spread over time so, the configurations share whatever the machine did meanwhile (other
+  /// work, a shared host's swings in speed), and one slow round moves no median.
+  std::size_t measure_rounds = 3;
 };
 
 /// F, B and W per stage (microseconds) at one micro-batch count, measured without and with
@@ -111,6 +116,37 @@ double shared_cores(const Backend& backend, transport::Transport<Backend>& trans
   }
 }
 
+// One configuration's measurement: F, B and W per stage, and the executor's overhead per op
+// slot of the critical path (PlanCosts::overhead_us).
+struct Measurement {
+  std::vector<OpCosts> costs;
+  double overhead = 0;
+};
+
+// The median of v (the mean of the middle two where v has an even size); 0 for an empty v.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::ranges::sort(v);
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// Per stage and op kind, the median over `rounds` (each [stage]; at least one).
+inline std::vector<OpCosts> median_costs(std::span<const Measurement> rounds) {
+  std::vector<OpCosts> out(rounds.front().costs.size());
+  for (std::size_t st = 0; st < out.size(); ++st) {
+    const auto of = [&](double OpCosts::*kind) {
+      std::vector<double> v;
+      for (const Measurement& r : rounds) v.push_back(r.costs[st].*kind);
+      return median(std::move(v));
+    };
+    out[st] = {.forward = of(&OpCosts::forward),
+               .backward_input = of(&OpCosts::backward_input),
+               .backward_weight = of(&OpCosts::backward_weight)};
+  }
+  return out;
+}
+
 // simulate_on_cores where `cores` > 0, else simulate: the planner's step.
 inline SimulationResult simulate_step(const Schedule& schedule, std::span<const OpCosts> costs,
                                       double cores) {
@@ -126,8 +162,10 @@ inline SimulationResult simulate_step(const Schedule& schedule, std::span<const 
 /// says which),
 /// under Remat::never and Remat::always, under Remat::selective where options.remat weighs it
 /// and a stage of Model has cheap layers, and under Remat::offload where options.remat weighs it
-/// and the backend supports it (one warm-up step, then options.measure_steps traced steps each;
-/// offload's ops also carry what its copies add to the step beyond the others' overhead). Where
+/// and the backend supports it (in options.measure_rounds rounds, each of which builds every
+/// configuration's trainer in turn for one warm-up step and options.measure_steps traced steps;
+/// each op cost the median over the rounds; offload's ops also carry what its copies add to the
+/// step beyond the others' overhead). Where
 /// Remat::never runs out of memory (OutOfMemory), its B is taken as Remat::always's less the
 /// forward it recomputes, and selective's (out of memory too) as Remat::always's; a count at
 /// which Remat::always runs out of memory too is left out.
@@ -164,80 +202,105 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       std::ranges::find(options.remat, Remat::offload) != options.remat.end();
   const double cores = detail::shared_cores(backend, transport, K);
   std::vector<std::size_t> owner(S);  // [stage] the device that ran it while measuring
+  // the trainer of `Kind` under `remat` at m micro-batches: its costs per stage, and the overhead
+  // per op slot of the critical path, (wall - simulated) / (simulated / mean op)
+  const auto measure_with = [&]<class Kind>(Kind, std::size_t m, Remat remat) {
+    Trainer<Model, Loss, Backend, Kind, Precision> trainer(backend,
+                                                           {.micro_batches = m, .remat = remat});
+    for (std::size_t st = 0; st < S; ++st) owner[st] = trainer.device_of_stage(st);
+    trainer.forward_backward(x, y);  // warm-up: first allocations, thread start-up
+    trainer.zero_grad();
+    const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
+    const auto start = std::chrono::steady_clock::now();
+    detail::Measurement out{.costs = measure_stage_costs(trainer, x, y, steps, cores)};
+    const double wall =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count() /
+        static_cast<double>(steps);
+    const SimulationResult sim = detail::simulate_step(trainer.schedule(), out.costs, cores);
+    double busy = 0;
+    for (double b : sim.busy) busy += b;
+    const double ops = 3.0 * static_cast<double>(m * S);
+    if (busy > 0 && sim.makespan > 0)
+      out.overhead = std::max(0.0, (wall - sim.makespan) / (sim.makespan / (busy / ops)));
+    return out;
+  };
+  const auto measure = [&](std::size_t m, Remat remat) {
+    if constexpr (S % 2 == 0)  // else Interleaved<2> does not compile, and K == S
+      if (K != S) return measure_with(Interleaved<2>{}, m, remat);
+    return measure_with(OneFOneB{}, m, remat);
+  };
+  // The policies measured, always's first (a count where it runs out of memory is left out);
+  // timed[count][policy]: each round's measurement, none where it ran out of memory.
+  std::vector<Remat> policies = {Remat::always, Remat::never};
+  if (weighs_selective) policies.push_back(Remat::selective);
+  if (weighs_offload) policies.push_back(Remat::offload);
+  struct Cell {
+    std::vector<detail::Measurement> rounds;
+    bool out_of_memory = false;
+  };
+  std::vector<std::vector<Cell>> timed(counts.size(), std::vector<Cell>(policies.size()));
+  const std::size_t rounds = std::max<std::size_t>(options.measure_rounds, 1);
+  for (std::size_t r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < counts.size(); ++i)
+      for (std::size_t p = 0; p < policies.size(); ++p) {
+        if (timed[i][0].out_of_memory) break;  // the count is left out
+        Cell& cell = timed[i][p];
+        if (cell.out_of_memory) continue;
+        try {
+          cell.rounds.push_back(measure(counts[i], policies[p]));
+        } catch (const OutOfMemory&) {
+          cell.out_of_memory = true;
+          cell.rounds.clear();
+        }
+      }
   std::vector<PlanCosts> out;
-  for (std::size_t m : counts) {
-    double overhead = -1;           // of the last configuration measured without running out
-    std::vector<double> overheads;  // of never's, always's and selective's, where measured
-    // the trainer of `Kind` under `remat`: its costs per stage, and the overhead of its steps
-    const auto measure_with = [&]<class Kind>(Kind, Remat remat) {
-      Trainer<Model, Loss, Backend, Kind, Precision> trainer(backend,
-                                                             {.micro_batches = m, .remat = remat});
-      for (std::size_t st = 0; st < S; ++st) owner[st] = trainer.device_of_stage(st);
-      trainer.forward_backward(x, y);  // warm-up: first allocations, thread start-up
-      trainer.zero_grad();
-      const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
-      const auto start = std::chrono::steady_clock::now();
-      std::vector<OpCosts> measured = measure_stage_costs(trainer, x, y, steps, cores);
-      const double wall =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count() /
-          static_cast<double>(steps);
-      // per op slot of the critical path: (wall - simulated) / (simulated / mean op)
-      const SimulationResult sim = detail::simulate_step(trainer.schedule(), measured, cores);
-      double busy = 0;
-      for (double b : sim.busy) busy += b;
-      const double ops = 3.0 * static_cast<double>(m * S);
-      if (busy > 0 && sim.makespan > 0)
-        overhead = std::max(0.0, (wall - sim.makespan) / (sim.makespan / (busy / ops)));
-      return measured;
-    };
-    const auto measure = [&](Remat remat) {
-      if constexpr (S % 2 == 0)  // else Interleaved<2> does not compile, and K == S
-        if (K != S) return measure_with(Interleaved<2>{}, remat);
-      return measure_with(OneFOneB{}, remat);
-    };
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const std::vector<Cell>& cells = timed[i];
+    if (cells[0].out_of_memory) continue;
     PlanCosts c;
-    c.micro_batches = m;
+    c.micro_batches = counts[i];
     c.num_devices = K;
     c.cores = cores;
-    try {
-      c.always = measure(Remat::always);
-      overheads.push_back(overhead);
-    } catch (const OutOfMemory&) {
-      continue;
-    }
-    try {
-      c.never = measure(Remat::never);
-      overheads.push_back(overhead);
-    } catch (const OutOfMemory&) {
+    const auto policy_index = [&](Remat remat) {
+      return static_cast<std::size_t>(std::ranges::find(policies, remat) - policies.begin());
+    };
+    c.always = detail::median_costs(cells[0].rounds);
+    const Cell& never = cells[policy_index(Remat::never)];
+    if (!never.out_of_memory) {
+      c.never = detail::median_costs(never.rounds);
+    } else {
       c.never = c.always;
       for (std::size_t st = 0; st < S; ++st)
         c.never[st].backward_input =
             std::max(0.0, c.always[st].backward_input - c.always[st].forward);
     }
     if (weighs_selective) {
-      try {
-        c.selective = measure(Remat::selective);
-        overheads.push_back(overhead);
-      } catch (const OutOfMemory&) {
-        c.selective = c.always;
-      }
+      const Cell& selective = cells[policy_index(Remat::selective)];
+      c.selective = selective.out_of_memory ? c.always : detail::median_costs(selective.rounds);
     }
-    // their median: one configuration's steps may catch the machine busy with other work
-    std::ranges::sort(overheads);
-    c.overhead_us = std::max(overheads[(overheads.size() - 1) / 2], 0.0);
+    // the median over never's, always's and selective's rounds, where measured: one step may
+    // catch the machine busy with other work
+    std::vector<double> overheads;
+    for (std::size_t p = 0; p < policies.size(); ++p)
+      if (policies[p] != Remat::offload)
+        for (const detail::Measurement& one : cells[p].rounds) overheads.push_back(one.overhead);
+    c.overhead_us = std::max(detail::median(overheads), 0.0);
     if (weighs_offload) {
-      // Its B waits for its fetch outside the op's timing: what the copies add to the step
-      // beyond the others' overhead goes into its ops, so that its prediction holds it.
-      try {
-        c.offload = measure(Remat::offload);
-        const double stall = std::max(0.0, overhead - c.overhead_us);
+      const Cell& offload = cells[policy_index(Remat::offload)];
+      if (!offload.out_of_memory) {
+        // Its B waits for its fetch outside the op's timing: what the copies add to the step
+        // beyond the others' overhead goes into its ops, so that its prediction holds it.
+        c.offload = detail::median_costs(offload.rounds);
+        std::vector<double> own;
+        for (const detail::Measurement& one : offload.rounds) own.push_back(one.overhead);
+        const double stall = std::max(0.0, detail::median(own) - c.overhead_us);
         for (OpCosts& o : c.offload) {
           o.forward += stall;
           o.backward_input += stall;
           o.backward_weight += stall;
         }
-      } catch (const OutOfMemory&) {
+      } else {
         c.offload = c.never;  // the same ops; the copies taken as hidden
       }
     }
