@@ -26,6 +26,10 @@
 // (slowest - fastest) / median of the plan's steps, how much one configuration swung in the run;
 // twin_ms: the plan's configuration timed again as the built-in candidate it is, twin_gap_pct
 // their difference: the noise that plan_vs_best and prediction_error_pct are read against.
+// in_round_predicted_ms: the plan's step predicted again in every round (predict_step_us from op
+// costs measure_plan_costs takes there, at the plan's M), their median, and in_round_error_pct,
+// its |plan_ms - it| / plan_ms: the planner's model measured beside the steps it predicts, where
+// predicted_ms also carries the machine's drift between planning and running.
 // BM_PlanTwoChunk: the same model's 4 stages on 2 devices, two per device: the plan among
 // Interleaved<2>, LoopedBFS<2>, ZB-V and DualPipeV (PlannedSchedule<2> runs it), under a limit of
 // a fraction of what Interleaved<2> with M = 2K = 4 and Remat::never needs; by hand:
@@ -110,6 +114,13 @@ struct FromPlan {
   }
 };
 
+// The median of v; NaN for an empty v.
+double median_of(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::ranges::sort(v);
+  return v[v.size() / 2];
+}
+
 // One step of `trainer` (and zero_grad), its milliseconds.
 template <class TrainerT>
 double time_step(TrainerT& trainer, const Batch& b) {
@@ -148,6 +159,12 @@ class Rounds {
     return configs_.size() - 1;
   }
 
+  // Adds work that runs once in every round, beside the configurations (untimed).
+  void add_work(std::function<void(gpipe::host::Backend&, const Batch&)> work) {
+    configs_.push_back({[work = std::move(work)](gpipe::host::Backend& backend, const Batch& b,
+                                                 std::vector<double>&) { work(backend, b); }});
+  }
+
   void run() {
     const std::size_t n = configs_.size();
     for (long round = 0; round < rounds_flag; ++round)
@@ -164,12 +181,7 @@ class Rounds {
   }
 
   // The median step of configuration i, in milliseconds; NaN if it ran out of memory.
-  double ms(std::size_t i) const {
-    std::vector<double> v = configs_[i].ms;
-    if (v.empty()) return NAN;
-    std::ranges::sort(v);
-    return v[v.size() / 2];
-  }
+  double ms(std::size_t i) const { return median_of(configs_[i].ms); }
   // (slowest - fastest) / median of configuration i's steps, in percent: the swing of one
   // configuration over the run.
   double spread_pct(std::size_t i) const {
@@ -224,6 +236,32 @@ void set_noise_counters(benchmark::State& state, const Rounds& rounds, std::size
       100 * std::abs(rounds.ms(plan_i) - rounds.ms(*twin_i)) / rounds.ms(*twin_i);
 }
 
+// The plan's step predicted again in every round of `rounds` (predict_step_us from op costs that
+// measure_plan_costs measures there, one round of it at the plan's M under `policies`), in
+// milliseconds, one per round, into `out`: beside predicted_ms, measured before the rounds, the
+// planner's model without the machine's drift between planning and running.
+template <class Model>
+void predict_in_rounds(Rounds& rounds, const gpipe::Plan& plan,
+                       const std::vector<gpipe::Remat>& policies, std::vector<double>& out) {
+  rounds.add_work([&plan, policies, &out](gpipe::host::Backend& backend, const Batch& b) {
+    const std::vector<gpipe::PlanCosts> costs = gpipe::measure_plan_costs<Model, Loss>(
+        backend, b.tokens, b.targets,
+        {.micro_batches = {plan.chosen.micro_batches}, .remat = policies, .measure_rounds = 1});
+    if (!costs.empty())
+      out.push_back(gpipe::predict_step_us(plan.schedule, costs.front(), plan.chosen.stage_remat) /
+                    1e3);
+  });
+}
+
+// in_round_predicted_ms, in_round_error_pct: the median of predict_in_rounds' predictions and its
+// |plan_ms - it| / plan_ms.
+void set_in_round_counters(benchmark::State& state, const std::vector<double>& predicted,
+                           double plan_ms) {
+  const double ms = median_of(predicted);
+  state.counters["in_round_predicted_ms"] = ms;
+  state.counters["in_round_error_pct"] = 100 * std::abs(plan_ms - ms) / plan_ms;
+}
+
 // BM_Plan's body for Model, one stage per device.
 template <class Model>
 void run_plan(benchmark::State& state) {
@@ -253,6 +291,8 @@ void run_plan(benchmark::State& state) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     Rounds rounds(backend, b);
     const std::size_t plan_i = rounds.add<Model, gpipe::SearchedSchedule>(FromPlan{plan});
+    std::vector<double> in_round;
+    predict_in_rounds<Model>(rounds, plan, policies, in_round);
     // the plan without a policy per stage: the fastest predicted of the plans that weigh one
     // policy each (their candidates are all uniform)
     std::optional<gpipe::Plan> uniform;
@@ -301,6 +341,7 @@ void run_plan(benchmark::State& state) {
     }
     const std::size_t configs = all.size();
     set_noise_counters(state, rounds, plan_i, twin_of(plan, all));
+    set_in_round_counters(state, in_round, plan_ms);
     set_error_counters(state, errors);
     state.counters["uniform_ms"] = uniform_ms;
     state.counters["uniform_predicted_ms"] = uniform_predicted_ms;
@@ -361,6 +402,8 @@ void BM_PlanTwoChunk(benchmark::State& state) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     Rounds rounds(backend, b);
     const std::size_t plan_i = rounds.add<Gpt, gpipe::PlannedSchedule<2>>(FromPlan{plan});
+    std::vector<double> in_round;
+    predict_in_rounds<Gpt>(rounds, plan, policies, in_round);
     // by hand: Interleaved<2>, M = 2K, the least recompute that fits
     std::optional<std::size_t> hand_i;
     std::string hand = "none fits";
@@ -400,6 +443,7 @@ void BM_PlanTwoChunk(benchmark::State& state) {
     }
     const std::size_t configs = all.size();
     set_noise_counters(state, rounds, plan_i, twin_of(plan, all));
+    set_in_round_counters(state, in_round, plan_ms);
     set_error_counters(state, errors);
     state.counters["plan_ms"] = plan_ms;
     state.counters["predicted_ms"] = plan.chosen.predicted_us / 1e3;

@@ -273,6 +273,33 @@ TEST_CASE("a limit that forbids never on stage 0 only: recompute there, never on
   }
 }
 
+TEST_CASE("predict_step_us: a plan's prediction again from its costs, overhead on every op") {
+  std::vector<PlanCosts> costs = hand_costs();
+  for (PlanCosts& c : costs) c.overhead_us = 5;
+  const Plan plan = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);
+  CAPTURE(plan.describe());
+  const auto at_m = std::ranges::find(costs, plan.chosen.micro_batches, &PlanCosts::micro_batches);
+  REQUIRE(at_m != costs.end());
+  CHECK(predict_step_us(plan.schedule, *at_m, plan.chosen.stage_remat) == plan.chosen.predicted_us);
+  // by hand: never's costs on every stage, each op 5 us longer
+  const std::vector<Remat> never(3, Remat::never);
+  std::vector<OpCosts> slower = at_m->never;
+  for (OpCosts& o : slower) {
+    o.forward += 5;
+    o.backward_input += 5;
+    o.backward_weight += 5;
+  }
+  CHECK(predict_step_us(plan.schedule, *at_m, never) ==
+        doctest::Approx(simulate(plan.schedule, slower).makespan));
+  // costs at another micro-batch count, a policy list of another length
+  const auto other = std::ranges::find_if(
+      costs, [&](const PlanCosts& c) { return c.micro_batches != plan.chosen.micro_batches; });
+  REQUIRE(other != costs.end());
+  CHECK_THROWS_AS(predict_step_us(plan.schedule, *other, never), Error);
+  CHECK_THROWS_AS(predict_step_us(plan.schedule, *at_m, std::vector<Remat>(2, Remat::never)),
+                  Error);
+}
+
 TEST_CASE("a limit that nothing fits is an Error naming the smallest bound") {
   const std::vector<PlanCosts> costs = hand_costs();
   const Plan free = choose_plan<Model3>(rows, costs, std::vector<std::size_t>{}, all_policies);

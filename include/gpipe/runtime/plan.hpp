@@ -518,6 +518,31 @@ Plan choose_plan(std::size_t rows, std::span<const PlanCosts> costs,
   return plan;
 }
 
+/// The step of `schedule` under a policy per stage (`stage_remat`, [stage]) that the planner
+/// predicts from `costs` (measured at the schedule's micro-batch count), in microseconds: the
+/// simulated makespan of the op costs with the executor's overhead per op, as choose_plan weighs
+/// each candidate (PlanCandidate::predicted_us). With costs measured again later, the same plan's
+/// prediction then. Throws gpipe::Error for costs of another micro-batch count or stage count, or
+/// a policy list of another length.
+inline double predict_step_us(const Schedule& schedule, const PlanCosts& costs,
+                              std::span<const Remat> stage_remat) {
+  const std::size_t S = schedule.num_stages();
+  detail::require(costs.micro_batches == schedule.num_micro_batches, [&] {
+    return "predict_step_us: costs measured at " + std::to_string(costs.micro_batches) +
+           " micro-batches for a schedule of " + std::to_string(schedule.num_micro_batches);
+  });
+  detail::require(costs.never.size() == S && costs.always.size() == S &&
+                      (costs.selective.empty() || costs.selective.size() == S) &&
+                      (costs.offload.empty() || costs.offload.size() == S) &&
+                      stage_remat.size() == S,
+                  [&] {
+                    return "predict_step_us: costs and policies for a schedule of " +
+                           std::to_string(S) + " stages";
+                  });
+  return detail::simulate_step(schedule, detail::costs_of(costs, stage_remat), costs.cores)
+      .makespan;
+}
+
 /// The plan for training Model with Loss in Precision on `backend` with batches like (x, y):
 /// measure_plan_costs, then choose_plan under options.device_limit (default: each device's cap
 /// on the backend). One stage per device where the backend has at least as many devices as
