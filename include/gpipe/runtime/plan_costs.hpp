@@ -42,9 +42,9 @@ struct PlanOptions {
   /// Traced steps per measured configuration in each round, after one warm-up step.
   std::size_t measure_steps = 1;
   /// Rounds of measurement: each measures every configuration (micro-batch count and policy)
-  /// once, in turn, and a configuration's op costs and overhead are the medians over its rounds.
-  /// Spread over time so, the configurations share whatever the machine did meanwhile (other
-  /// work, a shared host's swings in speed), and one slow round moves no median.
+  /// once, in turn, and a configuration's op costs and overhead are the medians over the rounds,
+  /// so that a slow moment of the machine (other work, a shared host's swings in speed) during
+  /// one round moves no configuration's figure.
   std::size_t measure_rounds = 3;
 };
 
