@@ -414,7 +414,7 @@ TEST_CASE("the planner's measurement rounds: one slow round moves no op cost") {
   measure(1);
   const std::size_t per_round = forward_calls;
   REQUIRE(per_round > 0);
-  // stage 0's forward, slept in the slow calls (as costs it at least slow_ms)
+  // stage 0's forward under never and always at each count (at least slow_ms where it slept)
   const auto stage0_forwards = [](const std::vector<PlanCosts>& costs) {
     std::vector<double> out;
     for (const PlanCosts& c : costs)
