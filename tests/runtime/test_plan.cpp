@@ -362,7 +362,8 @@ TEST_CASE("the planner on a capped host backend: the plan's trainer stays within
   CHECK(plain.forward_backward(x, y) == doctest::Approx(loss).epsilon(1e-5));
 }
 
-TEST_CASE("the planner refuses micro-batch counts the batch cannot split into") {
+TEST_CASE(
+    "the planner refuses micro-batch counts the batch cannot split into, and no measurement") {
   const std::vector<float> x = random_inputs(rows, Model3::in_features, 5);
   const std::vector<std::int32_t> y = random_classes(rows, Model3::out_features, 6);
   host::Backend backend(3);
@@ -371,6 +372,13 @@ TEST_CASE("the planner refuses micro-batch counts the batch cannot split into") 
   };
   CHECK_THROWS_AS(plan_with(0), Error);
   CHECK_THROWS_AS(plan_with(rows + 1), Error);
+  // and measurements of no step or no round
+  auto measuring = [&](std::size_t steps, std::size_t rounds) {
+    return gpipe::plan<Model3, SoftmaxCrossEntropy>(
+        backend, x, y, {.micro_batches = {2}, .measure_steps = steps, .measure_rounds = rounds});
+  };
+  CHECK_THROWS_WITH_AS(measuring(0, 1), doctest::Contains("must be at least 1"), Error);
+  CHECK_THROWS_WITH_AS(measuring(1, 0), doctest::Contains("must be at least 1"), Error);
 }
 
 namespace {

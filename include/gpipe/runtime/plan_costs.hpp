@@ -172,8 +172,9 @@ inline SimulationResult simulate_step(const Schedule& schedule, std::span<const 
 /// With several processes every process gets every stage's costs (each stage's from the
 /// process that runs it), and an OutOfMemory on one process is one on all (the step's
 /// agreement keeps it), so that every process leaves out the same configurations. Throws
-/// gpipe::Error for a count of 0 or above the batch's samples, or for a backend of fewer than S
-/// devices other than S / 2 (naming both numbers).
+/// gpipe::Error for a count of 0 or above the batch's samples, for 0 measure_steps or
+/// measure_rounds, or for a backend of fewer than S devices other than S / 2 (naming both
+/// numbers).
 template <class Model, class Loss, class Precision = Fp32, class Backend, class X, class Y>
 std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y& y,
                                           const PlanOptions& options = {}) {
@@ -189,6 +190,10 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
       return "plan: a micro-batch count of " + std::to_string(m) + " for a batch of " +
              std::to_string(samples) + " samples";
     });
+  detail::require(options.measure_steps >= 1 && options.measure_rounds >= 1, [&] {
+    return "plan: measure_steps " + std::to_string(options.measure_steps) + " and measure_rounds " +
+           std::to_string(options.measure_rounds) + ": each must be at least 1";
+  });
   transport::Transport<Backend> transport(backend);
   // selective differs from never only where a stage has cheap layers
   const bool weighs_selective =
@@ -210,7 +215,7 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     for (std::size_t st = 0; st < S; ++st) owner[st] = trainer.device_of_stage(st);
     trainer.forward_backward(x, y);  // warm-up: first allocations, thread start-up
     trainer.zero_grad();
-    const std::size_t steps = std::max<std::size_t>(options.measure_steps, 1);
+    const std::size_t steps = options.measure_steps;
     const auto start = std::chrono::steady_clock::now();
     detail::Measurement out{.costs = measure_stage_costs(trainer, x, y, steps, cores)};
     const double wall =
@@ -240,7 +245,7 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     bool out_of_memory = false;
   };
   std::vector<std::vector<Cell>> timed(counts.size(), std::vector<Cell>(policies.size()));
-  const std::size_t rounds = std::max<std::size_t>(options.measure_rounds, 1);
+  const std::size_t rounds = options.measure_rounds;
   for (std::size_t r = 0; r < rounds; ++r)
     for (std::size_t i = 0; i < counts.size(); ++i)
       for (std::size_t p = 0; p < policies.size(); ++p) {
