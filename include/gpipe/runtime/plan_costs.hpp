@@ -259,6 +259,9 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
           cell.rounds.clear();
         }
       }
+  const auto policy_index = [&](Remat remat) {
+    return static_cast<std::size_t>(std::ranges::find(policies, remat) - policies.begin());
+  };
   std::vector<PlanCosts> out;
   for (std::size_t i = 0; i < counts.size(); ++i) {
     const std::vector<Cell>& cells = timed[i];
@@ -267,9 +270,6 @@ std::vector<PlanCosts> measure_plan_costs(Backend& backend, const X& x, const Y&
     c.micro_batches = counts[i];
     c.num_devices = K;
     c.cores = cores;
-    const auto policy_index = [&](Remat remat) {
-      return static_cast<std::size_t>(std::ranges::find(policies, remat) - policies.begin());
-    };
     c.always = detail::median_costs(cells[0].rounds);
     const Cell& never = cells[policy_index(Remat::never)];
     if (!never.out_of_memory) {
