@@ -4,7 +4,9 @@
 // blocked on an event that will never be recorded), and the backend is usable afterwards.
 //
 // Ordering is asserted through events and synchronize() only; the few sleeps below make a race
-// likely to show up when ordering is broken, never make a passing result depend on timing.
+// likely to show up when ordering is broken, never make a passing result depend on timing. The
+// wait policies are told apart by the CPU time a 200 ms wait costs the waiting thread, with
+// margins that a loaded machine keeps (a spinning wait yields its core, so it may get less of it).
 
 #include <doctest/doctest.h>
 
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <ctime>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -31,6 +34,7 @@ using gpipe::test::contains;
 
 using gpipe::WorkLabel;
 using gpipe::host::Backend;
+using gpipe::host::WaitPolicy;
 using Kernels = Backend::Kernels;
 using Event = Backend::Event;
 
@@ -53,6 +57,27 @@ void check_usable(Backend& backend) {
     backend.submit(d, {"probe"}, [&ran, d](Kernels&) { ran[d] = 1; });
   CHECK_NOTHROW(backend.synchronize());
   for (std::size_t d = 0; d < backend.num_devices(); ++d) CHECK(ran[d] == 1);
+}
+
+// CPU time of the calling thread, in milliseconds.
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return 1e3 * static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_nsec);
+}
+
+// The CPU time device 1's thread spends waiting `wait` for an event that device 0 records after
+// sleeping that long: what a device's waiting costs the cores.
+double cpu_ms_while_waiting(Backend& backend, std::chrono::milliseconds wait) {
+  Event ready;
+  double before = 0, after = 0;  // on device 1's thread, around its wait
+  backend.submit(0, {"sleep"}, [wait](Kernels&) { std::this_thread::sleep_for(wait); });
+  backend.record(0, ready);
+  backend.submit(1, {"before"}, [&before](Kernels&) { before = thread_cpu_ms(); });
+  backend.wait(1, ready);
+  backend.submit(1, {"after"}, [&after](Kernels&) { after = thread_cpu_ms(); });
+  backend.synchronize();
+  return after - before;
 }
 
 }  // namespace
@@ -355,5 +380,93 @@ TEST_SUITE("backend host stream") {
       CHECK(ran == static_cast<int>(failing));  // the stages before the failing one ran
     }
     check_usable(backend);
+  }
+
+  TEST_CASE("WaitPolicy::automatic spins exactly where every device has cores of its own") {
+    const unsigned cores = gpipe::host::usable_cores();
+    REQUIRE(cores > 0);
+    CHECK(Backend(1).spins());
+    CHECK(Backend(cores).spins());
+    CHECK_FALSE(Backend(cores + 1).spins());
+    CHECK(Backend(cores, {.threads_per_device = 1}).spins());
+    if (cores % 2 == 0 && cores >= 2)
+      CHECK_FALSE(Backend(cores / 2 + 1, {.threads_per_device = 2}).spins());
+    CHECK(Backend(cores + 1, {.wait = WaitPolicy::spin}).spins());
+    CHECK_FALSE(Backend(1, {.wait = WaitPolicy::block}).spins());
+    gpipe::test::check_error([] { Backend(1, {.wait = static_cast<WaitPolicy>(7)}); },
+                             "wait must be a WaitPolicy");
+  }
+
+  TEST_CASE("a spinning wait keeps a core busy and a blocking one frees it") {
+    // What the policies promise the cores, not how fast a hand-over is: device 1 waits 200 ms.
+    // Spinning, its thread polls the whole time (yielding to any other runnable thread, so a
+    // loaded machine may give it less than all of it); blocking, it polls 100 us and sleeps.
+    constexpr auto wait = std::chrono::milliseconds(200);
+    Backend spinning(2, {.wait = WaitPolicy::spin}), blocking(2, {.wait = WaitPolicy::block});
+    CHECK(cpu_ms_while_waiting(spinning, wait) > 50);
+    CHECK(cpu_ms_while_waiting(blocking, wait) < 20);
+  }
+
+  TEST_CASE(
+      "under either wait policy a wait orders work, ends on a failure or a cancel, and "
+      "times out naming the work it waited for") {
+    for (const WaitPolicy policy : {WaitPolicy::spin, WaitPolicy::block}) {
+      CAPTURE(static_cast<int>(policy));
+      {  // order
+        Backend backend(2, {.wait = policy});
+        for (int trial = 0; trial < 5; ++trial) {
+          int value = 0, observed = -1;
+          Event ready;
+          backend.submit(0, {"slow producer"}, [&value](Kernels&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            value = 42;
+          });
+          backend.record(0, ready);
+          backend.wait(1, ready);
+          backend.submit(1, {"consumer"}, [&value, &observed](Kernels&) { observed = value; });
+          backend.synchronize();
+          CHECK(observed == 42);
+        }
+      }
+      {  // a failure on another stream releases the wait
+        Backend backend(2, {.wait = policy});
+        std::atomic<bool> waiting{false};
+        std::atomic<int> ran_after{0};
+        Event never;
+        backend.submit(1, {"mark"}, [&waiting](Kernels&) { waiting = true; });
+        backend.wait(1, never);
+        backend.submit(1, {"after"}, [&ran_after](Kernels&) { ++ran_after; });
+        backend.submit(0, {"forward", 2, 1}, [&waiting](Kernels&) {
+          while (!waiting) std::this_thread::yield();
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          throw gpipe::Error("gpipe: injected");
+        });
+        CHECK(contains(synchronize_error(backend), "stage 2 (device 0), micro-batch 1, forward"));
+        CHECK(ran_after == 0);
+        check_usable(backend);
+        backend.wait(0, never);  // cancel() releases it
+        backend.cancel();
+        CHECK_NOTHROW(backend.synchronize());
+        check_usable(backend);
+      }
+      {  // the timeout
+        Backend backend(2, {.wait_timeout = std::chrono::milliseconds(50), .wait = policy});
+        Event never;
+        backend.wait(1, never, {.what = "send_activation", .stage = 4, .micro_batch = 3}, 0);
+        const std::string message = synchronize_error(backend);
+        CHECK(contains(message,
+                       "waited 50 ms for stage 4 (device 0), micro-batch 3, "
+                       "send_activation"));
+        check_usable(backend);
+      }
+      {  // a backend destroyed while a stream waits joins it
+        std::atomic<bool> waiting{false};
+        Backend backend(2, {.wait = policy});
+        Event never;
+        backend.submit(1, {"mark"}, [&waiting](Kernels&) { waiting = true; });
+        backend.wait(1, never);
+        while (!waiting) std::this_thread::yield();
+      }
+    }
   }
 }

@@ -45,6 +45,21 @@ inline unsigned usable_cores() {
   return std::thread::hardware_concurrency();
 }
 
+/// How a device waits for another device's event (a hand-over between stages), as CUDA's
+/// cudaDeviceScheduleAuto / Spin / BlockingSync choose for a thread waiting on the GPU.
+enum class WaitPolicy {
+  /// `spin` where every device has cores of its own (num_devices * threads_per_device at most
+  /// usable_cores(), and that known), else `block`.
+  automatic,
+  /// Polls, yielding the core to any other runnable thread, until the event: the shortest
+  /// hand-over, at the cost of a core kept busy while the device waits.
+  spin,
+  /// Polls for a short while (StreamGroup::spin_time), then sleeps until the event's record
+  /// wakes it: the core is free for devices or processes that share it, and each wake-up costs
+  /// the hand-over a few microseconds more.
+  block,
+};
+
 /// Construction options of a host::Backend.
 struct BackendOptions {
   /// Bytes each device may hold in buffers, past which allocate() throws OutOfMemory; 0 = no cap.
@@ -63,6 +78,9 @@ struct BackendOptions {
   /// instead of hanging it (once that work returns; work that never returns cannot be
   /// interrupted). Positive.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+  /// How a device waits for another device's event: see WaitPolicy; Backend::spins() says what
+  /// `automatic` chose.
+  WaitPolicy wait = WaitPolicy::automatic;
 };
 
 /// K devices on the CPU, a `gpipe::backend` (backend/concepts.hpp): each device is a worker
@@ -103,6 +121,9 @@ class Backend : public gpipe::detail::DeviceMemory<DeviceAllocator> {
 
   /// K, the devices given at construction.
   std::size_t num_devices() const { return streams_.size(); }
+  /// Whether a device waiting for another's event polls until it (WaitPolicy::spin, or what
+  /// WaitPolicy::automatic chose) rather than sleeping after a short poll.
+  bool spins() const { return group_.spin(); }
   /// The threads each device computes on (Options::threads_per_device).
   std::size_t threads_per_device() const { return threads_per_device_; }
   /// Whether `busy` devices computing at once, each on threads_per_device() threads, want more
@@ -182,6 +203,17 @@ GPIPE_HOST_INLINE Backend::Backend(std::size_t num_devices, Options options) {
       options.threads_per_device >= 1 && options.threads_per_device <= Team::max_threads,
       "host::Backend: threads_per_device must be 1 to " + std::to_string(Team::max_threads) +
           ", got " + std::to_string(options.threads_per_device));
+  detail::require(options.wait == WaitPolicy::automatic || options.wait == WaitPolicy::spin ||
+                      options.wait == WaitPolicy::block,
+                  [&] {
+                    return "host::Backend: wait must be a WaitPolicy (automatic, spin or block), "
+                           "got " +
+                           std::to_string(static_cast<int>(options.wait));
+                  });
+  const unsigned cores = usable_cores();
+  group_.set_spin(options.wait == WaitPolicy::spin ||
+                  (options.wait == WaitPolicy::automatic && cores != 0 &&
+                   num_devices * options.threads_per_device <= cores));
 #ifndef GPIPE_HOST_GEMM_REFERENCE
   gemm_library();  // a bad GPIPE_HOST_GEMM throws here rather than in a device's first GEMM
 #endif

@@ -77,24 +77,25 @@ class StreamGroup {
     event.recorded.store(true, std::memory_order_release);
     for (std::condition_variable* cv : event.waiters) cv->notify_one();
   }
-  /// Blocks on the calling stream's `cv` until the event is recorded or the group has failed.
-  /// Polls (yielding the core) for up to spin_time first: a hand-over between pipeline stages is
-  /// usually that close, and waking a blocked thread costs tens of microseconds. Throws
-  /// gpipe::Error naming the work that should have recorded it (`awaited` on `awaited_device`,
-  /// when it has a name) once wait_timeout() has passed without either.
+  /// Blocks the calling stream until the event is recorded or the group has failed. Polls
+  /// (yielding the core) for up to spin_time first, or for the whole wait where set_spin(true):
+  /// a hand-over between pipeline stages is usually that close, and waking a blocked thread
+  /// costs microseconds more; past the poll it sleeps on `cv`. Throws gpipe::Error naming the
+  /// work that should have recorded it (`awaited` on `awaited_device`, when it has a name) once
+  /// wait_timeout() has passed without either.
   void wait(EventState& event, std::condition_variable& cv, const WorkLabel& awaited,
             std::size_t awaited_device) {
     const auto start = std::chrono::steady_clock::now();
-    const auto give_up = start + spin_time;
+    const auto deadline = start + timeout_;
+    const auto stop_polling = spin_ ? deadline : start + spin_time;
     do {
       if (event.recorded.load(std::memory_order_acquire) || failed()) return;
       std::this_thread::yield();
-    } while (std::chrono::steady_clock::now() < give_up);
+    } while (std::chrono::steady_clock::now() < stop_polling);
     std::unique_lock lock(mu_);
     if (event.recorded || failed()) return;
     event.waiters.push_back(&cv);
-    const bool done =
-        cv.wait_until(lock, start + timeout_, [&] { return event.recorded || failed(); });
+    const bool done = cv.wait_until(lock, deadline, [&] { return event.recorded || failed(); });
     std::erase(event.waiters, &cv);
     if (!done)
       throw Error(
@@ -107,7 +108,12 @@ class StreamGroup {
   /// Sets wait_timeout(); before any work is submitted.
   void set_wait_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
-  /// How long wait() polls before it blocks.
+  /// Whether wait() polls until the event (true) or for spin_time only (false, at construction).
+  bool spin() const { return spin_; }
+  /// Sets spin(); before any work is submitted.
+  void set_spin(bool spin) { spin_ = spin; }
+
+  /// How long wait() polls before it blocks, unless spin().
   static constexpr std::chrono::microseconds spin_time{100};
 
  private:
@@ -115,6 +121,7 @@ class StreamGroup {
   std::mutex mu_;  ///< guards the event states and streams_
   std::vector<std::condition_variable*> streams_;
   std::chrono::milliseconds timeout_{std::chrono::minutes(10)};
+  bool spin_ = false;
 };
 
 /// A marker in a stream; copyable handle. Record it on one stream, wait for it on others.
