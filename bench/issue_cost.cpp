@@ -12,10 +12,18 @@
 //                   and recvs): the executor's throughput, the bound for short ops on many
 //                   devices.
 //
+// BM_HandOver<policy>/wait_us:w, the latency of one hand-over under each host::WaitPolicy: two
+// devices take turns, each holding its thread for w microseconds (so that the other has waited
+// that long when the event comes; w = 50 stays within the poll that precedes sleeping, w = 500
+// does not) and then handing over through an event:
+//   handover_us     the median time from one turn's end to the next turn's start on the other
+//                   device (the event's record, the waiter's wake-up, its queue)
+//   handover_p90_us the 90th percentile of the same
 // Usage: bench_issue_cost [Google Benchmark flags] (BENCHMARKS.md: --benchmark_min_time=0.2)
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "support/bubble.hpp"
+#include "support/fixed_duration.hpp"
 
 namespace {
 
@@ -77,6 +86,39 @@ void BM_IssueCost(benchmark::State& state) {
   state.SetLabel(std::string(Schedule::name));
 }
 
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void BM_HandOver(benchmark::State& state, gpipe::host::WaitPolicy policy) {
+  const long wait_us = state.range(0);
+  constexpr std::size_t turns = 64;
+  gpipe::host::Backend backend(2, {.wait = policy});
+  std::array<double, turns> start{}, end{};  // of each turn, each written by its device's thread
+  std::vector<double> latencies;
+  for (auto _ : state) {
+    std::vector<gpipe::host::Event> handed(turns);
+    for (std::size_t i = 0; i < turns; ++i) {
+      const std::size_t device = i % 2;
+      if (i > 0) backend.wait(device, handed[i - 1]);
+      backend.submit(device, {"turn"}, [&start, &end, i, wait_us](gpipe::host::Backend::Kernels&) {
+        start[i] = now_us();
+        gpipe::bench::hold(wait_us);
+        end[i] = now_us();
+      });
+      backend.record(device, handed[i]);
+    }
+    backend.synchronize();
+    for (std::size_t i = 1; i < turns; ++i) latencies.push_back(start[i] - end[i - 1]);
+  }
+  std::sort(latencies.begin(), latencies.end());
+  state.counters["handover_us"] = latencies[latencies.size() / 2];
+  state.counters["handover_p90_us"] = latencies[latencies.size() * 9 / 10];
+  state.SetLabel(backend.spins() ? "spins" : "blocks");
+}
+
 template <class Schedule, std::size_t... K>
 void register_schedule(const char* name) {
   (benchmark::RegisterBenchmark(name, BM_IssueCost<Schedule, K>)
@@ -92,6 +134,15 @@ void register_schedule(const char* name) {
   register_schedule<gpipe::OneFOneB, 2, 4>("BM_IssueCost<OneFOneB>");
   register_schedule<gpipe::Interleaved<2>, 2, 4>("BM_IssueCost<Interleaved<2>>");
   register_schedule<gpipe::ZeroBubbleH1, 2, 4>("BM_IssueCost<ZeroBubbleH1>");
+  for (const auto& [name, policy] :
+       {std::pair{"BM_HandOver<spin>", gpipe::host::WaitPolicy::spin},
+        std::pair{"BM_HandOver<block>", gpipe::host::WaitPolicy::block}})
+    benchmark::RegisterBenchmark(name, BM_HandOver, policy)
+        ->ArgName("wait_us")
+        ->Args({50})
+        ->Args({500})
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   return true;
 }();
 
