@@ -389,8 +389,10 @@ TEST_SUITE("backend host stream") {
     CHECK(Backend(cores).spins());
     CHECK_FALSE(Backend(cores + 1).spins());
     CHECK(Backend(cores, {.threads_per_device = 1}).spins());
-    if (cores % 2 == 0 && cores >= 2)
+    if (cores % 2 == 0) {  // a team of 2 threads per device counts twice
+      CHECK(Backend(cores / 2, {.threads_per_device = 2}).spins());
       CHECK_FALSE(Backend(cores / 2 + 1, {.threads_per_device = 2}).spins());
+    }
     CHECK(Backend(cores + 1, {.wait = WaitPolicy::spin}).spins());
     CHECK_FALSE(Backend(1, {.wait = WaitPolicy::block}).spins());
     gpipe::test::check_error([] { Backend(1, {.wait = static_cast<WaitPolicy>(7)}); },
