@@ -59,6 +59,25 @@ void check_usable(Backend& backend) {
   for (std::size_t d = 0; d < backend.num_devices(); ++d) CHECK(ran[d] == 1);
 }
 
+// `trials` times: a value written by device 0's slow work, then read by device 1's work after a
+// wait for device 0's event, is the value written.
+void check_wait_orders(Backend& backend, int trials) {
+  for (int trial = 0; trial < trials; ++trial) {
+    int value = 0;  // plain int: the event, not an atomic, makes the hand-over safe
+    int observed = -1;
+    Event ready;
+    backend.submit(0, {"slow producer"}, [&value](Kernels&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      value = 42;
+    });
+    backend.record(0, ready);
+    backend.wait(1, ready);
+    backend.submit(1, {"consumer"}, [&value, &observed](Kernels&) { observed = value; });
+    backend.synchronize();
+    CHECK(observed == 42);
+  }
+}
+
 // CPU time of the calling thread, in milliseconds.
 double thread_cpu_ms() {
   timespec t{};
@@ -123,20 +142,7 @@ TEST_SUITE("backend host stream") {
 
   TEST_CASE("a wait orders work after an event recorded on another stream") {
     Backend backend(2);
-    for (int trial = 0; trial < 20; ++trial) {
-      int value = 0;  // plain int: the event, not an atomic, makes the hand-over safe
-      int observed = -1;
-      Event ready;
-      backend.submit(0, {"slow producer"}, [&value](Kernels&) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        value = 42;
-      });
-      backend.record(0, ready);
-      backend.wait(1, ready);
-      backend.submit(1, {"consumer"}, [&value, &observed](Kernels&) { observed = value; });
-      backend.synchronize();
-      CHECK(observed == 42);
-    }
+    check_wait_orders(backend, 20);
   }
 
   TEST_CASE("a wait for an event recorded earlier returns at once") {
@@ -416,19 +422,7 @@ TEST_SUITE("backend host stream") {
       CAPTURE(static_cast<int>(policy));
       {  // order
         Backend backend(2, {.wait = policy});
-        for (int trial = 0; trial < 5; ++trial) {
-          int value = 0, observed = -1;
-          Event ready;
-          backend.submit(0, {"slow producer"}, [&value](Kernels&) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-            value = 42;
-          });
-          backend.record(0, ready);
-          backend.wait(1, ready);
-          backend.submit(1, {"consumer"}, [&value, &observed](Kernels&) { observed = value; });
-          backend.synchronize();
-          CHECK(observed == 42);
-        }
+        check_wait_orders(backend, 5);
       }
       {  // a failure on another stream releases the wait
         Backend backend(2, {.wait = policy});
