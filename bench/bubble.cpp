@@ -18,7 +18,12 @@
 //                        of the critical path, hand-overs between devices included
 //   peak_activations_KiB the most activation bytes any device held (each micro-batch keeps
 //                        4 KiB per stage from its forward to its backward_weight)
-// Usage: bench_bubble [--op_us=1000] [--trace_dir=DIR] [Google Benchmark flags]
+// The devices wait for each other's hand-overs by polling (host::WaitPolicy::spin), whatever K:
+// the ops sleep so that K devices can pretend to have a core each on fewer cores, and a device
+// with a core of its own polls (WaitPolicy::automatic's choice there), which costs the sleeping
+// ops nothing here. --wait=automatic or --wait=block measures the other policies.
+// Usage: bench_bubble [--op_us=1000] [--trace_dir=DIR] [--wait=spin|automatic|block]
+//                     [Google Benchmark flags]
 //   --trace_dir writes DIR/timeline_<schedule>_k4_m8.svg and .json: one traced K = 4, M = 8 step.
 // bench_mpi_bubble measures the same with a rank per device.
 
@@ -26,19 +31,24 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <gpipe/gpipe.hpp>
 #include <memory>
+#include <string_view>
 
 #include "support/fixed_duration.hpp"
 
 namespace {
 
 gpipe::bench::BubbleFlags flags{.op_us = 1000, .trace_dir = ""};
+gpipe::host::WaitPolicy wait = gpipe::host::WaitPolicy::spin;  // --wait
 
 [[maybe_unused]] const bool registered = [] {
   gpipe::bench::fixed_duration_flags = &flags;
   gpipe::bench::register_bubble_benchmarks<gpipe::bench::FixedDurationLayer>(
-      [](std::size_t k) { return std::make_unique<gpipe::host::Backend>(k); },
+      [](std::size_t k) {
+        return std::make_unique<gpipe::host::Backend>(k, gpipe::host::BackendOptions{.wait = wait});
+      },
       {.flags = &flags, .trace_stem = "timeline_", .where = "the host backend"});
   return true;
 }();
@@ -47,5 +57,22 @@ gpipe::bench::BubbleFlags flags{.op_us = 1000, .trace_dir = ""};
 
 // Called by the shared benchmark main before Google Benchmark sees the flags.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (!arg.starts_with("--wait=")) {
+      argv[out++] = argv[i];
+    } else if (arg == "--wait=spin") {
+      wait = gpipe::host::WaitPolicy::spin;
+    } else if (arg == "--wait=automatic") {
+      wait = gpipe::host::WaitPolicy::automatic;
+    } else if (arg == "--wait=block") {
+      wait = gpipe::host::WaitPolicy::block;
+    } else {
+      std::fprintf(stderr, "%s: --wait must be spin, automatic or block\n", argv[0]);
+      return 1;
+    }
+  }
+  *argc = out;
   return gpipe::bench::take_bubble_flags(argc, argv, flags) ? 0 : 1;
 }
