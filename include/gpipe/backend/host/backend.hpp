@@ -45,8 +45,9 @@ inline unsigned usable_cores() {
   return std::thread::hardware_concurrency();
 }
 
-/// How a device waits for another device's event (a hand-over between stages), as CUDA's
-/// cudaDeviceScheduleAuto / Spin / BlockingSync choose for a thread waiting on the GPU.
+/// How a device waits for another device's event (a hand-over between stages): the host's
+/// counterpart of CUDA's cudaDeviceScheduleSpin and cudaDeviceScheduleBlockingSync, and of
+/// cudaDeviceScheduleAuto, which spins only while the host has a core per context.
 enum class WaitPolicy {
   /// `spin` where every device has cores of its own (num_devices * threads_per_device at most
   /// usable_cores(), and that known), else `block`.
