@@ -92,16 +92,18 @@ class StreamGroup {
       if (event.recorded.load(std::memory_order_acquire) || failed()) return;
       std::this_thread::yield();
     } while (std::chrono::steady_clock::now() < stop_polling);
-    std::unique_lock lock(mu_);
-    if (event.recorded || failed()) return;
-    event.waiters.push_back(&cv);
-    const bool done = cv.wait_until(lock, deadline, [&] { return event.recorded || failed(); });
-    std::erase(event.waiters, &cv);
-    if (!done)
-      throw Error(
-          "gpipe: waited " + std::to_string(timeout_.count()) + " ms for " +
-          (awaited.what.empty() ? std::string("an event") : describe(awaited, awaited_device)) +
-          " (host::BackendOptions::wait_timeout): is that device stuck in its work?");
+    if (!spin_) {  // sleep out the rest of the wait
+      std::unique_lock lock(mu_);
+      if (event.recorded || failed()) return;
+      event.waiters.push_back(&cv);
+      const bool done = cv.wait_until(lock, deadline, [&] { return event.recorded || failed(); });
+      std::erase(event.waiters, &cv);
+      if (done) return;
+    }
+    throw Error(
+        "gpipe: waited " + std::to_string(timeout_.count()) + " ms for " +
+        (awaited.what.empty() ? std::string("an event") : describe(awaited, awaited_device)) +
+        " (host::BackendOptions::wait_timeout): is that device stuck in its work?");
   }
   /// How long wait() waits before it throws.
   std::chrono::milliseconds wait_timeout() const { return timeout_; }
