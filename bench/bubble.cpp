@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <gpipe/gpipe.hpp>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "support/fixed_duration.hpp"
@@ -58,15 +59,19 @@ gpipe::host::WaitPolicy wait = gpipe::host::WaitPolicy::spin;  // --wait
 // Called by the shared benchmark main before Google Benchmark sees the flags.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
   int out = 1;
+  const char* wait_name = "spin";
   for (int i = 1; i < *argc; ++i) {
     const std::string_view arg = argv[i];
     if (!arg.starts_with("--wait=")) {
       argv[out++] = argv[i];
     } else if (arg == "--wait=spin") {
+      wait_name = "spin";
       wait = gpipe::host::WaitPolicy::spin;
     } else if (arg == "--wait=automatic") {
+      wait_name = "automatic";
       wait = gpipe::host::WaitPolicy::automatic;
     } else if (arg == "--wait=block") {
+      wait_name = "block";
       wait = gpipe::host::WaitPolicy::block;
     } else {
       std::fprintf(stderr, "%s: --wait must be spin, automatic or block\n", argv[0]);
@@ -74,5 +79,8 @@ extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
     }
   }
   *argc = out;
-  return gpipe::bench::take_bubble_flags(argc, argv, flags) ? 0 : 1;
+  if (!gpipe::bench::take_bubble_flags(argc, argv, flags)) return 1;
+  benchmark::AddCustomContext("gpipe_op_us", std::to_string(flags.op_us));
+  benchmark::AddCustomContext("gpipe_wait", wait_name);
+  return 0;
 }
