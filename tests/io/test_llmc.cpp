@@ -166,5 +166,14 @@ TEST_SUITE("io llm.c") {
                    "version 5, expected 3"));
     CHECK(contains(error_of([&] { gpipe::load_llmc_gpt2(padded, "gpt2_short.bin"); }),
                    "does not match the 2300 bytes that follow it (it describes 2304)"));
+    // A header's sizes are checked against the file before any tensor (or its name) is made:
+    // 2^30 blocks of C = 4 (12 C^2 + 13 C = 244 floats each) beside the 88 floats of the rest.
+    CHECK(contains(error_of([] { gpipe::io::load_llmc_gpt2("gpt2_many_layers.bin"); }),
+                   "(maxT 8, Vp 12, L 1073741824, C 4) does not match the 2304 bytes that follow "
+                   "it (it describes " +
+                       std::to_string(4 * (88 + 244 * (std::size_t{1} << 30))) + ")"));
+    CHECK(contains(error_of([] { gpipe::io::load_llmc_gpt2("gpt2_wide.bin"); }),
+                   "(maxT 8, Vp 2147483647, L 2, C 2147483647) does not match the 2304 bytes "
+                   "that follow it (it describes more than 2^62)"));
   }
 }

@@ -67,6 +67,11 @@ def write_checkpoints(out):
         "gpt2_bad_magic.bin": struct.pack("<256i", 20240520, *header[1:]) + body,
         "gpt2_bf16.bin": struct.pack("<256i", header[0], 5, *header[2:]) + body,
         "gpt2_short.bin": struct.pack("<256i", *header) + body[:-4],
+        # headers whose sizes describe far more than the file holds: 2^30 blocks, and a width
+        # whose square overflows 64 bits
+        "gpt2_many_layers.bin": struct.pack("<256i", *header[:4], 2**30, *header[5:]) + body,
+        "gpt2_wide.bin": struct.pack("<256i", *header[:5], 1, 2**31 - 1, 2**31 - 1, *header[8:])
+        + body,
     }
     for name, data in files.items():
         with open(f"{out}/{name}", "wb") as f:
