@@ -204,6 +204,39 @@ TEST_CASE("a bad checkpoint is an Error naming file and tensor, and changes noth
     std::ofstream(lost / "model.safetensors.index.json") << text;
   }
   fails_with(lost, "2.bias.exp_avg");
+  // another format (a later gpipe's)
+  const std::filesystem::path later = damaged("later");
+  {
+    std::ifstream in(later / "model.safetensors.index.json");
+    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const std::string format = "\"format\": \"gpipe checkpoint 1\"";
+    REQUIRE(text.find(format) != std::string::npos);
+    text.replace(text.find(format), format.size(), "\"format\": \"gpipe checkpoint 2\"");
+    std::ofstream(later / "model.safetensors.index.json") << text;
+  }
+  fails_with(later,
+             "metadata.gpipe.format is \"gpipe checkpoint 2\"; this gpipe reads \"gpipe "
+             "checkpoint 1\" only");
+  // an index whose shard lies outside the checkpoint (a valid shard there, so only the path is
+  // wrong)
+  for (const std::string& outside :
+       {std::string("../good/model-00002-of-00003.safetensors"),
+        (std::filesystem::canonical(good) / "model-00002-of-00003.safetensors").string(),
+        std::string(".."), std::string("")}) {
+    CAPTURE(outside);
+    const std::filesystem::path escapes = damaged("escapes");
+    {
+      std::ifstream in(escapes / "model.safetensors.index.json");
+      std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      const std::string entry = "\"2.bias\": \"model-00002-of-00003.safetensors\"";
+      REQUIRE(text.find(entry) != std::string::npos);
+      text.replace(text.find(entry), entry.size(), "\"2.bias\": " + detail::json_quote(outside));
+      std::ofstream(escapes / "model.safetensors.index.json") << text;
+    }
+    fails_with(escapes, "weight_map.2.bias is " + detail::json_quote(outside) +
+                            ", not the name of a file in the checkpoint's directory");
+    std::filesystem::remove_all(escapes);
+  }
   // another model: same names, other widths
   using Wider = Pipeline<Stage<Linear<6, 17>, ReLU>, Stage<Linear<17, 16>, GELU, LayerNorm<16>>,
                          Stage<Linear<16, 16>, ReLU, Linear<16, 5>>>;

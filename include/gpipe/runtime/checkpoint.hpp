@@ -47,6 +47,8 @@
 namespace gpipe::detail {
 
 inline constexpr const char* checkpoint_index = "model.safetensors.index.json";
+// metadata.gpipe.format of the checkpoints this version writes, and the only one it reads.
+inline constexpr const char* checkpoint_format = "gpipe checkpoint 1";
 
 // Flushes a file or a directory to disk (fsync); gpipe::Error when that fails.
 inline void sync_to_disk(const std::filesystem::path& path) {
@@ -181,6 +183,13 @@ class Checkpoint {
     const JsonValue* metadata = index.find("metadata");
     require(metadata != nullptr, index_path.string() + " has no metadata");
     const auto shards = json_strings(weight_map, index_path, "weight_map");
+    // A checkpoint is its directory: a shard is a file name in it, never a path that leads out.
+    for (const auto& [tensor, shard] : shards) {
+      const std::filesystem::path name(shard);
+      require(!shard.empty() && name == name.filename() && shard != "." && shard != "..",
+              index_path.string() + ": weight_map." + tensor + " is " + json_quote(shard) +
+                  ", not the name of a file in the checkpoint's directory");
+    }
     const auto gpipe = json_strings(metadata->find("gpipe"), index_path, "metadata.gpipe");
     record = record_in(gpipe, index_path);
 
@@ -236,6 +245,10 @@ class Checkpoint {
       require(found != gpipe.end(), index.string() + " has no metadata.gpipe." + key);
       return found->second;
     };
+    const std::string format = get("format");
+    require(format == checkpoint_format, index.string() + ": metadata.gpipe.format is " +
+                                             json_quote(format) + "; this gpipe reads " +
+                                             json_quote(checkpoint_format) + " only");
     record.kind = get("optimizer");
     const std::string step = get("step");
     const auto parsed = std::from_chars(step.data(), step.data() + step.size(), record.steps);
@@ -334,7 +347,7 @@ class Checkpoint {
     }
     std::string names;
     for (const std::string& state : record.state_names) names += (names.empty() ? "" : ",") + state;
-    std::vector<std::pair<std::string, std::string>> gpipe{{"format", "gpipe checkpoint 1"},
+    std::vector<std::pair<std::string, std::string>> gpipe{{"format", checkpoint_format},
                                                            {"step", std::to_string(record.steps)},
                                                            {"optimizer", record.kind},
                                                            {"state_names", names}};
