@@ -185,7 +185,13 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a value");
     const char* value = argv[++i];
-    const auto count = [&] { return static_cast<std::size_t>(number(flag, value)); };
+    const auto count = [&] {
+      const double v = number(flag, value);
+      if (v != std::floor(v) || v > 0x1p53)
+        throw gpipe::Error("train_gpt: " + std::string(flag) + " needs a whole number, got \"" +
+                           value + "\"");
+      return static_cast<std::size_t>(v);
+    };
     if (flag == "--data")
       o.data.emplace_back(value);
     else if (flag == "--model") {
