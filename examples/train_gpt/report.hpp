@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -49,6 +50,7 @@ inline std::vector<LogRow> read_log(const std::filesystem::path& path, std::size
   std::string line;
   std::getline(in, line);  // header
   while (std::getline(in, line)) {
+    if (in.eof()) break;  // the last line without its newline: cut while it was written
     LogRow row;
     std::string validation;
     std::istringstream fields(line);
@@ -57,7 +59,13 @@ inline std::vector<LogRow> read_log(const std::filesystem::path& path, std::size
           comma >> row.ms >> comma >> validation) ||
         row.step >= before)
       continue;
-    row.validation = validation == "nan" ? NAN : std::stod(validation);
+    if (validation == "nan") {
+      row.validation = NAN;
+    } else {  // a number, whole, or the line is dropped
+      char* end = nullptr;
+      row.validation = std::strtod(validation.c_str(), &end);
+      if (validation.empty() || *end != '\0' || std::isnan(row.validation)) continue;
+    }
     rows.push_back(row);
   }
   return rows;

@@ -1,15 +1,20 @@
 // example_train_gpt's packed documents (train_gpt/data.hpp), against the text they come from:
-// each token's document and the targets ignored across borders.
+// each token's document and the targets ignored across borders; and its log (train_gpt/report.hpp)
+// read back after a kill.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "train_gpt/data.hpp"
+#include "train_gpt/report.hpp"
 
 namespace {
 
@@ -78,4 +83,30 @@ TEST_CASE("without a separator a batch has no documents and no ignored targets")
   train_gpt::training_batch(corpus, 1, 0, 0, 4, 16, batch);
   CHECK(batch.documents.empty());
   CHECK(std::count(batch.y.begin(), batch.y.end(), gpipe::ignore_index) == 0);
+}
+
+TEST_CASE("a log read back keeps its whole lines before the step and drops a cut last line") {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "gpipe_train_gpt_test_log.csv";
+  const std::string head =
+      "step,loss,lr,norm,ms,validation_loss\n"
+      "0,5.5,1e-3,0.9,10.0,nan\n"
+      "1,5.0,1e-3,0.8,10.0,5.25\n"
+      "2,4.5,1e-3,0.7,10.0,nan\n";
+  // a process killed while writing its next line: cut inside "nan", inside a number, before the
+  // last field; or not cut
+  for (const std::string last : {"3,4.0,1e-3,0.6,10.0,n", "3,4.0,1e-3,0.6,10.0,4.7",
+                                 "3,4.0,1e-3,0.6,10.0,", "3,4.0,1e-3,0.6,10.0,4.75\n"}) {
+    CAPTURE(last);
+    std::ofstream(path, std::ios::trunc) << head << last;
+    const std::vector<train_gpt::LogRow> rows = train_gpt::read_log(path, 10);
+    const bool whole = last.back() == '\n';
+    REQUIRE(rows.size() == (whole ? 4u : 3u));
+    CHECK(rows[1].step == 1);
+    CHECK(rows[1].validation == 5.25);
+    CHECK(std::isnan(rows[2].validation));
+    if (whole) CHECK(rows[3].validation == 4.75);
+    CHECK(train_gpt::read_log(path, 2).size() == 2);  // resumed at step 2
+  }
+  std::filesystem::remove(path);
 }
