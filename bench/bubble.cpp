@@ -31,11 +31,14 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <gpipe/gpipe.hpp>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "support/fixed_duration.hpp"
 
@@ -58,29 +61,31 @@ gpipe::host::WaitPolicy wait = gpipe::host::WaitPolicy::spin;  // --wait
 
 // Called by the shared benchmark main before Google Benchmark sees the flags.
 extern "C" int gpipe_bench_preparse(int* argc, char** argv) {
+  using gpipe::host::WaitPolicy;
+  constexpr std::pair<std::string_view, WaitPolicy> policies[] = {
+      {"spin", WaitPolicy::spin},
+      {"automatic", WaitPolicy::automatic},
+      {"block", WaitPolicy::block}};
+  std::string_view wait_name = "spin";
   int out = 1;
-  const char* wait_name = "spin";
   for (int i = 1; i < *argc; ++i) {
     const std::string_view arg = argv[i];
     if (!arg.starts_with("--wait=")) {
       argv[out++] = argv[i];
-    } else if (arg == "--wait=spin") {
-      wait_name = "spin";
-      wait = gpipe::host::WaitPolicy::spin;
-    } else if (arg == "--wait=automatic") {
-      wait_name = "automatic";
-      wait = gpipe::host::WaitPolicy::automatic;
-    } else if (arg == "--wait=block") {
-      wait_name = "block";
-      wait = gpipe::host::WaitPolicy::block;
-    } else {
+      continue;
+    }
+    const auto* found = std::find_if(std::begin(policies), std::end(policies),
+                                     [&](const auto& p) { return arg.substr(7) == p.first; });
+    if (found == std::end(policies)) {
       std::fprintf(stderr, "%s: --wait must be spin, automatic or block\n", argv[0]);
       return 1;
     }
+    wait_name = found->first;
+    wait = found->second;
   }
   *argc = out;
   if (!gpipe::bench::take_bubble_flags(argc, argv, flags)) return 1;
   benchmark::AddCustomContext("gpipe_op_us", std::to_string(flags.op_us));
-  benchmark::AddCustomContext("gpipe_wait", wait_name);
+  benchmark::AddCustomContext("gpipe_wait", std::string(wait_name));
   return 0;
 }

@@ -239,18 +239,25 @@ inline LlmcGpt2Checkpoint load_llmc_gpt2(const std::filesystem::path& path) {
     throw Error(where + "inconsistent header: V = " + std::to_string(c.vocab_size) +
                 ", Vp = " + std::to_string(c.padded_vocab_size) +
                 ", C = " + std::to_string(c.channels) + ", NH = " + std::to_string(c.num_heads));
-  // Sizes come from the file: count with saturation at `cap` floats (no overflow), from the
-  // header alone, before the layout (L entries per tensor of a block) is built for a size checked
-  // against the file's.
+  // Sizes come from the file: count with saturation at `cap` floats (no overflow), and from the
+  // layouts of no block and of one (a block's floats, times L), so that a header's L is checked
+  // against the file's size before L blocks of tensors are made.
   constexpr std::size_t cap = std::size_t{1} << 60;
   const auto mul = [](std::size_t a, std::size_t b) { return b != 0 && a > cap / b ? cap : a * b; };
   const auto add = [](std::size_t a, std::size_t b) { return a > cap - b ? cap : a + b; };
-  const std::size_t C = c.channels;
-  // per block: two LayerNorms (4C), attention (3C x C + 3C, C x C + C), MLP (4C x C + 4C,
-  // C x 4C + C); then the embeddings (Vp x C, maxT x C) and the final LayerNorm (2C)
-  const std::size_t block = add(mul(12, mul(C, C)), mul(13, C));
-  const std::size_t floats = add(
-      add(mul(add(c.padded_vocab_size, c.max_seq_len), C), mul(c.num_layers, block)), mul(2, C));
+  const auto floats_with = [&](std::size_t layers) {
+    LlmcGpt2Config some = c;
+    some.num_layers = layers;
+    std::size_t sum = 0;
+    for (const auto& [name, shape] : llmc_gpt2_layout(some)) {
+      std::size_t n = 1;
+      for (std::size_t d : shape) n = mul(n, d);
+      sum = add(sum, n);
+    }
+    return sum;
+  };
+  const std::size_t rest = floats_with(0), with_one = floats_with(1);
+  const std::size_t floats = with_one == cap ? cap : add(rest, mul(c.num_layers, with_one - rest));
   if (bytes.size() - header_bytes != 4 * floats)
     throw Error(where + "the header (maxT " + std::to_string(c.max_seq_len) + ", Vp " +
                 std::to_string(c.padded_vocab_size) + ", L " + std::to_string(c.num_layers) +
