@@ -1,21 +1,22 @@
 // libFuzzer target: the host executor on schedules the validator accepts. A built-in schedule
-// (the first bytes pick the kind, K 2 or 3 and M 1-4) is mutated by the rest as fuzz_schedule.cpp
-// does, then given to a Trainer (Options::schedule). A schedule the validator rejects must make
-// the Trainer throw gpipe::Error; one it accepts must run a forward_backward to the end (no hang,
-// no crash) with the loss and every gradient of the unmutated schedule, within float rounding of
-// a different summation order. A crash, a sanitizer report, a hang or a difference (a trap) is a
-// finding. Built and run by scripts/fuzz.
+// (the first bytes pick the kind, K 2 or 3 and M 1-4) is mutated by the rest
+// (schedule_mutations.hpp, without the mutations no runnable schedule has), then given to a Trainer
+// (Options::schedule). A schedule the validator rejects must make the Trainer throw gpipe::Error;
+// one it accepts must run a forward_backward to the end (no hang, no crash) with the loss and every
+// gradient of the unmutated schedule, within float rounding of a different summation order. A
+// crash, a sanitizer report, a hang or a difference (a trap) is a finding. Built and run by
+// scripts/fuzz.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <utility>
 #include <vector>
 
 #include "gpipe/gpipe.hpp"
 #include "gpipe/runtime/plan.hpp"
+#include "schedule_mutations.hpp"
 #include "support/models.hpp"
 #include "support/reference_model.hpp"
 
@@ -32,64 +33,7 @@ Pipeline<std::conditional_t<true, Hidden, std::integral_constant<std::size_t, I>
 template <std::size_t S>
 using Chain = decltype(chain(std::make_index_sequence<S - 1>{}));
 
-void check(bool rule) {
-  if (!rule) __builtin_trap();
-}
-
-Schedule built_in(unsigned which, std::size_t chunks, std::size_t k, std::size_t m) {
-  if (chunks == 1) {
-    switch (which % 4) {
-      case 0:
-        return GPipe::make(k, m);
-      case 1:
-        return OneFOneB::make(k, m);
-      case 2:
-        return ZeroBubbleH1::make(k, m);
-      default:
-        return ZeroBubbleH2::make(k, m);
-    }
-  }
-  switch (which % 4) {
-    case 0:
-      return Interleaved<2>::make(k, m);
-    case 1:
-      return LoopedBFS<2>::make(k, m);
-    case 2:
-      return ZeroBubbleV::make(k, m);
-    default:
-      return DualPipeV::make(k, m);
-  }
-}
-
-void mutate(Schedule& s, const std::uint8_t* data, std::size_t size) {
-  for (std::size_t i = 0; i + 4 <= size; i += 4) {
-    const std::uint8_t what = data[i], value = data[i + 3];
-    auto& ops = s.ops[data[i + 1] % s.num_devices];
-    if (ops.empty()) continue;
-    const std::size_t at = data[i + 2] % ops.size();
-    switch (what % 6) {
-      case 0:
-        std::swap(ops[at], ops[value % ops.size()]);
-        break;
-      case 1:
-        ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(at));
-        break;
-      case 2:
-        ops[at].micro_batch = value % s.num_micro_batches;
-        break;
-      case 3: {
-        const Op op = ops[at];
-        ops.erase(ops.begin() + static_cast<std::ptrdiff_t>(at));
-        auto& other = s.ops[value % s.num_devices];
-        other.insert(other.begin() + static_cast<std::ptrdiff_t>(value % (other.size() + 1)), op);
-        break;
-      }
-      default:
-        std::swap(ops[at], ops[(at + 1) % ops.size()]);
-        break;
-    }
-  }
-}
+using fuzz::check;
 
 // Whether building trainer type T with `schedule` throws gpipe::Error.
 template <class T>
@@ -134,12 +78,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t chunks = 1 + (data[0] >> 2) % 2, k = 2 + data[1] % 2, m = 1 + data[2] % 4;
   Schedule original;
   try {
-    original = built_in(data[0], chunks, k, m);
+    original = fuzz::built_in_schedule(data[0] % 4 + (chunks == 2 ? 4 : 0), k, m);
   } catch (const Error&) {  // a kind that needs more micro-batches
     return 0;
   }
   Schedule mutated = original;
-  mutate(mutated, data + 3, size - 3);
+  fuzz::mutate_schedule(mutated, data + 3, size - 3, /*wild=*/false);
   if (k == 2 && chunks == 1) run<2, 1>(two, original, mutated);
   if (k == 2 && chunks == 2) run<2, 2>(two, original, mutated);
   if (k == 3 && chunks == 1) run<3, 1>(three, original, mutated);
